@@ -1,0 +1,113 @@
+#include "client/commands.h"
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/args.h"
+#include "common/logging.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "mutwo-server address");
+ABSL_FLAG(int32_t, timeout_ms, 10000, "deadline of every RPC, in ms");
+ABSL_FLAG(std::string, output, "text", "text or json");
+
+namespace mutwo {
+namespace {
+
+constexpr char kUsage[] =
+    "mutwo: plan activation recompute/swap schedules for training jobs.\n\n"
+    "Usage: mutwo COMMAND [ARGS] [flags]\n\n"
+    "Commands:\n"
+    "  health    check that the server answers and is SERVING\n\n"
+    "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible budget, "
+    "4 server unavailable or deadline exceeded.";
+
+std::chrono::system_clock::time_point Deadline() {
+  return std::chrono::system_clock::now() +
+         std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+}
+
+// Exit code for an RPC that failed.
+int ExitCodeFor(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return kExitUnavailable;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
+  }
+}
+
+// Health: grpc.health.v1.Health/Check for the whole server ("").
+int Health(const ParsedArgs&) {
+  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(Deadline());
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(&context, request, &response);
+  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  if (!status.ok()) {
+    if (json) {
+      std::cout << "{\"status\": \"UNAVAILABLE\", \"error\": \""
+                << status.error_message() << "\"}\n";
+    }
+    std::cerr << "mutwo health: " << absl::GetFlag(FLAGS_server) << ": "
+              << status.error_message() << "\n";
+    return ExitCodeFor(status);
+  }
+  const bool serving =
+      response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  const char* state = serving ? "SERVING" : "NOT_SERVING";
+  if (json) {
+    std::cout << "{\"status\": \"" << state << "\"}\n";
+  } else {
+    std::cout << absl::GetFlag(FLAGS_server) << ": " << state << "\n";
+  }
+  return serving ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+int RunCli(int argc, char** argv) {
+  const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
+      {{"health", Health}};
+  auto args = ParseArgs(argc, argv, 1, {});
+  if (!args.ok()) {
+    std::cerr << "mutwo: " << args.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (args->help || args->positional.empty()) {
+    (args->help ? std::cout : std::cerr) << UsageWithFlags(kUsage);
+    return args->help ? kExitOk : kExitBadInput;
+  }
+  const std::string name = args->positional.front();
+  auto it = commands.find(name);
+  if (it == commands.end()) {
+    std::cerr << "mutwo: unknown command \"" << name
+              << "\"; see mutwo --help\n";
+    return kExitBadInput;
+  }
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output != "text" && output != "json") {
+    std::cerr << "mutwo: --output \"" << output << "\": use text or json\n";
+    return kExitBadInput;
+  }
+  (void)InitLogging("mutwo", "warn");
+  args->positional.erase(args->positional.begin());
+  return it->second(*args);
+}
+
+}  // namespace mutwo

@@ -1,0 +1,71 @@
+// Parsing and formatting of the text forms users type: byte sizes (`4GiB`),
+// budgets (`60%`, `80%dev`, `4000MB`), tensor specs
+// (`tokens:int64[B,128]{0,30000}`), loss and optimizer kinds and batch-size
+// ranges (`8:64:x2`). Every error names the text and says what was expected.
+// Stateless and thread-safe.
+#ifndef MUTWO_COMMON_PARSE_H_
+#define MUTWO_COMMON_PARSE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mutwo/v1/types.pb.h"
+
+namespace mutwo {
+
+// The value of a TensorSpec dimension that stands for the batch size B.
+inline constexpr int64_t kBatchDim = -1;
+
+// `123`, `123B`, `4KB`/`4MB`/`4GB`/`4TB` (powers of 1000),
+// `4KiB`/`4MiB`/`4GiB`/`4TiB` (powers of 1024), fractions allowed (`1.5GiB`).
+[[nodiscard]] absl::StatusOr<int64_t> ParseBytes(absl::string_view text);
+// `1.50 GiB`, `512 B`.
+std::string FormatBytes(int64_t bytes);
+
+// Bytes as in ParseBytes, `60%` of the baseline peak, `80%dev` of the device.
+[[nodiscard]] absl::StatusOr<v1::MemoryBudget> ParseBudget(
+    absl::string_view text);
+std::string FormatBudget(const v1::MemoryBudget& budget);
+
+// `NAME:DTYPE[D0,D1,...]` with an optional `{LOW,HIGH}` value range; a
+// dimension is a positive integer or `B` (the batch size).
+[[nodiscard]] absl::StatusOr<v1::TensorSpec> ParseTensorSpec(
+    absl::string_view text);
+std::string FormatTensorSpec(const v1::TensorSpec& spec);
+// The spec's dims with B replaced by `batch_size`.
+std::vector<int64_t> ConcreteDims(const v1::TensorSpec& spec,
+                                  int64_t batch_size);
+// Bytes of one tensor of `spec` at `batch_size`.
+int64_t TensorBytes(const v1::TensorSpec& spec, int64_t batch_size);
+[[nodiscard]] absl::StatusOr<v1::DType> ParseDType(absl::string_view text);
+std::string DTypeName(v1::DType dtype);
+int64_t DTypeSize(v1::DType dtype);
+bool IsFloatingDType(v1::DType dtype);
+
+// `mean`, `sum`, `model`, `cross_entropy:TARGET_SPEC`
+// (e.g. `cross_entropy:y:int64[B]{0,1000}`).
+[[nodiscard]] absl::StatusOr<v1::LossSpec> ParseLossSpec(
+    absl::string_view text);
+std::string FormatLossSpec(const v1::LossSpec& loss);
+
+// `none`, `sgd`, `sgd_momentum`, `adam`, `adamw`, optionally followed by
+// `:lr=0.01` (and `,momentum=0.9`, `,weight_decay=0.01`).
+[[nodiscard]] absl::StatusOr<v1::OptimizerSpec> ParseOptimizerSpec(
+    absl::string_view text);
+std::string FormatOptimizerSpec(const v1::OptimizerSpec& optimizer);
+
+// `16`, `8,16,32`, `8:64` (doubling), `8:64:x2`, `8:64:+8`.
+[[nodiscard]] absl::StatusOr<std::vector<int64_t>> ParseBatchSizes(
+    absl::string_view text);
+
+// Checks that a spec makes sense before any work is done with it: names
+// unique and non-empty, dims positive or B, integer inputs have a range.
+[[nodiscard]] absl::Status ValidateInputs(
+    const std::vector<v1::TensorSpec>& inputs);
+
+}  // namespace mutwo
+
+#endif  // MUTWO_COMMON_PARSE_H_

@@ -1,0 +1,156 @@
+#include "common/parse.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mutwo {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ParseBytes, Units) {
+  EXPECT_EQ(*ParseBytes("123456"), 123456);
+  EXPECT_EQ(*ParseBytes("4GiB"), int64_t{4} << 30);
+  EXPECT_EQ(*ParseBytes("4000MB"), int64_t{4000} * 1000 * 1000);
+  EXPECT_EQ(*ParseBytes("1.5KiB"), 1536);
+  EXPECT_EQ(*ParseBytes(" 2 MiB "), 2 << 20);
+}
+
+TEST(ParseBytes, ErrorsNameTheText) {
+  EXPECT_EQ(ParseBytes("4GX").status().message(),
+            "size \"4GX\": unknown unit \"GX\"; use B, KB, MB, GB, TB, KiB, "
+            "MiB, GiB or TiB");
+  EXPECT_EQ(ParseBytes("lots").status().message(),
+            "size \"lots\": expected a number with an optional unit, like "
+            "4GiB, 4000MB or 123456");
+  EXPECT_FALSE(ParseBytes("0").ok());
+  EXPECT_FALSE(ParseBytes("").ok());
+}
+
+TEST(ParseBudget, Kinds) {
+  auto pct = ParseBudget("60%");
+  ASSERT_TRUE(pct.ok());
+  EXPECT_DOUBLE_EQ(pct->fraction_of_baseline(), 0.6);
+  auto dev = ParseBudget("80%dev");
+  ASSERT_TRUE(dev.ok());
+  EXPECT_DOUBLE_EQ(dev->fraction_of_device(), 0.8);
+  auto abs = ParseBudget("4GiB");
+  ASSERT_TRUE(abs.ok());
+  EXPECT_EQ(abs->bytes(), int64_t{4} << 30);
+  EXPECT_EQ(abs->text(), "4GiB");
+}
+
+TEST(ParseBudget, Errors) {
+  EXPECT_EQ(ParseBudget("160%").status().message(),
+            "budget \"160%\": a percentage must be a number in (0, 100], like "
+            "60%");
+  EXPECT_THAT(std::string(ParseBudget("big").status().message()),
+              HasSubstr("budget \"big\": expected bytes"));
+}
+
+TEST(ParseTensorSpec, FloatWithBatch) {
+  auto spec = ParseTensorSpec("x:float32[B,3,224,224]");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "x");
+  EXPECT_EQ(spec->dtype(), v1::FLOAT32);
+  EXPECT_THAT(spec->dims(), ElementsAre(kBatchDim, 3, 224, 224));
+  EXPECT_FALSE(spec->has_range());
+  EXPECT_THAT(ConcreteDims(*spec, 8), ElementsAre(8, 3, 224, 224));
+  EXPECT_EQ(TensorBytes(*spec, 8), int64_t{8} * 3 * 224 * 224 * 4);
+  EXPECT_EQ(FormatTensorSpec(*spec), "x:float32[B,3,224,224]");
+}
+
+TEST(ParseTensorSpec, IntegerWithRange) {
+  auto spec = ParseTensorSpec("tokens:int64[B,128]{0,30000}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->dtype(), v1::INT64);
+  EXPECT_DOUBLE_EQ(spec->range().low(), 0);
+  EXPECT_DOUBLE_EQ(spec->range().high(), 30000);
+  EXPECT_EQ(FormatTensorSpec(*spec), "tokens:int64[B,128]{0,30000}");
+}
+
+TEST(ParseTensorSpec, ErrorsAreExact) {
+  const std::string kHint =
+      "; expected NAME:DTYPE[DIMS]{LOW,HIGH}, like x:float32[B,3,224,224] or "
+      "tokens:int64[B,128]{0,30000}";
+  EXPECT_EQ(ParseTensorSpec("x:float33[B,3]").status().message(),
+            "input spec \"x:float33[B,3]\": unknown dtype \"float33\"; use one "
+            "of float32, float64, float16, bfloat16, int64, int32, int8, "
+            "uint8, bool" +
+                kHint);
+  EXPECT_EQ(ParseTensorSpec("x:float32[B,0]").status().message(),
+            "input spec \"x:float32[B,0]\": dimension \"0\" must be a positive "
+            "integer or B" +
+                kHint);
+  EXPECT_EQ(ParseTensorSpec("tokens:int64[B,128]").status().message(),
+            "input spec \"tokens:int64[B,128]\": integer input \"tokens\" "
+            "needs a value range {LOW,HIGH}" +
+                kHint);
+  EXPECT_EQ(ParseTensorSpec("x float32[B]").status().message(),
+            "input spec \"x float32[B]\": missing ':' after the name" + kHint);
+  EXPECT_EQ(ParseTensorSpec("t:int64[B]{5,1}").status().message(),
+            "input spec \"t:int64[B]{5,1}\": value range \"{5,1}\" must have "
+            "LOW < HIGH" +
+                kHint);
+  EXPECT_FALSE(ParseTensorSpec("x:float32[B,3").ok());
+}
+
+TEST(ParseLossSpec, Kinds) {
+  EXPECT_EQ(ParseLossSpec("mean")->kind(), v1::LossSpec::MEAN);
+  EXPECT_EQ(ParseLossSpec("sum")->kind(), v1::LossSpec::SUM);
+  EXPECT_EQ(ParseLossSpec("model")->kind(), v1::LossSpec::MODEL);
+  auto ce = ParseLossSpec("cross_entropy:y:int64[B]{0,1000}");
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  EXPECT_EQ(ce->kind(), v1::LossSpec::CROSS_ENTROPY);
+  EXPECT_EQ(ce->target().name(), "y");
+  EXPECT_EQ(FormatLossSpec(*ce), "cross_entropy:y:int64[B]{0,1000}");
+  EXPECT_THAT(
+      std::string(
+          ParseLossSpec("cross_entropy:y:float32[B]").status().message()),
+      HasSubstr("must be int64"));
+  EXPECT_THAT(std::string(ParseLossSpec("mse").status().message()),
+              HasSubstr("loss \"mse\": use mean, sum, model or cross_entropy"));
+}
+
+TEST(ParseOptimizerSpec, KindsAndSettings) {
+  EXPECT_EQ(ParseOptimizerSpec("adam")->kind(), v1::OptimizerSpec::ADAM);
+  EXPECT_EQ(ParseOptimizerSpec("none")->kind(), v1::OptimizerSpec::NONE);
+  auto sgd = ParseOptimizerSpec("sgd_momentum:lr=0.1,momentum=0.8");
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  EXPECT_DOUBLE_EQ(sgd->learning_rate(), 0.1);
+  EXPECT_DOUBLE_EQ(sgd->momentum(), 0.8);
+  EXPECT_THAT(std::string(ParseOptimizerSpec("adam:beta=1").status().message()),
+              HasSubstr("unknown setting \"beta\""));
+  EXPECT_FALSE(ParseOptimizerSpec("lamb").ok());
+}
+
+TEST(ParseBatchSizes, Forms) {
+  EXPECT_THAT(*ParseBatchSizes("16"), ElementsAre(16));
+  EXPECT_THAT(*ParseBatchSizes("8,16,32"), ElementsAre(8, 16, 32));
+  EXPECT_THAT(*ParseBatchSizes("8:64"), ElementsAre(8, 16, 32, 64));
+  EXPECT_THAT(*ParseBatchSizes("8:64:x4"), ElementsAre(8, 32));
+  EXPECT_THAT(*ParseBatchSizes("8:32:+8"), ElementsAre(8, 16, 24, 32));
+  EXPECT_EQ(ParseBatchSizes("64:8").status().message(),
+            "batch sizes \"64:8\": TO must not be below FROM");
+  EXPECT_EQ(ParseBatchSizes("8,8").status().message(),
+            "batch sizes \"8,8\": batch size 8 is listed twice");
+  EXPECT_EQ(ParseBatchSizes("8,x").status().message(),
+            "batch sizes \"8,x\": expected a positive integer, got \"x\"");
+}
+
+TEST(ValidateInputs, RejectsDuplicatesAndEmpty) {
+  EXPECT_FALSE(ValidateInputs({}).ok());
+  v1::TensorSpec a = *ParseTensorSpec("x:float32[B,3]");
+  EXPECT_TRUE(ValidateInputs({a}).ok());
+  EXPECT_EQ(ValidateInputs({a, a}).message(), "input \"x\" is given twice");
+}
+
+TEST(FormatBytes, HumanUnits) {
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 30), "3.00 GiB");
+}
+
+}  // namespace
+}  // namespace mutwo

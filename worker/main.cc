@@ -1,0 +1,3 @@
+#include "worker/cli.h"
+
+int main(int argc, char** argv) { return mutwo::RunWorkerCli(argc, argv); }
