@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang-format
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libsqlite3-dev prometheus-cpp-dev libspdlog-dev
+  libabsl-dev libssl-dev libsqlite3-dev prometheus-cpp-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev python3-torch python3-torchvision
   python3-grpcio python3-protobuf prometheus

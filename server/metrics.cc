@@ -1,0 +1,194 @@
+#include "server/metrics.h"
+
+#include "common/version.h"
+
+namespace mutwo {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+const std::set<std::string>& JobStates() {
+  static const auto* const kStates = new std::set<std::string>{
+      "QUEUED",    "PROFILING", "PLANNING", "VALIDATING",
+      "SUCCEEDED", "FAILED",    "CANCELLED"};
+  return *kStates;
+}
+const std::set<std::string>& TaskStates() {
+  static const auto* const kStates = new std::set<std::string>{
+      "QUEUED", "LEASED", "DONE", "FAILED", "CANCELLED"};
+  return *kStates;
+}
+const std::set<std::string>& WorkerStates() {
+  static const auto* const kStates =
+      new std::set<std::string>{"IDLE", "BUSY", "LOST"};
+  return *kStates;
+}
+
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30};
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      jobs_(BuildGauge()
+                .Name("mutwo_jobs")
+                .Help("Jobs by state")
+                .Register(*registry_)),
+      tasks_(BuildGauge()
+                 .Name("mutwo_tasks")
+                 .Help("Tasks by state")
+                 .Register(*registry_)),
+      workers_(BuildGauge()
+                   .Name("mutwo_workers")
+                   .Help("Registered workers by state")
+                   .Register(*registry_)),
+      queue_depth_(BuildGauge()
+                       .Name("mutwo_queue_depth")
+                       .Help("Tasks waiting for a worker")
+                       .Register(*registry_)
+                       .Add({})),
+      tasks_in_flight_(BuildGauge()
+                           .Name("mutwo_tasks_in_flight")
+                           .Help("Tasks leased to a worker")
+                           .Register(*registry_)
+                           .Add({})),
+      model_store_bytes_(BuildGauge()
+                             .Name("mutwo_model_store_bytes")
+                             .Help("Bytes of stored model files")
+                             .Register(*registry_)
+                             .Add({})),
+      rpc_seconds_(BuildHistogram()
+                       .Name("mutwo_rpc_duration_seconds")
+                       .Help("RPC handling time by method and status code")
+                       .Register(*registry_)),
+      planner_seconds_(BuildHistogram()
+                           .Name("mutwo_planner_duration_seconds")
+                           .Help("Time to plan one schedule")
+                           .Register(*registry_)
+                           .Add({}, LatencyBuckets())),
+      cache_(BuildCounter()
+                 .Name("mutwo_schedule_cache_requests_total")
+                 .Help("Schedule cache lookups by result (hit, miss)")
+                 .Register(*registry_)),
+      uploads_(BuildCounter()
+                   .Name("mutwo_model_uploads_total")
+                   .Help("Model uploads by result (stored, deduplicated)")
+                   .Register(*registry_)),
+      model_peak_bytes_(BuildGauge()
+                            .Name("mutwo_model_peak_bytes")
+                            .Help("Peak training-step memory per model and "
+                                  "kind (baseline, planned)")
+                            .Register(*registry_)),
+      model_iteration_seconds_(
+          BuildGauge()
+              .Name("mutwo_model_iteration_seconds")
+              .Help("Training-step time per model and kind (baseline, "
+                    "planned)")
+              .Register(*registry_)),
+      model_max_batch_(BuildGauge()
+                           .Name("mutwo_model_max_batch_size")
+                           .Help("Predicted largest batch per model, without "
+                                 "and with a schedule")
+                           .Register(*registry_)) {
+  BuildGauge()
+      .Name("mutwo_build_info")
+      .Help("Build facts; value is always 1")
+      .Register(*registry_)
+      .Add({{"version", kVersion}, {"planner_version", kPlannerVersion}})
+      .Set(1);
+  cache_.Add({{"result", "hit"}});
+  cache_.Add({{"result", "miss"}});
+  uploads_.Add({{"result", "stored"}});
+  uploads_.Add({{"result", "deduplicated"}});
+  SetJobs({});
+  SetTasks({});
+  SetWorkers({});
+}
+
+void ServerMetrics::SetByState(prometheus::Family<prometheus::Gauge>& family,
+                               const std::map<std::string, int64_t>& by_state,
+                               const std::set<std::string>& all_states) {
+  for (const std::string& state : all_states) {
+    auto it = by_state.find(state);
+    family.Add({{"state", state}})
+        .Set(it == by_state.end() ? 0 : static_cast<double>(it->second));
+  }
+}
+
+void ServerMetrics::SetJobs(const std::map<std::string, int64_t>& by_state) {
+  SetByState(jobs_, by_state, JobStates());
+}
+
+void ServerMetrics::SetTasks(const std::map<std::string, int64_t>& by_state) {
+  SetByState(tasks_, by_state, TaskStates());
+  auto get = [&](const char* s) {
+    auto it = by_state.find(s);
+    return it == by_state.end() ? 0.0 : static_cast<double>(it->second);
+  };
+  queue_depth_.Set(get("QUEUED"));
+  tasks_in_flight_.Set(get("LEASED"));
+}
+
+void ServerMetrics::SetWorkers(const std::map<std::string, int64_t>& by_state) {
+  SetByState(workers_, by_state, WorkerStates());
+}
+
+void ServerMetrics::SetModelStoreBytes(int64_t bytes) {
+  model_store_bytes_.Set(static_cast<double>(bytes));
+}
+
+void ServerMetrics::ObserveRpc(const std::string& method,
+                               const std::string& code, double seconds) {
+  rpc_seconds_.Add({{"method", method}, {"code", code}}, LatencyBuckets())
+      .Observe(seconds);
+}
+
+void ServerMetrics::ObservePlanner(double seconds) {
+  planner_seconds_.Observe(seconds);
+}
+
+void ServerMetrics::CountCache(bool hit) {
+  cache_.Add({{"result", hit ? "hit" : "miss"}}).Increment();
+}
+
+void ServerMetrics::CountUpload(bool stored) {
+  uploads_.Add({{"result", stored ? "stored" : "deduplicated"}}).Increment();
+}
+
+std::string ServerMetrics::ModelLabel(const std::string& model) {
+  const std::string name = model.empty() ? "unnamed" : model;
+  absl::MutexLock lock(&mu_);
+  if (model_labels_.count(name) > 0) return name;
+  if (static_cast<int>(model_labels_.size()) < kMaxModelLabels) {
+    model_labels_.insert(name);
+    return name;
+  }
+  return "other";
+}
+
+void ServerMetrics::SetModelPeakBytes(const std::string& model,
+                                      const std::string& kind, double bytes) {
+  model_peak_bytes_.Add({{"model", ModelLabel(model)}, {"kind", kind}})
+      .Set(bytes);
+}
+
+void ServerMetrics::SetModelIterationSeconds(const std::string& model,
+                                             const std::string& kind,
+                                             double seconds) {
+  model_iteration_seconds_.Add({{"model", ModelLabel(model)}, {"kind", kind}})
+      .Set(seconds);
+}
+
+void ServerMetrics::SetModelMaxBatch(const std::string& model,
+                                     const std::string& kind, double batch) {
+  model_max_batch_.Add({{"model", ModelLabel(model)}, {"kind", kind}})
+      .Set(batch);
+}
+
+}  // namespace mutwo

@@ -1,0 +1,80 @@
+// ServerMetrics: every Prometheus metric mutwo-server exports, in one place.
+// Names follow Prometheus conventions (mutwo_ prefix, base units, _total for
+// counters). Per-model series use the job's model name as a bounded label:
+// at most kMaxModelLabels distinct names, later ones fold into "other".
+// Thread-safe (prometheus-cpp metrics are atomic; the label map has a mutex).
+#ifndef MUTWO_SERVER_METRICS_H_
+#define MUTWO_SERVER_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace mutwo {
+
+class ServerMetrics {
+ public:
+  static constexpr int kMaxModelLabels = 50;
+
+  ServerMetrics();
+  const std::shared_ptr<prometheus::Registry>& registry() const {
+    return registry_;
+  }
+
+  // Gauges refreshed from the store (counts by state).
+  void SetJobs(const std::map<std::string, int64_t>& by_state);
+  void SetTasks(const std::map<std::string, int64_t>& by_state);
+  void SetWorkers(const std::map<std::string, int64_t>& by_state);
+  void SetModelStoreBytes(int64_t bytes);
+
+  void ObserveRpc(const std::string& method, const std::string& code,
+                  double seconds);
+  void ObservePlanner(double seconds);
+  void CountCache(bool hit);
+  void CountUpload(bool stored);
+
+  // Per model: "baseline" or "planned" peak bytes / iteration seconds, and
+  // max batch "without" / "with" checkpointing.
+  void SetModelPeakBytes(const std::string& model, const std::string& kind,
+                         double bytes);
+  void SetModelIterationSeconds(const std::string& model,
+                                const std::string& kind, double seconds);
+  void SetModelMaxBatch(const std::string& model, const std::string& kind,
+                        double batch);
+
+ private:
+  std::string ModelLabel(const std::string& model);
+  static void SetByState(prometheus::Family<prometheus::Gauge>& family,
+                         const std::map<std::string, int64_t>& by_state,
+                         const std::set<std::string>& all_states);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& tasks_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Gauge& tasks_in_flight_;
+  prometheus::Gauge& model_store_bytes_;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds_;
+  prometheus::Histogram& planner_seconds_;
+  prometheus::Family<prometheus::Counter>& cache_;
+  prometheus::Family<prometheus::Counter>& uploads_;
+  prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
+  prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;
+  prometheus::Family<prometheus::Gauge>& model_max_batch_;
+
+  absl::Mutex mu_;
+  std::set<std::string> model_labels_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace mutwo
+
+#endif  // MUTWO_SERVER_METRICS_H_
