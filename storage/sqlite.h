@@ -1,0 +1,125 @@
+// A thin RAII layer over the SQLite C API used by the store: one connection
+// (`Db`), prepared statements cached per connection (`Stmt`), and SQLite
+// result codes turned into absl::Status that name the statement and the
+// database file.
+//
+// Thread safety: none. A `Db` and its statements belong to one owner that
+// serialises access (the Store holds an absl::Mutex around it).
+//
+// Errors: SQLITE_BUSY / SQLITE_LOCKED -> Unavailable (another connection held
+// the write lock longer than the busy timeout), SQLITE_CONSTRAINT ->
+// AlreadyExists or FailedPrecondition, SQLITE_CORRUPT / SQLITE_NOTADB ->
+// DataLoss, SQLITE_FULL / SQLITE_IOERR -> ResourceExhausted / Internal.
+#ifndef MUTWO_STORAGE_SQLITE_H_
+#define MUTWO_STORAGE_SQLITE_H_
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace mutwo::storage {
+
+// Maps a SQLite result code to an absl::Status; `what` says what was being
+// done (`"insert into jobs"`), `detail` is sqlite3_errmsg when available.
+absl::Status SqliteStatus(int code, absl::string_view what,
+                          absl::string_view detail);
+
+class Db;
+
+// A prepared statement owned by its Db and reset after each use. Obtain with
+// Db::Prepare; bind parameters by 1-based index; Step() until it returns
+// false. The statement is reset (bindings cleared) by Reset() and
+// automatically the next time Db::Prepare returns it.
+class Stmt {
+ public:
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  ~Stmt();
+
+  void BindInt(int index, int64_t value);
+  void BindText(int index, absl::string_view value);
+  void BindBlob(int index, absl::string_view value);
+  void BindNull(int index);
+
+  // Returns true while a row is available, false when done.
+  [[nodiscard]] absl::StatusOr<bool> Step();
+  // Runs a statement that returns no rows (or ignores them).
+  [[nodiscard]] absl::Status Run();
+
+  int64_t ColumnInt(int column) const;
+  std::string ColumnText(int column) const;
+  std::string ColumnBlob(int column) const;
+  bool ColumnIsNull(int column) const;
+
+  void Reset();
+
+ private:
+  friend class Db;
+  Stmt(Db* db, sqlite3_stmt* stmt, std::string sql);
+
+  Db* db_;
+  sqlite3_stmt* stmt_;
+  std::string sql_;
+};
+
+class Db {
+ public:
+  // Opens (creating when missing) the database at `path` and sets the busy
+  // timeout. Pragmas (WAL, synchronous, foreign keys) are the caller's.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Db>> Open(
+      const std::string& path, int busy_timeout_ms);
+  Db(const Db&) = delete;
+  Db& operator=(const Db&) = delete;
+  ~Db();
+
+  // Runs one or more statements that return no rows of interest.
+  [[nodiscard]] absl::Status Exec(absl::string_view sql);
+  // Prepared once per connection and cached; reset before it is returned.
+  [[nodiscard]] absl::StatusOr<Stmt*> Prepare(const std::string& sql);
+  // Single-value helpers for pragmas and counts.
+  [[nodiscard]] absl::StatusOr<int64_t> QueryInt(const std::string& sql);
+  [[nodiscard]] absl::StatusOr<std::string> QueryText(const std::string& sql);
+
+  int64_t Changes() const;
+  const std::string& path() const { return path_; }
+  sqlite3* raw() { return db_; }
+  // Status for the last error on this connection.
+  absl::Status LastError(int code, absl::string_view what) const;
+
+ private:
+  Db(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+
+  sqlite3* db_;
+  std::string path_;
+  std::map<std::string, std::unique_ptr<Stmt>> statements_;
+};
+
+// BEGIN IMMEDIATE ... COMMIT; rolls back in the destructor unless Commit()
+// succeeded. IMMEDIATE takes the write lock up front, so two connections
+// doing read-modify-write never both read the same old state.
+class Transaction {
+ public:
+  explicit Transaction(Db* db) : db_(db) {}
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  ~Transaction();
+  // BEGIN IMMEDIATE; Unavailable when another connection holds the write
+  // lock for longer than the busy timeout.
+  [[nodiscard]] absl::Status Begin();
+  [[nodiscard]] absl::Status Commit();
+
+ private:
+  Db* db_;
+  bool open_ = false;
+};
+
+}  // namespace mutwo::storage
+
+#endif  // MUTWO_STORAGE_SQLITE_H_

@@ -1,0 +1,268 @@
+// The service's durable state: uploaded models, jobs, their tasks and leases,
+// profiles, the schedule cache, validations and workers, in one SQLite file
+// (`<data_dir>/mutwo.db`, WAL, synchronous=FULL, foreign keys on) next to the
+// content-addressed model files (`<data_dir>/models/<sha256>.pt`).
+//
+// Ownership: a Store owns one SQLite connection. Several Stores (in one
+// process or in several) may open the same data_dir; SQLite's file locks and
+// BEGIN IMMEDIATE keep them consistent (every read-modify-write takes the
+// write lock before it reads), and waits on another connection's lock are
+// bounded by `busy_timeout_ms`.
+//
+// Thread safety: every method is thread-safe; calls on one Store are
+// serialised by an internal mutex. The UpdateJob mutator runs under that
+// mutex and inside the transaction, so it must not call back into the Store.
+//
+// Errors: InvalidArgument names the bad argument; NotFound names the missing
+// id; FailedPrecondition for a stale fence token, a task that is no longer
+// leased or a job in the wrong state; AlreadyExists for a client request id
+// reused with a different spec; DataLoss when a stored row does not parse
+// (a corrupt row is reported, never crashes); Unavailable when another
+// connection held the database lock longer than the busy timeout;
+// ResourceExhausted when the disk is full.
+#ifndef MUTWO_STORAGE_STORE_H_
+#define MUTWO_STORAGE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "mutwo/v1/types.pb.h"
+#include "storage/schedule_key.h"
+#include "storage/sqlite.h"
+
+namespace mutwo::storage {
+
+struct ModelInfo {
+  std::string sha256;
+  std::string name;
+  int64_t size_bytes = 0;
+  int64_t created_unix_ms = 0;
+  std::string path;  // <data_dir>/models/<sha256>.pt
+};
+
+struct PutModelResult {
+  ModelInfo info;
+  bool already_stored = false;  // the bytes were there; nothing rewritten
+};
+
+struct CreateJobResult {
+  v1::Job job;
+  bool deduplicated = false;  // the client request id was seen before
+};
+
+struct ListJobsQuery {
+  std::vector<v1::Job::State> states;  // empty: every state
+  std::string model_sha256;            // empty: every model
+  int page_size = 0;                   // 0: kDefaultPageSize
+  std::string page_token;              // from the previous JobPage
+};
+
+struct JobPage {
+  std::vector<v1::Job> jobs;    // newest first
+  std::string next_page_token;  // empty on the last page
+};
+
+struct ValidationRecord {
+  int64_t batch_size = 0;
+  std::string budget_text;
+  v1::Validation validation;
+};
+
+class Store {
+ public:
+  static constexpr int kDefaultPageSize = 50;
+  static constexpr int kMaxPageSize = 1000;
+  // Temp model files older than this at Open are leftovers of a crash.
+  static constexpr int64_t kStaleTempFileAgeMs = 60 * 60 * 1000;
+
+  struct Options {
+    std::string data_dir;
+    int busy_timeout_ms = 5000;
+    // Wall clock in Unix milliseconds; injectable so tests can expire leases
+    // and workers without sleeping. Defaults to the system clock.
+    std::function<int64_t()> now_ms;
+  };
+
+  // Creates data_dir and data_dir/models when missing, opens (or creates)
+  // mutwo.db and migrates its schema. FailedPrecondition when the file was
+  // written by a newer mutwo.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Store>> Open(
+      Options options);
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+  ~Store();
+
+  const std::string& data_dir() const { return options_.data_dir; }
+  int64_t NowMs() const { return options_.now_ms(); }
+
+  // ---- Models (content-addressed files) ----
+  // Stores `bytes` as models/<sha256>.pt (temp file, fsync, rename, dir
+  // fsync), then its row. The caller has verified the sha256; this checks
+  // that it is 64 hex digits and that `size_bytes` equals bytes.size()
+  // (InvalidArgument otherwise, nothing stored). A second put of the same
+  // sha256 returns already_stored and does not rewrite the file.
+  [[nodiscard]] absl::StatusOr<PutModelResult> PutModel(
+      absl::string_view sha256, absl::string_view name, int64_t size_bytes,
+      absl::string_view bytes);
+  [[nodiscard]] absl::StatusOr<bool> HasModel(absl::string_view sha256);
+  // The file path for a stored model (InvalidArgument for a malformed sha256;
+  // the file exists only if HasModel).
+  [[nodiscard]] absl::StatusOr<std::string> ModelPath(
+      absl::string_view sha256) const;
+  [[nodiscard]] absl::StatusOr<ModelInfo> GetModelInfo(
+      absl::string_view sha256);
+  [[nodiscard]] absl::StatusOr<int64_t> TotalModelBytes();
+
+  // ---- Jobs ----
+  // Stores a new QUEUED job for `spec` (whose model must be stored). With a
+  // non-empty `client_request_id` seen before, returns that first job with
+  // deduplicated = true; AlreadyExists if the spec differs from the first.
+  [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
+      const v1::JobSpec& spec, absl::string_view client_request_id);
+  [[nodiscard]] absl::StatusOr<v1::Job> GetJob(absl::string_view job_id);
+  // Newest first; page tokens stay valid while new jobs are created.
+  [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query);
+  // Reads the job, lets `mutate` edit it and writes it back, in one
+  // BEGIN IMMEDIATE transaction; a non-OK status from `mutate` aborts the
+  // update and is returned. job_id, created_unix_ms and client_request_id
+  // cannot be changed; updated_unix_ms is set to now.
+  [[nodiscard]] absl::StatusOr<v1::Job> UpdateJob(
+      absl::string_view job_id,
+      const std::function<absl::Status(v1::Job&)>& mutate);
+  // Every state except STATE_UNSPECIFIED, zero when no job is in it.
+  [[nodiscard]] absl::StatusOr<std::map<v1::Job::State, int64_t>>
+  CountJobsByState();
+
+  // ---- Tasks, leases and fencing ----
+  // A QUEUED task, attempt 1, for the job's device kind. NotFound for an
+  // unknown job; FailedPrecondition when the job is finished or cancelled.
+  [[nodiscard]] absl::StatusOr<v1::Task> AddTask(
+      absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
+      const std::optional<v1::Schedule>& schedule = std::nullopt);
+  // Leases the oldest QUEUED task whose job wants `device_kind` (or any
+  // device) and is not finished or cancelled: state LEASED, a new fence token
+  // (greater than every token handed out before), expiry now + lease_ms.
+  // nullopt when nothing is queued.
+  [[nodiscard]] absl::StatusOr<std::optional<v1::Task>> LeaseTask(
+      absl::string_view worker_id, absl::string_view device_kind,
+      int64_t lease_ms);
+  // Heartbeat: expiry = now + lease_ms. FailedPrecondition when the fence is
+  // stale or the task is no longer LEASED (re-queued, cancelled, done).
+  [[nodiscard]] absl::StatusOr<v1::Task> ExtendLease(absl::string_view task_id,
+                                                     int64_t fence_token,
+                                                     int64_t lease_ms);
+  // Stores the result and marks the task DONE. Returns true when stored now,
+  // false when this fence already completed it (a retried report: nothing
+  // stored twice). FailedPrecondition for any other fence or state.
+  [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
+                                                  int64_t fence_token,
+                                                  absl::string_view result);
+  // A failed attempt: when `retryable` and attempt < max_attempts the task is
+  // QUEUED again with attempt + 1, else FAILED (dead letter). last_error =
+  // reason either way. Same fence checks as CompleteTask.
+  [[nodiscard]] absl::StatusOr<v1::Task> FailTask(absl::string_view task_id,
+                                                  int64_t fence_token,
+                                                  absl::string_view reason,
+                                                  bool retryable,
+                                                  int max_attempts);
+  // Leases whose expiry is <= now: re-queued with attempt + 1 and last_error
+  // "lease expired ...", or FAILED once attempt reached max_attempts.
+  // Returns the tasks changed, in their new state.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> RequeueExpiredLeases(
+      int max_attempts);
+  [[nodiscard]] absl::StatusOr<v1::Task> GetTask(absl::string_view task_id);
+  // The result stored by CompleteTask; NotFound when none.
+  [[nodiscard]] absl::StatusOr<std::string> GetTaskResult(
+      absl::string_view task_id);
+  // In creation order. NotFound for an unknown job.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
+      absl::string_view job_id);
+  [[nodiscard]] absl::StatusOr<std::map<v1::Task::State, int64_t>>
+  CountTasksByState();
+  // QUEUED and LEASED tasks of the job become CANCELLED (a worker holding
+  // one learns it at its next heartbeat). Returns how many.
+  [[nodiscard]] absl::StatusOr<int64_t> CancelJobTasks(
+      absl::string_view job_id);
+
+  // ---- Profiles ----
+  // Replaces any profile stored for (job, batch size).
+  [[nodiscard]] absl::Status PutProfile(absl::string_view job_id,
+                                        int64_t batch_size,
+                                        const v1::Profile& profile);
+  [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(absl::string_view job_id,
+                                                       int64_t batch_size);
+
+  // ---- Schedule cache ----
+  // nullopt on a miss.
+  [[nodiscard]] absl::StatusOr<std::optional<v1::Schedule>> GetCachedSchedule(
+      const ScheduleCacheKey& key);
+  // Stores (or replaces) the schedule for `key`; `job_id` records which job
+  // planned it.
+  [[nodiscard]] absl::Status PutSchedule(const ScheduleCacheKey& key,
+                                         absl::string_view job_id,
+                                         const v1::Schedule& schedule);
+
+  // ---- Validations ----
+  // Replaces any validation stored for (job, batch size, budget text).
+  [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
+                                           int64_t batch_size,
+                                           absl::string_view budget_text,
+                                           const v1::Validation& validation);
+  // By batch size, then in the order they were first stored.
+  [[nodiscard]] absl::StatusOr<std::vector<ValidationRecord>> ListValidations(
+      absl::string_view job_id);
+
+  // ---- Workers ----
+  // Registers or re-registers a worker: assigns an id when worker_id is
+  // empty, sets last_heartbeat_unix_ms = now and state IDLE when unset.
+  [[nodiscard]] absl::StatusOr<v1::WorkerInfo> UpsertWorker(
+      const v1::WorkerInfo& worker);
+  // A heartbeat from a registered worker (NotFound otherwise).
+  [[nodiscard]] absl::Status TouchWorker(absl::string_view worker_id,
+                                         v1::WorkerInfo::State state,
+                                         absl::string_view current_task_id);
+  [[nodiscard]] absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // Workers not LOST whose last heartbeat is older than now - older_than_ms
+  // become LOST; returns them.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::WorkerInfo>> MarkLostWorkers(
+      int64_t older_than_ms);
+
+ private:
+  Store(Options options, std::unique_ptr<Db> db);
+
+  absl::StatusOr<std::optional<ModelInfo>> FindModel(absl::string_view sha256)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<std::optional<v1::Job>> FindJob(absl::string_view job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<v1::Job> RequireJob(absl::string_view job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<std::optional<v1::Task>> FindTask(absl::string_view task_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The task, checked to be LEASED under `fence_token`.
+  absl::StatusOr<v1::Task> RequireLease(absl::string_view task_id,
+                                        int64_t fence_token,
+                                        absl::string_view action)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status WriteTaskState(const v1::Task& task, int64_t now_ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<std::optional<v1::WorkerInfo>> FindWorker(
+      absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const Options options_;
+  mutable absl::Mutex mutex_;
+  std::unique_ptr<Db> db_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace mutwo::storage
+
+#endif  // MUTWO_STORAGE_STORE_H_
