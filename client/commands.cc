@@ -6,16 +6,18 @@
 #include <map>
 #include <string>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "client/rpc.h"
 #include "common/args.h"
 #include "common/logging.h"
+#include "common/proto_io.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "mutwo-server address");
-ABSL_FLAG(int32_t, timeout_ms, 10000, "deadline of every RPC, in ms");
-ABSL_FLAG(std::string, output, "text", "text or json");
+ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(std::string, output);
 
 namespace mutwo {
 namespace {
@@ -28,41 +30,19 @@ constexpr char kUsage[] =
     "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible budget, "
     "4 server unavailable or deadline exceeded.";
 
-std::chrono::system_clock::time_point Deadline() {
-  return std::chrono::system_clock::now() +
-         std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms));
-}
-
-// Exit code for an RPC that failed.
-int ExitCodeFor(const grpc::Status& status) {
-  switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return kExitUnavailable;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::NOT_FOUND:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return kExitBadInput;
-    default:
-      return kExitFailure;
-  }
-}
-
 // Health: grpc.health.v1.Health/Check for the whole server ("").
 int Health(const ParsedArgs&) {
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_server),
-                                     grpc::InsecureChannelCredentials());
-  auto stub = grpc::health::v1::Health::NewStub(channel);
+  auto stub = grpc::health::v1::Health::NewStub(ServerChannel());
   grpc::ClientContext context;
-  context.set_deadline(Deadline());
+  SetDeadline(context);
   grpc::health::v1::HealthCheckRequest request;
   grpc::health::v1::HealthCheckResponse response;
   grpc::Status status = stub->Check(&context, request, &response);
-  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  const bool json = JsonOutput();
   if (!status.ok()) {
     if (json) {
-      std::cout << "{\"status\": \"UNAVAILABLE\", \"error\": \""
-                << status.error_message() << "\"}\n";
+      std::cout << "{\"status\": \"UNAVAILABLE\", \"error\": "
+                << JsonQuote(status.error_message()) << "}\n";
     }
     std::cerr << "mutwo health: " << absl::GetFlag(FLAGS_server) << ": "
               << status.error_message() << "\n";

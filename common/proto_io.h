@@ -25,6 +25,9 @@ std::string ProtoToJson(const google::protobuf::Message& message,
 [[nodiscard]] absl::Status ProtoFromJson(absl::string_view json,
                                          absl::string_view what,
                                          google::protobuf::Message* message);
+// `text` as a JSON string literal, quotes included.
+std::string JsonQuote(absl::string_view text);
+
 [[nodiscard]] absl::Status ReadProtoJsonFile(
     const std::string& path, google::protobuf::Message* message);
 

@@ -1,16 +1,32 @@
 // mutwo-server: parses flags, starts the server, waits for SIGTERM/SIGINT on
-// a dedicated sigwait thread, then drains and exits 0.
+// the main thread with sigwait (signals are blocked everywhere else), then
+// drains and exits 0.
 #include <csignal>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "common/args.h"
 #include "common/logging.h"
+#include "common/parse.h"
+#include "server/planner/proto_convert.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus /metrics listen address (empty: off)");
 ABSL_FLAG(std::string, data_dir, "./mutwo-data",
           "directory for the SQLite database and model files");
+ABSL_FLAG(int32_t, lease_timeout_ms, 30000,
+          "a leased task whose worker sends no heartbeat for this long is "
+          "re-queued");
+ABSL_FLAG(int32_t, max_attempts, 3,
+          "attempts per task before it fails with its last reason");
+ABSL_FLAG(std::string, max_model_bytes, "512MiB",
+          "largest accepted model upload (e.g. 512MiB)");
+ABSL_FLAG(int32_t, max_concurrent_jobs, 0,
+          "refuse new jobs while this many are unfinished (0: no limit)");
+ABSL_FLAG(int32_t, pareto_points, 20,
+          "budgets in each schedule's Pareto sweep");
 ABSL_FLAG(int32_t, drain_timeout_ms, 10000,
           "on SIGTERM, how long in-flight RPCs may take before cancellation");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
@@ -18,7 +34,8 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 namespace {
 constexpr char kUsage[] =
     "mutwo-server: the mutwo planning service (gRPC).\n\n"
-    "Usage: mutwo-server [--listen=HOST:PORT] [--data_dir=DIR] [flags]";
+    "Usage: mutwo-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
+    "[--data_dir=DIR] [flags]";
 }
 
 int main(int argc, char** argv) {
@@ -42,6 +59,13 @@ int main(int argc, char** argv) {
     std::cerr << "mutwo-server: " << s.message() << "\n";
     return mutwo::kExitBadInput;
   }
+  auto max_model_bytes =
+      mutwo::ParseBytes(absl::GetFlag(FLAGS_max_model_bytes));
+  if (!max_model_bytes.ok()) {
+    std::cerr << "mutwo-server: --max_model_bytes: "
+              << max_model_bytes.status().message() << "\n";
+    return mutwo::kExitBadInput;
+  }
   // Block the signals before any thread starts so only sigwait sees them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -51,7 +75,27 @@ int main(int argc, char** argv) {
 
   mutwo::MutwoServer::Options options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.core.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
+  options.core.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.core.max_model_bytes = *max_model_bytes;
+  options.core.max_concurrent_jobs = absl::GetFlag(FLAGS_max_concurrent_jobs);
+  const int pareto_points = absl::GetFlag(FLAGS_pareto_points);
+  options.plan = [pareto_points](const mutwo::v1::Profile& profile,
+                                 const mutwo::v1::MemoryBudget& budget,
+                                 mutwo::v1::Policy policy,
+                                 bool include_pareto) {
+    mutwo::planner::ScheduleRequest request;
+    request.budget = budget;
+    request.policy = policy;
+    request.pareto_points = include_pareto ? pareto_points : 0;
+    return mutwo::planner::PlanSchedule(profile, request);
+  };
+  options.max_batch = [](const std::vector<mutwo::v1::Profile>& profiles,
+                         double max_overhead) {
+    return mutwo::planner::PredictMaxBatchProto(profiles, 0, max_overhead);
+  };
   auto server = mutwo::MutwoServer::Create(options);
   if (!server.ok()) {
     MUTWO_LOG(error, "{}", server.status().ToString());

@@ -1,8 +1,11 @@
-// MutwoServer owns the gRPC server of mutwo-server: the services, health
-// checking (grpc.health.v1: SERVING, NOT_SERVING while draining) and
-// reflection. Start() binds and returns; Shutdown(deadline) stops accepting,
-// lets in-flight RPCs finish until the deadline and then cancels them.
-// Thread-safe: Shutdown may be called from any thread, once.
+// MutwoServer owns everything mutwo-server runs: the Store, the JobCore (and
+// its reaper), the gRPC server with the Planner and WorkerHub services,
+// health checking (grpc.health.v1: SERVING, NOT_SERVING while draining) and
+// reflection, and the Prometheus endpoint on its own port.
+// Start() binds and returns; Shutdown(deadline) flips health to NOT_SERVING,
+// stops accepting, lets in-flight RPCs finish until the deadline, then stops
+// the core and closes the store. Thread-safe: Shutdown may be called from
+// any thread; it is idempotent.
 #ifndef MUTWO_SERVER_SERVER_H_
 #define MUTWO_SERVER_SERVER_H_
 
@@ -10,8 +13,14 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/metrics_exposer.h"
 #include "grpcpp/server.h"
+#include "server/job_core.h"
+#include "server/metrics.h"
+#include "server/services.h"
+#include "storage/store.h"
 
 namespace mutwo {
 
@@ -19,15 +28,21 @@ class MutwoServer {
  public:
   struct Options {
     std::string listen = "127.0.0.1:50051";
+    std::string metrics_listen = "127.0.0.1:9464";  // empty: no metrics
     std::string data_dir = "./mutwo-data";
+    JobCore::Options core;
+    PlanFn plan;
+    MaxBatchFn max_batch;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MutwoServer>> Create(
       Options options);
 
-  // Binds `listen`; the port actually bound (useful with port 0) is port().
+  // Opens the store, binds both ports; port()/metrics_port() are the ports
+  // bound (useful with port 0).
   [[nodiscard]] absl::Status Start();
   int port() const { return port_; }
+  int metrics_port() const { return metrics_.port; }
   void Shutdown(absl::Duration drain_timeout);
   ~MutwoServer();
 
@@ -35,7 +50,15 @@ class MutwoServer {
   explicit MutwoServer(Options options) : options_(std::move(options)) {}
   Options options_;
   int port_ = 0;
+  std::unique_ptr<storage::Store> store_;
+  ServerMetrics server_metrics_;
+  std::unique_ptr<JobCore> core_;
+  std::unique_ptr<PlannerService> planner_service_;
+  std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;
+  MetricsEndpoint metrics_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
 
 }  // namespace mutwo

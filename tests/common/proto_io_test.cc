@@ -70,3 +70,14 @@ TEST(ProtoIo, FilesWriteAtomicallyAndRespectLimits) {
 
 }  // namespace
 }  // namespace mutwo
+
+namespace mutwo {
+namespace {
+
+TEST(ProtoIo, JsonQuoteEscapes) {
+  EXPECT_EQ(JsonQuote("a\"b\\c\nd"), "\"a\\\"b\\\\c\\nd\"");
+  EXPECT_EQ(JsonQuote(std::string("\x01", 1)), "\"\\u0001\"");
+}
+
+}  // namespace
+}  // namespace mutwo

@@ -1,0 +1,795 @@
+#include "server/job_core.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/parse.h"
+#include "common/sha256.h"
+#include "common/status_macros.h"
+
+namespace mutwo {
+namespace {
+
+bool IsFinal(v1::Job::State s) {
+  return s == v1::Job::SUCCEEDED || s == v1::Job::FAILED ||
+         s == v1::Job::CANCELLED;
+}
+
+double ElapsedSeconds(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+absl::Status ValidateBudget(const v1::MemoryBudget& b) {
+  switch (b.kind_case()) {
+    case v1::MemoryBudget::kBytes:
+      if (b.bytes() > 0) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::kFractionOfBaseline:
+      if (b.fraction_of_baseline() > 0 && b.fraction_of_baseline() <= 1) {
+        return absl::OkStatus();
+      }
+      break;
+    case v1::MemoryBudget::kFractionOfDevice:
+      if (b.fraction_of_device() > 0 && b.fraction_of_device() <= 1) {
+        return absl::OkStatus();
+      }
+      break;
+    case v1::MemoryBudget::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "a budget has no kind: set bytes, fraction_of_baseline or "
+          "fraction_of_device");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("budget \"", FormatBudget(b),
+                   "\": bytes must be positive and fractions in (0, 1]"));
+}
+
+absl::Status ValidateSpec(const v1::JobSpec& spec) {
+  std::vector<v1::TensorSpec> inputs(spec.inputs().begin(),
+                                     spec.inputs().end());
+  MUTWO_RETURN_IF_ERROR(ValidateInputs(inputs));
+  if (spec.batch_sizes().empty()) {
+    return absl::InvalidArgumentError("no batch sizes: give at least one");
+  }
+  if (spec.batch_sizes_size() > 64) {
+    return absl::InvalidArgumentError("at most 64 batch sizes per job");
+  }
+  for (int64_t b : spec.batch_sizes()) {
+    if (b <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch size ", b, " must be positive"));
+    }
+  }
+  if (spec.budgets_size() > 32) {
+    return absl::InvalidArgumentError("at most 32 budgets per job");
+  }
+  for (const auto& b : spec.budgets()) MUTWO_RETURN_IF_ERROR(ValidateBudget(b));
+  if (spec.loss().kind() == v1::LossSpec::CROSS_ENTROPY) {
+    if (spec.loss().target().name().empty()) {
+      return absl::InvalidArgumentError(
+          "loss cross_entropy needs a target spec, like y:int64[B]{0,1000}");
+    }
+    MUTWO_RETURN_IF_ERROR(ValidateInputs({spec.loss().target()}));
+  }
+  if (spec.max_overhead() < 0 || spec.max_overhead() > 10) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_overhead ", spec.max_overhead(), " must be in [0, 10]"));
+  }
+  if (!spec.device_kind().empty() && spec.device_kind() != "cpu" &&
+      spec.device_kind() != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_kind \"", spec.device_kind(), "\": use cpu, cuda or empty"));
+  }
+  return absl::OkStatus();
+}
+
+v1::BatchResult* FindOrAddResult(v1::Job& job, int64_t batch_size) {
+  for (auto& r : *job.mutable_results()) {
+    if (r.batch_size() == batch_size) return &r;
+  }
+  auto* r = job.add_results();
+  r->set_batch_size(batch_size);
+  // Keep results ordered by batch size.
+  std::sort(job.mutable_results()->begin(), job.mutable_results()->end(),
+            [](const v1::BatchResult& a, const v1::BatchResult& b) {
+              return a.batch_size() < b.batch_size();
+            });
+  for (auto& res : *job.mutable_results()) {
+    if (res.batch_size() == batch_size) return &res;
+  }
+  return r;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// UploadSession
+
+absl::Status UploadSession::Header(const v1::UploadModelHeader& header) {
+  if (has_header_) {
+    return absl::InvalidArgumentError("upload: a second header was sent");
+  }
+  if (!IsSha256Hex(header.sha256())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("upload: sha256 \"", header.sha256(),
+                     "\" is not 64 lowercase hex digits"));
+  }
+  if (header.size_bytes() <= 0) {
+    return absl::InvalidArgumentError(
+        "upload: declared size_bytes must be positive");
+  }
+  if (header.size_bytes() > max_model_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("upload: model of ", header.size_bytes(),
+                     " bytes is over the limit of ", max_model_bytes_,
+                     " bytes (--max_model_bytes)"));
+  }
+  header_ = header;
+  has_header_ = true;
+  bytes_.reserve(static_cast<size_t>(header.size_bytes()));
+  return absl::OkStatus();
+}
+
+absl::Status UploadSession::Chunk(const std::string& bytes) {
+  if (!has_header_) {
+    return absl::InvalidArgumentError(
+        "upload: the first message must carry the header");
+  }
+  if (static_cast<int64_t>(bytes.size()) > JobCore::kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "upload: chunk of ", bytes.size(), " bytes is over the 1 MiB limit"));
+  }
+  if (static_cast<int64_t>(bytes_.size() + bytes.size()) >
+      header_.size_bytes()) {
+    const bool over_limit =
+        static_cast<int64_t>(bytes_.size() + bytes.size()) > max_model_bytes_;
+    const std::string msg =
+        absl::StrCat("upload: received more than the declared ",
+                     header_.size_bytes(), " bytes");
+    return over_limit ? absl::ResourceExhaustedError(msg)
+                      : absl::InvalidArgumentError(msg);
+  }
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status UploadSession::Finish() {
+  if (!has_header_) return absl::InvalidArgumentError("upload: no header sent");
+  if (static_cast<int64_t>(bytes_.size()) != header_.size_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("upload: declared ", header_.size_bytes(),
+                     " bytes but received ", bytes_.size()));
+  }
+  const std::string got = Sha256Hex(bytes_);
+  if (got != header_.sha256()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("upload: declared sha256 ", header_.sha256(),
+                     " but the bytes hash to ", got));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// JobCore
+
+JobCore::JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
+                 PlanFn plan, MaxBatchFn max_batch)
+    : options_(options),
+      store_(store),
+      metrics_(metrics),
+      plan_(std::move(plan)),
+      max_batch_(std::move(max_batch)) {}
+
+absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
+                                                         storage::Store* store,
+                                                         ServerMetrics* metrics,
+                                                         PlanFn plan,
+                                                         MaxBatchFn max_batch) {
+  if (store == nullptr || metrics == nullptr || !plan || !max_batch) {
+    return absl::InvalidArgumentError(
+        "JobCore needs a store, metrics and a planner");
+  }
+  if (options.lease_timeout_ms < 100) {
+    return absl::InvalidArgumentError("lease timeout must be at least 100 ms");
+  }
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError("max attempts must be at least 1");
+  }
+  if (options.worker_lost_after_ms <= 0) {
+    options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
+  }
+  return std::unique_ptr<JobCore>(new JobCore(
+      options, store, metrics, std::move(plan), std::move(max_batch)));
+}
+
+JobCore::~JobCore() { Shutdown(); }
+
+void JobCore::Start() {
+  RefreshGauges();
+  reaper_ = std::thread([this] {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        const absl::Time deadline =
+            absl::Now() + absl::Milliseconds(options_.reaper_interval_ms);
+        while (!stopping_ && absl::Now() < deadline) {
+          changed_.WaitWithDeadline(&mu_, deadline);
+        }
+        if (stopping_) return;
+      }
+      Reap();
+    }
+  });
+}
+
+void JobCore::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void JobCore::NotifyChange() {
+  absl::MutexLock lock(&mu_);
+  ++generation_;
+  changed_.SignalAll();
+}
+
+void JobCore::RefreshGauges() {
+  if (auto jobs = store_->CountJobsByState(); jobs.ok()) {
+    std::map<std::string, int64_t> m;
+    for (const auto& [s, n] : *jobs) m[v1::Job::State_Name(s)] = n;
+    metrics_->SetJobs(m);
+  }
+  if (auto tasks = store_->CountTasksByState(); tasks.ok()) {
+    std::map<std::string, int64_t> m;
+    for (const auto& [s, n] : *tasks) m[v1::Task::State_Name(s)] = n;
+    metrics_->SetTasks(m);
+  }
+  if (auto workers = store_->ListWorkers(); workers.ok()) {
+    std::map<std::string, int64_t> m;
+    for (const auto& w : *workers) m[v1::WorkerInfo::State_Name(w.state())]++;
+    metrics_->SetWorkers(m);
+  }
+  if (auto bytes = store_->TotalModelBytes(); bytes.ok()) {
+    metrics_->SetModelStoreBytes(*bytes);
+  }
+}
+
+void JobCore::Reap() {
+  bool changed = false;
+  auto requeued = store_->RequeueExpiredLeases(options_.max_attempts);
+  if (requeued.ok()) {
+    for (const v1::Task& t : *requeued) {
+      MUTWO_LOG(warn, "task {} of job {}: lease expired -> {} (attempt {})",
+                t.task_id(), t.job_id(), v1::Task::State_Name(t.state()),
+                t.attempt());
+      (void)Settle(t.job_id());
+      changed = true;
+    }
+  } else {
+    MUTWO_LOG(error, "requeue expired leases: {}",
+              requeued.status().ToString());
+  }
+  auto lost = store_->MarkLostWorkers(options_.worker_lost_after_ms);
+  if (lost.ok() && !lost->empty()) changed = true;
+  RefreshGauges();
+  if (changed) NotifyChange();
+}
+
+absl::StatusOr<v1::UploadModelResponse> JobCore::StoreUpload(
+    const UploadSession& upload) {
+  MUTWO_ASSIGN_OR_RETURN(
+      storage::PutModelResult put,
+      store_->PutModel(upload.header().sha256(), upload.header().name(),
+                       upload.header().size_bytes(), upload.bytes()));
+  metrics_->CountUpload(!put.already_stored);
+  RefreshGauges();
+  v1::UploadModelResponse response;
+  response.set_sha256(put.info.sha256);
+  response.set_size_bytes(put.info.size_bytes);
+  response.set_already_stored(put.already_stored);
+  return response;
+}
+
+absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
+    const v1::SubmitJobRequest& request) {
+  const v1::JobSpec& spec = request.spec();
+  if (!IsSha256Hex(spec.model_sha256())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_sha256 \"", spec.model_sha256(),
+                     "\" is not 64 lowercase hex digits"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(bool has_model, store_->HasModel(spec.model_sha256()));
+  if (!has_model) {
+    return absl::NotFoundError(
+        absl::StrCat("model ", spec.model_sha256(),
+                     " is not uploaded; upload it first (mutwo submit does)"));
+  }
+  MUTWO_RETURN_IF_ERROR(ValidateSpec(spec));
+  if (options_.max_concurrent_jobs > 0) {
+    MUTWO_ASSIGN_OR_RETURN(auto counts, store_->CountJobsByState());
+    int64_t active = 0;
+    for (const auto& [s, n] : counts) {
+      if (!IsFinal(s)) active += n;
+    }
+    if (active >= options_.max_concurrent_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          active, " jobs are running, the limit (--max_concurrent_jobs) is ",
+          options_.max_concurrent_jobs, "; retry later"));
+    }
+  }
+  MUTWO_ASSIGN_OR_RETURN(storage::CreateJobResult created,
+                         store_->CreateJob(spec, request.client_request_id()));
+  v1::SubmitJobResponse response;
+  response.set_deduplicated(created.deduplicated);
+  if (!created.deduplicated) {
+    for (int64_t b : spec.batch_sizes()) {
+      MUTWO_RETURN_IF_ERROR(
+          store_->AddTask(created.job.job_id(), v1::Task::PROFILE, b).status());
+    }
+    MUTWO_RETURN_IF_ERROR(Settle(created.job.job_id()));
+    MUTWO_LOG(info,
+              "job {} submitted: model {} ({}), {} batch sizes, {} budgets",
+              created.job.job_id(), spec.model_name(), spec.model_sha256(),
+              spec.batch_sizes_size(), spec.budgets_size());
+  }
+  MUTWO_ASSIGN_OR_RETURN(*response.mutable_job(),
+                         store_->GetJob(created.job.job_id()));
+  RefreshGauges();
+  NotifyChange();
+  return response;
+}
+
+absl::StatusOr<v1::Job> JobCore::GetJob(const std::string& job_id) {
+  return store_->GetJob(job_id);
+}
+
+absl::StatusOr<v1::ListJobsResponse> JobCore::ListJobs(
+    const v1::ListJobsRequest& request) {
+  storage::ListJobsQuery query;
+  for (int s : request.states()) query.states.push_back(v1::Job::State(s));
+  query.model_sha256 = request.model_sha256();
+  query.page_size = request.page_size();
+  query.page_token = request.page_token();
+  MUTWO_ASSIGN_OR_RETURN(storage::JobPage page, store_->ListJobs(query));
+  v1::ListJobsResponse response;
+  for (auto& j : page.jobs) *response.add_jobs() = std::move(j);
+  response.set_next_page_token(page.next_page_token);
+  return response;
+}
+
+absl::StatusOr<v1::Job> JobCore::CancelJob(const std::string& job_id) {
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Job job, store_->UpdateJob(job_id, [&](v1::Job& j) {
+        if (IsFinal(j.state())) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "job ", job_id, " is already ", v1::Job::State_Name(j.state())));
+        }
+        j.set_state(v1::Job::CANCELLED);
+        j.set_error("cancelled by the client");
+        return absl::OkStatus();
+      }));
+  MUTWO_RETURN_IF_ERROR(store_->CancelJobTasks(job_id).status());
+  MUTWO_LOG(info, "job {} cancelled", job_id);
+  RefreshGauges();
+  NotifyChange();
+  return store_->GetJob(job_id);
+}
+
+absl::StatusOr<v1::Profile> JobCore::GetProfile(
+    const v1::GetProfileRequest& request) {
+  MUTWO_RETURN_IF_ERROR(store_->GetJob(request.job_id()).status());
+  return store_->GetProfile(request.job_id(), request.batch_size());
+}
+
+absl::StatusOr<v1::Schedule> JobCore::PlanCached(const v1::Job& job,
+                                                 const v1::Profile& profile,
+                                                 const v1::MemoryBudget& budget,
+                                                 v1::Policy policy,
+                                                 bool include_pareto) {
+  const storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
+      job.spec(), profile.batch_size(), profile.device(), budget, policy);
+  MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
+                         store_->GetCachedSchedule(key));
+  metrics_->CountCache(cached.has_value());
+  v1::Schedule schedule;
+  if (cached.has_value()) {
+    schedule = *std::move(cached);
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    // The cached copy always carries the Pareto curve so that one entry
+    // serves requests with and without it.
+    MUTWO_ASSIGN_OR_RETURN(schedule, plan_(profile, budget, policy, true));
+    metrics_->ObservePlanner(ElapsedSeconds(start));
+    MUTWO_RETURN_IF_ERROR(store_->PutSchedule(key, job.job_id(), schedule));
+  }
+  if (!include_pareto) schedule.clear_pareto();
+  return schedule;
+}
+
+absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
+    const v1::GetScheduleRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(request.job_id()));
+  if (request.budget().kind_case() == v1::MemoryBudget::KIND_NOT_SET) {
+    return absl::InvalidArgumentError(
+        "GetSchedule needs a budget (bytes, fraction of baseline or device)");
+  }
+  MUTWO_RETURN_IF_ERROR(ValidateBudget(request.budget()));
+  auto profile = store_->GetProfile(request.job_id(), request.batch_size());
+  if (absl::IsNotFound(profile.status())) {
+    return absl::NotFoundError(absl::StrCat("job ", request.job_id(),
+                                            " has no profile for batch size ",
+                                            request.batch_size(), " (yet)"));
+  }
+  MUTWO_RETURN_IF_ERROR(profile.status());
+  if (profile->oom()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "batch size ", request.batch_size(),
+        " ran out of memory while profiling (", profile->oom_step(),
+        "); no schedule can be planned from it"));
+  }
+  const v1::Policy policy =
+      request.policy() == v1::POLICY_UNSPECIFIED ? v1::MUTWO : request.policy();
+  return PlanCached(job, *profile, request.budget(), policy,
+                    request.include_pareto());
+}
+
+absl::StatusOr<v1::ListWorkersResponse> JobCore::ListWorkers() {
+  MUTWO_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
+  v1::ListWorkersResponse response;
+  for (auto& w : workers) *response.add_workers() = std::move(w);
+  return response;
+}
+
+absl::StatusOr<v1::Job> JobCore::WaitForJobChange(const std::string& job_id,
+                                                  int64_t seen_updated_ms,
+                                                  int64_t timeout_ms) {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  while (true) {
+    int64_t generation;
+    {
+      absl::MutexLock lock(&mu_);
+      generation = generation_;
+    }
+    MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(job_id));
+    if (job.updated_unix_ms() != seen_updated_ms || IsFinal(job.state())) {
+      return job;
+    }
+    absl::MutexLock lock(&mu_);
+    while (!stopping_ && generation_ == generation && absl::Now() < deadline) {
+      changed_.WaitWithDeadline(&mu_, deadline);
+    }
+    if (stopping_ || absl::Now() >= deadline) return job;
+  }
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> JobCore::RegisterWorker(
+    const v1::RegisterWorkerRequest& request) {
+  const std::string& kind = request.worker().device().kind();
+  if (kind != "cpu" && kind != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker device kind \"", kind, "\": expected cpu or cuda"));
+  }
+  v1::WorkerInfo info = request.worker();
+  info.set_state(v1::WorkerInfo::IDLE);
+  MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo stored, store_->UpsertWorker(info));
+  MUTWO_LOG(info, "worker {} registered: {} on {}", stored.worker_id(),
+            stored.device().name(), stored.hostname());
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(stored.worker_id());
+  response.set_heartbeat_interval_ms(
+      std::max<int64_t>(100, options_.lease_timeout_ms / 3));
+  RefreshGauges();
+  return response;
+}
+
+absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
+    const v1::LeaseTaskRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
+  std::string device_kind;
+  bool known = false;
+  for (const auto& w : workers) {
+    if (w.worker_id() == request.worker_id()) {
+      device_kind = w.device().kind();
+      known = true;
+    }
+  }
+  if (!known) {
+    return absl::NotFoundError(
+        absl::StrCat("worker \"", request.worker_id(), "\" is not registered"));
+  }
+  MUTWO_RETURN_IF_ERROR(
+      store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
+  const int64_t wait_ms =
+      std::clamp<int64_t>(request.wait_ms(), 0, options_.max_lease_wait_ms);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+  v1::LeaseTaskResponse response;
+  while (true) {
+    int64_t generation;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return response;
+      generation = generation_;
+    }
+    MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> task,
+                           store_->LeaseTask(request.worker_id(), device_kind,
+                                             options_.lease_timeout_ms));
+    if (task.has_value()) {
+      MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task->job_id()));
+      MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
+          request.worker_id(), v1::WorkerInfo::BUSY, task->task_id()));
+      MUTWO_LOG(info,
+                "task {} ({} batch {}) leased to {} (attempt {}, fence {})",
+                task->task_id(), v1::Task::Kind_Name(task->kind()),
+                task->batch_size(), request.worker_id(), task->attempt(),
+                task->fence_token());
+      *response.mutable_task() = *std::move(task);
+      *response.mutable_spec() = job.spec();
+      response.set_lease_timeout_ms(options_.lease_timeout_ms);
+      MUTWO_RETURN_IF_ERROR(Settle(job.job_id()));
+      RefreshGauges();
+      NotifyChange();
+      return response;
+    }
+    absl::MutexLock lock(&mu_);
+    while (!stopping_ && generation_ == generation && absl::Now() < deadline) {
+      changed_.WaitWithDeadline(&mu_, deadline);
+    }
+    if (stopping_ || absl::Now() >= deadline) return response;
+  }
+}
+
+absl::StatusOr<std::string> JobCore::ModelPath(const std::string& sha256) {
+  MUTWO_ASSIGN_OR_RETURN(bool has, store_->HasModel(sha256));
+  if (!has)
+    return absl::NotFoundError(
+        absl::StrCat("model ", sha256, " is not stored"));
+  return store_->ModelPath(sha256);
+}
+
+absl::StatusOr<v1::HeartbeatResponse> JobCore::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  v1::HeartbeatResponse response;
+  if (request.task_id().empty()) {
+    MUTWO_RETURN_IF_ERROR(
+        store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
+    response.set_lease_valid(true);
+    return response;
+  }
+  MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
+      request.worker_id(), v1::WorkerInfo::BUSY, request.task_id()));
+  auto task = store_->ExtendLease(request.task_id(), request.fence_token(),
+                                  options_.lease_timeout_ms);
+  if (absl::IsFailedPrecondition(task.status())) {
+    response.set_lease_valid(false);
+    auto current = store_->GetTask(request.task_id());
+    response.set_cancelled(current.ok() &&
+                           current->state() == v1::Task::CANCELLED);
+    return response;
+  }
+  MUTWO_RETURN_IF_ERROR(task.status());
+  response.set_lease_valid(true);
+  response.set_lease_expiry_unix_ms(task->lease_expiry_unix_ms());
+  return response;
+}
+
+absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
+  if (task.kind() != v1::Task::PROFILE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task ", task.task_id(), " is not a PROFILE task"));
+  }
+  const v1::Profile& profile = request.profile();
+  if (profile.batch_size() != task.batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile is for batch size ", profile.batch_size(), " but task ",
+        task.task_id(), " is for ", task.batch_size()));
+  }
+  MUTWO_ASSIGN_OR_RETURN(
+      bool stored_now,
+      store_->CompleteTask(request.task_id(), request.fence_token(),
+                           profile.SerializeAsString()));
+  if (!stored_now) return absl::OkStatus();  // a retried report
+  MUTWO_RETURN_IF_ERROR(
+      store_->PutProfile(task.job_id(), task.batch_size(), profile));
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job,
+                         store_->UpdateJob(task.job_id(), [](v1::Job& j) {
+                           if (!IsFinal(j.state()))
+                             j.set_state(v1::Job::PLANNING);
+                           return absl::OkStatus();
+                         }));
+  NotifyChange();
+  if (IsFinal(job.state())) return absl::OkStatus();
+
+  v1::BatchResult result;
+  result.set_batch_size(task.batch_size());
+  result.set_baseline_peak_bytes(profile.measured().peak_bytes());
+  result.set_baseline_iteration_ms(profile.measured().iteration_ms());
+  if (profile.oom()) {
+    result.set_oom(true);
+    result.set_error(
+        absl::StrCat("out of memory while profiling at ", profile.oom_step()));
+  } else {
+    for (const v1::MemoryBudget& budget : job.spec().budgets()) {
+      auto schedule = PlanCached(job, profile, budget, v1::MUTWO, false);
+      if (!schedule.ok()) {
+        result.set_error(absl::StrCat("planning for budget ",
+                                      FormatBudget(budget), ": ",
+                                      schedule.status().message()));
+        break;
+      }
+      if (schedule->feasible()) {
+        MUTWO_RETURN_IF_ERROR(store_
+                                  ->AddTask(task.job_id(), v1::Task::VALIDATE,
+                                            task.batch_size(), *schedule)
+                                  .status());
+      }
+      *result.add_schedules() = *std::move(schedule);
+    }
+  }
+  // Max batch size from every usable profile of the job so far.
+  std::vector<v1::Profile> profiles;
+  MUTWO_ASSIGN_OR_RETURN(auto tasks, store_->ListTasks(task.job_id()));
+  for (const v1::Task& t : tasks) {
+    if (t.kind() != v1::Task::PROFILE || t.state() != v1::Task::DONE) continue;
+    auto p = store_->GetProfile(task.job_id(), t.batch_size());
+    if (p.ok() && !p->oom()) profiles.push_back(*std::move(p));
+  }
+  std::optional<v1::MaxBatchPrediction> max_batch;
+  if (profiles.size() >= 2) {
+    const double overhead =
+        job.spec().max_overhead() > 0 ? job.spec().max_overhead() : 0.25;
+    auto prediction = max_batch_(profiles, overhead);
+    if (prediction.ok()) {
+      max_batch = *std::move(prediction);
+    } else {
+      MUTWO_LOG(warn, "job {}: max batch: {}", job.job_id(),
+                prediction.status().ToString());
+    }
+  }
+  MUTWO_ASSIGN_OR_RETURN(job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+    *FindOrAddResult(j, task.batch_size()) = result;
+    if (max_batch.has_value()) *j.mutable_max_batch() = *max_batch;
+    return absl::OkStatus();
+  }));
+  PublishModelMetrics(job);
+  MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
+  NotifyChange();
+  return absl::OkStatus();
+}
+
+absl::Status JobCore::ReportValidation(
+    const v1::ReportValidationRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
+  if (task.kind() != v1::Task::VALIDATE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task ", task.task_id(), " is not a VALIDATE task"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(
+      bool stored_now,
+      store_->CompleteTask(request.task_id(), request.fence_token(),
+                           request.validation().SerializeAsString()));
+  if (!stored_now) return absl::OkStatus();
+  MUTWO_RETURN_IF_ERROR(store_->PutValidation(task.job_id(), task.batch_size(),
+                                              task.schedule().budget().text(),
+                                              request.validation()));
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Job job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+        *FindOrAddResult(j, task.batch_size())->add_validations() =
+            request.validation();
+        return absl::OkStatus();
+      }));
+  PublishModelMetrics(job);
+  MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
+  NotifyChange();
+  return absl::OkStatus();
+}
+
+absl::Status JobCore::FailTask(const v1::FailTaskRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Task task, store_->FailTask(request.task_id(), request.fence_token(),
+                                      request.reason(), request.retryable(),
+                                      options_.max_attempts));
+  MUTWO_LOG(warn, "task {} attempt {} failed ({}): {}", task.task_id(),
+            task.attempt(), v1::Task::State_Name(task.state()),
+            request.reason());
+  // The worker may have been forgotten (LOST, server restarted): the task
+  // state above is what matters.
+  (void)store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, "");
+  MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
+  RefreshGauges();
+  NotifyChange();
+  return absl::OkStatus();
+}
+
+absl::Status JobCore::Settle(const std::string& job_id) {
+  MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> tasks,
+                         store_->ListTasks(job_id));
+  int pending_profile = 0, pending_validate = 0, started = 0, finished = 0;
+  int profiles_failed = 0, profiles_total = 0;
+  std::string first_error;
+  for (const v1::Task& t : tasks) {
+    const bool pending =
+        t.state() == v1::Task::QUEUED || t.state() == v1::Task::LEASED;
+    if (t.kind() == v1::Task::PROFILE) {
+      ++profiles_total;
+      if (pending) ++pending_profile;
+      if (t.state() == v1::Task::FAILED) ++profiles_failed;
+    } else if (pending) {
+      ++pending_validate;
+    }
+    if (!pending) ++finished;
+    if (t.state() != v1::Task::QUEUED || t.attempt() > 1) ++started;
+    if (t.state() == v1::Task::FAILED && first_error.empty()) {
+      first_error = absl::StrCat(v1::Task::Kind_Name(t.kind()), " batch ",
+                                 t.batch_size(), ": ", t.last_error());
+    }
+  }
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Job job, store_->UpdateJob(job_id, [&](v1::Job& j) {
+        j.set_tasks_total(static_cast<int32_t>(tasks.size()));
+        j.set_tasks_done(finished);
+        if (IsFinal(j.state())) return absl::OkStatus();
+        if (pending_profile > 0) {
+          j.set_state(started > 0 ? v1::Job::PROFILING : v1::Job::QUEUED);
+        } else if (pending_validate > 0) {
+          j.set_state(v1::Job::VALIDATING);
+        } else if (profiles_total > 0 && profiles_failed == profiles_total) {
+          j.set_state(v1::Job::FAILED);
+          j.set_error(first_error);
+        } else {
+          j.set_state(v1::Job::SUCCEEDED);
+          if (!first_error.empty()) j.set_error(first_error);
+        }
+        return absl::OkStatus();
+      }));
+  if (IsFinal(job.state())) {
+    MUTWO_LOG(info, "job {} {}{}", job_id, v1::Job::State_Name(job.state()),
+              job.error().empty() ? "" : absl::StrCat(": ", job.error()));
+  }
+  return absl::OkStatus();
+}
+
+void JobCore::PublishModelMetrics(const v1::Job& job) {
+  const std::string& model = job.spec().model_name();
+  for (const v1::BatchResult& r : job.results()) {
+    if (r.baseline_peak_bytes() > 0) {
+      metrics_->SetModelPeakBytes(model, "baseline",
+                                  static_cast<double>(r.baseline_peak_bytes()));
+      metrics_->SetModelIterationSeconds(model, "baseline",
+                                         r.baseline_iteration_ms() / 1000.0);
+    }
+    for (const v1::Validation& v : r.validations()) {
+      metrics_->SetModelPeakBytes(
+          model, "planned", static_cast<double>(v.scheduled().peak_bytes()));
+      metrics_->SetModelIterationSeconds(model, "planned",
+                                         v.scheduled().iteration_ms() / 1000.0);
+    }
+    if (r.validations().empty()) {
+      for (const v1::Schedule& s : r.schedules()) {
+        if (!s.feasible()) continue;
+        metrics_->SetModelPeakBytes(
+            model, "planned", static_cast<double>(s.predicted_peak_bytes()));
+        metrics_->SetModelIterationSeconds(model, "planned",
+                                           s.predicted_iteration_ms() / 1000.0);
+      }
+    }
+  }
+  if (job.has_max_batch()) {
+    metrics_->SetModelMaxBatch(
+        model, "without",
+        static_cast<double>(job.max_batch().max_batch_without_checkpointing()));
+    metrics_->SetModelMaxBatch(
+        model, "with",
+        static_cast<double>(job.max_batch().max_batch_with_schedule()));
+  }
+}
+
+}  // namespace mutwo

@@ -1,0 +1,151 @@
+// JobCore: the state of mutwo-server that the RPC handlers call into (they
+// stay thin: validate, call, map the status). It owns the job state machine
+//   QUEUED -> PROFILING -> PLANNING -> VALIDATING -> SUCCEEDED | FAILED
+//   (CANCELLED from any non-final state)
+// on top of the Store (all state durable there, so a restarted server picks
+// every job up where it was), task leasing with long polls, heartbeats,
+// fencing and re-queueing (a reaper thread re-queues expired leases and marks
+// silent workers LOST), the schedule cache, and the metrics.
+//
+// Planning is injected (PlanFn, MaxBatchFn) so the core can be tested with
+// the real planner or a fake.
+//
+// Thread safety: every public method is thread-safe. Start() starts the
+// reaper; Shutdown() stops it and wakes long polls.
+#ifndef MUTWO_SERVER_JOB_CORE_H_
+#define MUTWO_SERVER_JOB_CORE_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "mutwo/v1/planner.pb.h"
+#include "mutwo/v1/types.pb.h"
+#include "mutwo/v1/worker_hub.pb.h"
+#include "server/metrics.h"
+#include "storage/store.h"
+
+namespace mutwo {
+
+// Plans one schedule for a profile (server/planner through its proto
+// conversion).
+using PlanFn = std::function<absl::StatusOr<v1::Schedule>(
+    const v1::Profile& profile, const v1::MemoryBudget& budget,
+    v1::Policy policy, bool include_pareto)>;
+// Predicts the largest batch from profiles at several batch sizes.
+using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
+    const std::vector<v1::Profile>& profiles, double max_overhead)>;
+
+// Verifies one streamed upload: header first, then chunks; nothing touches
+// the store until Finish() has checked the size and the sha256.
+class UploadSession {
+ public:
+  UploadSession(int64_t max_model_bytes) : max_model_bytes_(max_model_bytes) {}
+  [[nodiscard]] absl::Status Header(const v1::UploadModelHeader& header);
+  [[nodiscard]] absl::Status Chunk(const std::string& bytes);
+  // The verified bytes and header; errors name the mismatch.
+  [[nodiscard]] absl::Status Finish();
+  const v1::UploadModelHeader& header() const { return header_; }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  int64_t max_model_bytes_;
+  bool has_header_ = false;
+  v1::UploadModelHeader header_;
+  std::string bytes_;
+};
+
+class JobCore {
+ public:
+  static constexpr int64_t kMaxChunkBytes = 1 << 20;
+
+  struct Options {
+    int64_t lease_timeout_ms = 30000;
+    int max_attempts = 3;
+    int64_t max_model_bytes = int64_t{512} << 20;
+    int max_concurrent_jobs = 0;       // 0: unlimited
+    int64_t worker_lost_after_ms = 0;  // 0: 3 x lease timeout
+    int64_t reaper_interval_ms = 500;
+    int64_t max_lease_wait_ms = 30000;
+  };
+
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
+      Options options, storage::Store* store, ServerMetrics* metrics,
+      PlanFn plan, MaxBatchFn max_batch);
+  ~JobCore();
+  void Start();
+  void Shutdown();
+
+  // Planner service.
+  [[nodiscard]] absl::StatusOr<v1::UploadModelResponse> StoreUpload(
+      const UploadSession& upload);
+  [[nodiscard]] absl::StatusOr<v1::SubmitJobResponse> SubmitJob(
+      const v1::SubmitJobRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListJobs(
+      const v1::ListJobsRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(
+      const v1::GetProfileRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Schedule> GetSchedule(
+      const v1::GetScheduleRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  // Blocks until the job changes from `seen_updated_ms` or `timeout_ms`
+  // passes; returns the current job.
+  [[nodiscard]] absl::StatusOr<v1::Job> WaitForJobChange(
+      const std::string& job_id, int64_t seen_updated_ms, int64_t timeout_ms);
+
+  // WorkerHub service.
+  [[nodiscard]] absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::LeaseTaskResponse> LeaseTask(
+      const v1::LeaseTaskRequest& request);
+  [[nodiscard]] absl::StatusOr<std::string> ModelPath(
+      const std::string& sha256);
+  [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request);
+  [[nodiscard]] absl::Status ReportProfile(
+      const v1::ReportProfileRequest& request);
+  [[nodiscard]] absl::Status ReportValidation(
+      const v1::ReportValidationRequest& request);
+  [[nodiscard]] absl::Status FailTask(const v1::FailTaskRequest& request);
+
+  // One reaper pass (also called by tests).
+  void Reap();
+
+ private:
+  JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
+          PlanFn plan, MaxBatchFn max_batch);
+  absl::StatusOr<v1::Schedule> PlanCached(const v1::Job& job,
+                                          const v1::Profile& profile,
+                                          const v1::MemoryBudget& budget,
+                                          v1::Policy policy,
+                                          bool include_pareto);
+  // Recomputes the job's state and counters from its tasks after any task
+  // change, and finishes the job when no task is left to run.
+  absl::Status Settle(const std::string& job_id);
+  void NotifyChange();
+  void RefreshGauges();
+  void PublishModelMetrics(const v1::Job& job);
+
+  Options options_;
+  storage::Store* store_;
+  ServerMetrics* metrics_;
+  PlanFn plan_;
+  MaxBatchFn max_batch_;
+
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace mutwo
+
+#endif  // MUTWO_SERVER_JOB_CORE_H_

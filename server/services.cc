@@ -1,0 +1,265 @@
+#include "server/services.h"
+
+#include <chrono>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+
+namespace mutwo {
+namespace {
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    default:
+      return "OTHER";
+  }
+}
+
+// Times one RPC and records it under its method and final code.
+class RpcTimer {
+ public:
+  RpcTimer(ServerMetrics* metrics, const char* method)
+      : metrics_(metrics),
+        method_(method),
+        start_(std::chrono::steady_clock::now()) {}
+  grpc::Status Done(const absl::Status& status) {
+    grpc::Status g = ToGrpcStatus(status);
+    metrics_->ObserveRpc(
+        method_, CodeName(g.error_code()),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+            .count());
+    return g;
+  }
+
+ private:
+  ServerMetrics* metrics_;
+  const char* method_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+template <typename T>
+absl::Status Assign(absl::StatusOr<T> result, T* out) {
+  if (!result.ok()) return result.status();
+  *out = *std::move(result);
+  return absl::OkStatus();
+}
+
+bool IsFinal(v1::Job::State s) {
+  return s == v1::Job::SUCCEEDED || s == v1::Job::FAILED ||
+         s == v1::Job::CANCELLED;
+}
+
+absl::Status RequireId(const std::string& value, const char* field) {
+  if (value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be set"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status PlannerService::UploadModel(
+    grpc::ServerContext*, grpc::ServerReader<v1::UploadModelRequest>* reader,
+    v1::UploadModelResponse* response) {
+  RpcTimer timer(metrics_, "UploadModel");
+  UploadSession upload(max_model_bytes_);
+  v1::UploadModelRequest message;
+  while (reader->Read(&message)) {
+    absl::Status s = message.has_header() ? upload.Header(message.header())
+                                          : upload.Chunk(message.chunk());
+    // Stop reading at the first error: nothing has been stored.
+    if (!s.ok()) return timer.Done(s);
+  }
+  if (absl::Status s = upload.Finish(); !s.ok()) return timer.Done(s);
+  return timer.Done(Assign(core_->StoreUpload(upload), response));
+}
+
+grpc::Status PlannerService::SubmitJob(grpc::ServerContext*,
+                                       const v1::SubmitJobRequest* request,
+                                       v1::SubmitJobResponse* response) {
+  RpcTimer timer(metrics_, "SubmitJob");
+  return timer.Done(Assign(core_->SubmitJob(*request), response));
+}
+
+grpc::Status PlannerService::GetJob(grpc::ServerContext*,
+                                    const v1::GetJobRequest* request,
+                                    v1::Job* response) {
+  RpcTimer timer(metrics_, "GetJob");
+  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
+    return timer.Done(s);
+  return timer.Done(Assign(core_->GetJob(request->job_id()), response));
+}
+
+grpc::Status PlannerService::ListJobs(grpc::ServerContext*,
+                                      const v1::ListJobsRequest* request,
+                                      v1::ListJobsResponse* response) {
+  RpcTimer timer(metrics_, "ListJobs");
+  return timer.Done(Assign(core_->ListJobs(*request), response));
+}
+
+grpc::Status PlannerService::WatchJob(
+    grpc::ServerContext* context, const v1::WatchJobRequest* request,
+    grpc::ServerWriter<v1::JobEvent>* writer) {
+  RpcTimer timer(metrics_, "WatchJob");
+  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
+    return timer.Done(s);
+  auto job = core_->GetJob(request->job_id());
+  if (!job.ok()) return timer.Done(job.status());
+  int64_t seen = -1;
+  while (!context->IsCancelled()) {
+    if (job->updated_unix_ms() != seen) {
+      seen = job->updated_unix_ms();
+      v1::JobEvent event;
+      event.set_state(job->state());
+      event.set_tasks_total(job->tasks_total());
+      event.set_tasks_done(job->tasks_done());
+      event.set_unix_ms(job->updated_unix_ms());
+      event.set_message(absl::StrCat(v1::Job::State_Name(job->state()), " ",
+                                     job->tasks_done(), "/", job->tasks_total(),
+                                     " tasks"));
+      const bool final = IsFinal(job->state());
+      if (final) *event.mutable_job() = *job;
+      if (!writer->Write(event)) break;
+      if (final) return timer.Done(absl::OkStatus());
+    }
+    job = core_->WaitForJobChange(request->job_id(), seen, 1000);
+    if (!job.ok()) return timer.Done(job.status());
+  }
+  return timer.Done(absl::CancelledError("client went away"));
+}
+
+grpc::Status PlannerService::CancelJob(grpc::ServerContext*,
+                                       const v1::CancelJobRequest* request,
+                                       v1::Job* response) {
+  RpcTimer timer(metrics_, "CancelJob");
+  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
+    return timer.Done(s);
+  return timer.Done(Assign(core_->CancelJob(request->job_id()), response));
+}
+
+grpc::Status PlannerService::GetProfile(grpc::ServerContext*,
+                                        const v1::GetProfileRequest* request,
+                                        v1::Profile* response) {
+  RpcTimer timer(metrics_, "GetProfile");
+  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
+    return timer.Done(s);
+  return timer.Done(Assign(core_->GetProfile(*request), response));
+}
+
+grpc::Status PlannerService::GetSchedule(grpc::ServerContext*,
+                                         const v1::GetScheduleRequest* request,
+                                         v1::Schedule* response) {
+  RpcTimer timer(metrics_, "GetSchedule");
+  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
+    return timer.Done(s);
+  return timer.Done(Assign(core_->GetSchedule(*request), response));
+}
+
+grpc::Status PlannerService::ListWorkers(grpc::ServerContext*,
+                                         const v1::ListWorkersRequest*,
+                                         v1::ListWorkersResponse* response) {
+  RpcTimer timer(metrics_, "ListWorkers");
+  return timer.Done(Assign(core_->ListWorkers(), response));
+}
+
+grpc::Status WorkerHubService::RegisterWorker(
+    grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  RpcTimer timer(metrics_, "RegisterWorker");
+  return timer.Done(Assign(core_->RegisterWorker(*request), response));
+}
+
+grpc::Status WorkerHubService::LeaseTask(grpc::ServerContext*,
+                                         const v1::LeaseTaskRequest* request,
+                                         v1::LeaseTaskResponse* response) {
+  RpcTimer timer(metrics_, "LeaseTask");
+  if (auto s = RequireId(request->worker_id(), "worker_id"); !s.ok()) {
+    return timer.Done(s);
+  }
+  return timer.Done(Assign(core_->LeaseTask(*request), response));
+}
+
+grpc::Status WorkerHubService::FetchModel(
+    grpc::ServerContext* context, const v1::FetchModelRequest* request,
+    grpc::ServerWriter<v1::FetchModelChunk>* writer) {
+  RpcTimer timer(metrics_, "FetchModel");
+  auto path = core_->ModelPath(request->sha256());
+  if (!path.ok()) return timer.Done(path.status());
+  std::ifstream in(*path, std::ios::binary | std::ios::ate);
+  if (!in) {
+    return timer.Done(absl::DataLossError(
+        absl::StrCat("model ", request->sha256(), ": file unreadable")));
+  }
+  const int64_t total = in.tellg();
+  in.seekg(0);
+  std::string buf(static_cast<size_t>(JobCore::kMaxChunkBytes), '\0');
+  bool first = true;
+  while (!context->IsCancelled() && in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    v1::FetchModelChunk chunk;
+    chunk.set_data(buf.data(), static_cast<size_t>(n));
+    if (first) chunk.set_total_bytes(total);
+    first = false;
+    if (!writer->Write(chunk)) break;
+  }
+  return timer.Done(absl::OkStatus());
+}
+
+grpc::Status WorkerHubService::Heartbeat(grpc::ServerContext*,
+                                         const v1::HeartbeatRequest* request,
+                                         v1::HeartbeatResponse* response) {
+  RpcTimer timer(metrics_, "Heartbeat");
+  return timer.Done(Assign(core_->Heartbeat(*request), response));
+}
+
+grpc::Status WorkerHubService::ReportProfile(
+    grpc::ServerContext*, const v1::ReportProfileRequest* request,
+    v1::ReportResponse* response) {
+  RpcTimer timer(metrics_, "ReportProfile");
+  absl::Status s = core_->ReportProfile(*request);
+  response->set_accepted(s.ok());
+  return timer.Done(s);
+}
+
+grpc::Status WorkerHubService::ReportValidation(
+    grpc::ServerContext*, const v1::ReportValidationRequest* request,
+    v1::ReportResponse* response) {
+  RpcTimer timer(metrics_, "ReportValidation");
+  absl::Status s = core_->ReportValidation(*request);
+  response->set_accepted(s.ok());
+  return timer.Done(s);
+}
+
+grpc::Status WorkerHubService::FailTask(grpc::ServerContext*,
+                                        const v1::FailTaskRequest* request,
+                                        v1::ReportResponse* response) {
+  RpcTimer timer(metrics_, "FailTask");
+  absl::Status s = core_->FailTask(*request);
+  response->set_accepted(s.ok());
+  return timer.Done(s);
+}
+
+}  // namespace mutwo

@@ -1,0 +1,91 @@
+// The gRPC services of mutwo-server. Handlers are thin: validate the request
+// shape, call JobCore, record RPC latency, and map absl::Status to
+// grpc::Status once (common/grpc_status.h). Long polls (LeaseTask, WatchJob)
+// are bounded by their own wait and the client's deadline.
+#ifndef MUTWO_SERVER_SERVICES_H_
+#define MUTWO_SERVER_SERVICES_H_
+
+#include <string>
+
+#include "mutwo/v1/planner.grpc.pb.h"
+#include "mutwo/v1/worker_hub.grpc.pb.h"
+#include "server/job_core.h"
+#include "server/metrics.h"
+#include "storage/store.h"
+
+namespace mutwo {
+
+class PlannerService final : public v1::Planner::Service {
+ public:
+  PlannerService(JobCore* core, ServerMetrics* metrics, int64_t max_model_bytes)
+      : core_(core), metrics_(metrics), max_model_bytes_(max_model_bytes) {}
+
+  grpc::Status UploadModel(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::UploadModelRequest>* reader,
+                           v1::UploadModelResponse* response) override;
+  grpc::Status SubmitJob(grpc::ServerContext* context,
+                         const v1::SubmitJobRequest* request,
+                         v1::SubmitJobResponse* response) override;
+  grpc::Status GetJob(grpc::ServerContext* context,
+                      const v1::GetJobRequest* request,
+                      v1::Job* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context,
+                        const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
+  grpc::Status WatchJob(grpc::ServerContext* context,
+                        const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status CancelJob(grpc::ServerContext* context,
+                         const v1::CancelJobRequest* request,
+                         v1::Job* response) override;
+  grpc::Status GetProfile(grpc::ServerContext* context,
+                          const v1::GetProfileRequest* request,
+                          v1::Profile* response) override;
+  grpc::Status GetSchedule(grpc::ServerContext* context,
+                           const v1::GetScheduleRequest* request,
+                           v1::Schedule* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context,
+                           const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+
+ private:
+  JobCore* core_;
+  ServerMetrics* metrics_;
+  int64_t max_model_bytes_;
+};
+
+class WorkerHubService final : public v1::WorkerHub::Service {
+ public:
+  WorkerHubService(JobCore* core, ServerMetrics* metrics)
+      : core_(core), metrics_(metrics) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override;
+  grpc::Status LeaseTask(grpc::ServerContext* context,
+                         const v1::LeaseTaskRequest* request,
+                         v1::LeaseTaskResponse* response) override;
+  grpc::Status FetchModel(
+      grpc::ServerContext* context, const v1::FetchModelRequest* request,
+      grpc::ServerWriter<v1::FetchModelChunk>* writer) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context,
+                         const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status ReportProfile(grpc::ServerContext* context,
+                             const v1::ReportProfileRequest* request,
+                             v1::ReportResponse* response) override;
+  grpc::Status ReportValidation(grpc::ServerContext* context,
+                                const v1::ReportValidationRequest* request,
+                                v1::ReportResponse* response) override;
+  grpc::Status FailTask(grpc::ServerContext* context,
+                        const v1::FailTaskRequest* request,
+                        v1::ReportResponse* response) override;
+
+ private:
+  JobCore* core_;
+  ServerMetrics* metrics_;
+};
+
+}  // namespace mutwo
+
+#endif  // MUTWO_SERVER_SERVICES_H_
