@@ -115,7 +115,10 @@ absl::StatusOr<int> RemoveStaleTempFiles(const std::string& dir,
                                          int64_t min_age_ms) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return ErrnoStatus(errno, "opendir", dir);
-  const int64_t now_ms = static_cast<int64_t>(time(nullptr)) * 1000;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t now_ms =
+      static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
   int removed = 0;
   while (struct dirent* entry = readdir(d)) {
     if (!absl::StartsWith(entry->d_name, kTempFilePrefix)) continue;

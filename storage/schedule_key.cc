@@ -1,6 +1,7 @@
 #include "storage/schedule_key.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -27,7 +28,17 @@ std::string Escape(absl::string_view text) {
   return out;
 }
 
-std::string Double(double value) { return absl::StrFormat("%.17g", value); }
+// The shortest of %.15g..%.17g that reads back as the same double: exact,
+// and `0.6` stays `0.6`.
+std::string Double(double value) {
+  std::string text;
+  for (int precision = 15; precision <= 17; ++precision) {
+    text = absl::StrFormat("%.*g", precision, value);
+    double back = 0;
+    if (absl::SimpleAtod(text, &back) && back == value) break;
+  }
+  return text;
+}
 
 std::string CanonicalTensor(const v1::TensorSpec& spec) {
   std::vector<std::string> dims;

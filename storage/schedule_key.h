@@ -50,12 +50,12 @@ ScheduleCacheKey MakeScheduleCacheKey(const v1::JobSpec& spec,
 // Canonical text of the input/loss/optimizer part: `x:float32[B,3,224,224]`
 // inputs joined by `;`, defaults made explicit (unspecified loss -> mean,
 // unspecified optimizer -> sgd, learning rate 0 -> 0.001, momentum 0 -> 0.9
-// for sgd_momentum), doubles printed with 17 significant digits.
+// for sgd_momentum), doubles printed exactly (the shortest of 15-17 significant
+// digits that reads back the same).
 std::string CanonicalSpecString(const std::vector<v1::TensorSpec>& inputs,
                                 const v1::LossSpec& loss,
                                 const v1::OptimizerSpec& optimizer);
-// `bytes:4294967296`, `baseline:0.59999999999999998`,
-// `device:0.80000000000000004@85899345920`.
+// `bytes:4294967296`, `baseline:0.6`, `device:0.8@85899345920`.
 std::string CanonicalBudgetString(const v1::MemoryBudget& budget,
                                   int64_t device_total_bytes);
 // The whole key, `field=value` pairs joined by `|`, free-text values escaped
