@@ -105,6 +105,14 @@ CREATE TABLE workers (
 );
 )sql";
 
+// Version 2: the profile's DeviceInfo in its own column, so the schedule
+// cache key (which needs only the device) is built without parsing the whole
+// profile. Rows written by version 1 have NULL here; readers fall back to the
+// profile blob.
+constexpr char kSchemaV2[] = R"sql(
+ALTER TABLE profiles ADD COLUMN device BLOB;
+)sql";
+
 }  // namespace
 
 static absl::Status NewerSchemaError(const Db& db, int64_t version) {
@@ -117,7 +125,7 @@ static absl::Status NewerSchemaError(const Db& db, int64_t version) {
 
 const std::vector<Migration>& Migrations() {
   static const std::vector<Migration>* const kMigrations =
-      new std::vector<Migration>{{1, kSchemaV1}};
+      new std::vector<Migration>{{1, kSchemaV1}, {2, kSchemaV2}};
   return *kMigrations;
 }
 

@@ -911,17 +911,19 @@ absl::Status Store::PutProfile(absl::string_view job_id, int64_t batch_size,
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * upsert,
       db_->Prepare("INSERT INTO profiles (job_id, batch_size, "
-                   "graph_fingerprint, profile, updated_unix_ms) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5) "
+                   "graph_fingerprint, profile, updated_unix_ms, device) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
                    "ON CONFLICT (job_id, batch_size) DO UPDATE SET "
                    "graph_fingerprint = excluded.graph_fingerprint, "
                    "profile = excluded.profile, "
-                   "updated_unix_ms = excluded.updated_unix_ms"));
+                   "updated_unix_ms = excluded.updated_unix_ms, "
+                   "device = excluded.device"));
   upsert->BindText(1, job_id);
   upsert->BindInt(2, batch_size);
   upsert->BindText(3, profile.graph_fingerprint());
   upsert->BindBlob(4, profile.SerializeAsString());
   upsert->BindInt(5, NowMs());
+  upsert->BindBlob(6, profile.device().SerializeAsString());
   MUTWO_RETURN_IF_ERROR(upsert->Run());
   return txn.Commit();
 }
@@ -943,6 +945,33 @@ absl::StatusOr<v1::Profile> Store::GetProfile(absl::string_view job_id,
   stmt->Reset();
   return ParseRow<v1::Profile>(
       blob, absl::StrCat("profile of job ", job_id, " batch ", batch_size));
+}
+
+absl::StatusOr<v1::DeviceInfo> Store::GetProfileDevice(absl::string_view job_id,
+                                                       int64_t batch_size) {
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(
+      Stmt * stmt,
+      db_->Prepare("SELECT device IS NULL, COALESCE(device, profile) "
+                   "FROM profiles WHERE job_id = ?1 AND batch_size = ?2"));
+  stmt->BindText(1, job_id);
+  stmt->BindInt(2, batch_size);
+  MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
+  if (!row) {
+    return absl::NotFoundError(absl::StrCat(
+        "no profile for job ", Quote(job_id), " at batch size ", batch_size));
+  }
+  const bool legacy_row = stmt->ColumnInt(0) != 0;
+  const std::string blob = stmt->ColumnBlob(1);
+  stmt->Reset();
+  const std::string what =
+      absl::StrCat("profile of job ", job_id, " batch ", batch_size);
+  if (legacy_row) {  // written by schema version 1: only the whole profile
+    MUTWO_ASSIGN_OR_RETURN(v1::Profile profile,
+                           ParseRow<v1::Profile>(blob, what));
+    return profile.device();
+  }
+  return ParseRow<v1::DeviceInfo>(blob, what);
 }
 
 absl::StatusOr<std::optional<v1::Schedule>> Store::GetCachedSchedule(

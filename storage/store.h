@@ -201,6 +201,10 @@ class Store {
                                         const v1::Profile& profile);
   [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(absl::string_view job_id,
                                                        int64_t batch_size);
+  // Only the device the profile was measured on (what the schedule cache key
+  // needs), read without parsing the whole profile. NotFound as GetProfile.
+  [[nodiscard]] absl::StatusOr<v1::DeviceInfo> GetProfileDevice(
+      absl::string_view job_id, int64_t batch_size);
 
   // ---- Schedule cache ----
   // nullopt on a miss.

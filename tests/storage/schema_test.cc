@@ -35,6 +35,27 @@ TEST(SchemaTest, MigratesAnEmptyFileAndIsIdempotent) {
   EXPECT_EQ(*db->QueryInt("SELECT value FROM meta WHERE key='fence_token'"), 0);
 }
 
+// A file written by the first release (version 1) is brought up to date in
+// place and keeps its rows.
+TEST(SchemaTest, UpgradesAVersion1FileKeepingItsRows) {
+  testing::TempDir dir;
+  auto db = OpenDb(dir);
+  ASSERT_TRUE(db->Exec(Migrations()[0].sql).ok());
+  ASSERT_TRUE(db->Exec("PRAGMA user_version = 1").ok());
+  ASSERT_TRUE(db->Exec("INSERT INTO models VALUES ('s', 'n', 1, 2);"
+                       "INSERT INTO jobs (job_id, state, model_sha256, "
+                       "client_request_id, created_unix_ms, updated_unix_ms, "
+                       "job) VALUES ('job-1', 1, 's', '', 0, 0, x'');"
+                       "INSERT INTO profiles VALUES ('job-1', 8, 'fp', x'', 0)")
+                  .ok());
+  ASSERT_TRUE(Migrate(db.get()).ok());
+  EXPECT_EQ(*db->QueryInt("PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM profiles WHERE job_id = "
+                          "'job-1' AND device IS NULL"),
+            1);
+  EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM models"), 1);
+}
+
 TEST(SchemaTest, RefusesNewerVersionAndLeavesItUntouched) {
   testing::TempDir dir;
   auto db = OpenDb(dir);

@@ -710,6 +710,24 @@ TEST_F(StoreTest, ProfilesAreStoredPerJobAndBatchSize) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(StoreTest, ProfileDeviceIsReadWithoutTheWholeProfile) {
+  auto store = OpenStore();
+  PutModel(*store);
+  const std::string job_id = NewJob(*store).job_id();
+  v1::Profile profile;
+  profile.mutable_device()->set_name("NVIDIA H100 80GB HBM3");
+  profile.mutable_device()->set_libtorch_version("2.11.0");
+  ASSERT_TRUE(store->PutProfile(job_id, 8, profile).ok());
+  auto device = store->GetProfileDevice(job_id, 8);
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_EQ(device->name(), "NVIDIA H100 80GB HBM3");
+  // A row written before the device column existed: read from the profile.
+  ASSERT_TRUE(RawDb()->Exec("UPDATE profiles SET device = NULL").ok());
+  EXPECT_EQ(store->GetProfileDevice(job_id, 8)->libtorch_version(), "2.11.0");
+  EXPECT_EQ(store->GetProfileDevice(job_id, 16).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(StoreTest, ScheduleCacheHitsOnlyForTheSameKey) {
   auto store = OpenStore();
   v1::DeviceInfo device;
