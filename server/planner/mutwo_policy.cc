@@ -1,0 +1,300 @@
+#include "server/planner/mutwo_policy.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace mutwo::planner {
+namespace {
+
+enum class State { kCandidate, kRecomputed, kSwapped, kNever };
+
+// Recompute lineage (Algorithms D, E, F): sources, recompute time of one
+// rebuild, and the total over the times it would be rebuilt.
+class Lineage {
+ public:
+  explicit Lineage(const Simulator& sim) : sim_(sim) {
+    const PlanProfile& prof = sim.profile();
+    const int n = static_cast<int>(prof.activations.size());
+    srcs_.resize(n);
+    users_.resize(n);
+    time_.resize(n);
+    total_.resize(n);
+    state_.assign(n, State::kCandidate);
+    for (int c = 0; c < n; ++c) {
+      const PlanActivation& a = prof.activations[c];
+      srcs_[c] = a.recompute_sources;
+      std::sort(srcs_[c].begin(), srcs_[c].end());
+      srcs_[c].erase(std::unique(srcs_[c].begin(), srcs_[c].end()),
+                     srcs_[c].end());
+      for (int s : srcs_[c]) users_[s].push_back(c);
+      double t = a.recompute_ms;
+      if (t <= 0) {
+        t = prof.nodes[a.producer_node].forward_ms;
+        for (int node : a.recompute_nodes) {
+          if (node != a.producer_node) t += prof.nodes[node].forward_ms;
+        }
+      }
+      time_[c] = t;
+      total_[c] = t;
+      if (a.size_bytes <= 0) state_[c] = State::kNever;
+    }
+  }
+
+  State state(int c) const { return state_[c]; }
+  // `c` went back to RETAIN for good: no longer a chosen recomputation.
+  void Forget(int c) { state_[c] = State::kNever; }
+  double total(int c) const { return total_[c]; }
+
+  // Algorithm E then F for `t` chosen for recompute.
+  void Recompute(int t) {
+    state_[t] = State::kRecomputed;
+    const std::vector<int> users = users_[t];
+    for (int u : users) {
+      if (!HasSource(u, t)) continue;
+      if (state_[u] == State::kRecomputed) {
+        Replace(u, t);
+        time_[u] += time_[t];
+      } else if (state_[u] == State::kCandidate) {
+        Replace(u, t);
+        time_[u] += time_[t];
+        RefreshTotal(u);
+      }
+    }
+    for (int s : srcs_[t]) {
+      if (state_[s] == State::kCandidate) RefreshTotal(s);
+    }
+  }
+
+  // Algorithm F lines 2-9 for `t` chosen for swap: a candidate whose first
+  // backward use falls outside t's backward interval can no longer use t.
+  void Swap(int t) {
+    state_[t] = State::kSwapped;
+    const PlanActivation& ta = sim_.profile().activations[t];
+    const std::vector<int> users = users_[t];
+    for (int u : users) {
+      if (state_[u] != State::kCandidate || !HasSource(u, t)) continue;
+      const int fbu = sim_.profile().activations[u].first_backward_use;
+      if (fbu >= ta.first_backward_use && fbu <= ta.last_backward_use) {
+        continue;
+      }
+      Replace(u, t);
+      time_[u] += time_[t];
+      RefreshTotal(u);
+    }
+  }
+
+ private:
+  bool HasSource(int u, int s) const {
+    return std::binary_search(srcs_[u].begin(), srcs_[u].end(), s);
+  }
+
+  void Replace(int u, int t) {
+    std::vector<int>& srcs = srcs_[u];
+    srcs.erase(std::lower_bound(srcs.begin(), srcs.end(), t));
+    for (int x : srcs_[t]) {
+      if (x == u) continue;
+      auto it = std::lower_bound(srcs.begin(), srcs.end(), x);
+      if (it != srcs.end() && *it == x) continue;
+      srcs.insert(it, x);
+      users_[x].push_back(u);
+    }
+  }
+
+  // total = time × (1 + chosen recomputations that rebuild it as a source).
+  void RefreshTotal(int c) {
+    int chosen_users = 0;
+    for (int u : users_[c]) {
+      if (state_[u] == State::kRecomputed && HasSource(u, c)) ++chosen_users;
+    }
+    total_[c] = time_[c] * (1 + chosen_users);
+  }
+
+  const Simulator& sim_;
+  std::vector<std::vector<int>> srcs_;
+  std::vector<std::vector<int>> users_;
+  std::vector<double> time_;
+  std::vector<double> total_;
+  std::vector<State> state_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
+    const Simulator* simulator, Options options) {
+  if (simulator == nullptr) {
+    return absl::InvalidArgumentError("MutwoPolicy needs a simulator");
+  }
+  return std::unique_ptr<MutwoPolicy>(new MutwoPolicy(simulator, options));
+}
+
+Decisions MutwoPolicy::Run(int64_t budget_bytes,
+                           std::vector<TrajectoryStep>* trajectory) {
+  const PlanProfile& prof = sim_->profile();
+  const int n = static_cast<int>(prof.activations.size());
+  const int positions = sim_->positions();
+  const bool swap_ok = options_.allow_swap && prof.CanSwap();
+  Decisions decisions(n);
+  Lineage lineage(*sim_);
+  std::vector<char> no_swap(n, 0), no_recompute(n, 0);
+  std::vector<int> remaining;
+  for (int c = 0; c < n; ++c) {
+    if (lineage.state(c) == State::kCandidate) remaining.push_back(c);
+  }
+  std::vector<int> swapped;
+  std::vector<double> replay_ms(positions, 0);
+  SimResult current = sim_->Run(decisions);
+
+  while (current.peak_bytes > budget_bytes) {
+    const int pp = current.peak_position;
+    int s_cand = -1, r_cand = -1;
+    double best_inactive = -1, best_ratio = -1;
+    for (int c : remaining) {
+      const PlanActivation& a = prof.activations[c];
+      if (!(a.last_forward_use < pp && pp < a.first_backward_use)) continue;
+      if (swap_ok && !no_swap[c] && a.inactive_ms > best_inactive) {
+        // The offload must complete before the peak to lower it.
+        const double window = sim_->baseline_end_ms(pp - 1) -
+                              sim_->baseline_end_ms(a.last_forward_use);
+        if (window >= sim_->transfer_out_ms(a)) {
+          best_inactive = a.inactive_ms;
+          s_cand = c;
+        }
+      }
+      if (options_.allow_recompute && !no_recompute[c]) {
+        const double ratio = options_.order == Options::Order::kRatio
+                                 ? static_cast<double>(a.size_bytes) /
+                                       std::max(lineage.total(c), 1e-9)
+                                 : 1.0 / std::max(lineage.total(c), 1e-9);
+        if (ratio > best_ratio) {
+          best_ratio = ratio;
+          r_cand = c;
+        }
+      }
+    }
+    if (s_cand < 0 && r_cand < 0) break;
+
+    // Algorithm C: walk back from the first backward use, hiding the
+    // prefetch behind backward steps and replays.
+    double s_overhead = 0;
+    int prefetch_at = -1;
+    if (s_cand >= 0) {
+      std::fill(replay_ms.begin(), replay_ms.end(), 0);
+      std::vector<char> seen(current.segments, 0);
+      for (int c = 0; c < n; ++c) {
+        const int seg = current.segment_of[c];
+        if (seg >= 0 && !seen[seg]) {
+          seen[seg] = 1;
+          replay_ms[current.needed_at[c]] += current.segment_ms_of[c];
+        }
+      }
+      const PlanActivation& a = prof.activations[s_cand];
+      const double in_ms = sim_->transfer_in_ms(a);
+      const int need = a.first_backward_use;
+      double hidden = replay_ms[need];
+      int t = need - 1;
+      // The candidate is resident in the current plan over the window, so
+      // the prefetch adds nothing there; it must not reach a position at the
+      // current peak, or the peak could not drop (the paper's peak interval).
+      while (hidden < in_ms && t > a.last_forward_use && t > pp &&
+             sim_->last_peak_at(t) < current.peak_bytes) {
+        hidden += sim_->step_ms(t) + replay_ms[t];
+        --t;
+      }
+      prefetch_at = t + 1;
+      double queued = 0;  // transfers already due in the same window
+      for (int w : swapped) {
+        const int w_need = current.needed_at[w];
+        if (w_need >= prefetch_at && w_need <= need) {
+          queued += sim_->transfer_in_ms(prof.activations[w]);
+        }
+      }
+      s_overhead = std::max(0.0, in_ms + queued - hidden);
+    }
+    const double r_overhead = r_cand >= 0 ? lineage.total(r_cand) : 0;
+    const bool take_swap =
+        s_cand >= 0 && (r_cand < 0 || s_overhead < r_overhead);
+    const int cand = take_swap ? s_cand : r_cand;
+    decisions[cand].action = take_swap ? Action::kSwap : Action::kRecompute;
+    decisions[cand].prefetch_at = take_swap ? prefetch_at : -1;
+
+    SimResult next = sim_->Run(decisions);
+    if (next.peak_bytes > current.peak_bytes) {
+      decisions[cand] = Decision{};
+      (take_swap ? no_swap : no_recompute)[cand] = 1;
+      current = sim_->Run(decisions);  // restores the simulator's curve
+      continue;
+    }
+    remaining.erase(std::find(remaining.begin(), remaining.end(), cand));
+    if (take_swap) {
+      lineage.Swap(cand);
+      swapped.push_back(cand);
+    } else {
+      lineage.Recompute(cand);
+    }
+    current = std::move(next);
+    TrajectoryStep step;
+    step.activation = cand;
+    step.action = decisions[cand].action;
+    step.prefetch_at = decisions[cand].prefetch_at;
+    step.estimated_overhead_ms = take_swap ? s_overhead : r_overhead;
+    if (options_.refine) {
+      Refine(decisions, cand, current, step.retained_again);
+      for (int c : step.retained_again) {
+        lineage.Forget(c);
+        swapped.erase(std::remove(swapped.begin(), swapped.end(), c),
+                      swapped.end());
+      }
+    }
+    step.peak_bytes = current.peak_bytes;
+    step.iteration_ms = current.iteration_ms;
+    if (trajectory != nullptr) trajectory->push_back(std::move(step));
+  }
+  return decisions;
+}
+
+void MutwoPolicy::Refine(Decisions& decisions, int just_chosen,
+                         SimResult& current,
+                         std::vector<int>& retained_again) const {
+  std::vector<std::pair<double, int>> chosen;
+  for (size_t a = 0; a < decisions.size(); ++a) {
+    if (decisions[a].action == Action::kRetain ||
+        static_cast<int>(a) == just_chosen) {
+      continue;
+    }
+    const double cost = decisions[a].action == Action::kRecompute
+                            ? current.segment_ms_of[a]
+                            : current.stall_ms_of[a];
+    chosen.emplace_back(-cost, static_cast<int>(a));
+  }
+  std::sort(chosen.begin(), chosen.end());
+  bool stale = false;
+  for (const auto& [neg_cost, a] : chosen) {
+    const Decision kept = decisions[a];
+    decisions[a] = Decision{};
+    SimResult next = sim_->Run(decisions);
+    if (next.peak_bytes <= current.peak_bytes &&
+        next.iteration_ms <= current.iteration_ms) {
+      current = std::move(next);
+      retained_again.push_back(a);
+      stale = false;
+    } else {
+      decisions[a] = kept;
+      stale = true;
+    }
+  }
+  if (stale) current = sim_->Run(decisions);
+}
+
+Decisions DecisionsAfter(int activation_count,
+                         const std::vector<TrajectoryStep>& trajectory,
+                         size_t steps) {
+  Decisions d(activation_count);
+  for (size_t i = 0; i < steps && i < trajectory.size(); ++i) {
+    d[trajectory[i].activation].action = trajectory[i].action;
+    d[trajectory[i].activation].prefetch_at = trajectory[i].prefetch_at;
+    for (int a : trajectory[i].retained_again) d[a] = Decision{};
+  }
+  return d;
+}
+
+}  // namespace mutwo::planner

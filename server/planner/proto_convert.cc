@@ -1,0 +1,428 @@
+#include "server/planner/proto_convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/version.h"
+
+namespace mutwo::planner {
+namespace {
+
+absl::Status Bad(const std::string& field, int64_t value,
+                 const std::string& expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " = ", value, ": ", expected));
+}
+
+}  // namespace
+
+absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
+  PlanProfile out;
+  const int n = profile.nodes_size();
+  const int p = n + profile.backward_steps_size();
+  if (n == 0) {
+    return absl::InvalidArgumentError(
+        "nodes: the profile has no forward nodes");
+  }
+  out.nodes.resize(n);
+  for (int i = 0; i < n; ++i) {
+    const v1::ProfileNode& node = profile.nodes(i);
+    const std::string f = absl::StrCat("nodes[", i, "]");
+    if (node.id() != i) {
+      return Bad(f + ".id", node.id(),
+                 absl::StrCat("expected ", i, " (node ids are positions)"));
+    }
+    if (node.forward_ms() < 0 || !std::isfinite(node.forward_ms())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".forward_ms = ", node.forward_ms(),
+                       ": must be a finite time >= 0"));
+    }
+    if (node.allocated_bytes_after() < 0 || node.peak_bytes_during() < 0) {
+      return Bad(
+          f + ".allocated_bytes_after",
+          std::min(node.allocated_bytes_after(), node.peak_bytes_during()),
+          "allocator figures must be >= 0");
+    }
+    PlanNode& pn = out.nodes[i];
+    pn.forward_ms = node.forward_ms();
+    pn.allocated_bytes_after = node.allocated_bytes_after();
+    pn.peak_bytes_during = node.peak_bytes_during();
+    pn.is_op = node.is_op();
+    pn.scope = node.scope();
+  }
+  out.backward_steps.resize(profile.backward_steps_size());
+  for (int k = 0; k < profile.backward_steps_size(); ++k) {
+    const v1::BackwardStep& s = profile.backward_steps(k);
+    const std::string f = absl::StrCat("backward_steps[", k, "]");
+    if (s.forward_node() < -1 || s.forward_node() >= n) {
+      return Bad(f + ".forward_node", s.forward_node(),
+                 absl::StrCat("must be -1 or a node id in [0, ", n, ")"));
+    }
+    if (s.ms() < 0 || !std::isfinite(s.ms())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ".ms = ", s.ms(), ": must be a finite time >= 0"));
+    }
+    if (s.allocated_bytes_after() < 0 || s.peak_bytes_during() < 0) {
+      return Bad(f + ".allocated_bytes_after",
+                 std::min(s.allocated_bytes_after(), s.peak_bytes_during()),
+                 "allocator figures must be >= 0");
+    }
+    out.backward_steps[k] =
+        PlanBackwardStep{s.ms(), s.forward_node(), s.allocated_bytes_after(),
+                         s.peak_bytes_during()};
+  }
+  absl::flat_hash_map<int, int> index_of;
+  for (int i = 0; i < profile.activations_size(); ++i) {
+    const int id = profile.activations(i).value_id();
+    if (!index_of.emplace(id, i).second) {
+      return Bad(absl::StrCat("activations[", i, "].value_id"), id,
+                 absl::StrCat("duplicate of activations[", index_of[id], "]"));
+    }
+  }
+  out.activations.resize(profile.activations_size());
+  for (int i = 0; i < profile.activations_size(); ++i) {
+    const v1::Activation& a = profile.activations(i);
+    const std::string f =
+        absl::StrCat("activations[", i, "] (value_id ", a.value_id(), ")");
+    if (a.producer_node() < 0 || a.producer_node() >= n) {
+      return Bad(f + ".producer_node", a.producer_node(),
+                 absl::StrCat("must be a node id in [0, ", n, ")"));
+    }
+    if (a.size_bytes() < 0) {
+      return Bad(f + ".size_bytes", a.size_bytes(), "must be >= 0");
+    }
+    if (a.last_forward_use() < a.producer_node() || a.last_forward_use() >= n) {
+      return Bad(f + ".last_forward_use", a.last_forward_use(),
+                 absl::StrCat("must be a forward position in [producer_node ",
+                              a.producer_node(), ", ", n, ")"));
+    }
+    if (a.first_backward_use() < n || a.first_backward_use() >= p) {
+      return Bad(
+          f + ".first_backward_use", a.first_backward_use(),
+          absl::StrCat("must be a backward position in [", n, ", ", p, ")"));
+    }
+    if (a.last_backward_use() < a.first_backward_use() ||
+        a.last_backward_use() >= p) {
+      return Bad(f + ".last_backward_use", a.last_backward_use(),
+                 absl::StrCat("must be in [first_backward_use ",
+                              a.first_backward_use(), ", ", p, ")"));
+    }
+    for (double v : {a.inactive_ms(), a.recompute_ms(), a.swap_ms()}) {
+      if (v < 0 || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            f,
+            ": inactive_ms, recompute_ms and swap_ms must be finite and "
+            ">= 0, got ",
+            v));
+      }
+    }
+    PlanActivation& pa = out.activations[i];
+    pa.value_id = a.value_id();
+    pa.producer_node = a.producer_node();
+    pa.size_bytes = a.size_bytes();
+    pa.last_forward_use = a.last_forward_use();
+    pa.first_backward_use = a.first_backward_use();
+    pa.last_backward_use = a.last_backward_use();
+    pa.inactive_ms = a.inactive_ms();
+    pa.recompute_ms = a.recompute_ms();
+    pa.swap_ms = a.swap_ms();
+    for (int src : a.recompute_sources()) {
+      auto it = index_of.find(src);
+      if (it == index_of.end() || it->second == i) {
+        return Bad(f + ".recompute_sources[]", src,
+                   "must be the value_id of another activation");
+      }
+      pa.recompute_sources.push_back(it->second);
+    }
+    int previous = -1;
+    for (int node : a.recompute_nodes()) {
+      if (node < 0 || node >= n || node <= previous) {
+        return Bad(f + ".recompute_nodes[]", node,
+                   absl::StrCat("must be node ids in [0, ", n,
+                                ") in increasing order"));
+      }
+      previous = node;
+      pa.recompute_nodes.push_back(node);
+    }
+  }
+  const v1::FixedMemory& fixed = profile.fixed();
+  out.fixed_bytes = fixed.parameter_bytes() + fixed.gradient_bytes() +
+                    fixed.optimizer_state_bytes() + fixed.input_bytes();
+  out.measured_peak_bytes = profile.measured().peak_bytes();
+  out.measured_iteration_ms = profile.measured().iteration_ms();
+  out.device_total_bytes = profile.device().total_bytes();
+  if (profile.device().host_to_device_bytes_per_second() < 0 ||
+      profile.device().device_to_host_bytes_per_second() < 0) {
+    return absl::InvalidArgumentError(
+        "device.host_to_device_bytes_per_second and "
+        "device.device_to_host_bytes_per_second must be >= 0");
+  }
+  out.host_to_device_bytes_per_second =
+      profile.device().host_to_device_bytes_per_second();
+  out.device_to_host_bytes_per_second =
+      profile.device().device_to_host_bytes_per_second();
+  return out;
+}
+
+absl::StatusOr<int64_t> ResolveBudget(const v1::MemoryBudget& budget,
+                                      int64_t baseline_peak_bytes,
+                                      int64_t device_total_bytes) {
+  switch (budget.kind_case()) {
+    case v1::MemoryBudget::kBytes:
+      if (budget.bytes() <= 0) {
+        return Bad("budget.bytes", budget.bytes(), "must be positive");
+      }
+      return budget.bytes();
+    case v1::MemoryBudget::kFractionOfBaseline: {
+      const double f = budget.fraction_of_baseline();
+      if (!(f > 0 && f <= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "budget.fraction_of_baseline = ", f, ": must be in (0, 1]"));
+      }
+      return static_cast<int64_t>(
+          std::floor(f * static_cast<double>(baseline_peak_bytes)));
+    }
+    case v1::MemoryBudget::kFractionOfDevice: {
+      const double f = budget.fraction_of_device();
+      if (!(f > 0 && f <= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "budget.fraction_of_device = ", f, ": must be in (0, 1]"));
+      }
+      if (device_total_bytes <= 0) {
+        return absl::InvalidArgumentError(
+            "budget is a fraction of the device, but the profile's "
+            "device.total_bytes is not set");
+      }
+      return static_cast<int64_t>(
+          std::floor(f * static_cast<double>(device_total_bytes)));
+    }
+    case v1::MemoryBudget::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "budget is not set: give bytes, a fraction of the baseline peak or a "
+      "fraction of the device");
+}
+
+absl::StatusOr<Policy> ParsePolicy(absl::string_view text) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "mutwo") return Policy::kMutwo;
+  if (t == "sqrt_n") return Policy::kSqrtN;
+  if (t == "per_block") return Policy::kPerBlock;
+  if (t == "none") return Policy::kNone;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "policy \"", text, "\": expected mutwo, sqrt_n, per_block or none"));
+}
+
+Policy PolicyFromProto(v1::Policy policy) {
+  switch (policy) {
+    case v1::SQRT_N:
+      return Policy::kSqrtN;
+    case v1::PER_BLOCK:
+      return Policy::kPerBlock;
+    case v1::NONE:
+      return Policy::kNone;
+    default:
+      return Policy::kMutwo;
+  }
+}
+
+v1::Policy PolicyToProto(Policy policy) {
+  switch (policy) {
+    case Policy::kMutwo:
+      return v1::MUTWO;
+    case Policy::kSqrtN:
+      return v1::SQRT_N;
+    case Policy::kPerBlock:
+      return v1::PER_BLOCK;
+    case Policy::kNone:
+      return v1::NONE;
+  }
+  return v1::POLICY_UNSPECIFIED;
+}
+
+v1::Schedule ScheduleToProto(const v1::Profile& profile,
+                             const PlanProfile& plan_profile,
+                             const PlanResult& result,
+                             const v1::MemoryBudget& budget,
+                             int max_timeline_samples) {
+  v1::Schedule s;
+  s.set_policy(PolicyToProto(result.policy));
+  s.set_planner_version(kPlannerVersion);
+  s.set_graph_fingerprint(profile.graph_fingerprint());
+  s.set_model_sha256(profile.model_sha256());
+  s.set_batch_size(profile.batch_size());
+  *s.mutable_budget() = budget;
+  s.set_budget_bytes(result.budget_bytes);
+  s.set_feasible(result.feasible);
+  s.set_floor_bytes(result.floor_bytes);
+  s.set_predicted_peak_bytes(result.sim.peak_bytes);
+  s.set_predicted_iteration_ms(result.sim.iteration_ms);
+  s.set_baseline_peak_bytes(result.baseline_peak_bytes);
+  s.set_baseline_iteration_ms(result.baseline_iteration_ms);
+  s.set_predicted_recompute_ms(result.sim.recompute_ms);
+  s.set_predicted_stall_ms(result.sim.stall_ms);
+  s.set_reason(result.reason);
+  s.set_peak_position(result.sim.peak_position);
+  s.set_recomputed(result.sim.recomputed);
+  s.set_swapped(result.sim.swapped);
+  for (size_t i = 0; i < plan_profile.activations.size(); ++i) {
+    const PlanActivation& a = plan_profile.activations[i];
+    const Decision& d = result.decisions[i];
+    v1::Decision* out = s.add_decisions();
+    out->set_value_id(a.value_id);
+    out->set_producer_node(a.producer_node);
+    out->set_size_bytes(a.size_bytes);
+    switch (d.action) {
+      case Action::kRetain:
+        out->set_action(v1::Decision::RETAIN);
+        break;
+      case Action::kRecompute: {
+        out->set_action(v1::Decision::RECOMPUTE);
+        out->set_segment(result.sim.segment_of[i]);
+        out->set_needed_at(result.sim.needed_at[i]);
+        out->set_recompute_ms(result.sim.segment_ms_of[i]);
+        out->add_recompute_nodes(a.producer_node);
+        for (int node : a.recompute_nodes) {
+          if (node != a.producer_node) out->add_recompute_nodes(node);
+        }
+        std::sort(out->mutable_recompute_nodes()->begin(),
+                  out->mutable_recompute_nodes()->end());
+        break;
+      }
+      case Action::kSwap:
+        out->set_action(v1::Decision::SWAP);
+        out->set_offload_after(a.last_forward_use);
+        out->set_prefetch_at(d.prefetch_at >= 0 ? d.prefetch_at
+                                                : result.sim.needed_at[i]);
+        out->set_needed_at(result.sim.needed_at[i]);
+        out->set_stall_ms(result.sim.stall_ms_of[i]);
+        break;
+    }
+  }
+  const int p = static_cast<int>(result.sim.planned_after_bytes.size());
+  if (max_timeline_samples > 0 && p > 0) {
+    const int stride = (p + max_timeline_samples - 1) / max_timeline_samples;
+    for (int t = 0; t < p; ++t) {
+      if (t % stride != 0 && t != result.sim.peak_position && t != p - 1) {
+        continue;
+      }
+      v1::MemorySample* m = s.add_timeline();
+      m->set_position(t);
+      m->set_baseline_bytes(result.sim.baseline_after_bytes[t]);
+      m->set_planned_bytes(result.sim.planned_after_bytes[t]);
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<v1::Schedule> PlanSchedule(const v1::Profile& profile,
+                                          const ScheduleRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(PlanProfile plan_profile, ProfileFromProto(profile));
+  if (request.pareto_points == 1 || request.pareto_points < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pareto_points = ", request.pareto_points, ": use 0 or >= 2"));
+  }
+  Planner::Options options;
+  options.policy = PolicyFromProto(request.policy);
+  options.allow_swap = request.allow_swap;
+  options.record_curve = request.max_timeline_samples > 0;
+  MUTWO_ASSIGN_OR_RETURN(auto planner, Planner::Create(plan_profile, options));
+  MUTWO_ASSIGN_OR_RETURN(
+      int64_t budget_bytes,
+      ResolveBudget(request.budget, planner->simulator().baseline_peak_bytes(),
+                    plan_profile.device_total_bytes));
+  const PlanResult result = planner->Plan(budget_bytes);
+  v1::Schedule schedule =
+      ScheduleToProto(profile, planner->profile(), result, request.budget,
+                      request.max_timeline_samples);
+  if (request.pareto_points >= 2) {
+    for (const ParetoPoint& pt : planner->Pareto(request.pareto_points)) {
+      v1::ParetoPoint* out = schedule.add_pareto();
+      out->set_budget_bytes(pt.budget_bytes);
+      out->set_predicted_peak_bytes(pt.predicted_peak_bytes);
+      out->set_predicted_iteration_ms(pt.predicted_iteration_ms);
+      out->set_recomputed(pt.recomputed);
+      out->set_swapped(pt.swapped);
+    }
+  }
+  return schedule;
+}
+
+absl::StatusOr<Decisions> DecisionsFromSchedule(const v1::Schedule& schedule,
+                                                const v1::Profile& profile) {
+  absl::flat_hash_map<int, int> index_of;
+  for (int i = 0; i < profile.activations_size(); ++i) {
+    index_of[profile.activations(i).value_id()] = i;
+  }
+  Decisions d(profile.activations_size());
+  for (int k = 0; k < schedule.decisions_size(); ++k) {
+    const v1::Decision& in = schedule.decisions(k);
+    auto it = index_of.find(in.value_id());
+    if (it == index_of.end()) {
+      return Bad(absl::StrCat("decisions[", k, "].value_id"), in.value_id(),
+                 "is not an activation of the profile");
+    }
+    Decision& out = d[it->second];
+    switch (in.action()) {
+      case v1::Decision::RECOMPUTE:
+        out.action = Action::kRecompute;
+        break;
+      case v1::Decision::SWAP:
+        out.action = Action::kSwap;
+        out.prefetch_at = in.prefetch_at();
+        break;
+      default:
+        out.action = Action::kRetain;
+        break;
+    }
+  }
+  return d;
+}
+
+absl::StatusOr<v1::MaxBatchPrediction> PredictMaxBatchProto(
+    const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
+    double max_overhead) {
+  if (profiles.empty()) {
+    return absl::InvalidArgumentError("max batch size needs profiles");
+  }
+  std::vector<BatchProfile> batch_profiles;
+  for (size_t i = 0; i < profiles.size(); ++i) {
+    auto p = ProfileFromProto(profiles[i]);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("profile at batch size ", profiles[i].batch_size(), ": ",
+                       p.status().message()));
+    }
+    batch_profiles.push_back(
+        BatchProfile{profiles[i].batch_size(), *std::move(p)});
+  }
+  MaxBatchOptions options;
+  options.capacity_bytes =
+      capacity_bytes > 0
+          ? capacity_bytes
+          : static_cast<int64_t>(
+                0.95 *
+                static_cast<double>(profiles.front().device().total_bytes()));
+  options.max_overhead = max_overhead > 0 ? max_overhead : 0.25;
+  MUTWO_ASSIGN_OR_RETURN(MaxBatchResult r,
+                         PredictMaxBatch(batch_profiles, options));
+  v1::MaxBatchPrediction out;
+  out.set_capacity_bytes(r.capacity_bytes);
+  out.set_max_batch_without_checkpointing(r.max_batch_without_checkpointing);
+  out.set_max_batch_with_schedule(r.max_batch_with_schedule);
+  out.set_max_overhead(r.max_overhead);
+  for (int64_t b : r.profiled_batch_sizes) out.add_profiled_batch_sizes(b);
+  for (int64_t b : r.verify_batch_sizes) out.add_verify_batch_sizes(b);
+  out.set_bytes_per_sample(r.bytes_per_sample);
+  out.set_bytes_intercept(r.bytes_intercept);
+  out.set_reason(r.reason);
+  return out;
+}
+
+}  // namespace mutwo::planner

@@ -1,0 +1,71 @@
+// The planner's proto edge: v1::Profile -> PlanProfile (validated field by
+// field), v1::MemoryBudget -> bytes, PlanResult -> v1::Schedule, several
+// profiles -> v1::MaxBatchPrediction. Used by the server and by the offline
+// `mutwo plan` command. Stateless and thread-safe.
+#ifndef MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
+#define MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "mutwo/v1/types.pb.h"
+#include "server/planner/max_batch.h"
+#include "server/planner/model.h"
+#include "server/planner/planner.h"
+
+namespace mutwo::planner {
+
+// Errors: InvalidArgument naming the first bad field, e.g.
+// `activations[2] (value_id 7).first_backward_use = 3: must be after
+// last_forward_use 5 and before position 12`.
+[[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
+    const v1::Profile& profile);
+
+// Bytes, a fraction of the baseline simulated peak, or a fraction of the
+// device capacity. Errors: InvalidArgument for an unset or out-of-range
+// budget, or a device fraction when the device capacity is unknown.
+[[nodiscard]] absl::StatusOr<int64_t> ResolveBudget(
+    const v1::MemoryBudget& budget, int64_t baseline_peak_bytes,
+    int64_t device_total_bytes);
+
+// `mutwo`, `sqrt_n`, `per_block`, `none` (case-insensitive).
+[[nodiscard]] absl::StatusOr<Policy> ParsePolicy(absl::string_view text);
+Policy PolicyFromProto(v1::Policy policy);  // unspecified -> kMutwo
+v1::Policy PolicyToProto(Policy policy);
+
+struct ScheduleRequest {
+  v1::MemoryBudget budget;
+  v1::Policy policy = v1::MUTWO;
+  bool allow_swap = true;
+  int pareto_points = 0;  // 0: no Pareto sweep; otherwise >= 2 budgets
+  int max_timeline_samples = 2048;  // 0: no timeline
+};
+
+// Plans one profile for one budget: the whole v1::Schedule.
+[[nodiscard]] absl::StatusOr<v1::Schedule> PlanSchedule(
+    const v1::Profile& profile, const ScheduleRequest& request);
+
+// The v1::Schedule of a computed plan (decisions for every activation).
+v1::Schedule ScheduleToProto(const v1::Profile& profile,
+                             const PlanProfile& plan_profile,
+                             const PlanResult& result,
+                             const v1::MemoryBudget& budget,
+                             int max_timeline_samples);
+
+// The decisions a schedule encodes, for re-simulation. Errors:
+// InvalidArgument for a value id the profile does not have.
+[[nodiscard]] absl::StatusOr<Decisions> DecisionsFromSchedule(
+    const v1::Schedule& schedule, const v1::Profile& profile);
+
+// Max batch size from profiles at two or more batch sizes. capacity_bytes 0
+// means 95% of the first profile's device.total_bytes; max_overhead 0 means
+// 0.25.
+[[nodiscard]] absl::StatusOr<v1::MaxBatchPrediction> PredictMaxBatchProto(
+    const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
+    double max_overhead);
+
+}  // namespace mutwo::planner
+
+#endif  // MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_

@@ -1,0 +1,414 @@
+#include "server/planner/simulator.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace mutwo::planner {
+namespace {
+
+// Adds `bytes` over the positions [begin, end] to the difference arrays of
+// the high-water marks (`during`) and of the bytes after each position
+// (`after`: [begin, end), the storage is released after `end`).
+void AddInterval(int begin, int end, int64_t bytes, int last,
+                 std::vector<int64_t>& after, std::vector<int64_t>& during) {
+  if (end > last) end = last;
+  if (begin > end) return;
+  during[begin] += bytes;
+  during[end + 1] -= bytes;
+  if (end > begin) {
+    after[begin] += bytes;
+    after[end] -= bytes;
+  }
+}
+
+struct Segment {
+  int replay_at = std::numeric_limits<int>::max();
+  double ms = 0;
+};
+
+}  // namespace
+
+const char* ActionName(Action action) {
+  switch (action) {
+    case Action::kRetain:
+      return "RETAIN";
+    case Action::kRecompute:
+      return "RECOMPUTE";
+    case Action::kSwap:
+      return "SWAP";
+  }
+  return "?";
+}
+
+const char* PolicyName(Policy policy) {
+  switch (policy) {
+    case Policy::kMutwo:
+      return "mutwo";
+    case Policy::kSqrtN:
+      return "sqrt_n";
+    case Policy::kPerBlock:
+      return "per_block";
+    case Policy::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+bool PlanProfile::HasAllocatorFigures() const {
+  for (const PlanNode& n : nodes) {
+    if (n.allocated_bytes_after > 0 || n.peak_bytes_during > 0) return true;
+  }
+  for (const PlanBackwardStep& s : backward_steps) {
+    if (s.allocated_bytes_after > 0 || s.peak_bytes_during > 0) return true;
+  }
+  return false;
+}
+
+Simulator::Simulator(const PlanProfile* profile) : profile_(profile) {}
+
+absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
+    const PlanProfile* profile) {
+  if (profile == nullptr || profile->nodes.empty()) {
+    return absl::InvalidArgumentError("profile has no forward nodes");
+  }
+  const int n = static_cast<int>(profile->nodes.size());
+  const int p = profile->positions();
+  const int a_count = static_cast<int>(profile->activations.size());
+  for (int i = 0; i < a_count; ++i) {
+    const PlanActivation& a = profile->activations[i];
+    const std::string where =
+        absl::StrCat("activation ", i, " (value_id ", a.value_id, "): ");
+    if (a.producer_node < 0 || a.producer_node >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "producer_node ", a.producer_node, " not in [0, ", n, ")"));
+    }
+    if (a.last_forward_use < a.producer_node || a.last_forward_use >= p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "last_forward_use ", a.last_forward_use,
+                       " not in [", a.producer_node, ", ", p, ")"));
+    }
+    if (a.first_backward_use <= a.last_forward_use ||
+        a.first_backward_use >= p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "first_backward_use ", a.first_backward_use,
+                       " must be after last_forward_use ", a.last_forward_use,
+                       " and before position ", p));
+    }
+    if (a.last_backward_use < a.first_backward_use ||
+        a.last_backward_use >= p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "last_backward_use ", a.last_backward_use,
+                       " not in [", a.first_backward_use, ", ", p, ")"));
+    }
+    if (a.size_bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "size_bytes ", a.size_bytes, " < 0"));
+    }
+    for (int s : a.recompute_sources) {
+      if (s < 0 || s >= a_count || s == i) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "recompute source ", s, " is not another ",
+                         "activation index in [0, ", a_count, ")"));
+      }
+    }
+    for (int node : a.recompute_nodes) {
+      if (node < 0 || node >= n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "recompute node ", node, " not in [0, ", n, ")"));
+      }
+    }
+  }
+  for (size_t k = 0; k < profile->backward_steps.size(); ++k) {
+    const int f = profile->backward_steps[k].forward_node;
+    if (f < -1 || f >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward step ", k, ": forward_node ", f, " not in [-1, ", n, ")"));
+    }
+  }
+
+  auto sim = std::unique_ptr<Simulator>(new Simulator(profile));
+  sim->positions_ = p;
+  sim->nodes_ = n;
+  sim->step_ms_.resize(p);
+  sim->end_ms_.resize(p);
+  double t = 0;
+  for (int i = 0; i < p; ++i) {
+    sim->step_ms_[i] = i < n ? profile->nodes[i].forward_ms
+                             : profile->backward_steps[i - n].ms;
+    t += sim->step_ms_[i];
+    sim->end_ms_[i] = t;
+  }
+  sim->baseline_iteration_ms_ =
+      profile->measured_iteration_ms > 0 ? profile->measured_iteration_ms : t;
+
+  sim->base_after_.assign(p, 0);
+  sim->base_during_.assign(p, 0);
+  if (profile->HasAllocatorFigures()) {
+    for (int i = 0; i < p; ++i) {
+      const bool fw = i < n;
+      sim->base_after_[i] =
+          fw ? profile->nodes[i].allocated_bytes_after
+             : profile->backward_steps[i - n].allocated_bytes_after;
+      const int64_t during =
+          fw ? profile->nodes[i].peak_bytes_during
+             : profile->backward_steps[i - n].peak_bytes_during;
+      const int64_t before =
+          i > 0 ? sim->base_after_[i - 1] : sim->base_after_[i];
+      sim->base_during_[i] = std::max({during, sim->base_after_[i], before});
+    }
+  } else {
+    // No allocator figures: fixed memory plus every activation over its
+    // lifetime [producer, last_backward_use].
+    std::vector<int64_t> da(p + 1, 0), dd(p + 1, 0);
+    for (const PlanActivation& a : profile->activations) {
+      AddInterval(a.producer_node, a.last_backward_use, a.size_bytes, p - 1, da,
+                  dd);
+    }
+    int64_t after = profile->fixed_bytes, during = profile->fixed_bytes;
+    for (int i = 0; i < p; ++i) {
+      after += da[i];
+      during += dd[i];
+      sim->base_after_[i] = after;
+      sim->base_during_[i] = during;
+    }
+  }
+  sim->baseline_peak_bytes_ =
+      *std::max_element(sim->base_during_.begin(), sim->base_during_.end());
+
+  sim->produced_by_.resize(n);
+  for (int i = 0; i < a_count; ++i) {
+    sim->produced_by_[profile->activations[i].producer_node].push_back(i);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (profile->nodes[i].is_op) sim->op_nodes_.push_back(i);
+  }
+  sim->scratch_delta_after_.assign(p + 1, 0);
+  sim->scratch_delta_during_.assign(p + 1, 0);
+  sim->scratch_during_.assign(p, 0);
+  sim->scratch_node_stamp_.assign(n, -1);
+  return sim;
+}
+
+double Simulator::transfer_in_ms(const PlanActivation& a) const {
+  if (profile_->host_to_device_bytes_per_second > 0) {
+    return 1000.0 * static_cast<double>(a.size_bytes) /
+           profile_->host_to_device_bytes_per_second;
+  }
+  return a.swap_ms / 2;
+}
+
+double Simulator::transfer_out_ms(const PlanActivation& a) const {
+  if (profile_->device_to_host_bytes_per_second > 0) {
+    return 1000.0 * static_cast<double>(a.size_bytes) /
+           profile_->device_to_host_bytes_per_second;
+  }
+  return a.swap_ms / 2;
+}
+
+SimResult Simulator::Run(const Decisions& decisions, Options options) const {
+  const PlanProfile& prof = *profile_;
+  const int a_count = static_cast<int>(prof.activations.size());
+  const int p = positions_;
+  SimResult r;
+  r.segment_of.assign(a_count, -1);
+  r.needed_at.assign(a_count, -1);
+  r.offload_done_at.assign(a_count, -1);
+  r.stall_ms_of.assign(a_count, 0);
+  r.segment_ms_of.assign(a_count, 0);
+
+  // Recompute segments: maximal runs of op nodes whose activations are
+  // recomputed; op nodes that produced no activation neither join nor split.
+  std::vector<Segment> segments;
+  int current = -1;
+  int stamp = 0;
+  std::fill(scratch_node_stamp_.begin(), scratch_node_stamp_.end(), -1);
+  for (int node : op_nodes_) {
+    const std::vector<int>& produced = produced_by_[node];
+    if (produced.empty()) continue;
+    bool recompute = false;
+    for (int a : produced) {
+      recompute |= decisions[a].action == Action::kRecompute;
+    }
+    if (!recompute) {
+      current = -1;
+      continue;
+    }
+    if (current < 0) {
+      current = static_cast<int>(segments.size());
+      segments.emplace_back();
+      stamp = current;
+    }
+    Segment& seg = segments[current];
+    for (int a : produced) {
+      if (decisions[a].action != Action::kRecompute) continue;
+      const PlanActivation& act = prof.activations[a];
+      r.segment_of[a] = current;
+      ++r.recomputed;
+      seg.replay_at = std::min(seg.replay_at, act.first_backward_use);
+      if (scratch_node_stamp_[act.producer_node] != stamp) {
+        scratch_node_stamp_[act.producer_node] = stamp;
+        seg.ms += prof.nodes[act.producer_node].forward_ms;
+      }
+      for (int rn : act.recompute_nodes) {
+        if (scratch_node_stamp_[rn] != stamp) {
+          scratch_node_stamp_[rn] = stamp;
+          seg.ms += prof.nodes[rn].forward_ms;
+        }
+      }
+    }
+  }
+  r.segments = static_cast<int>(segments.size());
+
+  // Segment inputs stay resident until the segment is replayed.
+  std::vector<int>& hold = scratch_hold_until_;
+  hold.assign(a_count, -1);
+  std::vector<int> first_need(a_count, std::numeric_limits<int>::max());
+  for (int a = 0; a < a_count; ++a) {
+    const int seg = r.segment_of[a];
+    if (seg < 0) continue;
+    r.needed_at[a] = segments[seg].replay_at;
+    r.segment_ms_of[a] = segments[seg].ms;
+    for (int s : prof.activations[a].recompute_sources) {
+      if (r.segment_of[s] == seg) continue;
+      hold[s] = std::max(hold[s], segments[seg].replay_at);
+      first_need[s] = std::min(first_need[s], segments[seg].replay_at);
+    }
+  }
+  for (const Segment& seg : segments) r.recompute_ms += seg.ms;
+
+  // Swaps: offloads queue on one device->host stream in forward order.
+  std::vector<int> swaps;
+  for (int a = 0; a < a_count; ++a) {
+    if (decisions[a].action == Action::kSwap) swaps.push_back(a);
+  }
+  r.swapped = static_cast<int>(swaps.size());
+  std::vector<double> offload_done_ms(a_count, 0);
+  std::vector<int> prefetch_at(a_count, -1);
+  if (!swaps.empty()) {
+    std::sort(swaps.begin(), swaps.end(), [&](int x, int y) {
+      return prof.activations[x].last_forward_use <
+                 prof.activations[y].last_forward_use ||
+             (prof.activations[x].last_forward_use ==
+                  prof.activations[y].last_forward_use &&
+              x < y);
+    });
+    double d2h_free = 0;
+    for (int a : swaps) {
+      const PlanActivation& act = prof.activations[a];
+      const double start = std::max(end_ms_[act.last_forward_use], d2h_free);
+      const double done = start + transfer_out_ms(act);
+      d2h_free = done;
+      offload_done_ms[a] = done;
+      auto it = std::lower_bound(end_ms_.begin() + act.last_forward_use,
+                                 end_ms_.end(), done);
+      r.offload_done_at[a] =
+          it == end_ms_.end() ? p - 1 : static_cast<int>(it - end_ms_.begin());
+      const int need = std::min(act.first_backward_use, first_need[a]);
+      r.needed_at[a] = need;
+      int pa = decisions[a].prefetch_at;
+      if (pa < 0 || pa > need) pa = need;
+      if (pa <= act.last_forward_use) pa = act.last_forward_use + 1;
+      prefetch_at[a] = pa;
+    }
+  }
+
+  // Memory: replace each changed activation's baseline interval by the
+  // plan's residency intervals.
+  std::vector<int64_t>& da = scratch_delta_after_;
+  std::vector<int64_t>& dd = scratch_delta_during_;
+  std::fill(da.begin(), da.end(), 0);
+  std::fill(dd.begin(), dd.end(), 0);
+  const int last = p - 1;
+  for (int a = 0; a < a_count; ++a) {
+    const Action action = decisions[a].action;
+    if (action == Action::kRetain && hold[a] < 0) continue;
+    const PlanActivation& act = prof.activations[a];
+    const int64_t s = act.size_bytes;
+    if (s == 0) continue;
+    const int end = std::max(act.last_backward_use, hold[a]);
+    AddInterval(act.producer_node, act.last_backward_use, -s, last, da, dd);
+    int release_after = -1, back_at = -1;
+    if (action == Action::kRecompute) {
+      release_after = std::max(act.last_forward_use, hold[a]);
+      back_at = segments[r.segment_of[a]].replay_at;
+    } else if (action == Action::kSwap) {
+      release_after = r.offload_done_at[a];
+      back_at = prefetch_at[a];
+    }
+    if (release_after >= 0 && release_after + 1 < back_at) {
+      AddInterval(act.producer_node, release_after, s, last, da, dd);
+      AddInterval(back_at, end, s, last, da, dd);
+    } else {
+      AddInterval(act.producer_node, end, s, last, da, dd);
+    }
+  }
+  int64_t delta_during = 0, delta_after = 0;
+  r.peak_bytes = std::numeric_limits<int64_t>::min();
+  if (options.record_curve) {
+    r.baseline_after_bytes = base_after_;
+    r.planned_after_bytes.resize(p);
+    r.planned_peak_bytes.resize(p);
+  }
+  for (int t = 0; t < p; ++t) {
+    delta_during += dd[t];
+    const int64_t during = base_during_[t] + delta_during;
+    scratch_during_[t] = during;
+    if (during > r.peak_bytes) {
+      r.peak_bytes = during;
+      r.peak_position = t;
+    }
+    if (options.record_curve) {
+      delta_after += da[t];
+      r.planned_after_bytes[t] = base_after_[t] + delta_after;
+      r.planned_peak_bytes[t] = during;
+    }
+  }
+
+  // Time: walk the timeline with one host->device stream for prefetches.
+  if (!swaps.empty()) {
+    std::vector<int> by_issue = swaps, by_need = swaps;
+    std::sort(by_issue.begin(), by_issue.end(), [&](int x, int y) {
+      return prefetch_at[x] != prefetch_at[y] ? prefetch_at[x] < prefetch_at[y]
+                                              : r.needed_at[x] < r.needed_at[y];
+    });
+    std::sort(by_need.begin(), by_need.end(),
+              [&](int x, int y) { return r.needed_at[x] < r.needed_at[y]; });
+    std::vector<std::pair<int, double>> replays;
+    for (const Segment& seg : segments) {
+      replays.emplace_back(seg.replay_at, seg.ms);
+    }
+    std::sort(replays.begin(), replays.end());
+    std::vector<double> ready_ms(a_count, 0);
+    double now = 0, h2d_free = 0;
+    size_t i_issue = 0, i_need = 0, i_replay = 0;
+    for (int t = 0; t < p && i_need < by_need.size(); ++t) {
+      for (; i_issue < by_issue.size() && prefetch_at[by_issue[i_issue]] == t;
+           ++i_issue) {
+        const int a = by_issue[i_issue];
+        const double start = std::max({now, h2d_free, offload_done_ms[a]});
+        h2d_free = start + transfer_in_ms(prof.activations[a]);
+        ready_ms[a] = h2d_free;
+      }
+      for (; i_need < by_need.size() && r.needed_at[by_need[i_need]] == t;
+           ++i_need) {
+        const int a = by_need[i_need];
+        if (ready_ms[a] > now) {
+          r.stall_ms_of[a] = ready_ms[a] - now;
+          r.stall_ms += ready_ms[a] - now;
+          now = ready_ms[a];
+        }
+      }
+      for (; i_replay < replays.size() && replays[i_replay].first == t;
+           ++i_replay) {
+        now += replays[i_replay].second;
+      }
+      now += step_ms_[t];
+    }
+  }
+  r.iteration_ms = baseline_iteration_ms_ + r.recompute_ms + r.stall_ms;
+  return r;
+}
+
+}  // namespace mutwo::planner

@@ -1,0 +1,118 @@
+// The memory and time simulator (μ-TWO Algorithm G plus a time model): a pure
+// function of (profile, decisions) that re-simulates the whole timeline.
+//
+// Memory. planned(t) = measured(t) - bytes of activations the plan has
+// released at t + bytes it holds longer than the baseline (segment inputs,
+// swap buffers in flight, prefetched tensors). Each activation occupies the
+// positions [producer, last_backward_use] in the baseline; the plan replaces
+// that interval by its own residency intervals:
+//  - RETAIN: unchanged, extended while a recompute segment keeps it as input.
+//  - RECOMPUTE: maximal runs of recompute producer nodes (node-id order,
+//    non-op nodes ignored) form segments; a segment keeps only its inputs
+//    (recompute sources outside the segment) and replays all its
+//    recompute_nodes once, before the earliest first backward use among its
+//    activations. Its activations are resident [producer, last_forward_use]
+//    and [replay position, last_backward_use].
+//  - SWAP: offloaded after last_forward_use on one device->host stream (the
+//    memory is freed at the position where the copy completes) and
+//    prefetched on one host->device stream from `prefetch_at` (the buffer is
+//    allocated there) so that it is resident at its first backward use.
+// The peak is taken over the per-position high-water marks.
+//
+// Time. iteration = baseline iteration + segment replay time + stalls, where
+// a stall is prefetch time not hidden behind the compute (including replays)
+// between prefetch_at and first use, with transfers queued on one stream.
+//
+// Thread safety: a Simulator keeps scratch buffers; use one per thread.
+#ifndef MUTWO_SERVER_PLANNER_SIMULATOR_H_
+#define MUTWO_SERVER_PLANNER_SIMULATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/planner/model.h"
+
+namespace mutwo::planner {
+
+struct SimResult {
+  int64_t peak_bytes = 0;
+  int peak_position = 0;
+  double iteration_ms = 0;
+  double recompute_ms = 0;
+  double stall_ms = 0;
+  int recomputed = 0;
+  int swapped = 0;
+  int segments = 0;
+  // Per activation: recompute segment (-1 if none), position before which
+  // it is rebuilt or must be prefetched (-1), offload completion position
+  // for swaps (-1), stall attributed to its prefetch, and its segment's
+  // replay time.
+  std::vector<int> segment_of;
+  std::vector<int> needed_at;
+  std::vector<int> offload_done_at;
+  std::vector<double> stall_ms_of;
+  std::vector<double> segment_ms_of;
+  // Filled when SimulateOptions::record_curve: bytes after and high-water
+  // mark during each position, baseline and planned.
+  std::vector<int64_t> baseline_after_bytes;
+  std::vector<int64_t> planned_after_bytes;
+  std::vector<int64_t> planned_peak_bytes;
+};
+
+class Simulator {
+ public:
+  struct Options {
+    bool record_curve = false;
+  };
+
+  // Errors: InvalidArgument for a profile whose positions or ids are out of
+  // range (proto_convert validates field by field first).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Simulator>> Create(
+      const PlanProfile* profile);
+
+  // `decisions` must have one entry per activation.
+  SimResult Run(const Decisions& decisions, Options options) const;
+  SimResult Run(const Decisions& decisions) const {
+    return Run(decisions, Options{});
+  }
+
+  const PlanProfile& profile() const { return *profile_; }
+  int positions() const { return positions_; }
+  int64_t baseline_peak_bytes() const { return baseline_peak_bytes_; }
+  double baseline_iteration_ms() const { return baseline_iteration_ms_; }
+  double step_ms(int position) const { return step_ms_[position]; }
+  // Planned high-water mark of the last Run at `position`.
+  int64_t last_peak_at(int position) const { return scratch_during_[position]; }
+  // End time of `position` in the baseline step (forward from 0).
+  double baseline_end_ms(int position) const { return end_ms_[position]; }
+  double transfer_in_ms(const PlanActivation& a) const;
+  double transfer_out_ms(const PlanActivation& a) const;
+
+ private:
+  explicit Simulator(const PlanProfile* profile);
+
+  const PlanProfile* profile_;
+  int positions_ = 0;
+  int nodes_ = 0;
+  std::vector<int64_t> base_after_;
+  std::vector<int64_t> base_during_;
+  std::vector<double> step_ms_;
+  std::vector<double> end_ms_;
+  std::vector<int> op_nodes_;
+  std::vector<std::vector<int>> produced_by_;  // node -> activations
+  int64_t baseline_peak_bytes_ = 0;
+  double baseline_iteration_ms_ = 0;
+
+  // Scratch, reused by Run.
+  mutable std::vector<int64_t> scratch_delta_after_;
+  mutable std::vector<int64_t> scratch_delta_during_;
+  mutable std::vector<int64_t> scratch_during_;
+  mutable std::vector<int> scratch_node_stamp_;
+  mutable std::vector<int> scratch_hold_until_;
+};
+
+}  // namespace mutwo::planner
+
+#endif  // MUTWO_SERVER_PLANNER_SIMULATOR_H_

@@ -1,0 +1,104 @@
+#include "server/planner/mutwo_policy.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/planner/test_profiles.h"
+
+namespace mutwo::planner {
+namespace {
+
+using testing::MakeProfile;
+
+// a0 (1000 bytes) is inactive from node 0 to the last backward step; the
+// peak (1300) is during node 3 and step 4. Recomputing a0 costs 100 ms.
+PlanProfile SwapOrRecompute(double backward_step_ms) {
+  PlanProfile p = MakeProfile(4, 4, 0,
+                              {{0, 1000, 0, 7, 7, {}},
+                               {1, 100, 2, 6, 6, {}},
+                               {2, 100, 3, 5, 5, {}},
+                               {3, 100, 3, 4, 4, {}}});
+  for (auto& n : p.nodes) n.forward_ms = 1000;
+  for (auto& s : p.backward_steps) s.ms = backward_step_ms;
+  for (auto& a : p.activations) a.recompute_ms = 100;
+  p.activations[0].inactive_ms = 6000;
+  p.host_to_device_bytes_per_second = 2000;  // 500 ms per transfer
+  p.device_to_host_bytes_per_second = 2000;
+  return p;
+}
+
+struct Outcome {
+  Decisions decisions;
+  SimResult sim;
+  std::vector<TrajectoryStep> steps;
+};
+
+Outcome RunPolicy(const PlanProfile& p, int64_t budget) {
+  auto sim = Simulator::Create(&p);
+  EXPECT_TRUE(sim.ok());
+  auto policy = MutwoPolicy::Create(sim->get(), {});
+  EXPECT_TRUE(policy.ok());
+  Outcome o;
+  o.decisions = (*policy)->Run(budget, &o.steps);
+  o.sim = (*sim)->Run(o.decisions);
+  return o;
+}
+
+TEST(MutwoPolicyTest, SwapsWhenBackwardComputeHidesTheTransfer) {
+  const PlanProfile p = SwapOrRecompute(/*backward_step_ms=*/1000);
+  Outcome o = RunPolicy(p, 1250);
+  ASSERT_EQ(o.steps.size(), 1u);
+  EXPECT_EQ(o.decisions[0].action, Action::kSwap);
+  EXPECT_EQ(o.decisions[0].prefetch_at, 6);  // one step ahead of its use
+  EXPECT_DOUBLE_EQ(o.sim.stall_ms, 0);
+  EXPECT_LE(o.sim.peak_bytes, 1250);
+  EXPECT_DOUBLE_EQ(o.sim.recompute_ms, 0);
+}
+
+TEST(MutwoPolicyTest, RecomputesWhenTheTransferWouldStall) {
+  const PlanProfile p = SwapOrRecompute(/*backward_step_ms=*/1);
+  Outcome o = RunPolicy(p, 1250);
+  ASSERT_EQ(o.steps.size(), 1u);
+  EXPECT_EQ(o.decisions[0].action, Action::kRecompute);
+  EXPECT_LE(o.sim.peak_bytes, 1250);
+  EXPECT_DOUBLE_EQ(o.sim.stall_ms, 0);
+  EXPECT_DOUBLE_EQ(o.sim.recompute_ms, 1000);  // node 0's forward time
+}
+
+TEST(MutwoPolicyTest, NoSwapWithoutBandwidth) {
+  PlanProfile p = SwapOrRecompute(1000);
+  p.host_to_device_bytes_per_second = 0;
+  p.device_to_host_bytes_per_second = 0;
+  Outcome o = RunPolicy(p, 1250);
+  for (const Decision& d : o.decisions) EXPECT_NE(d.action, Action::kSwap);
+  EXPECT_LE(o.sim.peak_bytes, 1250);
+}
+
+TEST(MutwoPolicyTest, OnlyChoosesActivationsInactiveAtThePeak) {
+  // Every step must lower memory where the peak was: the trajectory's peak
+  // never rises.
+  std::mt19937 rng(7);
+  for (int g = 0; g < 50; ++g) {
+    const PlanProfile p = testing::RandomProfile(rng, 12);
+    Outcome o = RunPolicy(p, 0);
+    auto sim = Simulator::Create(&p);
+    int64_t previous = (*sim)->baseline_peak_bytes();
+    for (const TrajectoryStep& step : o.steps) {
+      EXPECT_LE(step.peak_bytes, previous);
+      previous = step.peak_bytes;
+    }
+  }
+}
+
+TEST(MutwoPolicyTest, StopsAsSoonAsTheBudgetFits) {
+  std::mt19937 rng(11);
+  const PlanProfile p = testing::RandomProfile(rng, 16);
+  Outcome all = RunPolicy(p, 0);
+  ASSERT_GE(all.steps.size(), 2u);
+  const int64_t budget = all.steps[0].peak_bytes;
+  Outcome one = RunPolicy(p, budget);
+  EXPECT_EQ(one.steps.size(), 1u);
+  EXPECT_EQ(one.sim.peak_bytes, budget);
+}
+
+}  // namespace
+}  // namespace mutwo::planner

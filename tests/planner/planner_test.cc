@@ -1,0 +1,164 @@
+#include "server/planner/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "server/planner/oracle.h"
+#include "tests/planner/test_profiles.h"
+
+namespace mutwo::planner {
+namespace {
+
+std::unique_ptr<Planner> MakePlanner(PlanProfile p,
+                                     Policy policy = Policy::kMutwo) {
+  Planner::Options o;
+  o.policy = policy;
+  auto planner = Planner::Create(std::move(p), o);
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  return *std::move(planner);
+}
+
+// With swap bandwidth on half of the graphs.
+PlanProfile RandomWithBandwidth(std::mt19937& rng, int n, bool swap) {
+  PlanProfile p = testing::RandomProfile(rng, n);
+  if (swap) {
+    p.host_to_device_bytes_per_second = 20e6;  // 100 kB in 5 ms
+    p.device_to_host_bytes_per_second = 20e6;
+  }
+  return p;
+}
+
+TEST(PlannerTest, FeasibleSchedulesFitTheBudget) {
+  std::mt19937 rng(1);
+  int feasible = 0;
+  for (int g = 0; g < 100; ++g) {
+    auto planner = MakePlanner(RandomWithBandwidth(rng, 20, g % 2 == 0));
+    const int64_t base = planner->simulator().baseline_peak_bytes();
+    const int64_t floor = planner->FloorBytes();
+    ASSERT_LE(floor, base);
+    for (double f : {1.0, 0.9, 0.75, 0.6, 0.5, 0.3}) {
+      const int64_t budget = static_cast<int64_t>(f * base);
+      PlanResult r = planner->Plan(budget);
+      EXPECT_EQ(r.feasible, budget >= floor) << "graph " << g << " f " << f;
+      if (r.feasible) {
+        ++feasible;
+        EXPECT_LE(r.sim.peak_bytes, budget);
+        EXPECT_GE(r.sim.iteration_ms, r.baseline_iteration_ms);
+      }
+    }
+  }
+  EXPECT_GT(feasible, 300);
+}
+
+TEST(PlannerTest, TighterBudgetsNeverGiveALowerTime) {
+  std::mt19937 rng(2);
+  for (int g = 0; g < 100; ++g) {
+    auto planner = MakePlanner(RandomWithBandwidth(rng, 20, g % 2 == 0));
+    const int64_t base = planner->simulator().baseline_peak_bytes();
+    const int64_t floor = planner->FloorBytes();
+    double previous_ms = 0;
+    for (int i = 0; i <= 20; ++i) {  // loosest to tightest
+      const int64_t budget = base - (base - floor) * i / 20;
+      PlanResult r = planner->Plan(budget);
+      ASSERT_TRUE(r.feasible);
+      EXPECT_GE(r.sim.iteration_ms, previous_ms - 1e-9)
+          << "graph " << g << " budget " << budget;
+      previous_ms = r.sim.iteration_ms;
+    }
+  }
+}
+
+TEST(PlannerTest, InfeasibleBudgetStatesTheFloor) {
+  auto planner = MakePlanner(testing::Chain());
+  PlanResult r = planner->Plan(1200);
+  EXPECT_FALSE(r.feasible);
+  // Only A can be freed at the peak (node 2): the floor is 1500.
+  EXPECT_EQ(r.floor_bytes, 1500);
+  EXPECT_EQ(r.sim.peak_bytes, 1500);
+  EXPECT_NE(r.reason.find("1500"), std::string::npos) << r.reason;
+  EXPECT_TRUE(planner->Plan(1500).feasible);
+}
+
+TEST(PlannerTest, BaselinePoliciesUseTheSameSimulator) {
+  std::mt19937 rng(3);
+  PlanProfile p = testing::RandomProfile(rng, 16);
+  auto none = MakePlanner(p, Policy::kNone);
+  auto sqrt_n = MakePlanner(p, Policy::kSqrtN);
+  PlanResult n = none->Plan(1);
+  EXPECT_FALSE(n.feasible);
+  EXPECT_EQ(n.sim.peak_bytes, n.baseline_peak_bytes);
+  EXPECT_EQ(n.sim.recomputed, 0);
+  PlanResult s = sqrt_n->Plan(n.baseline_peak_bytes);
+  EXPECT_TRUE(s.feasible);
+  EXPECT_EQ(s.sim.recomputed, 12);  // 16 nodes, segments of 4
+  EXPECT_GT(s.sim.iteration_ms, n.sim.iteration_ms);
+  EXPECT_EQ(s.floor_bytes, s.sim.peak_bytes);
+}
+
+// The acceptance test: on >= 200 random small graphs the greedy's
+// overhead is within 10% of the exact optimum's in >= 90% of cases.
+TEST(PlannerTest, GreedyIsCloseToTheExactOracle) {
+  std::mt19937 rng(2023);
+  std::uniform_real_distribution<double> where(0.05, 0.95);
+  int cases = 0, within = 0, infeasible = 0;
+  std::map<std::string, int> histogram;
+  std::vector<double> ratios;
+  while (cases < 250) {
+    PlanProfile p = testing::RandomProfile(rng, 8 + cases % 5);
+    auto planner = MakePlanner(p);
+    const Simulator& sim = planner->simulator();
+    auto floor = SolveExactly(sim, 0);
+    ASSERT_TRUE(floor.ok());
+    const int64_t base = sim.baseline_peak_bytes();
+    if (floor->floor_bytes >= base) continue;  // nothing to plan
+    const int64_t budget =
+        floor->floor_bytes +
+        static_cast<int64_t>(where(rng) * (base - floor->floor_bytes));
+    auto exact = SolveExactly(sim, budget);
+    ASSERT_TRUE(exact.ok() && exact->feasible);
+    PlanResult greedy = planner->Plan(budget);
+    ++cases;
+    const double oracle_ms =
+        exact->sim.iteration_ms - sim.baseline_iteration_ms();
+    if (!greedy.feasible) {
+      ++infeasible;
+      histogram["infeasible"]++;
+      continue;
+    }
+    const double greedy_ms =
+        greedy.sim.iteration_ms - sim.baseline_iteration_ms();
+    ASSERT_GE(greedy_ms, oracle_ms - 1e-9);  // the oracle is optimal
+    const double ratio = oracle_ms > 0 ? greedy_ms / oracle_ms : 1.0;
+    ratios.push_back(ratio);
+    if (greedy_ms <= oracle_ms * 1.10 + 1e-9) ++within;
+    const char* bucket = ratio <= 1.0 + 1e-9 ? "1.00 (optimal)"
+                         : ratio <= 1.05     ? "(1.00, 1.05]"
+                         : ratio <= 1.10     ? "(1.05, 1.10]"
+                         : ratio <= 1.25     ? "(1.10, 1.25]"
+                         : ratio <= 1.50     ? "(1.25, 1.50]"
+                                             : "> 1.50";
+    histogram[bucket]++;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  std::printf(
+      "greedy/oracle recompute overhead over %d graphs (8-12 "
+      "activations, budget uniform in (floor, baseline)):\n",
+      cases);
+  for (const auto& [bucket, count] : histogram) {
+    std::printf("  %-16s %4d (%.1f%%)\n", bucket.c_str(), count,
+                100.0 * count / cases);
+  }
+  std::printf(
+      "  within 10%%: %d/%d = %.1f%%; median ratio %.3f, p90 %.3f, "
+      "max %.3f\n",
+      within, cases, 100.0 * within / cases, ratios[ratios.size() / 2],
+      ratios[ratios.size() * 9 / 10], ratios.back());
+  EXPECT_GE(cases, 200);
+  EXPECT_GE(within, cases * 9 / 10);
+}
+
+}  // namespace
+}  // namespace mutwo::planner
