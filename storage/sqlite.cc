@@ -105,6 +105,8 @@ bool Stmt::ColumnIsNull(int column) const {
   return sqlite3_column_type(stmt_, column) == SQLITE_NULL;
 }
 
+int Stmt::ColumnCount() const { return sqlite3_column_count(stmt_); }
+
 void Stmt::Reset() {
   sqlite3_reset(stmt_);
   sqlite3_clear_bindings(stmt_);

@@ -57,6 +57,7 @@ class Stmt {
   std::string ColumnText(int column) const;
   std::string ColumnBlob(int column) const;
   bool ColumnIsNull(int column) const;
+  int ColumnCount() const;
 
   void Reset();
 

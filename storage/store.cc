@@ -412,9 +412,36 @@ absl::StatusOr<CreateJobResult> Store::CreateJob(
   return CreateJobResult{std::move(job), false};
 }
 
-absl::StatusOr<v1::Job> Store::GetJob(absl::string_view job_id) {
+absl::StatusOr<std::optional<Store::BlobRow>> Store::QueryBlob(
+    const std::string& sql, const std::function<void(Stmt&)>& bind) {
   absl::MutexLock lock(&mutex_);
-  return RequireJob(job_id);
+  MUTWO_ASSIGN_OR_RETURN(Stmt * stmt, db_->Prepare(sql));
+  bind(*stmt);
+  MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
+  if (!row) return std::nullopt;
+  BlobRow out;
+  out.blob = stmt->ColumnBlob(0);
+  out.flag = stmt->ColumnCount() > 1 && stmt->ColumnInt(1) != 0;
+  stmt->Reset();
+  return out;
+}
+
+absl::StatusOr<v1::Job> Store::GetJob(absl::string_view job_id) {
+  MUTWO_ASSIGN_OR_RETURN(
+      std::optional<BlobRow> row,
+      QueryBlob("SELECT job FROM jobs WHERE job_id = ?1",
+                [&](Stmt& stmt) { stmt.BindText(1, job_id); }));
+  if (!row.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", Quote(job_id), " not found"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Job job, ParseRow<v1::Job>(row->blob, absl::StrCat("job ", job_id)));
+  if (job.job_id() != job_id) {
+    return absl::DataLossError(absl::StrCat(
+        "job ", job_id, ": stored proto names job ", Quote(job.job_id())));
+  }
+  return job;
 }
 
 absl::StatusOr<JobPage> Store::ListJobs(const ListJobsQuery& query) {
@@ -930,66 +957,58 @@ absl::Status Store::PutProfile(absl::string_view job_id, int64_t batch_size,
 
 absl::StatusOr<v1::Profile> Store::GetProfile(absl::string_view job_id,
                                               int64_t batch_size) {
-  absl::MutexLock lock(&mutex_);
-  MUTWO_ASSIGN_OR_RETURN(Stmt * stmt,
-                         db_->Prepare("SELECT profile FROM profiles "
-                                      "WHERE job_id = ?1 AND batch_size = ?2"));
-  stmt->BindText(1, job_id);
-  stmt->BindInt(2, batch_size);
-  MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) {
+  MUTWO_ASSIGN_OR_RETURN(std::optional<BlobRow> row,
+                         QueryBlob("SELECT profile FROM profiles "
+                                   "WHERE job_id = ?1 AND batch_size = ?2",
+                                   [&](Stmt& stmt) {
+                                     stmt.BindText(1, job_id);
+                                     stmt.BindInt(2, batch_size);
+                                   }));
+  if (!row.has_value()) {
     return absl::NotFoundError(absl::StrCat(
         "no profile for job ", Quote(job_id), " at batch size ", batch_size));
   }
-  const std::string blob = stmt->ColumnBlob(0);
-  stmt->Reset();
   return ParseRow<v1::Profile>(
-      blob, absl::StrCat("profile of job ", job_id, " batch ", batch_size));
+      row->blob,
+      absl::StrCat("profile of job ", job_id, " batch ", batch_size));
 }
 
 absl::StatusOr<v1::DeviceInfo> Store::GetProfileDevice(absl::string_view job_id,
                                                        int64_t batch_size) {
-  absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(
-      Stmt * stmt,
-      db_->Prepare("SELECT device IS NULL, COALESCE(device, profile) "
-                   "FROM profiles WHERE job_id = ?1 AND batch_size = ?2"));
-  stmt->BindText(1, job_id);
-  stmt->BindInt(2, batch_size);
-  MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) {
+      std::optional<BlobRow> row,
+      QueryBlob("SELECT COALESCE(device, profile), device IS NULL "
+                "FROM profiles WHERE job_id = ?1 AND batch_size = ?2",
+                [&](Stmt& stmt) {
+                  stmt.BindText(1, job_id);
+                  stmt.BindInt(2, batch_size);
+                }));
+  if (!row.has_value()) {
     return absl::NotFoundError(absl::StrCat(
         "no profile for job ", Quote(job_id), " at batch size ", batch_size));
   }
-  const bool legacy_row = stmt->ColumnInt(0) != 0;
-  const std::string blob = stmt->ColumnBlob(1);
-  stmt->Reset();
   const std::string what =
       absl::StrCat("profile of job ", job_id, " batch ", batch_size);
-  if (legacy_row) {  // written by schema version 1: only the whole profile
+  if (row->flag) {  // written by schema version 1: only the whole profile
     MUTWO_ASSIGN_OR_RETURN(v1::Profile profile,
-                           ParseRow<v1::Profile>(blob, what));
+                           ParseRow<v1::Profile>(row->blob, what));
     return profile.device();
   }
-  return ParseRow<v1::DeviceInfo>(blob, what);
+  return ParseRow<v1::DeviceInfo>(row->blob, what);
 }
 
 absl::StatusOr<std::optional<v1::Schedule>> Store::GetCachedSchedule(
     const ScheduleCacheKey& key) {
   MUTWO_RETURN_IF_ERROR(ValidateScheduleCacheKey(key));
   const std::string cache_key = CanonicalKeyString(key);
-  absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(
-      Stmt * stmt,
-      db_->Prepare("SELECT schedule FROM schedules WHERE cache_key = ?1"));
-  stmt->BindText(1, cache_key);
-  MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) return std::nullopt;
-  const std::string blob = stmt->ColumnBlob(0);
-  stmt->Reset();
+      std::optional<BlobRow> row,
+      QueryBlob("SELECT schedule FROM schedules WHERE cache_key = ?1",
+                [&](Stmt& stmt) { stmt.BindText(1, cache_key); }));
+  if (!row.has_value()) return std::nullopt;
   MUTWO_ASSIGN_OR_RETURN(
       v1::Schedule schedule,
-      ParseRow<v1::Schedule>(blob,
+      ParseRow<v1::Schedule>(row->blob,
                              absl::StrCat("cached schedule ", cache_key)));
   return schedule;
 }

@@ -259,6 +259,16 @@ class Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status WriteTaskState(const v1::Task& task, int64_t now_ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // A single-row read under the lock, returning the row's first column as
+  // bytes and its optional second column as a flag (nullopt when no row), so
+  // that the hot read paths parse their protos after releasing the lock.
+  struct BlobRow {
+    std::string blob;
+    bool flag = false;
+  };
+  absl::StatusOr<std::optional<BlobRow>> QueryBlob(
+      const std::string& sql, const std::function<void(Stmt&)>& bind)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   absl::StatusOr<std::optional<v1::WorkerInfo>> FindWorker(
       absl::string_view worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
