@@ -295,14 +295,15 @@ absl::StatusOr<PutModelResult> Store::PutModel(absl::string_view sha256,
   insert->BindInt(3, size_bytes);
   insert->BindInt(4, NowMs());
   MUTWO_RETURN_IF_ERROR(insert->Run());
-  const bool inserted = db_->Changes() > 0;
   MUTWO_ASSIGN_OR_RETURN(std::optional<ModelInfo> info, FindModel(sha256));
   MUTWO_RETURN_IF_ERROR(txn.Commit());
   if (!info.has_value()) {
     return absl::InternalError(
         absl::StrCat("model ", sha256, ": row missing after insert"));
   }
-  return PutModelResult{*std::move(info), !inserted};
+  // The bytes were written by this call (a new model, or a row whose file
+  // had gone missing), so they were not "already stored".
+  return PutModelResult{*std::move(info), false};
 }
 
 absl::StatusOr<bool> Store::HasModel(absl::string_view sha256) {

@@ -229,6 +229,18 @@ TEST_F(StoreTest, PutModelWritesContentAddressedFileOnceAndIsIdempotent) {
   EXPECT_EQ(store->GetModelInfo(kSha)->size_bytes, 100'000);
 }
 
+TEST_F(StoreTest, PutModelRestoresAFileThatWentMissing) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store->PutModel(kSha, "m", 5, "bytes").ok());
+  std::filesystem::remove(ModelsDir() + "/" + kSha + ".pt");
+  EXPECT_FALSE(*store->HasModel(kSha));  // the row alone is not a model
+  auto again = store->PutModel(kSha, "m", 5, "bytes");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->already_stored);
+  EXPECT_TRUE(*store->HasModel(kSha));
+  EXPECT_EQ(ReadAll(again->info.path), "bytes");
+}
+
 TEST_F(StoreTest, PutModelWithSizeMismatchStoresNothing) {
   auto store = OpenStore();
   auto put = store->PutModel(kSha, "m", 10, "only-9-b!");
@@ -642,6 +654,39 @@ TEST_F(StoreTest, ValidateTaskCarriesItsSchedule) {
   EXPECT_EQ(task.batch_size(), 16);
   EXPECT_EQ(task.schedule().budget_bytes(), 4096);
   EXPECT_EQ(task.schedule().decisions_size(), 1);
+}
+
+TEST_F(StoreTest, LockHeldByAnotherConnectionFailsAfterTheBusyTimeout) {
+  OpenStore().reset();
+  Store::Options options;
+  options.data_dir = DataDir();
+  options.busy_timeout_ms = 50;
+  auto store = Store::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto holder = RawDb();
+  Transaction txn(holder.get());
+  ASSERT_TRUE(txn.Begin().ok());
+  auto lease = (*store)->LeaseTask("w", "cpu", 1000);
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(lease.status().message(), HasSubstr("busy timeout"));
+  ASSERT_TRUE(txn.Commit().ok());
+  EXPECT_TRUE((*store)->LeaseTask("w", "cpu", 1000).ok());
+}
+
+TEST_F(StoreTest, StoresOpeningAnEmptyDirAtOnceMigrateItOnce) {
+  std::vector<absl::Status> results(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([this, i, &results] {
+      Store::Options options;
+      options.data_dir = DataDir();
+      results[i] = Store::Open(options).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& status : results) EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(*RawDb()->QueryInt("PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(*RawDb()->QueryInt("SELECT COUNT(*) FROM meta"), 1);
 }
 
 // Two Store objects are two connections, as two server processes would
