@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Uploads a TorchScript model to mutwo-server, submits a job, waits for it
+and prints the schedule for every batch size and budget.
+
+    client/python/generate_stubs.sh            # once: stubs into gen/
+    client/python/example.py --server=127.0.0.1:50051 --model=model.pt \\
+        --input='x:float32[B,3,32,32]' --batch=8,16 --budget=60% --budget=2GiB
+
+Exit codes (as the mutwo CLI): 0 the job succeeded (or was submitted, with
+--no_wait), 1 the job failed or was cancelled, 2 bad input, 4 the server is
+unavailable or the wait timed out.
+"""
+
+import argparse
+import os
+import sys
+import uuid
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mutwo_client as mc  # noqa: E402
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 4
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT")
+    p.add_argument("--model", required=True, help="TorchScript file (.pt)")
+    p.add_argument("--name", default="", help="display name / metrics label "
+                   "(default: the file name)")
+    p.add_argument("--input", action="append", required=True,
+                   help="input spec, repeatable: x:float32[B,3,224,224]")
+    p.add_argument("--batch", required=True, help="batch sizes: 8,16,32")
+    p.add_argument("--budget", action="append", default=[],
+                   help="memory budget, repeatable: 60%%, 80%%dev, 4GiB")
+    p.add_argument("--loss", default="mean",
+                   help="mean, sum, model or cross_entropy:y:int64[B]{0,10}")
+    p.add_argument("--optimizer", default="sgd", help="sgd, adam:lr=0.01, ...")
+    p.add_argument("--device_kind", default="", choices=["", "cpu", "cuda"])
+    p.add_argument("--request_id", default="",
+                   help="idempotency key (default: a fresh one)")
+    p.add_argument("--timeout_s", type=float, default=30.0,
+                   help="deadline of each unary RPC")
+    p.add_argument("--wait_timeout_s", type=float, default=3600.0)
+    p.add_argument("--no_wait", action="store_true",
+                   help="print the submitted job and the workers, then exit")
+    return p.parse_args(argv)
+
+
+def print_job(job):
+    spec = job.spec
+    print("job %s: %s (%d/%d tasks)%s" % (
+        job.job_id, mc.types_pb2.Job.State.Name(job.state), job.tasks_done,
+        job.tasks_total, ": " + job.error if job.error else ""))
+    print("  model %s (%s), batch sizes %s" % (
+        spec.model_name or "unnamed", spec.model_sha256[:12],
+        ",".join(str(b) for b in spec.batch_sizes)))
+    for r in job.results:
+        if r.oom or r.error:
+            print("  batch %d: %s" % (r.batch_size,
+                                      "out of memory" if r.oom else r.error))
+            continue
+        print("  batch %d: baseline peak %s, %.2f ms/iteration" % (
+            r.batch_size, mc.format_bytes(r.baseline_peak_bytes),
+            r.baseline_iteration_ms))
+        for i, s in enumerate(r.schedules):
+            print("    budget %-8s %s: %s" % (
+                s.budget.text or mc.format_bytes(s.budget_bytes),
+                mc.types_pb2.Policy.Name(s.policy),
+                "predicted peak %s (%d recomputed, %d swapped), %.2f ms" % (
+                    mc.format_bytes(s.predicted_peak_bytes), s.recomputed,
+                    s.swapped, s.predicted_iteration_ms)
+                if s.feasible else "infeasible: " + s.reason))
+            for d in s.decisions:
+                if d.action != mc.types_pb2.Decision.RETAIN:
+                    print("      %-9s value %d (node %d, %s)" % (
+                        mc.types_pb2.Decision.Action.Name(d.action),
+                        d.value_id, d.producer_node,
+                        mc.format_bytes(d.size_bytes)))
+            if i < len(r.validations):
+                v = r.validations[i]
+                print("      measured: peak %s, %.2f ms, within budget: %s, "
+                      "gradients match: %s%s" % (
+                          mc.format_bytes(v.scheduled.peak_bytes),
+                          v.scheduled.iteration_ms,
+                          "yes" if v.within_budget else "no",
+                          "yes" if v.gradients_match else "no",
+                          ", error: " + v.error if v.error else ""))
+    if job.HasField("max_batch") and job.max_batch.capacity_bytes > 0:
+        m = job.max_batch
+        print("  max batch on %s: %d without checkpointing, %d with a "
+              "schedule" % (mc.format_bytes(m.capacity_bytes),
+                            m.max_batch_without_checkpointing,
+                            m.max_batch_with_schedule))
+
+
+def main(argv):
+    args = parse_args(argv)
+    try:
+        batch_sizes = [int(b) for b in args.batch.split(",")]
+        if any(b <= 0 for b in batch_sizes):
+            raise ValueError
+    except ValueError:
+        print('example: --batch "%s": expected positive integers like 8,16'
+              % args.batch, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not os.path.isfile(args.model):
+        print("example: --model %s: no such file" % args.model,
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    with mc.MutwoClient(args.server, timeout_s=args.timeout_s) as client:
+        try:
+            uploaded = client.upload_model(args.model)
+            print("uploaded %s (%s, %s)" % (
+                uploaded.sha256[:12], mc.format_bytes(uploaded.size_bytes),
+                "already stored" if uploaded.already_stored else "new"))
+            spec = mc.make_job_spec(
+                uploaded.sha256, inputs=args.input, batch_sizes=batch_sizes,
+                budgets=args.budget, loss=args.loss, optimizer=args.optimizer,
+                model_name=args.name or os.path.basename(args.model),
+                device_kind=args.device_kind)
+        except ValueError as e:
+            print("example: %s" % e, file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except grpc.RpcError as e:
+            return rpc_failure("upload", e)
+        try:
+            submitted = client.submit_job(
+                spec, client_request_id=args.request_id or uuid.uuid4().hex)
+        except grpc.RpcError as e:
+            return rpc_failure("submit", e)
+        job = submitted.job
+        print("submitted job %s%s" % (
+            job.job_id, " (deduplicated)" if submitted.deduplicated else ""))
+        if args.no_wait:
+            try:
+                print_job(client.get_job(job.job_id))
+                workers = client.list_workers()
+            except grpc.RpcError as e:
+                return rpc_failure("get job", e)
+            print("%d worker(s)" % len(workers))
+            for w in workers:
+                print("  %s %s %s %s" % (
+                    w.worker_id, w.hostname, w.device.name,
+                    mc.types_pb2.WorkerInfo.State.Name(w.state)))
+            return EXIT_OK
+
+        def progress(event):
+            print("  %s %d/%d %s" % (
+                mc.types_pb2.Job.State.Name(event.state), event.tasks_done,
+                event.tasks_total, event.message), file=sys.stderr)
+
+        try:
+            final = client.wait_job(job.job_id,
+                                    timeout_s=args.wait_timeout_s,
+                                    on_event=progress)
+        except TimeoutError as e:
+            print("example: %s" % e, file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        except grpc.RpcError as e:
+            return rpc_failure("watch", e)
+        print_job(final)
+        return (EXIT_OK if final.state == mc.types_pb2.Job.SUCCEEDED
+                else EXIT_FAILED)
+
+
+def rpc_failure(what, error):
+    print("example: %s: %s: %s" % (what, error.code().name, error.details()),
+          file=sys.stderr)
+    if error.code() in (grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED):
+        return EXIT_UNAVAILABLE
+    if error.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                        grpc.StatusCode.NOT_FOUND):
+        return EXIT_BAD_INPUT
+    return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

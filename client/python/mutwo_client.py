@@ -1,0 +1,374 @@
+"""A small Python client for mutwo-server (the mutwo.v1.Planner service).
+
+Training clusters call mutwo from Python with Debian's python3-grpcio and
+python3-protobuf. The stubs are generated from proto/ by generate_stubs.sh
+(protoc + grpc_python_plugin); this module finds them in the folder named by
+$MUTWO_PY_STUBS, or in gen/ beside this file.
+
+    client = MutwoClient("127.0.0.1:50051")
+    model = client.upload_model("model.pt")
+    spec = make_job_spec(model.sha256, inputs=["x:float32[B,3,32,32]"],
+                         batch_sizes=[8, 16], budgets=["60%"])
+    job = client.submit_job(spec, client_request_id="run-42").job
+    final = client.wait_job(job.job_id, timeout_s=600)
+
+Errors from the server raise grpc.RpcError (its code() and details() say
+what was wrong); bad text specs raise ValueError naming the text. The text
+forms (`x:float32[B,3,224,224]`, `tokens:int64[B,128]{0,30000}`, `60%`,
+`80%dev`, `4GiB`, `cross_entropy:y:int64[B]{0,10}`, `adam:lr=0.01`) are the
+ones the mutwo CLI accepts (common/parse.h).
+"""
+
+import hashlib
+import os
+import re
+import sys
+import time
+import uuid
+
+_STUBS = os.environ.get("MUTWO_PY_STUBS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "gen")
+if _STUBS not in sys.path:
+    sys.path.insert(0, _STUBS)
+
+import grpc  # noqa: E402
+
+try:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+    from mutwo.v1 import planner_pb2, planner_pb2_grpc  # noqa: E402
+    from mutwo.v1 import types_pb2  # noqa: E402
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "mutwo_client: no generated stubs in %s (%s); run "
+        "client/python/generate_stubs.sh [DIR] and set MUTWO_PY_STUBS=DIR"
+        % (_STUBS, e)) from e
+
+__all__ = [
+    "MutwoClient", "make_job_spec", "parse_bytes", "parse_budget",
+    "parse_tensor_spec", "parse_loss", "parse_optimizer", "format_bytes",
+    "is_final", "planner_pb2", "types_pb2",
+]
+
+CHUNK_BYTES = 1 << 20  # the server accepts chunks of at most 1 MiB
+MAX_MESSAGE_BYTES = 64 << 20  # profiles and schedules can be large
+
+_UNITS = {
+    "": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+    "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4,
+}
+_DTYPES = {
+    "float32": types_pb2.FLOAT32, "float64": types_pb2.FLOAT64,
+    "float16": types_pb2.FLOAT16, "bfloat16": types_pb2.BFLOAT16,
+    "int64": types_pb2.INT64, "int32": types_pb2.INT32,
+    "int8": types_pb2.INT8, "uint8": types_pb2.UINT8, "bool": types_pb2.BOOL,
+}
+_FLOAT_DTYPES = {types_pb2.FLOAT32, types_pb2.FLOAT64, types_pb2.FLOAT16,
+                 types_pb2.BFLOAT16}
+_OPTIMIZERS = {
+    "none": types_pb2.OptimizerSpec.NONE,
+    "sgd": types_pb2.OptimizerSpec.SGD,
+    "sgd_momentum": types_pb2.OptimizerSpec.SGD_MOMENTUM,
+    "adam": types_pb2.OptimizerSpec.ADAM,
+    "adamw": types_pb2.OptimizerSpec.ADAMW,
+}
+_FINAL_STATES = {types_pb2.Job.SUCCEEDED, types_pb2.Job.FAILED,
+                 types_pb2.Job.CANCELLED}
+BATCH_DIM = -1  # a TensorSpec dimension that stands for the batch size B
+
+
+def is_final(state):
+    """True for SUCCEEDED, FAILED and CANCELLED."""
+    return state in _FINAL_STATES
+
+
+def parse_bytes(text):
+    """`123`, `4KB`, `1.5GiB` -> bytes (int). Raises ValueError."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2) not in _UNITS:
+        raise ValueError(
+            'size "%s": expected a number with an optional unit (B, KB, MB, '
+            "GB, TB, KiB, MiB, GiB, TiB), like 4GiB or 123456" % text)
+    try:
+        value = float(m.group(1)) * _UNITS[m.group(2)]
+    except ValueError:
+        raise ValueError('size "%s": "%s" is not a number'
+                         % (text, m.group(1))) from None
+    if value < 1:
+        raise ValueError('size "%s": must be at least 1 byte' % text)
+    return int(round(value))
+
+
+def format_bytes(n):
+    """1.50 GiB, 12.00 MiB, 512 B."""
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= factor:
+            return "%.2f %s" % (n / factor, unit)
+    return "%d B" % n
+
+
+def parse_budget(text):
+    """`60%` (of the baseline peak), `80%dev` (of the device), or bytes."""
+    budget = types_pb2.MemoryBudget(text=str(text).strip())
+    s = budget.text
+    for suffix, field in (("%dev", "fraction_of_device"),
+                          ("%", "fraction_of_baseline")):
+        if s.endswith(suffix):
+            try:
+                percent = float(s[:-len(suffix)])
+            except ValueError:
+                percent = float("nan")
+            if not 0 < percent <= 100:
+                raise ValueError('budget "%s": a percentage must be a number '
+                                 "in (0, 100], like 60%%" % text)
+            setattr(budget, field, percent / 100.0)
+            return budget
+    try:
+        budget.bytes = parse_bytes(s)
+    except ValueError:
+        raise ValueError(
+            'budget "%s": expected bytes (4GiB, 4000MB), a percentage of the '
+            "baseline peak (60%%) or of the device (80%%dev)" % text) from None
+    return budget
+
+
+def parse_tensor_spec(text):
+    """`x:float32[B,3,224,224]`, `tokens:int64[B,128]{0,30000}`."""
+    m = re.fullmatch(
+        r"\s*([A-Za-z0-9_.]+):([a-z0-9]+)\[([^\]]*)\](?:\{([^}]*)\})?\s*",
+        str(text))
+    hint = ("expected NAME:DTYPE[DIMS]{LOW,HIGH}, like x:float32[B,3,224,224] "
+            "or tokens:int64[B,128]{0,30000}")
+    if not m:
+        raise ValueError('input spec "%s": %s' % (text, hint))
+    name, dtype, dims, value_range = m.groups()
+    if dtype not in _DTYPES:
+        raise ValueError('input spec "%s": unknown dtype "%s"; use one of %s'
+                         % (text, dtype, ", ".join(_DTYPES)))
+    spec = types_pb2.TensorSpec(name=name, dtype=_DTYPES[dtype])
+    for d in (x.strip() for x in dims.split(",") if dims.strip()):
+        if d == "B":
+            spec.dims.append(BATCH_DIM)
+        elif d.isdigit() and int(d) > 0:
+            spec.dims.append(int(d))
+        else:
+            raise ValueError('input spec "%s": dimension "%s" must be a '
+                             "positive integer or B" % (text, d))
+    if value_range is not None:
+        parts = value_range.split(",")
+        try:
+            low, high = (float(p) for p in parts)
+        except ValueError:
+            raise ValueError('input spec "%s": value range must be two '
+                             "numbers, {LOW,HIGH}" % text) from None
+        if not low < high:
+            raise ValueError('input spec "%s": value range must have '
+                             "LOW < HIGH" % text)
+        spec.range.low, spec.range.high = low, high
+    elif spec.dtype not in _FLOAT_DTYPES and spec.dtype != types_pb2.BOOL:
+        raise ValueError('input spec "%s": integer input "%s" needs a value '
+                         "range {LOW,HIGH}" % (text, name))
+    return spec
+
+
+def parse_loss(text):
+    """`mean`, `sum`, `model` or `cross_entropy:y:int64[B]{0,1000}`."""
+    s = str(text).strip()
+    kinds = {"mean": types_pb2.LossSpec.MEAN, "sum": types_pb2.LossSpec.SUM,
+             "model": types_pb2.LossSpec.MODEL}
+    if s in kinds:
+        return types_pb2.LossSpec(kind=kinds[s])
+    if s.startswith("cross_entropy:"):
+        target = parse_tensor_spec(s[len("cross_entropy:"):])
+        if target.dtype != types_pb2.INT64:
+            raise ValueError('loss "%s": a cross_entropy target holds class '
+                             "indices and must be int64" % text)
+        return types_pb2.LossSpec(kind=types_pb2.LossSpec.CROSS_ENTROPY,
+                                  target=target)
+    raise ValueError('loss "%s": use mean, sum, model or cross_entropy:TARGET '
+                     "(like cross_entropy:y:int64[B]{0,1000})" % text)
+
+
+def parse_optimizer(text):
+    """`sgd`, `adam:lr=0.01`, `sgd_momentum:lr=0.1,momentum=0.9`."""
+    kind, _, args = str(text).strip().partition(":")
+    if kind not in _OPTIMIZERS:
+        raise ValueError('optimizer "%s": use %s (optionally with '
+                         ":lr=0.01,momentum=0.9,weight_decay=0.01)"
+                         % (text, ", ".join(_OPTIMIZERS)))
+    opt = types_pb2.OptimizerSpec(kind=_OPTIMIZERS[kind])
+    fields = {"lr": "learning_rate", "momentum": "momentum",
+              "weight_decay": "weight_decay"}
+    for kv in filter(None, args.split(",")):
+        key, _, value = kv.partition("=")
+        if key not in fields:
+            raise ValueError('optimizer "%s": unknown setting "%s"; use lr, '
+                             "momentum or weight_decay" % (text, key))
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if number < 0:
+            raise ValueError('optimizer "%s": "%s" must be '
+                             "NAME=NON_NEGATIVE_NUMBER" % (text, kv))
+        setattr(opt, fields[key], number)
+    return opt
+
+
+def make_job_spec(model_sha256, inputs, batch_sizes, budgets=(),
+                  loss="mean", optimizer="sgd", model_name="",
+                  device_kind="", max_overhead=0.0, warmup_iterations=0,
+                  measure_iterations=0):
+    """A JobSpec from the text forms (or ready protos) of its parts."""
+    def as_proto(value, parse):
+        return parse(value) if isinstance(value, str) else value
+
+    return types_pb2.JobSpec(
+        model_sha256=model_sha256,
+        model_name=model_name,
+        inputs=[as_proto(i, parse_tensor_spec) for i in inputs],
+        loss=as_proto(loss, parse_loss),
+        optimizer=as_proto(optimizer, parse_optimizer),
+        batch_sizes=[int(b) for b in batch_sizes],
+        budgets=[as_proto(b, parse_budget) for b in budgets],
+        max_overhead=max_overhead,
+        device_kind=device_kind,
+        warmup_iterations=warmup_iterations,
+        measure_iterations=measure_iterations,
+    )
+
+
+class MutwoClient:
+    """The Planner service with a deadline on every call.
+
+    `target` is HOST:PORT; `timeout_s` bounds each unary RPC; streaming calls
+    take their own timeout. Use as a context manager to close the channel.
+    """
+
+    def __init__(self, target, timeout_s=30.0, channel=None):
+        self.target = target
+        self.timeout_s = timeout_s
+        self._channel = channel or grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ])
+        self.planner = planner_pb2_grpc.PlannerStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def health(self):
+        """"SERVING" or "NOT_SERVING" (grpc.health.v1, whole server)."""
+        response = self._health.Check(health_pb2.HealthCheckRequest(),
+                                      timeout=self.timeout_s)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(
+            response.status)
+
+    def wait_ready(self, timeout_s=30.0):
+        """Blocks until the channel connects; raises grpc.FutureTimeoutError."""
+        grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+
+    def upload_model(self, model, name=None, timeout_s=600.0):
+        """Uploads a TorchScript file (a path or bytes) in 1 MiB chunks after
+        a header with its size and sha256. Returns UploadModelResponse
+        (sha256, size_bytes, already_stored)."""
+        if isinstance(model, (bytes, bytearray)):
+            data = bytes(model)
+            name = name or "model.pt"
+        else:
+            with open(model, "rb") as f:
+                data = f.read()
+            name = name or os.path.basename(model)
+        header = planner_pb2.UploadModelHeader(
+            size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+            name=name)
+
+        def requests():
+            yield planner_pb2.UploadModelRequest(header=header)
+            for start in range(0, len(data), CHUNK_BYTES):
+                yield planner_pb2.UploadModelRequest(
+                    chunk=data[start:start + CHUNK_BYTES])
+
+        return self.planner.UploadModel(requests(), timeout=timeout_s)
+
+    def submit_job(self, spec, client_request_id=None):
+        """SubmitJob; a repeated client_request_id returns the first job
+        (response.deduplicated). A fresh id is made when none is given."""
+        request = planner_pb2.SubmitJobRequest(
+            spec=spec, client_request_id=client_request_id or uuid.uuid4().hex)
+        return self.planner.SubmitJob(request, timeout=self.timeout_s)
+
+    def get_job(self, job_id):
+        return self.planner.GetJob(planner_pb2.GetJobRequest(job_id=job_id),
+                                   timeout=self.timeout_s)
+
+    def list_jobs(self, states=(), model_sha256="", page_size=0):
+        return self.planner.ListJobs(planner_pb2.ListJobsRequest(
+            states=states, model_sha256=model_sha256, page_size=page_size),
+            timeout=self.timeout_s)
+
+    def cancel_job(self, job_id):
+        return self.planner.CancelJob(
+            planner_pb2.CancelJobRequest(job_id=job_id), timeout=self.timeout_s)
+
+    def list_workers(self):
+        return self.planner.ListWorkers(planner_pb2.ListWorkersRequest(),
+                                        timeout=self.timeout_s).workers
+
+    def get_profile(self, job_id, batch_size):
+        return self.planner.GetProfile(planner_pb2.GetProfileRequest(
+            job_id=job_id, batch_size=batch_size), timeout=self.timeout_s)
+
+    def get_schedule(self, job_id, batch_size, budget, policy=None,
+                     include_pareto=False):
+        """A schedule for one batch size and budget (text or MemoryBudget);
+        policy is a name ("MUTWO", "SQRT_N", "PER_BLOCK", "NONE") or enum."""
+        if isinstance(budget, str):
+            budget = parse_budget(budget)
+        if isinstance(policy, str):
+            policy = types_pb2.Policy.Value(policy.upper())
+        return self.planner.GetSchedule(planner_pb2.GetScheduleRequest(
+            job_id=job_id, batch_size=batch_size, budget=budget,
+            policy=policy or types_pb2.POLICY_UNSPECIFIED,
+            include_pareto=include_pareto), timeout=self.timeout_s)
+
+    def watch_job(self, job_id, timeout_s=3600.0):
+        """Yields JobEvents until the job is final (the last one has .job)."""
+        yield from self.planner.WatchJob(
+            planner_pb2.WatchJobRequest(job_id=job_id), timeout=timeout_s)
+
+    def wait_job(self, job_id, timeout_s=3600.0, on_event=None):
+        """Watches the job until it is final and returns the final Job.
+
+        A dropped stream (server restart, proxy timeout) is resumed with a
+        new WatchJob while time is left; raises TimeoutError after
+        `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("job %s not final after %.0f s"
+                                   % (job_id, timeout_s))
+            try:
+                for event in self.watch_job(job_id, timeout_s=left):
+                    if on_event is not None:
+                        on_event(event)
+                    if is_final(event.state):
+                        return (event.job if event.HasField("job")
+                                else self.get_job(job_id))
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise TimeoutError("job %s not final after %.0f s"
+                                       % (job_id, timeout_s)) from e
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            job = self.get_job(job_id)
+            if is_final(job.state):
+                return job
