@@ -1,0 +1,378 @@
+// The service end to end with real processes on loopback ports picked at run
+// time and a temporary data dir: mutwo-server, CPU `mutwo-worker serve`
+// daemons, the `mutwo` CLI, a real Prometheus scrape.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "common/proto_io.h"
+#include "common/sha256.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "mutwo/v1/planner.grpc.pb.h"
+#include "tests/testing/command.h"
+#include "tests/testing/process.h"
+
+namespace mutwo {
+namespace {
+
+using testing::BinPath;
+using testing::FreePort;
+using ::testing::HasSubstr;
+using testing::HttpGet;
+using testing::RunCommand;
+using testing::Subprocess;
+
+namespace fs = std::filesystem;
+
+// Models made once per test binary by tests/testing/make_models.py.
+const std::string& ModelDir() {
+  static const std::string* const dir = [] {
+    auto* d = new std::string((fs::path(::testing::TempDir()) /
+                               absl::StrCat("mutwo_e2e_models_", getpid()))
+                                  .string());
+    fs::create_directories(*d);
+    auto r = RunCommand(absl::StrCat("/usr/bin/python3 ", MUTWO_SOURCE_DIR,
+                                     "/tests/testing/make_models.py ", *d));
+    if (r.exit_code != 0) {
+      ADD_FAILURE() << "make_models.py failed: " << r.output;
+    }
+    return d;
+  }();
+  return *dir;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           absl::StrCat(
+               "mutwo_e2e_", getpid(), "_",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    port_ = FreePort();
+    metrics_port_ = FreePort();
+    StartServer();
+  }
+
+  void TearDown() override {
+    for (auto& w : workers_) w->Kill(SIGKILL);
+    if (HasFailure()) {
+      std::cerr << "---- server log ----\n" << server_->Log();
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        std::cerr << "---- worker " << i << " log ----\n" << workers_[i]->Log();
+      }
+    }
+    server_->Kill(SIGKILL);
+    fs::remove_all(dir_);
+  }
+
+  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  void StartServer(const std::string& extra = "") {
+    server_ = std::make_unique<Subprocess>();
+    std::vector<std::string> argv = {
+        BinPath("mutwo-server"),
+        "--listen=" + Address(),
+        absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
+        "--data_dir=" + (dir_ / "data").string(),
+        "--lease_timeout_ms=3000",
+        "--max_model_bytes=64MiB"};
+    if (!extra.empty()) argv.push_back(extra);
+    ASSERT_TRUE(server_->Start(argv, (dir_ / "server.log").string()));
+    for (int i = 0; i < 100; ++i) {
+      if (RunCommand(Cli("health")).exit_code == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    FAIL() << "server did not become healthy: " << server_->Log();
+  }
+
+  Subprocess& StartWorker(int metrics_port = 0) {
+    auto w = std::make_unique<Subprocess>();
+    const int n = static_cast<int>(workers_.size());
+    std::vector<std::string> argv = {
+        BinPath("mutwo-worker"),
+        "serve",
+        "--server=" + Address(),
+        "--device=cpu",
+        "--work_dir=" + (dir_ / absl::StrCat("worker", n)).string(),
+        "--task_memory_limit=16GiB"};
+    if (metrics_port > 0) {
+      argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
+    }
+    EXPECT_TRUE(
+        w->Start(argv, (dir_ / absl::StrCat("worker", n, ".log")).string()));
+    workers_.push_back(std::move(w));
+    return *workers_.back();
+  }
+
+  std::string Cli(const std::string& args) const {
+    return absl::StrCat(BinPath("mutwo"), " ", args, " --server=", Address(),
+                        " --timeout_ms=5000");
+  }
+
+  std::string SubmitArgs(const std::string& model, const std::string& extra,
+                         const std::string& input = "x:float32[B,32]") {
+    return absl::StrCat(
+        "submit ", ModelDir(), "/", model, " --input=", input,
+        " --batch=4,8 --budget=70% --budget=1B --optimizer=adam ", extra);
+  }
+
+  // Submits without waiting; returns the job id.
+  std::string Submit(const std::string& submit_args) {
+    auto r = RunCommand(Cli(submit_args + " --output=json"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::smatch m;
+    static const std::regex re("\"job_id\": \"([^\"]+)\"");
+    if (!std::regex_search(r.output, m, re)) {
+      ADD_FAILURE() << "no job id in: " << r.output;
+      return "";
+    }
+    return m[1];
+  }
+
+  v1::Job GetJob(const std::string& id) {
+    auto r = RunCommand(Cli("job " + id + " --output=json"));
+    v1::Job job;
+    EXPECT_TRUE(ProtoFromJson(r.output, "job", &job).ok()) << r.output;
+    return job;
+  }
+
+  v1::Job WaitFinal(const std::string& id, int seconds) {
+    v1::Job job;
+    for (int i = 0; i < seconds * 4; ++i) {
+      job = GetJob(id);
+      if (job.state() == v1::Job::SUCCEEDED || job.state() == v1::Job::FAILED ||
+          job.state() == v1::Job::CANCELLED) {
+        return job;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    ADD_FAILURE() << "job " << id << " not final: " << ProtoToJson(job);
+    return job;
+  }
+
+  std::unique_ptr<v1::Planner::Stub> Stub() {
+    return v1::Planner::NewStub(
+        grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  }
+
+  fs::path dir_;
+  int port_ = 0, metrics_port_ = 0;
+  std::unique_ptr<Subprocess> server_;
+  std::vector<std::unique_ptr<Subprocess>> workers_;
+};
+
+TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
+  StartWorker();
+  auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait --output=json")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  v1::Job job;
+  const size_t brace = r.output.find('{');
+  ASSERT_NE(brace, std::string::npos) << r.output;
+  ASSERT_TRUE(ProtoFromJson(r.output.substr(brace), "job", &job).ok())
+      << r.output;
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
+  ASSERT_EQ(job.results_size(), 2);
+  for (const auto& result : job.results()) {
+    EXPECT_GT(result.baseline_peak_bytes(), 0);
+    ASSERT_EQ(result.schedules_size(), 2);
+    EXPECT_TRUE(result.schedules(0).feasible());
+    EXPECT_FALSE(result.schedules(1).feasible());  // 1 byte never fits
+    ASSERT_EQ(result.validations_size(), 1);
+    const auto& v = result.validations(0);
+    EXPECT_TRUE(v.gradients_match()) << ProtoToJson(v);
+    EXPECT_TRUE(v.within_budget()) << ProtoToJson(v);
+    EXPECT_LE(v.scheduled().peak_bytes(), v.budget_bytes());
+  }
+  EXPECT_TRUE(job.has_max_batch());
+  EXPECT_GT(job.max_batch().max_batch_without_checkpointing(), 0);
+
+  // The CLI's other views of the finished job.
+  EXPECT_EQ(RunCommand(Cli("jobs")).exit_code, 0);
+  auto profile =
+      RunCommand(Cli("profile " + job.job_id() + " --batch=4 --format=csv"));
+  EXPECT_EQ(profile.exit_code, 0);
+  EXPECT_THAT(profile.output, HasSubstr("value_id,producer_node"));
+  const std::string svg = (dir_ / "timeline.svg").string();
+  EXPECT_EQ(RunCommand(Cli("plot " + job.job_id() +
+                           " --kind=timeline --batch=4 -o " + svg))
+                .exit_code,
+            0);
+  std::ifstream in(svg);
+  std::string first_line;
+  std::getline(in, first_line);
+  EXPECT_THAT(first_line, HasSubstr("<svg"));
+  auto workers = RunCommand(Cli("workers"));
+  EXPECT_THAT(workers.output, HasSubstr("IDLE"));
+}
+
+TEST_F(ServiceTest, SecondGetScheduleComesFromTheCache) {
+  StartWorker();
+  const std::string id = Submit(SubmitArgs("mlp.pt", ""));
+  WaitFinal(id, 180);
+  auto hits = [&] {
+    std::smatch m;
+    const std::string body = HttpGet(metrics_port_, "/metrics");
+    static const std::regex re(
+        "mutwo_schedule_cache_requests_total\\{result=\"hit\"\\} ([0-9.e+]+)");
+    return std::regex_search(body, m, re) ? std::stod(m[1]) : -1.0;
+  };
+  const std::string get = Cli("schedule " + id + " --batch=4 --budget=55%");
+  ASSERT_EQ(RunCommand(get).exit_code, 0);
+  const double before = hits();
+  ASSERT_GE(before, 0);
+  ASSERT_EQ(RunCommand(get).exit_code, 0);
+  EXPECT_EQ(hits(), before + 1);
+}
+
+TEST_F(ServiceTest, JobSurvivesAWorkerKilledMidTask) {
+  Subprocess& first = StartWorker();
+  const std::string id =
+      Submit(SubmitArgs("cnn.pt", "", "x:float32[B,3,16,16]"));
+  // Wait until the first worker holds a task, then kill it hard.
+  for (int i = 0; i < 200 && GetJob(id).state() == v1::Job::QUEUED; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(GetJob(id).state(), v1::Job::PROFILING);
+  first.Kill(SIGKILL);
+  RunCommand("pkill -9 -f 'mutwo-worker run-task.*" +
+             (dir_ / "worker0").string() + "'");
+  StartWorker();
+  v1::Job job = WaitFinal(id, 300);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
+  // Exactly one result per batch size.
+  ASSERT_EQ(job.results_size(), 2);
+  EXPECT_EQ(job.results(0).batch_size(), 4);
+  EXPECT_EQ(job.results(1).batch_size(), 8);
+  for (const auto& res : job.results()) EXPECT_EQ(res.validations_size(), 1);
+}
+
+TEST_F(ServiceTest, JobSurvivesAServerRestart) {
+  const std::string id = Submit(SubmitArgs("mlp.pt", ""));
+  server_->Kill(SIGTERM);
+  EXPECT_EQ(server_->Wait(std::chrono::seconds(20)), 0) << server_->Log();
+  StartServer();
+  EXPECT_EQ(GetJob(id).state(), v1::Job::QUEUED);
+  StartWorker();
+  v1::Job job = WaitFinal(id, 180);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
+}
+
+TEST_F(ServiceTest, MalformedModelFailsTheJobAndTheServerStaysServing) {
+  StartWorker();
+  const std::string bad = (dir_ / "garbage.pt").string();
+  std::ofstream(bad) << "this is not a TorchScript archive";
+  auto r = RunCommand(Cli(absl::StrCat("submit ", bad,
+                                       " --input=x:float32[B,32] --batch=4 "
+                                       "--budget=60% --wait")));
+  EXPECT_NE(r.exit_code, 0);
+  auto jobs = RunCommand(Cli("jobs --output=json"));
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(ProtoFromJson(jobs.output, "jobs", &list).ok()) << jobs.output;
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).state(), v1::Job::FAILED);
+  EXPECT_THAT(list.jobs(0).error(), HasSubstr("garbage.pt"));
+  EXPECT_EQ(RunCommand(Cli("health")).exit_code, 0);
+}
+
+TEST_F(ServiceTest, UploadLimitsAndHashAreEnforcedAndNothingIsStored) {
+  auto stub = Stub();
+  auto upload = [&](const std::string& bytes, int64_t declared,
+                    const std::string& sha) {
+    grpc::ClientContext context;
+    v1::UploadModelResponse response;
+    auto writer = stub->UploadModel(&context, &response);
+    v1::UploadModelRequest header;
+    header.mutable_header()->set_size_bytes(declared);
+    header.mutable_header()->set_sha256(sha);
+    writer->Write(header);
+    for (size_t off = 0; off < bytes.size(); off += 1 << 20) {
+      v1::UploadModelRequest chunk;
+      chunk.set_chunk(bytes.substr(off, 1 << 20));
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  const std::string big(65 << 20, 'x');
+  auto over = upload(big, static_cast<int64_t>(big.size()), Sha256Hex(big));
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << over.error_message();
+  const std::string small = "some bytes";
+  auto wrong =
+      upload(small, static_cast<int64_t>(small.size()), Sha256Hex("other"));
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(wrong.error_message(), HasSubstr("sha256"));
+  // Nothing was stored.
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "data" / "models")) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 0u);
+  EXPECT_EQ(RunCommand(Cli("health")).exit_code, 0);
+}
+
+TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
+  const int worker_metrics = FreePort();
+  StartWorker(worker_metrics);
+  auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int port : {metrics_port_, worker_metrics}) {
+    const std::string body = HttpGet(port, "/metrics");
+    ASSERT_FALSE(body.empty()) << port;
+    const std::string file =
+        (dir_ / absl::StrCat("scrape", port, ".txt")).string();
+    std::ofstream(file) << body;
+    auto check = RunCommand("promtool check metrics < " + file);
+    EXPECT_EQ(check.exit_code, 0) << check.output;
+    EXPECT_EQ(check.output, "") << check.output;
+  }
+  const std::string server_body = HttpGet(metrics_port_, "/metrics");
+  for (const char* name :
+       {"mutwo_jobs{state=\"SUCCEEDED\"} 1", "mutwo_build_info",
+        "mutwo_rpc_duration_seconds_bucket", "mutwo_model_peak_bytes",
+        "mutwo_model_max_batch_size", "mutwo_workers{state=\"IDLE\"} 1"}) {
+    EXPECT_THAT(server_body, HasSubstr(name));
+  }
+  EXPECT_THAT(
+      HttpGet(worker_metrics, "/metrics"),
+      HasSubstr(
+          "mutwo_worker_tasks_total{kind=\"PROFILE\",result=\"succeeded\"} 2"));
+  // A real Prometheus server scrapes both endpoints.
+  const int prom_port = FreePort();
+  const std::string config = (dir_ / "prometheus.yml").string();
+  std::ofstream(config) << "global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                        << "  - job_name: mutwo\n    static_configs:\n"
+                        << "      - targets: ['127.0.0.1:" << metrics_port_
+                        << "', '127.0.0.1:" << worker_metrics << "']\n";
+  Subprocess prometheus;
+  ASSERT_TRUE(prometheus.Start(
+      {"/usr/bin/prometheus", "--config.file=" + config,
+       "--storage.tsdb.path=" + (dir_ / "tsdb").string(),
+       absl::StrCat("--web.listen-address=127.0.0.1:", prom_port)},
+      (dir_ / "prometheus.log").string()));
+  std::string result;
+  for (int i = 0; i < 60; ++i) {
+    result = HttpGet(prom_port, "/api/v1/query?query=up");
+    if (result.find("\"value\":[") != std::string::npos &&
+        std::count(result.begin(), result.end(), '{') >= 5 &&
+        result.find(",\"0\"]") == std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_THAT(result, HasSubstr(absl::StrCat("127.0.0.1:", metrics_port_)));
+  EXPECT_THAT(result, HasSubstr(absl::StrCat("127.0.0.1:", worker_metrics)));
+  EXPECT_THAT(result, ::testing::Not(HasSubstr(",\"0\"]"))) << result;
+  prometheus.Kill(SIGKILL);
+}
+
+}  // namespace
+}  // namespace mutwo
