@@ -39,11 +39,15 @@ absl::Status ErrnoStatus(int error, absl::string_view what,
 
 absl::Status FsyncPath(const std::string& path, int flags) {
   const int fd = open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open", path);
+  if (fd < 0) {
+    return ErrnoStatus(errno, "open", path);
+  }
   const int rc = fsync(fd);
   const int error = errno;
   close(fd);
-  if (rc != 0) return ErrnoStatus(error, "fsync", path);
+  if (rc != 0) {
+    return ErrnoStatus(error, "fsync", path);
+  }
   return absl::OkStatus();
 }
 
@@ -55,7 +59,9 @@ std::string RandomSuffix() {
 }  // namespace
 
 absl::Status MakeDirs(const std::string& dir) {
-  if (dir.empty()) return absl::InvalidArgumentError("empty directory path");
+  if (dir.empty()) {
+    return absl::InvalidArgumentError("empty directory path");
+  }
   struct stat st;
   if (stat(dir.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) {
@@ -67,7 +73,9 @@ absl::Status MakeDirs(const std::string& dir) {
   const size_t slash = dir.find_last_of('/');
   if (slash != std::string::npos && slash > 0) {
     absl::Status parent = MakeDirs(dir.substr(0, slash));
-    if (!parent.ok()) return parent;
+    if (!parent.ok()) {
+      return parent;
+    }
   }
   if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return ErrnoStatus(errno, "mkdir", dir);
@@ -82,13 +90,17 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
       absl::StrCat(dir, "/", kTempFilePrefix, name, "-", RandomSuffix());
   const int fd =
       open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "create", temp_path);
+  if (fd < 0) {
+    return ErrnoStatus(errno, "create", temp_path);
+  }
   absl::Status status;
   size_t written = 0;
   while (written < bytes.size()) {
     const ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR) {
+        continue;
+      }
       status = ErrnoStatus(errno, "write", temp_path);
       break;
     }
@@ -114,21 +126,31 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
 absl::StatusOr<int> RemoveStaleTempFiles(const std::string& dir,
                                          int64_t min_age_ms) {
   DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return ErrnoStatus(errno, "opendir", dir);
+  if (d == nullptr) {
+    return ErrnoStatus(errno, "opendir", dir);
+  }
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   const int64_t now_ms =
       static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
   int removed = 0;
   while (struct dirent* entry = readdir(d)) {
-    if (!absl::StartsWith(entry->d_name, kTempFilePrefix)) continue;
+    if (!absl::StartsWith(entry->d_name, kTempFilePrefix)) {
+      continue;
+    }
     const std::string path = absl::StrCat(dir, "/", entry->d_name);
     struct stat st;
-    if (stat(path.c_str(), &st) != 0) continue;  // raced with its writer
+    if (stat(path.c_str(), &st) != 0) {
+      continue;  // raced with its writer
+    }
     const int64_t mtime_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 +
                              st.st_mtim.tv_nsec / 1000000;
-    if (now_ms - mtime_ms < min_age_ms) continue;
-    if (unlink(path.c_str()) == 0) ++removed;
+    if (now_ms - mtime_ms < min_age_ms) {
+      continue;
+    }
+    if (unlink(path.c_str()) == 0) {
+      ++removed;
+    }
   }
   closedir(d);
   return removed;
@@ -136,7 +158,9 @@ absl::StatusOr<int> RemoveStaleTempFiles(const std::string& dir,
 
 absl::StatusOr<int64_t> FileSize(const std::string& path) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+  if (stat(path.c_str(), &st) != 0) {
+    return ErrnoStatus(errno, "stat", path);
+  }
   if (!S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is not a regular file"));

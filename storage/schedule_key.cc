@@ -35,7 +35,9 @@ std::string Double(double value) {
   for (int precision = 15; precision <= 17; ++precision) {
     text = absl::StrFormat("%.*g", precision, value);
     double back = 0;
-    if (absl::SimpleAtod(text, &back) && back == value) break;
+    if (absl::SimpleAtod(text, &back) && back == value) {
+      break;
+    }
   }
   return text;
 }
@@ -73,7 +75,9 @@ std::string CanonicalOptimizer(const v1::OptimizerSpec& optimizer) {
   if (o.kind() == v1::OptimizerSpec::KIND_UNSPECIFIED) {
     o.set_kind(v1::OptimizerSpec::SGD);
   }
-  if (o.kind() == v1::OptimizerSpec::NONE) return "none";
+  if (o.kind() == v1::OptimizerSpec::NONE) {
+    return "none";
+  }
   std::string out = absl::StrCat(
       FormatOptimizerSpec(o),
       ",lr=", Double(o.learning_rate() == 0 ? 1e-3 : o.learning_rate()));

@@ -142,7 +142,9 @@ absl::Status Migrate(Db* db) {
     if (version > LatestSchemaVersion()) {
       return NewerSchemaError(*db, version);
     }
-    if (version >= migration.version) continue;  // rolls back an empty txn
+    if (version >= migration.version) {
+      continue;  // rolls back an empty txn
+    }
     if (version != migration.version - 1) {
       return absl::InternalError(absl::StrCat(
           "database ", db->path(), " is at schema version ", version,

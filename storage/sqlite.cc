@@ -69,8 +69,12 @@ void Stmt::BindNull(int index) { sqlite3_bind_null(stmt_, index); }
 
 absl::StatusOr<bool> Stmt::Step() {
   const int rc = sqlite3_step(stmt_);
-  if (rc == SQLITE_ROW) return true;
-  if (rc == SQLITE_DONE) return false;
+  if (rc == SQLITE_ROW) {
+    return true;
+  }
+  if (rc == SQLITE_DONE) {
+    return false;
+  }
   absl::Status status = db_->LastError(rc, sql_);
   sqlite3_reset(stmt_);
   return status;
@@ -78,7 +82,9 @@ absl::StatusOr<bool> Stmt::Step() {
 
 absl::Status Stmt::Run() {
   absl::StatusOr<bool> row = Step();
-  while (row.ok() && *row) row = Step();
+  while (row.ok() && *row) {
+    row = Step();
+  }
   Reset();
   return row.status();
 }
@@ -89,14 +95,18 @@ int64_t Stmt::ColumnInt(int column) const {
 
 std::string Stmt::ColumnText(int column) const {
   const unsigned char* text = sqlite3_column_text(stmt_, column);
-  if (text == nullptr) return "";
+  if (text == nullptr) {
+    return "";
+  }
   return std::string(reinterpret_cast<const char*>(text),
                      sqlite3_column_bytes(stmt_, column));
 }
 
 std::string Stmt::ColumnBlob(int column) const {
   const void* blob = sqlite3_column_blob(stmt_, column);
-  if (blob == nullptr) return "";
+  if (blob == nullptr) {
+    return "";
+  }
   return std::string(static_cast<const char*>(blob),
                      sqlite3_column_bytes(stmt_, column));
 }
@@ -145,7 +155,9 @@ absl::Status Db::Exec(absl::string_view sql) {
   const std::string text(sql);
   char* error = nullptr;
   const int rc = sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &error);
-  if (rc == SQLITE_OK) return absl::OkStatus();
+  if (rc == SQLITE_OK) {
+    return absl::OkStatus();
+  }
   absl::Status status = SqliteStatus(rc, absl::StrCat(path_, ": ", text),
                                      error != nullptr ? error : "");
   sqlite3_free(error);
@@ -161,7 +173,9 @@ absl::StatusOr<Stmt*> Db::Prepare(const std::string& sql) {
   sqlite3_stmt* raw = nullptr;
   const int rc = sqlite3_prepare_v3(db_, sql.c_str(), -1,
                                     SQLITE_PREPARE_PERSISTENT, &raw, nullptr);
-  if (rc != SQLITE_OK) return LastError(rc, absl::StrCat("prepare ", sql));
+  if (rc != SQLITE_OK) {
+    return LastError(rc, absl::StrCat("prepare ", sql));
+  }
   auto stmt = std::unique_ptr<Stmt>(new Stmt(this, raw, sql));
   Stmt* out = stmt.get();
   statements_.emplace(sql, std::move(stmt));
@@ -172,11 +186,15 @@ absl::StatusOr<int64_t> Db::QueryInt(const std::string& sql) {
   Stmt* stmt;
   {
     absl::StatusOr<Stmt*> prepared = Prepare(sql);
-    if (!prepared.ok()) return prepared.status();
+    if (!prepared.ok()) {
+      return prepared.status();
+    }
     stmt = *prepared;
   }
   absl::StatusOr<bool> row = stmt->Step();
-  if (!row.ok()) return row.status();
+  if (!row.ok()) {
+    return row.status();
+  }
   int64_t value = *row ? stmt->ColumnInt(0) : 0;
   stmt->Reset();
   return value;
@@ -186,11 +204,15 @@ absl::StatusOr<std::string> Db::QueryText(const std::string& sql) {
   Stmt* stmt;
   {
     absl::StatusOr<Stmt*> prepared = Prepare(sql);
-    if (!prepared.ok()) return prepared.status();
+    if (!prepared.ok()) {
+      return prepared.status();
+    }
     stmt = *prepared;
   }
   absl::StatusOr<bool> row = stmt->Step();
-  if (!row.ok()) return row.status();
+  if (!row.ok()) {
+    return row.status();
+  }
   std::string value = *row ? stmt->ColumnText(0) : "";
   stmt->Reset();
   return value;
@@ -207,13 +229,17 @@ Transaction::~Transaction() {
 
 absl::Status Transaction::Begin() {
   absl::Status status = db_->Exec("BEGIN IMMEDIATE");
-  if (status.ok()) open_ = true;
+  if (status.ok()) {
+    open_ = true;
+  }
   return status;
 }
 
 absl::Status Transaction::Commit() {
   absl::Status status = db_->Exec("COMMIT");
-  if (status.ok()) open_ = false;
+  if (status.ok()) {
+    open_ = false;
+  }
   return status;
 }
 

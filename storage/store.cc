@@ -143,7 +143,9 @@ absl::StatusOr<int64_t> DecodePageToken(absl::string_view token) {
   std::string decoded;
   absl::string_view rest;
   int64_t seq = 0;
-  if (absl::WebSafeBase64Unescape(token, &decoded)) rest = decoded;
+  if (absl::WebSafeBase64Unescape(token, &decoded)) {
+    rest = decoded;
+  }
   if (!absl::ConsumePrefix(&rest, kPageTokenPrefix) ||
       !absl::SimpleAtoi(rest, &seq) || seq <= 0) {
     return absl::InvalidArgumentError(
@@ -243,7 +245,9 @@ absl::StatusOr<std::optional<ModelInfo>> Store::FindModel(
                    "WHERE sha256 = ?1"));
   stmt->BindText(1, sha256);
   MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) return std::nullopt;
+  if (!row) {
+    return std::nullopt;
+  }
   ModelInfo info;
   info.sha256 = std::string(sha256);
   info.name = stmt->ColumnText(0);
@@ -310,7 +314,9 @@ absl::StatusOr<bool> Store::HasModel(absl::string_view sha256) {
   MUTWO_RETURN_IF_ERROR(ValidateSha256(sha256));
   absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(std::optional<ModelInfo> info, FindModel(sha256));
-  if (!info.has_value()) return false;
+  if (!info.has_value()) {
+    return false;
+  }
   absl::StatusOr<int64_t> on_disk = FileSize(info->path);
   return on_disk.ok() && *on_disk == info->size_bytes;
 }
@@ -341,10 +347,14 @@ absl::StatusOr<std::optional<v1::Job>> Store::FindJob(
                                       "WHERE job_id = ?1"));
   stmt->BindText(1, job_id);
   MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) return std::nullopt;
+  if (!row) {
+    return std::nullopt;
+  }
   absl::StatusOr<v1::Job> job = JobFromRow(*stmt);
   stmt->Reset();
-  if (!job.ok()) return job.status();
+  if (!job.ok()) {
+    return job.status();
+  }
   return *std::move(job);
 }
 
@@ -372,7 +382,9 @@ absl::StatusOr<CreateJobResult> Store::CreateJob(
     if (row) {
       absl::StatusOr<v1::Job> first = JobFromRow(*find);
       find->Reset();
-      if (!first.ok()) return first.status();
+      if (!first.ok()) {
+        return first.status();
+      }
       if (first->spec().SerializeAsString() != spec.SerializeAsString()) {
         return absl::AlreadyExistsError(
             absl::StrCat("client request id ", Quote(client_request_id),
@@ -419,7 +431,9 @@ absl::StatusOr<std::optional<Store::BlobRow>> Store::QueryBlob(
   MUTWO_ASSIGN_OR_RETURN(Stmt * stmt, db_->Prepare(sql));
   bind(*stmt);
   MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) return std::nullopt;
+  if (!row) {
+    return std::nullopt;
+  }
   BlobRow out;
   out.blob = stmt->ColumnBlob(0);
   out.flag = stmt->ColumnCount() > 1 && stmt->ColumnInt(1) != 0;
@@ -459,8 +473,9 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsQuery& query) {
     MUTWO_ASSIGN_OR_RETURN(before_seq, DecodePageToken(query.page_token));
   }
   std::string sql = "SELECT job_id, job, seq FROM jobs WHERE seq < ?1";
-  if (!query.model_sha256.empty())
+  if (!query.model_sha256.empty()) {
     absl::StrAppend(&sql, " AND model_sha256 = ?2");
+  }
   if (!query.states.empty()) {
     std::vector<std::string> states;
     for (v1::Job::State state : query.states) {
@@ -478,13 +493,17 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsQuery& query) {
   absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(Stmt * stmt, db_->Prepare(sql));
   stmt->BindInt(1, before_seq);
-  if (!query.model_sha256.empty()) stmt->BindText(2, query.model_sha256);
+  if (!query.model_sha256.empty()) {
+    stmt->BindText(2, query.model_sha256);
+  }
   stmt->BindInt(3, page_size + 1);  // one more tells whether a page follows
   JobPage page;
   int64_t last_seq = 0;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     if (static_cast<int>(page.jobs.size()) == page_size) {
       page.next_page_token = EncodePageToken(last_seq);
       break;
@@ -544,7 +563,9 @@ absl::StatusOr<std::map<v1::Job::State, int64_t>> Store::CountJobsByState() {
       db_->Prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state"));
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     const int64_t state = stmt->ColumnInt(0);
     if (!v1::Job::State_IsValid(static_cast<int>(state))) {
       stmt->Reset();
@@ -567,10 +588,14 @@ absl::StatusOr<std::optional<v1::Task>> Store::FindTask(
                                           " FROM tasks WHERE task_id = ?1")));
   stmt->BindText(1, task_id);
   MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) return std::nullopt;
+  if (!row) {
+    return std::nullopt;
+  }
   absl::StatusOr<v1::Task> task = TaskFromRow(*stmt);
   stmt->Reset();
-  if (!task.ok()) return task.status();
+  if (!task.ok()) {
+    return task.status();
+  }
   return *std::move(task);
 }
 
@@ -643,7 +668,9 @@ absl::StatusOr<v1::Task> Store::AddTask(
   task.set_state(v1::Task::QUEUED);
   task.set_batch_size(batch_size);
   task.set_attempt(1);
-  if (schedule.has_value()) *task.mutable_schedule() = *schedule;
+  if (schedule.has_value()) {
+    *task.mutable_schedule() = *schedule;
+  }
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * insert,
       db_->Prepare("INSERT INTO tasks (task_id, job_id, kind, state, "
@@ -688,7 +715,9 @@ absl::StatusOr<std::optional<v1::Task>> Store::LeaseTask(
           v1::Job::CANCELLED)));
   pick->BindText(1, absl::AsciiStrToLower(device_kind));
   MUTWO_ASSIGN_OR_RETURN(bool row, pick->Step());
-  if (!row) return std::nullopt;
+  if (!row) {
+    return std::nullopt;
+  }
   const std::string task_id = pick->ColumnText(0);
   pick->Reset();
 
@@ -804,7 +833,9 @@ absl::StatusOr<std::vector<v1::Task>> Store::RequeueExpiredLeases(
   std::vector<v1::Task> expired;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     absl::StatusOr<v1::Task> task = TaskFromRow(*stmt);
     if (!task.ok()) {
       stmt->Reset();
@@ -870,7 +901,9 @@ absl::StatusOr<std::vector<v1::Task>> Store::ListTasks(
   std::vector<v1::Task> tasks;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     absl::StatusOr<v1::Task> task = TaskFromRow(*stmt);
     if (!task.ok()) {
       stmt->Reset();
@@ -894,7 +927,9 @@ absl::StatusOr<std::map<v1::Task::State, int64_t>> Store::CountTasksByState() {
       db_->Prepare("SELECT state, COUNT(*) FROM tasks GROUP BY state"));
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     const int64_t state = stmt->ColumnInt(0);
     if (!v1::Task::State_IsValid(static_cast<int>(state))) {
       stmt->Reset();
@@ -1006,7 +1041,9 @@ absl::StatusOr<std::optional<v1::Schedule>> Store::GetCachedSchedule(
       std::optional<BlobRow> row,
       QueryBlob("SELECT schedule FROM schedules WHERE cache_key = ?1",
                 [&](Stmt& stmt) { stmt.BindText(1, cache_key); }));
-  if (!row.has_value()) return std::nullopt;
+  if (!row.has_value()) {
+    return std::nullopt;
+  }
   MUTWO_ASSIGN_OR_RETURN(
       v1::Schedule schedule,
       ParseRow<v1::Schedule>(row->blob,
@@ -1074,7 +1111,9 @@ absl::StatusOr<std::vector<ValidationRecord>> Store::ListValidations(
   std::vector<ValidationRecord> records;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     ValidationRecord record;
     record.batch_size = stmt->ColumnInt(0);
     record.budget_text = stmt->ColumnText(1);
@@ -1104,10 +1143,14 @@ absl::StatusOr<std::optional<v1::WorkerInfo>> Store::FindWorker(
                                 " FROM workers WHERE worker_id = ?1")));
   stmt->BindText(1, worker_id);
   MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-  if (!row) return std::nullopt;
+  if (!row) {
+    return std::nullopt;
+  }
   absl::StatusOr<v1::WorkerInfo> worker = WorkerFromRow(*stmt);
   stmt->Reset();
-  if (!worker.ok()) return worker.status();
+  if (!worker.ok()) {
+    return worker.status();
+  }
   return *std::move(worker);
 }
 
@@ -1120,7 +1163,9 @@ absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
   absl::MutexLock lock(&mutex_);
   const int64_t now_ms = NowMs();
   v1::WorkerInfo stored = worker;
-  if (stored.worker_id().empty()) stored.set_worker_id(NewId("worker", now_ms));
+  if (stored.worker_id().empty()) {
+    stored.set_worker_id(NewId("worker", now_ms));
+  }
   if (stored.state() == v1::WorkerInfo::STATE_UNSPECIFIED ||
       stored.state() == v1::WorkerInfo::LOST) {
     stored.set_state(v1::WorkerInfo::IDLE);  // registering means alive
@@ -1179,7 +1224,9 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Store::ListWorkers() {
   std::vector<v1::WorkerInfo> workers;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     absl::StatusOr<v1::WorkerInfo> worker = WorkerFromRow(*stmt);
     if (!worker.ok()) {
       stmt->Reset();
@@ -1210,7 +1257,9 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Store::MarkLostWorkers(
   std::vector<v1::WorkerInfo> lost;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) break;
+    if (!row) {
+      break;
+    }
     absl::StatusOr<v1::WorkerInfo> worker = WorkerFromRow(*stmt);
     if (!worker.ok()) {
       stmt->Reset();
