@@ -94,7 +94,8 @@ RUN set -eux; \
     apt-get update -qq; \
     xargs -a /tmp/runtime.packages apt-get install -y -qq --no-install-recommends tini ca-certificates; \
     rm -rf /var/lib/apt/lists/* /tmp/runtime.packages; \
-    useradd --uid 1000 --user-group --home-dir /var/lib/mutwo --create-home --shell /usr/sbin/nologin mutwo
+    useradd --uid 1000 --user-group --home-dir /var/lib/mutwo --no-create-home --shell /usr/sbin/nologin mutwo; \
+    install -d -o 1000 -g 1000 -m 0750 /var/lib/mutwo
 COPY --from=build /out/bin/mutwo-server /out/bin/mutwo /usr/local/bin/
 USER 1000:1000
 WORKDIR /var/lib/mutwo
@@ -113,7 +114,8 @@ RUN set -eux; \
     apt-get update -qq; \
     xargs -a /tmp/runtime.packages apt-get install -y -qq --no-install-recommends tini ca-certificates curl; \
     rm -rf /var/lib/apt/lists/* /tmp/runtime.packages; \
-    useradd --uid 1000 --user-group --home-dir /var/lib/mutwo-worker --create-home --shell /usr/sbin/nologin mutwo
+    useradd --uid 1000 --user-group --home-dir /var/lib/mutwo-worker --no-create-home --shell /usr/sbin/nologin mutwo; \
+    install -d -o 1000 -g 1000 -m 0750 /var/lib/mutwo-worker
 COPY --from=build /out/bin/mutwo-worker /out/bin/mutwo /usr/local/bin/
 USER 1000:1000
 WORKDIR /var/lib/mutwo-worker
@@ -133,7 +135,8 @@ RUN set -eux; \
     apt-get install -y -qq --no-install-recommends tini ca-certificates curl; \
     rm -rf /var/lib/apt/lists/*; \
     if id -u ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi; \
-    useradd --uid 1000 --user-group --home-dir /var/lib/mutwo-worker --create-home --shell /usr/sbin/nologin mutwo
+    useradd --uid 1000 --user-group --home-dir /var/lib/mutwo-worker --no-create-home --shell /usr/sbin/nologin mutwo; \
+    install -d -o 1000 -g 1000 -m 0750 /var/lib/mutwo-worker
 # LibTorch's libraries (and the CUDA libraries of the wheel's nvidia-*
 # dependencies) at the paths the binary was linked against (its RUNPATH, and
 # libtorch's own $ORIGIN-relative RUNPATH); the bookworm libraries beside.

@@ -125,12 +125,15 @@ class LiveStackTest(unittest.TestCase):
                 "`serve` command" % worker)
         cls.worker_metrics_port = None
         if cls.has_worker:
-            cls.worker_metrics_port = free_port()
+            worker_log = os.path.join(tmp, "worker.log")
             cls.worker = cls.start(
                 [worker, "serve", "--server=" + cls.target, "--device=cpu",
-                 "--metrics_listen=127.0.0.1:%d" % cls.worker_metrics_port,
-                 "--work_dir=" + os.path.join(tmp, "worker")],
-                os.path.join(tmp, "worker.log"))
+                 "--metrics_listen=127.0.0.1:0",
+                 "--work_dir=" + os.path.join(tmp, "worker")], worker_log)
+            m = wait_for(lambda: re.search(r"metrics on port (\d+)",
+                                           read_text(worker_log)),
+                         30, "the worker's metrics line")
+            cls.worker_metrics_port = int(m.group(1))
             with mc.MutwoClient(cls.target) as c:
                 wait_for(lambda: len(c.list_workers()) == 1, 60,
                          "the worker to register")
