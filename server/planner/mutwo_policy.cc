@@ -8,6 +8,8 @@ namespace {
 
 enum class State { kCandidate, kRecomputed, kSwapped, kNever };
 
+}  // namespace
+
 // Recompute lineage (Algorithms D, E, F): sources, recompute time of one
 // rebuild, and the total over the times it would be rebuilt.
 class Lineage {
@@ -117,8 +119,6 @@ class Lineage {
   std::vector<State> state_;
 };
 
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
     const Simulator* simulator, Options options) {
   if (simulator == nullptr) {
@@ -127,40 +127,65 @@ absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
   return std::unique_ptr<MutwoPolicy>(new MutwoPolicy(simulator, options));
 }
 
+MutwoPolicy::MutwoPolicy(const Simulator* simulator, Options options)
+    : sim_(simulator), options_(options) {
+  Reset();
+}
+
+MutwoPolicy::~MutwoPolicy() = default;
+
+void MutwoPolicy::Reset() {
+  const int n = static_cast<int>(sim_->profile().activations.size());
+  decisions_.assign(n, Decision{});
+  lineage_ = std::make_unique<Lineage>(*sim_);
+  no_swap_.assign(n, 0);
+  no_recompute_.assign(n, 0);
+  remaining_.clear();
+  for (int c = 0; c < n; ++c) {
+    if (lineage_->state(c) == State::kCandidate) remaining_.push_back(c);
+  }
+  swapped_.clear();
+  replay_ms_.assign(sim_->positions(), 0);
+  sim_options_.time_model = options_.time_each_step;
+  sim_->Run(decisions_, sim_options_, &current_);
+  done_ = false;
+}
+
 Decisions MutwoPolicy::Run(int64_t budget_bytes,
                            std::vector<TrajectoryStep>* trajectory) {
+  Reset();
+  TrajectoryStep step;
+  while (current_.peak_bytes > budget_bytes && Step(&step)) {
+    if (trajectory != nullptr) trajectory->push_back(step);
+  }
+  return decisions_;
+}
+
+bool MutwoPolicy::Step(TrajectoryStep* out) {
   const PlanProfile& prof = sim_->profile();
   const int n = static_cast<int>(prof.activations.size());
-  const int positions = sim_->positions();
   const bool swap_ok = options_.allow_swap && prof.CanSwap();
-  Decisions decisions(n);
-  Lineage lineage(*sim_);
-  std::vector<char> no_swap(n, 0), no_recompute(n, 0);
-  std::vector<int> remaining;
-  for (int c = 0; c < n; ++c) {
-    if (lineage.state(c) == State::kCandidate) remaining.push_back(c);
-  }
-  std::vector<int> swapped;
-  std::vector<double> replay_ms(positions, 0);
-  SimResult current = sim_->Run(decisions);
-
-  while (current.peak_bytes > budget_bytes) {
+  Decisions& decisions = decisions_;
+  Lineage& lineage = *lineage_;
+  SimResult& current = current_;
+  while (!done_) {
     const int pp = current.peak_position;
     int s_cand = -1, r_cand = -1;
     double best_inactive = -1, best_ratio = -1;
-    for (int c : remaining) {
+    const double pp_start_ms = pp > 0 ? sim_->baseline_end_ms(pp - 1) : 0;
+    for (int c : remaining_) {
       const PlanActivation& a = prof.activations[c];
       if (!(a.last_forward_use < pp && pp < a.first_backward_use)) continue;
-      if (swap_ok && !no_swap[c] && a.inactive_ms > best_inactive) {
+      if (swap_ok && !no_swap_[c] && a.inactive_ms > best_inactive) {
         // The offload must complete before the peak to lower it.
-        const double window = sim_->baseline_end_ms(pp - 1) -
-                              sim_->baseline_end_ms(a.last_forward_use);
+        const double window =
+            pp_start_ms - sim_->baseline_end_ms(a.last_forward_use);
         if (window >= sim_->transfer_out_ms(a)) {
           best_inactive = a.inactive_ms;
           s_cand = c;
         }
       }
-      if (options_.allow_recompute && !no_recompute[c]) {
+      if (options_.allow_recompute && !no_recompute_[c]) {
         const double ratio = options_.order == Options::Order::kRatio
                                  ? static_cast<double>(a.size_bytes) /
                                        std::max(lineage.total(c), 1e-9)
@@ -171,38 +196,34 @@ Decisions MutwoPolicy::Run(int64_t budget_bytes,
         }
       }
     }
-    if (s_cand < 0 && r_cand < 0) break;
+    if (s_cand < 0 && r_cand < 0) {
+      done_ = true;
+      break;
+    }
 
     // Algorithm C: walk back from the first backward use, hiding the
     // prefetch behind backward steps and replays.
     double s_overhead = 0;
     int prefetch_at = -1;
     if (s_cand >= 0) {
-      std::fill(replay_ms.begin(), replay_ms.end(), 0);
-      std::vector<char> seen(current.segments, 0);
-      for (int c = 0; c < n; ++c) {
-        const int seg = current.segment_of[c];
-        if (seg >= 0 && !seen[seg]) {
-          seen[seg] = 1;
-          replay_ms[current.needed_at[c]] += current.segment_ms_of[c];
-        }
-      }
+      std::fill(replay_ms_.begin(), replay_ms_.end(), 0);
+      for (const auto& [at, ms] : current.replays) replay_ms_[at] += ms;
       const PlanActivation& a = prof.activations[s_cand];
       const double in_ms = sim_->transfer_in_ms(a);
       const int need = a.first_backward_use;
-      double hidden = replay_ms[need];
+      double hidden = replay_ms_[need];
       int t = need - 1;
       // The candidate is resident in the current plan over the window, so
       // the prefetch adds nothing there; it must not reach a position at the
       // current peak, or the peak could not drop (the paper's peak interval).
       while (hidden < in_ms && t > a.last_forward_use && t > pp &&
-             sim_->last_peak_at(t) < current.peak_bytes) {
-        hidden += sim_->step_ms(t) + replay_ms[t];
+             current.planned_peak_bytes[t] < current.peak_bytes) {
+        hidden += sim_->step_ms(t) + replay_ms_[t];
         --t;
       }
       prefetch_at = t + 1;
       double queued = 0;  // transfers already due in the same window
-      for (int w : swapped) {
+      for (int w : swapped_) {
         const int w_need = current.needed_at[w];
         if (w_need >= prefetch_at && w_need <= need) {
           queued += sim_->transfer_in_ms(prof.activations[w]);
@@ -217,21 +238,20 @@ Decisions MutwoPolicy::Run(int64_t budget_bytes,
     decisions[cand].action = take_swap ? Action::kSwap : Action::kRecompute;
     decisions[cand].prefetch_at = take_swap ? prefetch_at : -1;
 
-    SimResult next = sim_->Run(decisions);
-    if (next.peak_bytes > current.peak_bytes) {
+    sim_->Run(decisions, sim_options_, &next_);
+    if (next_.peak_bytes > current.peak_bytes) {
       decisions[cand] = Decision{};
-      (take_swap ? no_swap : no_recompute)[cand] = 1;
-      current = sim_->Run(decisions);  // restores the simulator's curve
+      (take_swap ? no_swap_ : no_recompute_)[cand] = 1;
       continue;
     }
-    remaining.erase(std::find(remaining.begin(), remaining.end(), cand));
+    remaining_.erase(std::find(remaining_.begin(), remaining_.end(), cand));
     if (take_swap) {
       lineage.Swap(cand);
-      swapped.push_back(cand);
+      swapped_.push_back(cand);
     } else {
       lineage.Recompute(cand);
     }
-    current = std::move(next);
+    std::swap(current, next_);
     TrajectoryStep step;
     step.activation = cand;
     step.action = decisions[cand].action;
@@ -241,15 +261,16 @@ Decisions MutwoPolicy::Run(int64_t budget_bytes,
       Refine(decisions, cand, current, step.retained_again);
       for (int c : step.retained_again) {
         lineage.Forget(c);
-        swapped.erase(std::remove(swapped.begin(), swapped.end(), c),
-                      swapped.end());
+        swapped_.erase(std::remove(swapped_.begin(), swapped_.end(), c),
+                       swapped_.end());
       }
     }
     step.peak_bytes = current.peak_bytes;
     step.iteration_ms = current.iteration_ms;
-    if (trajectory != nullptr) trajectory->push_back(std::move(step));
+    *out = std::move(step);
+    return true;
   }
-  return decisions;
+  return false;
 }
 
 void MutwoPolicy::Refine(Decisions& decisions, int just_chosen,

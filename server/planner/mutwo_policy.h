@@ -28,6 +28,8 @@
 
 namespace mutwo::planner {
 
+class Lineage;  // recompute lineage bookkeeping (Algorithms D-F)
+
 // One accepted choice and the simulated result after it.
 struct TrajectoryStep {
   int activation = 0;
@@ -56,19 +58,31 @@ class MutwoPolicy {
     // keeps the simulated peak at or below the current one and does not add
     // time (budget-independent pruning; costs one simulation per choice).
     bool refine = true;
+    // Run the time model (prefetch stalls) in every round; off, rounds
+    // simulate memory only and TrajectoryStep::iteration_ms leaves out
+    // stalls. Refinement needs it.
+    bool time_each_step = true;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MutwoPolicy>> Create(
       const Simulator* simulator, Options options);
+  ~MutwoPolicy();
 
   // Runs rounds from "retain everything" until the simulated peak is at most
   // `budget_bytes` (0: until no candidate helps). `trajectory` (optional)
   // receives every accepted step. Returns the decisions at the stop.
   Decisions Run(int64_t budget_bytes, std::vector<TrajectoryStep>* trajectory);
 
+  // Resumable form: Step() runs rounds until one choice is accepted and
+  // describes it in `step`; false once no candidate helps (the floor).
+  // Reset() starts over from "retain everything".
+  void Reset();
+  bool Step(TrajectoryStep* step);
+  const Decisions& decisions() const { return decisions_; }
+  const SimResult& current() const { return current_; }
+
  private:
-  MutwoPolicy(const Simulator* simulator, Options options)
-      : sim_(simulator), options_(options) {}
+  MutwoPolicy(const Simulator* simulator, Options options);
 
   // Refinement after a step; updates `decisions` and `current`, appends the
   // activations returned to RETAIN to `retained_again`.
@@ -77,6 +91,16 @@ class MutwoPolicy {
 
   const Simulator* sim_;
   Options options_;
+  // Round state.
+  Decisions decisions_;
+  std::unique_ptr<Lineage> lineage_;
+  std::vector<char> no_swap_, no_recompute_;
+  std::vector<int> remaining_;
+  std::vector<int> swapped_;
+  std::vector<double> replay_ms_;
+  Simulator::Options sim_options_;
+  SimResult current_, next_;
+  bool done_ = false;
 };
 
 // The decisions after the first `steps` steps of a trajectory.

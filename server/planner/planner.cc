@@ -20,14 +20,15 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   auto planner =
       std::unique_ptr<Planner>(new Planner(std::move(profile), options));
   MUTWO_ASSIGN_OR_RETURN(planner->sim_, Simulator::Create(&planner->profile_));
+  planner->small_ = static_cast<int>(planner->profile_.activations.size()) <=
+                    options.small_graph_activations;
   for (int order = 0; order < 2; ++order) {
     MutwoPolicy::Options policy_options;
     policy_options.allow_swap = options.allow_swap;
     policy_options.order = order == 0 ? MutwoPolicy::Options::Order::kRatio
                                       : MutwoPolicy::Options::Order::kCheapest;
-    policy_options.refine =
-        static_cast<int>(planner->profile_.activations.size()) <=
-        options.refine_max_activations;
+    policy_options.refine = planner->small_;
+    policy_options.time_each_step = planner->small_;
     MUTWO_ASSIGN_OR_RETURN(
         planner->policies_[order],
         MutwoPolicy::Create(planner->sim_.get(), policy_options));
@@ -48,13 +49,23 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   return planner;
 }
 
-const std::vector<TrajectoryStep>& Planner::Trajectory(int order) {
-  std::optional<std::vector<TrajectoryStep>>& t = trajectories_[order];
-  if (!t.has_value()) {
-    t.emplace();
-    (void)policies_[order]->Run(0, &*t);
+void Planner::Extend(int order, int64_t peak_bytes) {
+  std::vector<TrajectoryStep>& steps = trajectories_[order];
+  TrajectoryStep step;
+  while (!exhausted_[order] &&
+         (steps.empty() ? sim_->baseline_peak_bytes()
+                        : steps.back().peak_bytes) > peak_bytes) {
+    if (policies_[order]->Step(&step)) {
+      steps.push_back(std::move(step));
+    } else {
+      exhausted_[order] = true;
+    }
   }
-  return *t;
+}
+
+const std::vector<TrajectoryStep>& Planner::Trajectory(int order) {
+  Extend(order, std::numeric_limits<int64_t>::min());
+  return trajectories_[order];
 }
 
 int64_t Planner::FloorBytes() {
@@ -63,7 +74,7 @@ int64_t Planner::FloorBytes() {
     return fixed_->peak_bytes;
   }
   int64_t floor = sim_->baseline_peak_bytes();
-  for (int order = 0; order < 2; ++order) {
+  for (int order = 0; order < orders(); ++order) {
     for (const TrajectoryStep& step : Trajectory(order)) {
       floor = std::min(floor, step.peak_bytes);
     }
@@ -165,7 +176,7 @@ Planner::Candidate Planner::MakeCandidate(int64_t budget_bytes) {
   int64_t critical = kNoFit;
   int64_t simulations = 0;
   bool bounded = false;
-  for (int order = 0; order < 2; ++order) {
+  for (int order = 0; order < orders(); ++order) {
     const std::vector<TrajectoryStep>& steps = Trajectory(order);
     size_t fit = 0;
     while (fit < steps.size() && steps[fit].peak_bytes > budget_bytes) ++fit;
@@ -194,15 +205,24 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
   result.budget_bytes = budget_bytes;
   result.baseline_peak_bytes = sim_->baseline_peak_bytes();
   result.baseline_iteration_ms = sim_->baseline_iteration_ms();
-  result.floor_bytes = FloorBytes();
   const int n = static_cast<int>(profile_.activations.size());
+  if (!small_ && options_.policy == Policy::kMutwo && !options_.compute_floor) {
+    Extend(0, budget_bytes);
+    const std::vector<TrajectoryStep>& steps = trajectories_[0];
+    const bool fits =
+        result.baseline_peak_bytes <= budget_bytes ||
+        (!steps.empty() && steps.back().peak_bytes <= budget_bytes);
+    result.floor_bytes = fits ? 0 : FloorBytes();
+  } else {
+    result.floor_bytes = FloorBytes();
+  }
   if (options_.policy != Policy::kMutwo) {
     result.decisions = fixed_decisions_;
   } else if (budget_bytes < result.floor_bytes) {
     // Best effort: the trajectory state with the lowest peak.
     const std::vector<TrajectoryStep>* best_steps = nullptr;
     size_t best_index = 0;
-    for (int order = 0; order < 2; ++order) {
+    for (int order = 0; order < orders(); ++order) {
       const std::vector<TrajectoryStep>& steps = Trajectory(order);
       for (size_t i = 0; i < steps.size(); ++i) {
         if (best_steps == nullptr ||
@@ -215,6 +235,22 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
     result.decisions = best_steps == nullptr
                            ? Decisions(n)
                            : DecisionsAfter(n, *best_steps, best_index + 1);
+  } else if (!small_) {
+    // The first trajectory state that fits (Algorithm B's stop).
+    Extend(0, budget_bytes);
+    const std::vector<TrajectoryStep>& steps = trajectories_[0];
+    size_t best = steps.size();
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].peak_bytes <= budget_bytes) {
+        best = i;
+        break;
+      }
+    }
+    result.probes = 1;
+    result.decisions =
+        result.baseline_peak_bytes <= budget_bytes || best == steps.size()
+            ? Decisions(n)
+            : DecisionsAfter(n, steps, best + 1);
   } else {
     // The cheapest candidate over this budget and every tighter budget at
     // which the candidate changes.

@@ -16,9 +16,11 @@
 // are found exactly, one below the highest peak each candidate relied on).
 // Hence a tighter budget never gives a lower predicted time.
 //
-// Effort is bounded by Options (refinement only on graphs up to a size,
-// simulations per candidate, envelope probes); PlanResult says when a bound
-// was hit.
+// Effort: graphs with more than Options::small_graph_activations activations
+// run only the paper's trajectory, without refinement, and a plan is the
+// cheapest trajectory state that fits (the same envelope, found directly);
+// on small graphs the search is bounded by simulations per candidate and
+// envelope probes, and PlanResult says when a bound was hit.
 //
 // Not thread-safe (the simulator has scratch buffers): one Planner per
 // request or per thread.
@@ -67,9 +69,13 @@ class Planner {
     // Keep the per-position memory curves in PlanResult::sim.
     bool record_curve = false;
     // μ-TWO effort bounds.
-    int refine_max_activations = 1500;
+    int small_graph_activations = 256;
     int64_t max_improve_simulations = 400;  // per candidate
     int max_probes = 64;                    // candidates per Plan()
+    // Large graphs: run the trajectory to the floor for every plan (for
+    // PlanResult::floor_bytes); off, only as far as the budget needs, and
+    // floor_bytes is 0 unless the budget is infeasible.
+    bool compute_floor = true;
   };
 
   // Errors: InvalidArgument for an inconsistent profile (Simulator::Create).
@@ -86,6 +92,8 @@ class Planner {
   const Simulator& simulator() const { return *sim_; }
   const Options& options() const { return options_; }
   // μ-TWO trajectory `order` (0: ratio, 1: cheapest) down to the floor.
+  // On large graphs only order 0 exists and its steps are timed without
+  // prefetch stalls.
   const std::vector<TrajectoryStep>& Trajectory(int order = 0);
 
  private:
@@ -107,11 +115,19 @@ class Planner {
   // Improves `decisions` (fitting `budget_bytes`) by pruning and exchange.
   void Improve(int64_t budget_bytes, Candidate& c);
 
+  int orders() const { return small_ ? 2 : 1; }
+
   PlanProfile profile_;
   Options options_;
+  bool small_ = true;
   std::unique_ptr<Simulator> sim_;
   std::unique_ptr<MutwoPolicy> policies_[2];
-  std::optional<std::vector<TrajectoryStep>> trajectories_[2];
+  // Extends trajectory `order` until a state's peak is at most `peak_bytes`
+  // or the policy has no candidate left.
+  void Extend(int order, int64_t peak_bytes);
+
+  std::vector<TrajectoryStep> trajectories_[2];
+  bool exhausted_[2] = {false, false};
   std::optional<SimResult> fixed_;  // the baselines' single schedule
   Decisions fixed_decisions_;
 };

@@ -23,11 +23,6 @@ void AddInterval(int begin, int end, int64_t bytes, int last,
   }
 }
 
-struct Segment {
-  int replay_at = std::numeric_limits<int>::max();
-  double ms = 0;
-};
-
 }  // namespace
 
 const char* ActionName(Action action) {
@@ -186,7 +181,13 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
   }
   sim->scratch_delta_after_.assign(p + 1, 0);
   sim->scratch_delta_during_.assign(p + 1, 0);
-  sim->scratch_during_.assign(p, 0);
+  sim->by_last_forward_use_.resize(a_count);
+  for (int i = 0; i < a_count; ++i) sim->by_last_forward_use_[i] = i;
+  std::stable_sort(sim->by_last_forward_use_.begin(),
+                   sim->by_last_forward_use_.end(), [&](int x, int y) {
+                     return profile->activations[x].last_forward_use <
+                            profile->activations[y].last_forward_use;
+                   });
   sim->scratch_node_stamp_.assign(n, -1);
   return sim;
 }
@@ -208,10 +209,22 @@ double Simulator::transfer_out_ms(const PlanActivation& a) const {
 }
 
 SimResult Simulator::Run(const Decisions& decisions, Options options) const {
+  SimResult r;
+  Run(decisions, options, &r);
+  return r;
+}
+
+void Simulator::Run(const Decisions& decisions, Options options,
+                    SimResult* out) const {
   const PlanProfile& prof = *profile_;
   const int a_count = static_cast<int>(prof.activations.size());
   const int p = positions_;
-  SimResult r;
+  SimResult& r = *out;
+  r.peak_bytes = 0;
+  r.peak_position = 0;
+  r.iteration_ms = r.recompute_ms = r.stall_ms = 0;
+  r.recomputed = r.swapped = r.segments = 0;
+  r.replays.clear();
   r.segment_of.assign(a_count, -1);
   r.needed_at.assign(a_count, -1);
   r.offload_done_at.assign(a_count, -1);
@@ -220,10 +233,14 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
 
   // Recompute segments: maximal runs of op nodes whose activations are
   // recomputed; op nodes that produced no activation neither join nor split.
-  std::vector<Segment> segments;
+  std::vector<Segment>& segments = scratch_segments_;
+  segments.clear();
   int current = -1;
+  if (stamp_base_ > (1 << 30)) {
+    std::fill(scratch_node_stamp_.begin(), scratch_node_stamp_.end(), -1);
+    stamp_base_ = 0;
+  }
   int stamp = 0;
-  std::fill(scratch_node_stamp_.begin(), scratch_node_stamp_.end(), -1);
   for (int node : op_nodes_) {
     const std::vector<int>& produced = produced_by_[node];
     if (produced.empty()) continue;
@@ -237,8 +254,8 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
     }
     if (current < 0) {
       current = static_cast<int>(segments.size());
-      segments.emplace_back();
-      stamp = current;
+      segments.push_back(Segment{std::numeric_limits<int>::max(), 0});
+      stamp = stamp_base_ + current;
     }
     Segment& seg = segments[current];
     for (int a : produced) {
@@ -260,11 +277,16 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
     }
   }
   r.segments = static_cast<int>(segments.size());
+  stamp_base_ += r.segments + 1;
+  for (const Segment& seg : segments) {
+    r.replays.emplace_back(seg.replay_at, seg.ms);
+  }
 
   // Segment inputs stay resident until the segment is replayed.
   std::vector<int>& hold = scratch_hold_until_;
   hold.assign(a_count, -1);
-  std::vector<int> first_need(a_count, std::numeric_limits<int>::max());
+  std::vector<int>& first_need = scratch_first_need_;
+  first_need.assign(a_count, std::numeric_limits<int>::max());
   for (int a = 0; a < a_count; ++a) {
     const int seg = r.segment_of[a];
     if (seg < 0) continue;
@@ -279,21 +301,17 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
   for (const Segment& seg : segments) r.recompute_ms += seg.ms;
 
   // Swaps: offloads queue on one device->host stream in forward order.
-  std::vector<int> swaps;
-  for (int a = 0; a < a_count; ++a) {
+  std::vector<int>& swaps = scratch_swaps_;
+  swaps.clear();
+  for (int a : by_last_forward_use_) {
     if (decisions[a].action == Action::kSwap) swaps.push_back(a);
   }
   r.swapped = static_cast<int>(swaps.size());
-  std::vector<double> offload_done_ms(a_count, 0);
-  std::vector<int> prefetch_at(a_count, -1);
+  std::vector<double>& offload_done_ms = scratch_offload_done_ms_;
+  std::vector<int>& prefetch_at = scratch_prefetch_at_;
   if (!swaps.empty()) {
-    std::sort(swaps.begin(), swaps.end(), [&](int x, int y) {
-      return prof.activations[x].last_forward_use <
-                 prof.activations[y].last_forward_use ||
-             (prof.activations[x].last_forward_use ==
-                  prof.activations[y].last_forward_use &&
-              x < y);
-    });
+    offload_done_ms.assign(a_count, 0);
+    prefetch_at.assign(a_count, -1);
     double d2h_free = 0;
     for (int a : swaps) {
       const PlanActivation& act = prof.activations[a];
@@ -346,28 +364,32 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
   }
   int64_t delta_during = 0, delta_after = 0;
   r.peak_bytes = std::numeric_limits<int64_t>::min();
+  r.baseline_after_bytes.clear();
+  r.planned_after_bytes.clear();
+  r.planned_peak_bytes.resize(p);
   if (options.record_curve) {
     r.baseline_after_bytes = base_after_;
     r.planned_after_bytes.resize(p);
-    r.planned_peak_bytes.resize(p);
   }
   for (int t = 0; t < p; ++t) {
     delta_during += dd[t];
     const int64_t during = base_during_[t] + delta_during;
-    scratch_during_[t] = during;
+    r.planned_peak_bytes[t] = during;
     if (during > r.peak_bytes) {
       r.peak_bytes = during;
       r.peak_position = t;
     }
-    if (options.record_curve) {
+  }
+  if (options.record_curve) {
+    for (int t = 0; t < p; ++t) {
       delta_after += da[t];
       r.planned_after_bytes[t] = base_after_[t] + delta_after;
-      r.planned_peak_bytes[t] = during;
     }
   }
 
   // Time: walk the timeline with one host->device stream for prefetches.
-  if (!swaps.empty()) {
+  r.timed = options.time_model;
+  if (options.time_model && !swaps.empty()) {
     std::vector<int> by_issue = swaps, by_need = swaps;
     std::sort(by_issue.begin(), by_issue.end(), [&](int x, int y) {
       return prefetch_at[x] != prefetch_at[y] ? prefetch_at[x] < prefetch_at[y]
@@ -375,10 +397,7 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
     });
     std::sort(by_need.begin(), by_need.end(),
               [&](int x, int y) { return r.needed_at[x] < r.needed_at[y]; });
-    std::vector<std::pair<int, double>> replays;
-    for (const Segment& seg : segments) {
-      replays.emplace_back(seg.replay_at, seg.ms);
-    }
+    std::vector<std::pair<int, double>> replays = r.replays;
     std::sort(replays.begin(), replays.end());
     std::vector<double> ready_ms(a_count, 0);
     double now = 0, h2d_free = 0;
@@ -408,7 +427,6 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
     }
   }
   r.iteration_ms = baseline_iteration_ms_ + r.recompute_ms + r.stall_ms;
-  return r;
 }
 
 }  // namespace mutwo::planner

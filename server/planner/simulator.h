@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,17 +55,26 @@ struct SimResult {
   std::vector<int> offload_done_at;
   std::vector<double> stall_ms_of;
   std::vector<double> segment_ms_of;
-  // Filled when SimulateOptions::record_curve: bytes after and high-water
-  // mark during each position, baseline and planned.
+  // Per segment: (replay position, replay time).
+  std::vector<std::pair<int, double>> replays;
+  // False when Options::time_model was off: stall_ms is 0 and iteration_ms
+  // counts recompute time only.
+  bool timed = true;
+  // Planned high-water mark during each position (always filled).
+  std::vector<int64_t> planned_peak_bytes;
+  // Filled when Options::record_curve: bytes after each position, baseline
+  // and planned.
   std::vector<int64_t> baseline_after_bytes;
   std::vector<int64_t> planned_after_bytes;
-  std::vector<int64_t> planned_peak_bytes;
 };
 
 class Simulator {
  public:
   struct Options {
     bool record_curve = false;
+    // Off: memory only (Algorithm G), no prefetch-stall walk; the policy's
+    // inner loop on large graphs.
+    bool time_model = true;
   };
 
   // Errors: InvalidArgument for a profile whose positions or ids are out of
@@ -77,14 +87,14 @@ class Simulator {
   SimResult Run(const Decisions& decisions) const {
     return Run(decisions, Options{});
   }
+  // Same, reusing `out`'s buffers (the planner's hot loop).
+  void Run(const Decisions& decisions, Options options, SimResult* out) const;
 
   const PlanProfile& profile() const { return *profile_; }
   int positions() const { return positions_; }
   int64_t baseline_peak_bytes() const { return baseline_peak_bytes_; }
   double baseline_iteration_ms() const { return baseline_iteration_ms_; }
   double step_ms(int position) const { return step_ms_[position]; }
-  // Planned high-water mark of the last Run at `position`.
-  int64_t last_peak_at(int position) const { return scratch_during_[position]; }
   // End time of `position` in the baseline step (forward from 0).
   double baseline_end_ms(int position) const { return end_ms_[position]; }
   double transfer_in_ms(const PlanActivation& a) const;
@@ -102,15 +112,25 @@ class Simulator {
   std::vector<double> end_ms_;
   std::vector<int> op_nodes_;
   std::vector<std::vector<int>> produced_by_;  // node -> activations
+  std::vector<int> by_last_forward_use_;       // activation order
   int64_t baseline_peak_bytes_ = 0;
   double baseline_iteration_ms_ = 0;
 
   // Scratch, reused by Run.
   mutable std::vector<int64_t> scratch_delta_after_;
   mutable std::vector<int64_t> scratch_delta_during_;
-  mutable std::vector<int64_t> scratch_during_;
   mutable std::vector<int> scratch_node_stamp_;
   mutable std::vector<int> scratch_hold_until_;
+  mutable std::vector<int> scratch_first_need_;
+  mutable std::vector<int> scratch_swaps_;
+  mutable std::vector<double> scratch_offload_done_ms_;
+  mutable std::vector<int> scratch_prefetch_at_;
+  struct Segment {
+    int replay_at = 0;
+    double ms = 0;
+  };
+  mutable std::vector<Segment> scratch_segments_;
+  mutable int stamp_base_ = 0;
 };
 
 }  // namespace mutwo::planner
