@@ -9,6 +9,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "client/plan_command.h"
 #include "client/rpc.h"
 #include "common/args.h"
 #include "common/logging.h"
@@ -26,7 +27,10 @@ constexpr char kUsage[] =
     "mutwo: plan activation recompute/swap schedules for training jobs.\n\n"
     "Usage: mutwo COMMAND [ARGS] [flags]\n\n"
     "Commands:\n"
-    "  health    check that the server answers and is SERVING\n\n"
+    "  health    check that the server answers and is SERVING\n"
+    "  plan      plan a schedule offline from a profile JSON file:\n"
+    "            mutwo plan PROFILE.json --budget 60%|4GiB|4000MB\n"
+    "            [--policy mutwo|sqrt_n|per_block|none] [--pareto]\n\n"
     "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible budget, "
     "4 server unavailable or deadline exceeded.";
 
@@ -63,7 +67,7 @@ int Health(const ParsedArgs&) {
 
 int RunCli(int argc, char** argv) {
   const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
-      {{"health", Health}};
+      {{"health", Health}, {"plan", PlanCommand}};
   auto args = ParseArgs(argc, argv, 1, {});
   if (!args.ok()) {
     std::cerr << "mutwo: " << args.status().message() << "\n";

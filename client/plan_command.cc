@@ -1,0 +1,172 @@
+#include "client/plan_command.h"
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/parse.h"
+#include "common/proto_io.h"
+#include "mutwo/v1/types.pb.h"
+#include "server/planner/proto_convert.h"
+
+ABSL_FLAG(std::string, budget, "",
+          "plan, submit, schedule: memory budget: 60% (of the baseline "
+          "peak), 80%dev (of the device), 4GiB or 4000MB");
+ABSL_FLAG(std::string, policy, "mutwo",
+          "plan, schedule: mutwo, sqrt_n, per_block or none");
+ABSL_FLAG(bool, pareto, false,
+          "plan, schedule: add the Pareto curve (20 budgets from the floor "
+          "to the baseline peak)");
+ABSL_DECLARE_FLAG(std::string, output);
+
+namespace mutwo {
+namespace {
+
+constexpr int64_t kMaxProfileFileBytes = int64_t{1} << 30;
+constexpr int kParetoPoints = 20;
+constexpr int kTopDecisions = 10;
+
+int BadInput(const std::string& message) {
+  std::cerr << "mutwo plan: " << message << "\n";
+  return kExitBadInput;
+}
+
+std::string Percent(double planned, double baseline) {
+  if (baseline <= 0) return "n/a";
+  return absl::StrFormat("%+.1f%%", 100.0 * (planned / baseline - 1));
+}
+
+void PrintText(const std::string& path, const v1::Schedule& s) {
+  std::cout << "Schedule for " << path << " (batch " << s.batch_size()
+            << ", policy " << v1::Policy_Name(s.policy()) << ", "
+            << s.planner_version() << ")\n";
+  std::cout << "  budget          "
+            << (s.budget().text().empty() ? FormatBudget(s.budget())
+                                          : s.budget().text())
+            << " = " << FormatBytes(s.budget_bytes()) << "\n";
+  std::cout << "  feasible        " << (s.feasible() ? "yes" : "NO") << "\n";
+  std::cout << "  peak            baseline "
+            << FormatBytes(s.baseline_peak_bytes()) << " -> predicted "
+            << FormatBytes(s.predicted_peak_bytes()) << " ("
+            << Percent(s.predicted_peak_bytes(), s.baseline_peak_bytes())
+            << ", at position " << s.peak_position() << ")";
+  if (s.floor_bytes() > 0) {
+    std::cout << "; floor " << FormatBytes(s.floor_bytes());
+  }
+  std::cout << "\n";
+  std::cout << absl::StrFormat(
+      "  iteration       baseline %.3f ms -> predicted %.3f ms (%s: "
+      "recompute %.3f ms, stalls %.3f ms)\n",
+      s.baseline_iteration_ms(), s.predicted_iteration_ms(),
+      Percent(s.predicted_iteration_ms(), s.baseline_iteration_ms()),
+      s.predicted_recompute_ms(), s.predicted_stall_ms());
+  int segments = 0;
+  for (const v1::Decision& d : s.decisions()) {
+    if (d.action() == v1::Decision::RECOMPUTE) {
+      segments = std::max(segments, d.segment() + 1);
+    }
+  }
+  std::cout << "  decisions       " << s.recomputed() << " recompute ("
+            << segments << " segments), " << s.swapped() << " swap, "
+            << s.decisions_size() - s.recomputed() - s.swapped() << " retain\n";
+  if (!s.reason().empty())
+    std::cout << "  note            " << s.reason() << "\n";
+  std::vector<const v1::Decision*> changed;
+  for (const v1::Decision& d : s.decisions()) {
+    if (d.action() != v1::Decision::RETAIN) changed.push_back(&d);
+  }
+  std::sort(changed.begin(), changed.end(),
+            [](const v1::Decision* a, const v1::Decision* b) {
+              return a->size_bytes() > b->size_bytes();
+            });
+  if (!changed.empty()) {
+    std::cout << "  largest decisions:\n";
+    for (size_t i = 0; i < changed.size() && i < kTopDecisions; ++i) {
+      const v1::Decision& d = *changed[i];
+      std::cout << absl::StrFormat(
+          "    value %-6d %-9s node %-6d %12s  ", d.value_id(),
+          v1::Decision::Action_Name(d.action()), d.producer_node(),
+          FormatBytes(d.size_bytes()));
+      if (d.action() == v1::Decision::RECOMPUTE) {
+        std::cout << absl::StrFormat(
+            "segment %d, replayed before position %d (%.3f ms)", d.segment(),
+            d.needed_at(), d.recompute_ms());
+      } else {
+        std::cout << absl::StrFormat(
+            "offload after %d, prefetch at %d, stall %.3f ms",
+            d.offload_after(), d.prefetch_at(), d.stall_ms());
+      }
+      std::cout << "\n";
+    }
+  }
+  if (s.pareto_size() > 0) {
+    std::cout << "  pareto (peak -> iteration time):\n";
+    for (const v1::ParetoPoint& p : s.pareto()) {
+      std::cout << absl::StrFormat(
+          "    %12s  %10.3f ms  %s  (%d recompute, %d swap)\n",
+          FormatBytes(p.predicted_peak_bytes()), p.predicted_iteration_ms(),
+          Percent(p.predicted_iteration_ms(), s.baseline_iteration_ms()),
+          p.recomputed(), p.swapped());
+    }
+  }
+}
+
+}  // namespace
+
+int PlanCommand(const ParsedArgs& args) {
+  if (args.positional.size() != 1) {
+    return BadInput(
+        "usage: mutwo plan PROFILE.json --budget 60%|4GiB|4000MB "
+        "[--policy mutwo|sqrt_n|per_block|none] [--pareto] "
+        "[--output json|text]");
+  }
+  const std::string& path = args.positional[0];
+  std::string budget_text = absl::GetFlag(FLAGS_budget);
+  const std::vector<std::string>& repeated = args.Repeated("budget");
+  if (repeated.size() > 1) return BadInput("give one --budget");
+  if (!repeated.empty()) budget_text = repeated[0];
+  if (budget_text.empty()) {
+    return BadInput("--budget is required: 60%, 80%dev, 4GiB or 4000MB");
+  }
+  auto budget = ParseBudget(budget_text);
+  if (!budget.ok()) return BadInput(std::string(budget.status().message()));
+  auto policy = planner::ParsePolicy(absl::GetFlag(FLAGS_policy));
+  if (!policy.ok()) return BadInput(std::string(policy.status().message()));
+
+  auto bytes = ReadFile(path, kMaxProfileFileBytes);
+  if (!bytes.ok()) return BadInput(std::string(bytes.status().message()));
+  v1::Profile profile;
+  if (absl::Status s = ProtoFromJson(*bytes, path, &profile); !s.ok()) {
+    return BadInput(std::string(s.message()));
+  }
+  planner::ScheduleRequest request;
+  request.budget = *budget;
+  request.policy = planner::PolicyToProto(*policy);
+  request.pareto_points = absl::GetFlag(FLAGS_pareto) ? kParetoPoints : 0;
+  auto schedule = planner::PlanSchedule(profile, request);
+  if (!schedule.ok()) {
+    return BadInput(absl::StrCat(path, ": ", schedule.status().message()));
+  }
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << ProtoToJson(*schedule) << "\n";
+  } else {
+    PrintText(path, *schedule);
+  }
+  if (!schedule->feasible()) {
+    std::cerr << "mutwo plan: infeasible: the budget "
+              << FormatBytes(schedule->budget_bytes()) << " is below the floor "
+              << FormatBytes(schedule->floor_bytes())
+              << " (the lowest peak the " << absl::GetFlag(FLAGS_policy)
+              << " policy reaches; baseline peak "
+              << FormatBytes(schedule->baseline_peak_bytes()) << ")\n";
+    return kExitInfeasible;
+  }
+  return kExitOk;
+}
+
+}  // namespace mutwo

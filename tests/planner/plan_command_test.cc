@@ -1,0 +1,90 @@
+// `mutwo plan` end to end: a profile JSON written here, the real binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "common/proto_io.h"
+#include "tests/planner/proto_profile.h"
+#include "tests/testing/command.h"
+
+namespace mutwo {
+namespace {
+
+using ::mutwo::testing::BinPath;
+using ::mutwo::testing::RunCommand;
+
+class PlanCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        ::testing::TempDir() + "plan_command_test_" + std::to_string(getpid());
+    ASSERT_EQ(RunCommand("mkdir -p " + dir_).exit_code, 0);
+    profile_ = dir_ + "/profile.json";
+    ASSERT_TRUE(WriteFileAtomically(
+                    profile_, ProtoToJson(planner::testing::DiamondProto()))
+                    .ok());
+  }
+  void TearDown() override { RunCommand("rm -rf " + dir_); }
+
+  testing::CommandResult Plan(const std::string& args) {
+    return RunCommand(BinPath("mutwo") + " plan " + args);
+  }
+
+  std::string dir_;
+  std::string profile_;
+};
+
+TEST_F(PlanCommandTest, FeasibleJson) {
+  auto r = Plan(profile_ + " --budget 70% --output json");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"feasible\": true"), std::string::npos);
+  EXPECT_NE(r.output.find("\"planner_version\""), std::string::npos);
+  EXPECT_NE(r.output.find("\"graph_fingerprint\": \"fp-diamond\""),
+            std::string::npos);
+  EXPECT_NE(r.output.find("\"action\": \"RECOMPUTE\""), std::string::npos);
+}
+
+TEST_F(PlanCommandTest, TextSummaryAndBaselinePolicies) {
+  auto r = Plan(profile_ + " --budget 700B --pareto");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("feasible        yes"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("pareto"), std::string::npos);
+  r = Plan(profile_ + " --budget 100% --policy none");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0 recompute"), std::string::npos) << r.output;
+}
+
+TEST_F(PlanCommandTest, InfeasibleBudgetExits3WithTheFloor) {
+  auto r = Plan(profile_ + " --budget 100B");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("below the floor"), std::string::npos) << r.output;
+}
+
+TEST_F(PlanCommandTest, BadInputExits2WithTheReason) {
+  auto r = Plan(dir_ + "/missing.json --budget 60%");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("missing.json"), std::string::npos) << r.output;
+
+  ASSERT_TRUE(WriteFileAtomically(dir_ + "/garbage.json", "{not json").ok());
+  r = Plan(dir_ + "/garbage.json --budget 60%");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("garbage.json"), std::string::npos) << r.output;
+
+  v1::Profile bad = planner::testing::DiamondProto();
+  bad.mutable_activations(1)->set_first_backward_use(0);
+  ASSERT_TRUE(WriteFileAtomically(dir_ + "/bad.json", ProtoToJson(bad)).ok());
+  r = Plan(dir_ + "/bad.json --budget 60%");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("activations[1] (value_id 101).first_backward_use"),
+            std::string::npos)
+      << r.output;
+
+  EXPECT_EQ(Plan(profile_).exit_code, 2);                     // no budget
+  EXPECT_EQ(Plan(profile_ + " --budget lots").exit_code, 2);  // bad budget
+  EXPECT_EQ(Plan(profile_ + " --budget 60% --policy x").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace mutwo

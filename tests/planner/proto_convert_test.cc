@@ -1,0 +1,142 @@
+#include "server/planner/proto_convert.h"
+
+#include <gtest/gtest.h>
+
+#include "common/parse.h"
+#include "common/proto_io.h"
+#include "common/version.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "tests/planner/proto_profile.h"
+
+namespace mutwo::planner {
+namespace {
+
+using testing::DiamondProto;
+
+TEST(ProtoConvertTest, ProfileFieldsAndIdsSurvive) {
+  const v1::Profile proto = DiamondProto();
+  auto p = ProfileFromProto(proto);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->activations.size(), 5u);
+  EXPECT_EQ(p->activations[3].value_id, 103);
+  // Sources are translated from value ids to indices.
+  EXPECT_EQ(p->activations[3].recompute_sources, (std::vector<int>{1, 2}));
+  EXPECT_EQ(p->activations[4].last_backward_use, 5);
+  EXPECT_EQ(p->nodes[2].scope, "block2");
+  EXPECT_EQ(p->device_total_bytes, 4000);
+  EXPECT_FALSE(p->CanSwap());
+}
+
+TEST(ProtoConvertTest, BadProfilesNameTheField) {
+  auto error_of = [](v1::Profile p) {
+    auto r = ProfileFromProto(p);
+    return r.ok() ? std::string("ok") : std::string(r.status().message());
+  };
+  v1::Profile p = DiamondProto();
+  p.mutable_activations(2)->set_first_backward_use(1);
+  EXPECT_NE(
+      error_of(p).find("activations[2] (value_id 102).first_backward_use"),
+      std::string::npos)
+      << error_of(p);
+  p = DiamondProto();
+  p.mutable_nodes(3)->set_id(7);
+  EXPECT_NE(error_of(p).find("nodes[3].id"), std::string::npos);
+  p = DiamondProto();
+  p.mutable_activations(1)->set_value_id(100);
+  EXPECT_NE(error_of(p).find("duplicate"), std::string::npos);
+  p = DiamondProto();
+  p.mutable_activations(4)->add_recompute_sources(999);
+  EXPECT_NE(error_of(p).find("recompute_sources"), std::string::npos);
+  p = DiamondProto();
+  p.mutable_activations(0)->set_last_backward_use(99);
+  EXPECT_NE(error_of(p).find("last_backward_use"), std::string::npos);
+  p = DiamondProto();
+  p.clear_nodes();
+  EXPECT_NE(error_of(p).find("no forward nodes"), std::string::npos);
+}
+
+TEST(ProtoConvertTest, ResolvesEveryBudgetKind) {
+  auto b = [](const char* text) { return *ParseBudget(text); };
+  EXPECT_EQ(*ResolveBudget(b("60%"), 1000, 5000), 600);
+  EXPECT_EQ(*ResolveBudget(b("10%dev"), 1000, 5000), 500);
+  EXPECT_EQ(*ResolveBudget(b("4KiB"), 1000, 5000), 4096);
+  EXPECT_FALSE(ResolveBudget(b("10%dev"), 1000, 0).ok());
+  EXPECT_FALSE(ResolveBudget(v1::MemoryBudget(), 1000, 5000).ok());
+}
+
+TEST(ProtoConvertTest, ScheduleRoundTrip) {
+  const v1::Profile proto = DiamondProto();
+  ScheduleRequest request;
+  request.budget = *ParseBudget("70%");
+  request.pareto_points = 20;
+  auto s = PlanSchedule(proto, request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->feasible());
+  EXPECT_EQ(s->planner_version(), kPlannerVersion);
+  EXPECT_EQ(s->graph_fingerprint(), "fp-diamond");
+  EXPECT_EQ(s->model_sha256(), "abc123");
+  EXPECT_EQ(s->batch_size(), 8);
+  EXPECT_EQ(s->policy(), v1::MUTWO);
+  EXPECT_EQ(s->baseline_peak_bytes(), 1050);
+  EXPECT_EQ(s->budget_bytes(), 735);
+  EXPECT_LE(s->predicted_peak_bytes(), 735);
+  EXPECT_EQ(s->decisions_size(), 5);
+  EXPECT_GT(s->recomputed(), 0);
+  EXPECT_GE(s->pareto_size(), 2);
+  EXPECT_EQ(s->timeline_size(), 10);
+  for (const v1::Decision& d : s->decisions()) {
+    EXPECT_GE(d.value_id(), 100);
+    if (d.action() == v1::Decision::RECOMPUTE) {
+      EXPECT_FALSE(d.recompute_nodes().empty());
+      EXPECT_GT(d.needed_at(), d.producer_node());
+    }
+  }
+  // JSON (proto field names) and back: the same message.
+  v1::Schedule parsed;
+  ASSERT_TRUE(ProtoFromJson(ProtoToJson(*s), "schedule", &parsed).ok());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*s, parsed));
+  EXPECT_NE(ProtoToJson(*s).find("\"action\": \"RECOMPUTE\""),
+            std::string::npos);
+  // The decisions it encodes re-simulate to the predicted peak and time.
+  auto decisions = DecisionsFromSchedule(parsed, proto);
+  ASSERT_TRUE(decisions.ok());
+  auto plan_profile = ProfileFromProto(proto);
+  auto sim = Simulator::Create(&*plan_profile);
+  SimResult r = (*sim)->Run(*decisions);
+  EXPECT_EQ(r.peak_bytes, s->predicted_peak_bytes());
+  EXPECT_DOUBLE_EQ(r.iteration_ms, s->predicted_iteration_ms());
+}
+
+TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
+  ScheduleRequest request;
+  request.budget = *ParseBudget("100B");
+  auto s = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(s->feasible());
+  EXPECT_GT(s->floor_bytes(), 100);
+  EXPECT_EQ(s->predicted_peak_bytes(), s->floor_bytes());
+  EXPECT_NE(s->reason().find("below the lowest peak"), std::string::npos);
+}
+
+TEST(ProtoConvertTest, MaxBatchFromProfiles) {
+  std::vector<v1::Profile> profiles;
+  for (int64_t b : {2, 4}) {
+    v1::Profile p = DiamondProto();
+    p.set_batch_size(b);
+    for (auto& a : *p.mutable_activations())
+      a.set_size_bytes(a.size_bytes() * b);
+    profiles.push_back(p);
+  }
+  // Baseline peak 1050 b; device 4000 bytes, capacity 95% = 3800.
+  auto r = PredictMaxBatchProto(profiles, 0, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->capacity_bytes(), 3800);
+  EXPECT_EQ(r->max_batch_without_checkpointing(), 3800 / 1050);
+  EXPECT_GE(r->max_batch_with_schedule(), r->max_batch_without_checkpointing());
+  EXPECT_DOUBLE_EQ(r->max_overhead(), 0.25);
+  EXPECT_EQ(r->profiled_batch_sizes_size(), 2);
+  EXPECT_FALSE(r->verify_batch_sizes().empty());
+}
+
+}  // namespace
+}  // namespace mutwo::planner
