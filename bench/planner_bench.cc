@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
               repeats);
   for (size_t s = 0; s < sizes.size(); ++s) {
     const auto profile = mutwo::planner::SyntheticProfile(sizes[s], 42);
-    std::vector<double> sim_ms, plan_ms, pareto_ms;
+    std::vector<double> sim_ms, plan_ms, lazy_ms, pareto_ms;
+    size_t lazy_steps = 0;
     mutwo::planner::PlanResult result;
     size_t pareto_points = 0;
     for (int r = 0; r < repeats; ++r) {
@@ -150,6 +151,18 @@ int main(int argc, char** argv) {
           planner->simulator().baseline_peak_bytes() * 6 / 10;
       result = planner->Plan(budget);
       plan_ms.push_back(mutwo::planner::Ms(t0));
+
+      Planner::Options lazy_options;
+      lazy_options.compute_floor = false;
+      auto lazy = *Planner::Create(profile, lazy_options);
+      t0 = std::chrono::steady_clock::now();
+      const auto lazy_result = lazy->Plan(budget);
+      lazy_ms.push_back(mutwo::planner::Ms(t0));
+      lazy_steps = lazy->Trajectory(0).size();  // extends it to the floor
+      if (lazy_result.sim.peak_bytes != result.sim.peak_bytes) {
+        std::fprintf(stderr, "planner_bench: lazy plan differs\n");
+        return 1;
+      }
 
       auto sweep = *Planner::Create(profile, Planner::Options{});
       t0 = std::chrono::steady_clock::now();
@@ -165,13 +178,15 @@ int main(int argc, char** argv) {
     std::printf(
         "  {\"nodes\": %d, \"activations\": %zu, \"positions\": %d,\n"
         "   \"simulate_ms\": %.3f, \"plan_ms\": %.2f, "
-        "\"pareto_20_ms\": %.2f, \"pareto_points\": %zu,\n"
+        "\"plan_without_floor_ms\": %.2f, \"trajectory_steps\": %zu,\n"
+        "   \"pareto_20_ms\": %.2f, \"pareto_points\": %zu,\n"
         "   \"budget_fraction\": 0.6, \"feasible\": %s, "
         "\"baseline_peak_bytes\": %lld, \"predicted_peak_bytes\": %lld,\n"
         "   \"overhead\": %.4f, \"recomputed\": %d, \"swapped\": %d, "
         "\"probes\": %d, \"simulations\": %lld, \"bounded\": %s}%s\n",
         sizes[s], profile.activations.size(), profile.positions(),
         mutwo::planner::Median(sim_ms), mutwo::planner::Median(plan_ms),
+        mutwo::planner::Median(lazy_ms), lazy_steps,
         mutwo::planner::Median(pareto_ms), pareto_points,
         result.feasible ? "true" : "false",
         static_cast<long long>(result.baseline_peak_bytes),
