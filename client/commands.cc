@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/plan_command.h"
 #include "client/rpc.h"
+#include "client/rpc_commands.h"
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/proto_io.h"
@@ -27,6 +28,19 @@ constexpr char kUsage[] =
     "mutwo: plan activation recompute/swap schedules for training jobs.\n\n"
     "Usage: mutwo COMMAND [ARGS] [flags]\n\n"
     "Commands:\n"
+    "  submit MODEL.pt --input NAME:DTYPE[DIMS] [--input ...] --batch "
+    "8:64[:x2]\n"
+    "            --budget 60% [--budget 4GiB] [--loss ...] [--optimizer ...]\n"
+    "            [--wait]   upload a TorchScript model and submit a job\n"
+    "  jobs      list jobs (--state, --limit)\n"
+    "  job ID    a job's state and results table\n"
+    "  schedule ID --batch N [--budget B] [--policy P] [--pareto]\n"
+    "            a schedule (from the cache, or planned for a new budget)\n"
+    "  profile ID --batch N [--format text|csv|json]   the measured profile\n"
+    "  plot ID --kind timeline|batch [--batch N] [--budget B] -o FILE.svg\n"
+    "            memory timeline before/after, or peak memory vs batch size\n"
+    "  cancel ID cancel a job\n"
+    "  workers   registered workers\n"
     "  health    check that the server answers and is SERVING\n"
     "  plan      plan a schedule offline from a profile JSON file:\n"
     "            mutwo plan PROFILE.json --budget 60%|4GiB|4000MB\n"
@@ -67,8 +81,12 @@ int Health(const ParsedArgs&) {
 
 int RunCli(int argc, char** argv) {
   const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
-      {{"health", Health}, {"plan", PlanCommand}};
-  auto args = ParseArgs(argc, argv, 1, {});
+      {{"health", Health},          {"plan", PlanCommand},
+       {"submit", SubmitCommand},   {"jobs", JobsCommand},
+       {"job", JobCommand},         {"schedule", ScheduleCommand},
+       {"profile", ProfileCommand}, {"plot", PlotCommand},
+       {"cancel", CancelCommand},   {"workers", WorkersCommand}};
+  auto args = ParseArgs(argc, argv, 1, {"input", "budget"});
   if (!args.ok()) {
     std::cerr << "mutwo: " << args.status().message() << "\n";
     return kExitBadInput;

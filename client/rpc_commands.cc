@@ -533,6 +533,7 @@ int PlotCommand(const ParsedArgs& args) {
       budget = *ParseBudget("60%");
     }
     *request.mutable_budget() = budget;
+    request.set_include_timeline(true);
     v1::Schedule schedule;
     {
       grpc::ClientContext context;

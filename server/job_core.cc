@@ -389,13 +389,33 @@ absl::StatusOr<v1::Profile> JobCore::GetProfile(
   return store_->GetProfile(request.job_id(), request.batch_size());
 }
 
-absl::StatusOr<v1::Schedule> JobCore::PlanCached(const v1::Job& job,
-                                                 const v1::Profile& profile,
-                                                 const v1::MemoryBudget& budget,
-                                                 v1::Policy policy,
-                                                 bool include_pareto) {
-  const storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
-      job.spec(), profile.batch_size(), profile.device(), budget, policy);
+absl::StatusOr<v1::Schedule> JobCore::PlanCached(
+    const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
+    const v1::DeviceInfo& device,
+    const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
+    const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
+    bool include_timeline) {
+  // Two copies are kept: everything, and neither the Pareto curve nor the
+  // timeline (what most requests want, and the cheapest to send).
+  auto answer = [&](const HotSchedule& hot) -> v1::Schedule {
+    if (include_pareto && include_timeline) return *hot.full;
+    if (!include_pareto && !include_timeline) return *hot.bare;
+    v1::Schedule s = *hot.full;
+    if (!include_pareto) s.clear_pareto();
+    if (!include_timeline) s.clear_timeline();
+    return s;
+  };
+  const storage::ScheduleCacheKey key =
+      storage::MakeScheduleCacheKey(spec, batch_size, device, budget, policy);
+  const std::string key_text = storage::CanonicalKeyString(key);
+  {
+    absl::MutexLock lock(&hot_mu_);
+    auto it = hot_schedules_.find(key_text);
+    if (it != hot_schedules_.end()) {
+      metrics_->CountCache(true);
+      return answer(it->second);
+    }
+  }
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
                          store_->GetCachedSchedule(key));
   metrics_->CountCache(cached.has_value());
@@ -403,42 +423,94 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(const v1::Job& job,
   if (cached.has_value()) {
     schedule = *std::move(cached);
   } else {
+    // Only a miss needs the whole profile.
+    MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
+    if (profile.oom()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "batch size ", batch_size, " ran out of memory while profiling (",
+          profile.oom_step(), "); no schedule can be planned from it"));
+    }
     const auto start = std::chrono::steady_clock::now();
     // The cached copy always carries the Pareto curve so that one entry
     // serves requests with and without it.
     MUTWO_ASSIGN_OR_RETURN(schedule, plan_(profile, budget, policy, true));
     metrics_->ObservePlanner(ElapsedSeconds(start));
-    MUTWO_RETURN_IF_ERROR(store_->PutSchedule(key, job.job_id(), schedule));
+    MUTWO_RETURN_IF_ERROR(store_->PutSchedule(key, job_id, schedule));
   }
-  if (!include_pareto) schedule.clear_pareto();
-  return schedule;
+  HotSchedule hot;
+  hot.full = std::make_shared<const v1::Schedule>(schedule);
+  schedule.clear_pareto();
+  schedule.clear_timeline();
+  hot.bare = std::make_shared<const v1::Schedule>(std::move(schedule));
+  {
+    absl::MutexLock lock(&hot_mu_);
+    if (hot_schedules_.size() >= kHotCacheEntries) hot_schedules_.clear();
+    hot_schedules_[key_text] = hot;
+  }
+  return answer(hot);
+}
+
+absl::StatusOr<std::shared_ptr<const v1::JobSpec>> JobCore::JobSpecOf(
+    const std::string& job_id) {
+  {
+    absl::MutexLock lock(&hot_mu_);
+    auto it = hot_specs_.find(job_id);
+    if (it != hot_specs_.end()) return it->second;
+  }
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(job_id));
+  // A job's spec never changes after SubmitJob, so it can be kept.
+  auto spec = std::make_shared<const v1::JobSpec>(job.spec());
+  absl::MutexLock lock(&hot_mu_);
+  if (hot_specs_.size() >= kHotCacheEntries) hot_specs_.clear();
+  hot_specs_[job_id] = spec;
+  return spec;
+}
+
+absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> JobCore::ProfileDeviceOf(
+    const std::string& job_id, int64_t batch_size) {
+  const std::string key = absl::StrCat(job_id, "/", batch_size);
+  {
+    absl::MutexLock lock(&hot_mu_);
+    auto it = hot_devices_.find(key);
+    if (it != hot_devices_.end()) return it->second;
+  }
+  auto device = store_->GetProfileDevice(job_id, batch_size);
+  if (absl::IsNotFound(device.status())) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id,
+                                            " has no profile for batch size ",
+                                            batch_size, " (yet)"));
+  }
+  MUTWO_RETURN_IF_ERROR(device.status());
+  // Only one profile is ever stored per (job, batch): the first completed
+  // report wins (fencing), so its device can be kept.
+  auto shared = std::make_shared<const v1::DeviceInfo>(*std::move(device));
+  absl::MutexLock lock(&hot_mu_);
+  if (hot_devices_.size() >= kHotCacheEntries) hot_devices_.clear();
+  hot_devices_[key] = shared;
+  return shared;
 }
 
 absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
     const v1::GetScheduleRequest& request) {
-  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(request.job_id()));
   if (request.budget().kind_case() == v1::MemoryBudget::KIND_NOT_SET) {
     return absl::InvalidArgumentError(
         "GetSchedule needs a budget (bytes, fraction of baseline or device)");
   }
   MUTWO_RETURN_IF_ERROR(ValidateBudget(request.budget()));
-  auto profile = store_->GetProfile(request.job_id(), request.batch_size());
-  if (absl::IsNotFound(profile.status())) {
-    return absl::NotFoundError(absl::StrCat("job ", request.job_id(),
-                                            " has no profile for batch size ",
-                                            request.batch_size(), " (yet)"));
-  }
-  MUTWO_RETURN_IF_ERROR(profile.status());
-  if (profile->oom()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "batch size ", request.batch_size(),
-        " ran out of memory while profiling (", profile->oom_step(),
-        "); no schedule can be planned from it"));
-  }
+  MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::JobSpec> spec,
+                         JobSpecOf(request.job_id()));
+  MUTWO_ASSIGN_OR_RETURN(
+      std::shared_ptr<const v1::DeviceInfo> device,
+      ProfileDeviceOf(request.job_id(), request.batch_size()));
   const v1::Policy policy =
       request.policy() == v1::POLICY_UNSPECIFIED ? v1::MUTWO : request.policy();
-  return PlanCached(job, *profile, request.budget(), policy,
-                    request.include_pareto());
+  return PlanCached(
+      *spec, request.job_id(), request.batch_size(), *device,
+      [&] {
+        return store_->GetProfile(request.job_id(), request.batch_size());
+      },
+      request.budget(), policy, request.include_pareto(),
+      request.include_timeline());
 }
 
 absl::StatusOr<v1::ListWorkersResponse> JobCore::ListWorkers() {
@@ -618,7 +690,10 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
         absl::StrCat("out of memory while profiling at ", profile.oom_step()));
   } else {
     for (const v1::MemoryBudget& budget : job.spec().budgets()) {
-      auto schedule = PlanCached(job, profile, budget, v1::MUTWO, false);
+      auto schedule = PlanCached(
+          job.spec(), job.job_id(), task.batch_size(), profile.device(),
+          [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
+          v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false);
       if (!schedule.ok()) {
         result.set_error(absl::StrCat("planning for budget ",
                                       FormatBudget(budget), ": ",

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "mutwo/v1/planner.pb.h"
@@ -121,17 +122,34 @@ class JobCore {
  private:
   JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
           PlanFn plan, MaxBatchFn max_batch);
-  absl::StatusOr<v1::Schedule> PlanCached(const v1::Job& job,
-                                          const v1::Profile& profile,
-                                          const v1::MemoryBudget& budget,
-                                          v1::Policy policy,
-                                          bool include_pareto);
+  // The schedule for (job spec, batch, device, budget, policy) from the
+  // cache, or planned from the profile `load_profile` returns (only called on
+  // a miss) and cached.
+  absl::StatusOr<v1::Schedule> PlanCached(
+      const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
+      const v1::DeviceInfo& device,
+      const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
+      const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
+      bool include_timeline);
   // Recomputes the job's state and counters from its tasks after any task
   // change, and finishes the job when no task is left to run.
   absl::Status Settle(const std::string& job_id);
   void NotifyChange();
   void RefreshGauges();
   void PublishModelMetrics(const v1::Job& job);
+
+  // Immutable facts kept in memory for the GetSchedule hot path (a job's
+  // spec, the device of a stored profile, planned schedules): bounded maps,
+  // cleared when full.
+  absl::StatusOr<std::shared_ptr<const v1::JobSpec>> JobSpecOf(
+      const std::string& job_id);
+  absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> ProfileDeviceOf(
+      const std::string& job_id, int64_t batch_size);
+  static constexpr size_t kHotCacheEntries = 4096;
+  struct HotSchedule {
+    std::shared_ptr<const v1::Schedule> full;
+    std::shared_ptr<const v1::Schedule> bare;  // no Pareto curve, no timeline
+  };
 
   Options options_;
   storage::Store* store_;
@@ -144,6 +162,14 @@ class JobCore {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
+
+  absl::Mutex hot_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const v1::JobSpec>>
+      hot_specs_ ABSL_GUARDED_BY(hot_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const v1::DeviceInfo>>
+      hot_devices_ ABSL_GUARDED_BY(hot_mu_);
+  absl::flat_hash_map<std::string, HotSchedule> hot_schedules_
+      ABSL_GUARDED_BY(hot_mu_);
 };
 
 }  // namespace mutwo
