@@ -38,7 +38,10 @@ class Lineage {
       }
       time_[c] = t;
       total_[c] = t;
-      if (a.size_bytes <= 0) state_[c] = State::kNever;
+      // Only op nodes are replayed by the executor's segments.
+      if (a.size_bytes <= 0 || !prof.nodes[a.producer_node].is_op) {
+        state_[c] = State::kNever;
+      }
     }
   }
 

@@ -348,7 +348,9 @@ void Simulator::Run(const Decisions& decisions, Options options,
     const int end = std::max(act.last_backward_use, hold[a]);
     AddInterval(act.producer_node, act.last_backward_use, -s, last, da, dd);
     int release_after = -1, back_at = -1;
-    if (action == Action::kRecompute) {
+    if (action == Action::kRecompute && r.segment_of[a] >= 0) {
+      // (A RECOMPUTE produced by a non-op node belongs to no segment: the
+      // executor cannot replay it, so it stays resident.)
       release_after = std::max(act.last_forward_use, hold[a]);
       back_at = segments[r.segment_of[a]].replay_at;
     } else if (action == Action::kSwap) {

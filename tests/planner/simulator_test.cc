@@ -148,6 +148,16 @@ TEST(SimulatorTest, SwapFreesAfterOffloadAndStallsWhenNotHidden) {
   EXPECT_DOUBLE_EQ(stalled.iteration_ms, sim->baseline_iteration_ms() + 1000);
 }
 
+TEST(SimulatorTest, RecomputeOfANonOpProducerStaysResident) {
+  PlanProfile p = Chain();
+  p.nodes[0].is_op = false;
+  auto sim = Sim(p);
+  SimResult r = sim->Run(Recompute(3, {0}));
+  EXPECT_EQ(r.segments, 0);
+  EXPECT_EQ(r.peak_bytes, 1600);
+  EXPECT_DOUBLE_EQ(r.recompute_ms, 0);
+}
+
 TEST(SimulatorTest, RejectsInconsistentProfile) {
   PlanProfile p = Chain();
   p.activations[1].first_backward_use = 1;
