@@ -8,8 +8,10 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_replace.h"
 #include "common/args.h"
 #include "common/logging.h"
+#include "worker/profile_command.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 
@@ -20,7 +22,8 @@ constexpr char kUsage[] =
     "mutwo-worker: profiles and executes training steps with LibTorch.\n\n"
     "Usage: mutwo-worker COMMAND [ARGS] [flags]\n\n"
     "Commands:\n"
-    "  version   print the LibTorch version and the devices it sees\n\n"
+    "  version   print the LibTorch version and the devices it sees\n"
+    "%PROFILE%\n"
     "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible.";
 
 int Version(const ParsedArgs&) {
@@ -35,14 +38,15 @@ int Version(const ParsedArgs&) {
 
 int RunWorkerCli(int argc, char** argv) {
   const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
-      {{"version", Version}};
+      {{"version", Version}, {"profile", worker::RunProfileCommand}};
   auto args = ParseArgs(argc, argv, 1, {"input"});
   if (!args.ok()) {
     std::cerr << "mutwo-worker: " << args.status().message() << "\n";
     return kExitBadInput;
   }
   if (args->help || args->positional.empty()) {
-    (args->help ? std::cout : std::cerr) << UsageWithFlags(kUsage);
+    (args->help ? std::cout : std::cerr) << UsageWithFlags(
+        absl::StrReplaceAll(kUsage, {{"%PROFILE%", worker::kProfileUsage}}));
     return args->help ? kExitOk : kExitBadInput;
   }
   const std::string name = args->positional.front();

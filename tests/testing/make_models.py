@@ -1,0 +1,168 @@
+#!/usr/bin/python3
+"""Writes the TorchScript fixture models of the worker tests.
+
+Run with /usr/bin/python3 (torch 1.13, torchvision 0.14):
+    make_models.py OUT_DIR
+
+Each model is scripted with torch.jit.script (so control flow is kept) and
+saved as OUT_DIR/<name>.pt; OUT_DIR/models.txt lists, per model, the
+`mutwo-worker profile` arguments that fit it (name, then inputs and loss).
+Nothing is downloaded: torchvision models are built with weights=None.
+"""
+import os
+import sys
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.drop = nn.Dropout(0.25)
+        self.fc2 = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = self.drop(F.relu(self.fc1(x)))
+        x = torch.tanh(self.fc2(x))
+        return self.head(x)
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        return self.relu(out)
+
+
+class SmallCnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU(inplace=True)
+        self.pool = nn.MaxPool2d(2)
+        self.block1 = ResidualBlock(16)
+        self.block2 = ResidualBlock(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.pool(self.relu(self.bn(self.stem(x))))
+        x = self.block2(self.block1(x))
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(1000, 32)
+        self.drop = nn.Dropout(0.1)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2,
+                                             enable_nested_tensor=False)
+        self.head = nn.Linear(32, 1000)
+
+    def forward(self, tokens):
+        x = self.drop(self.embed(tokens))
+        x = self.encoder(x)
+        return self.head(x)
+
+
+class ControlFlow(nn.Module):
+    """A data-dependent `if` and a loop whose iterations are separate runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 32)
+        self.cell = nn.Linear(32, 32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        if bool(h.sum() > 0):
+            h = torch.relu(h)
+        else:
+            h = torch.sigmoid(h) * 2.0
+        for _ in range(3):
+            h = torch.tanh(self.cell(h)) + h
+        return self.out(h)
+
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(4, 16)
+        self.mix = nn.Linear(16, 6)
+
+    def forward(self, x, y) -> Tuple[torch.Tensor, torch.Tensor]:
+        u = torch.relu(self.a(x))
+        v = torch.sigmoid(self.b(y))
+        z = self.mix(u * v)
+        return z, u.sum(dim=1)
+
+
+class NoForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @torch.jit.export
+    def apply_fc(self, x):
+        return self.fc(x)
+
+
+# name -> (module, profile arguments for the tests and docs)
+MODELS = {
+    "mlp": (Mlp, "--input x:float32[B,32]"),
+    "cnn": (SmallCnn, "--input x:float32[B,3,16,16]"),
+    "resnet18": (lambda: torchvision.models.resnet18(weights=None),
+                 "--input x:float32[B,3,224,224]"),
+    "transformer": (TinyTransformer,
+                    "--input tokens:int64[B,16]{0,1000} "
+                    "--loss cross_entropy:y:int64[B,16]{0,1000}"),
+    "control_flow": (ControlFlow, "--input x:float32[B,16]"),
+    "two_inputs": (TwoInputs,
+                   "--input x:float32[B,8] --input y:float32[B,4]"),
+}
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    lines = []
+    for name, (make, args) in MODELS.items():
+        module = make()
+        module.train()
+        torch.jit.script(module).save(os.path.join(out, name + ".pt"))
+        lines.append(f"{name} {args}")
+    torch.jit.script(NoForward()).save(os.path.join(out, "no_forward.pt"))
+    with open(os.path.join(out, "resnet18.pt"), "rb") as f:
+        data = f.read()
+    with open(os.path.join(out, "truncated.pt"), "wb") as f:
+        f.write(data[: len(data) // 2])
+    with open(os.path.join(out, "not_a_zip.pt"), "wb") as f:
+        f.write(b"this is not a TorchScript archive\n" * 8)
+    with open(os.path.join(out, "models.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+#include "worker/graph.h"
+
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/inliner.h>
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace mutwo::worker {
+namespace {
+
+using torch::jit::Block;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// The top-level node that contains `node` (itself when at the top).
+const Node* TopLevelOwner(const Node* node, const Block* top) {
+  while (node->owningBlock() != top) {
+    node = node->owningBlock()->owningNode();
+  }
+  return node;
+}
+
+bool IsOpNode(const Node* node) {
+  const c10::Symbol kind = node->kind();
+  if (kind == c10::prim::If || kind == c10::prim::Loop) {
+    for (const Block* block : node->blocks()) {
+      for (const Node* inner : block->nodes()) {
+        if (IsOpNode(inner)) return true;
+      }
+    }
+    return false;
+  }
+  if (kind.is_prim()) return kind == c10::prim::NumToTensor;
+  return true;
+}
+
+// Calls `fn` for every value `node` and its nested blocks read.
+template <typename Fn>
+void ForEachInput(const Node* node, const Fn& fn) {
+  for (const Value* value : node->inputs()) fn(value);
+  for (const Block* block : node->blocks()) {
+    for (const Node* inner : block->nodes()) ForEachInput(inner, fn);
+    for (const Value* value : block->outputs()) fn(value);
+  }
+}
+
+// Canonical text of the graph's structure, hashed into the fingerprint.
+class Canonicalizer {
+ public:
+  std::string Run(const torch::jit::Graph& graph) {
+    for (const Value* input : graph.inputs()) Number(input);
+    absl::StrAppend(&text_, "in", graph.inputs().size(), ";");
+    AppendBlock(graph.block());
+    return text_;
+  }
+
+ private:
+  void Number(const Value* value) {
+    const int next = static_cast<int>(numbers_.size());
+    numbers_.emplace(value, next);
+  }
+  int NumberOf(const Value* value) {
+    auto it = numbers_.find(value);
+    return it == numbers_.end() ? -1 : it->second;
+  }
+  void AppendBlock(const Block* block) {
+    for (const Node* node : block->nodes()) {
+      absl::StrAppend(&text_, node->kind().toQualString(), "(");
+      for (const Value* input : node->inputs()) {
+        absl::StrAppend(&text_, NumberOf(input), ",");
+      }
+      absl::StrAppend(&text_, ")", node->outputs().size());
+      for (const Block* inner : node->blocks()) {
+        for (const Value* param : inner->inputs()) Number(param);
+        absl::StrAppend(&text_, "{", inner->inputs().size(), ":");
+        AppendBlock(inner);
+        absl::StrAppend(&text_, "}");
+      }
+      for (const Value* output : node->outputs()) Number(output);
+      absl::StrAppend(&text_, ";");
+    }
+    absl::StrAppend(&text_, "->");
+    for (const Value* output : block->outputs()) {
+      absl::StrAppend(&text_, NumberOf(output), ",");
+    }
+  }
+
+  absl::flat_hash_map<const Value*, int> numbers_;
+  std::string text_;
+};
+
+uint64_t Fnv1a64(const std::string& text) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+std::string ScopeOf(const Node* node) {
+  auto callstack = node->callstack();
+  if (!callstack.has_value()) return "";
+  std::vector<std::string> parts;
+  for (const auto& entry : (*callstack)->vec()) {
+    const auto& info = std::get<2>(entry);
+    // "SELF" marks a call to another method of the same module.
+    if (info.has_value() && !info->instance_name().empty() &&
+        info->instance_name() != "SELF") {
+      parts.push_back(info->instance_name());
+    }
+  }
+  return absl::StrJoin(parts, ".");
+}
+
+absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
+    const torch::jit::Module& module) {
+  auto method = module.find_method("forward");
+  if (!method.has_value()) {
+    return absl::InvalidArgumentError("the module has no forward method");
+  }
+  std::unique_ptr<Graph> out(new Graph());
+  try {
+    out->graph_ = method->graph()->copy();
+    torch::jit::Inline(*out->graph_);
+    torch::jit::EliminateDeadCode(out->graph_);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot inline forward: ", e.msg()));
+  }
+  const Block* top = out->graph_->block();
+  for (Node* node : out->graph_->nodes()) {
+    IrNode ir;
+    ir.id = static_cast<int>(out->nodes_.size());
+    ir.node = node;
+    ir.kind = node->kind().toQualString();
+    ir.scope = ScopeOf(node);
+    ir.is_op = IsOpNode(node);
+    out->id_of_[node] = ir.id;
+    out->nodes_.push_back(std::move(ir));
+  }
+  const int n = out->num_nodes();
+  std::vector<std::set<int>> inputs(n), consumers(n);
+  for (IrNode& ir : out->nodes_) {
+    ForEachInput(ir.node, [&](const Value* value) {
+      const Node* owner = TopLevelOwner(value->node(), top);
+      auto it = out->id_of_.find(owner);
+      if (it == out->id_of_.end() || it->second == ir.id) return;
+      inputs[ir.id].insert(it->second);
+      consumers[it->second].insert(ir.id);
+    });
+  }
+  for (IrNode& ir : out->nodes_) {
+    ir.input_nodes.assign(inputs[ir.id].begin(), inputs[ir.id].end());
+    ir.consumers.assign(consumers[ir.id].begin(), consumers[ir.id].end());
+    ir.last_use = ir.id;
+    for (const Value* output : ir.node->outputs()) {
+      int last = ir.id;
+      bool returned = false;
+      for (const torch::jit::Use& use : output->uses()) {
+        if (use.user == out->graph_->return_node()) {
+          returned = true;
+          continue;
+        }
+        const Node* owner = TopLevelOwner(use.user, top);
+        auto it = out->id_of_.find(owner);
+        if (it != out->id_of_.end()) last = std::max(last, it->second);
+      }
+      if (returned) {
+        ir.returns_output = true;
+        ir.last_use = n - 1;
+      } else {
+        ir.last_use = std::max(ir.last_use, last);
+        out->nodes_[last].dead_after.push_back(output);
+      }
+    }
+  }
+  const uint64_t hash = Fnv1a64(Canonicalizer().Run(*out->graph_));
+  out->fingerprint_ = absl::StrFormat("%016x", hash);
+  return out;
+}
+
+int Graph::num_inputs() const {
+  return static_cast<int>(graph_->inputs().size()) - 1;
+}
+
+int Graph::ProducerOf(const Value* value) const {
+  const Node* owner = TopLevelOwner(value->node(), graph_->block());
+  auto it = id_of_.find(owner);
+  return it == id_of_.end() ? -1 : it->second;
+}
+
+std::string Graph::Describe(int id) const {
+  if (id < 0 || id >= num_nodes()) return absl::StrCat(id);
+  const IrNode& ir = nodes_[id];
+  return ir.scope.empty()
+             ? absl::StrCat(id, " (", ir.kind, ")")
+             : absl::StrCat(id, " (", ir.kind, ", ", ir.scope, ")");
+}
+
+}  // namespace mutwo::worker

@@ -1,0 +1,233 @@
+#include "worker/inputs.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/parse.h"
+#include "worker/model_loader.h"
+
+namespace mutwo::worker {
+namespace {
+
+absl::StatusOr<torch::ScalarType> ScalarTypeOf(const v1::TensorSpec& spec) {
+  switch (spec.dtype()) {
+    case v1::FLOAT32:
+      return torch::kFloat32;
+    case v1::FLOAT64:
+      return torch::kFloat64;
+    case v1::FLOAT16:
+      return torch::kFloat16;
+    case v1::BFLOAT16:
+      return torch::kBFloat16;
+    case v1::INT64:
+      return torch::kInt64;
+    case v1::INT32:
+      return torch::kInt32;
+    case v1::INT8:
+      return torch::kInt8;
+    case v1::UINT8:
+      return torch::kUInt8;
+    case v1::BOOL:
+      return torch::kBool;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("input \"", spec.name(), "\": no dtype"));
+  }
+}
+
+void Flatten(const c10::IValue& value, std::vector<torch::Tensor>* out) {
+  if (value.isTensor()) {
+    out->push_back(value.toTensor());
+  } else if (value.isTuple()) {
+    for (const auto& element : value.toTuple()->elements()) {
+      Flatten(element, out);
+    }
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) Flatten(element, out);
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) Flatten(entry.value(), out);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<torch::Tensor> MakeTensor(const v1::TensorSpec& spec,
+                                         int64_t batch_size,
+                                         const torch::Device& device) {
+  auto type = ScalarTypeOf(spec);
+  if (!type.ok()) return type.status();
+  const std::vector<int64_t> dims = ConcreteDims(spec, batch_size);
+  auto options = torch::TensorOptions().dtype(*type).device(device);
+  if (IsFloatingDType(spec.dtype())) return torch::randn(dims, options);
+  if (spec.dtype() == v1::BOOL) {
+    return torch::randint(0, 2, dims, options.dtype(torch::kInt64))
+        .to(torch::kBool);
+  }
+  if (!spec.has_range() || spec.range().high() <= spec.range().low()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input \"", spec.name(),
+        "\": integer inputs need a value range {low,high} with low < high"));
+  }
+  return torch::randint(static_cast<int64_t>(spec.range().low()),
+                        static_cast<int64_t>(spec.range().high()), dims,
+                        options);
+}
+
+absl::StatusOr<std::vector<torch::Tensor>> MakeInputs(
+    const std::vector<v1::TensorSpec>& specs, int64_t batch_size,
+    const torch::Device& device, uint64_t seed) {
+  if (batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size must be positive, got ", batch_size));
+  }
+  torch::manual_seed(seed);
+  std::vector<torch::Tensor> out;
+  for (const v1::TensorSpec& spec : specs) {
+    auto tensor = MakeTensor(spec, batch_size, device);
+    if (!tensor.ok()) return tensor.status();
+    out.push_back(*std::move(tensor));
+  }
+  return out;
+}
+
+absl::StatusOr<torch::Tensor> MakeTarget(const v1::LossSpec& loss,
+                                         int64_t batch_size,
+                                         const torch::Device& device) {
+  if (loss.kind() != v1::LossSpec::CROSS_ENTROPY) return torch::Tensor();
+  if (!loss.has_target() || IsFloatingDType(loss.target().dtype()) ||
+      loss.target().dtype() == v1::BOOL) {
+    return absl::InvalidArgumentError(
+        "loss cross_entropy: needs an integer class-index target, e.g. "
+        "cross_entropy:y:int64[B]{0,1000}");
+  }
+  v1::TensorSpec target = loss.target();
+  target.set_dtype(v1::INT64);
+  return MakeTensor(target, batch_size, device);
+}
+
+std::vector<torch::Tensor> FlattenTensors(const c10::IValue& outputs) {
+  std::vector<torch::Tensor> out;
+  Flatten(outputs, &out);
+  return out;
+}
+
+absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
+                                          const c10::IValue& outputs,
+                                          const torch::Tensor& target) {
+  std::vector<torch::Tensor> floats;
+  for (const torch::Tensor& t : FlattenTensors(outputs)) {
+    if (t.defined() && t.is_floating_point()) floats.push_back(t);
+  }
+  if (floats.empty()) {
+    return absl::InvalidArgumentError(
+        "loss: the model returns no floating-point tensor");
+  }
+  try {
+    switch (loss.kind()) {
+      case v1::LossSpec::SUM: {
+        torch::Tensor sum = floats[0].sum();
+        for (size_t i = 1; i < floats.size(); ++i) sum = sum + floats[i].sum();
+        return sum;
+      }
+      case v1::LossSpec::MODEL:
+        if (floats[0].numel() != 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "loss model: the first output must be the scalar loss, got "
+              "shape [",
+              absl::StrJoin(floats[0].sizes(), ","), "]"));
+        }
+        return floats[0].reshape({});
+      case v1::LossSpec::CROSS_ENTROPY: {
+        torch::Tensor logits = floats[0];
+        if (logits.dim() < 2 ||
+            logits.numel() != target.numel() * logits.size(-1)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("loss cross_entropy: output shape [",
+                           absl::StrJoin(logits.sizes(), ","),
+                           "] does not fit target shape [",
+                           absl::StrJoin(target.sizes(), ","),
+                           "] (classes must be the last output dimension)"));
+        }
+        return torch::nn::functional::cross_entropy(
+            logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+      }
+      case v1::LossSpec::MEAN:
+      case v1::LossSpec::KIND_UNSPECIFIED:
+      default: {
+        torch::Tensor sum = floats[0].mean();
+        for (size_t i = 1; i < floats.size(); ++i) {
+          sum = sum + floats[i].mean();
+        }
+        return sum;
+      }
+    }
+  } catch (const c10::Error& e) {
+    if (IsOutOfMemoryMessage(e.msg())) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("loss: ", FirstLine(e.msg())));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss: ", FirstLine(e.msg())));
+  }
+}
+
+int OptimizerStatesPerParameter(v1::OptimizerSpec::Kind kind) {
+  switch (kind) {
+    case v1::OptimizerSpec::ADAM:
+    case v1::OptimizerSpec::ADAMW:
+      return 2;
+    case v1::OptimizerSpec::SGD_MOMENTUM:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
+    const v1::OptimizerSpec& spec,
+    const std::vector<torch::Tensor>& parameters) {
+  const double lr = spec.learning_rate() > 0 ? spec.learning_rate() : 1e-3;
+  if (spec.learning_rate() < 0 || spec.weight_decay() < 0 ||
+      spec.momentum() < 0) {
+    return absl::InvalidArgumentError(
+        "optimizer: learning rate, momentum and weight decay must be >= 0");
+  }
+  switch (spec.kind()) {
+    case v1::OptimizerSpec::NONE:
+      return std::unique_ptr<torch::optim::Optimizer>();
+    case v1::OptimizerSpec::SGD_MOMENTUM:
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
+          parameters, torch::optim::SGDOptions(lr)
+                          .momentum(spec.momentum() > 0 ? spec.momentum() : 0.9)
+                          .weight_decay(spec.weight_decay())));
+    case v1::OptimizerSpec::ADAM:
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
+          parameters,
+          torch::optim::AdamOptions(lr).weight_decay(spec.weight_decay())));
+    case v1::OptimizerSpec::ADAMW:
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
+          parameters,
+          torch::optim::AdamWOptions(lr).weight_decay(spec.weight_decay())));
+    case v1::OptimizerSpec::SGD:
+    case v1::OptimizerSpec::KIND_UNSPECIFIED:
+    default:
+      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
+          parameters,
+          torch::optim::SGDOptions(lr).weight_decay(spec.weight_decay())));
+  }
+}
+
+int64_t StorageBytes(const std::vector<torch::Tensor>& tensors) {
+  absl::flat_hash_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(key).second) {
+      bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace mutwo::worker

@@ -1,0 +1,68 @@
+// Runs a Graph (the IR) node by node with autograd on, so that callers can
+// observe or intervene between nodes. Constants, attribute reads, control
+// flow (prim::If, prim::Loop) and list/tuple/dict plumbing are handled here;
+// every other node runs through its registered operator. Values are dropped
+// after their last top-level use, as TorchScript's interpreter does, so
+// memory behaves like the module's own forward.
+//
+// Gives exactly the loss and gradients of calling the module (tested).
+// Not thread-safe: one Run at a time per Interpreter. The Graph must outlive
+// the Interpreter.
+#ifndef MUTWO_WORKER_INTERPRETER_H_
+#define MUTWO_WORKER_INTERPRETER_H_
+
+#include <torch/script.h>
+
+#include <functional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "worker/graph.h"
+
+namespace mutwo::worker {
+
+struct InterpreterHooks {
+  // Called before and after each top-level node (id = IR node id). `outputs`
+  // are the node's outputs; a hook may inspect them (the executor may
+  // replace them, keeping types).
+  std::function<void(int node_id)> before_node;
+  std::function<void(int node_id, std::vector<c10::IValue>& outputs)>
+      after_node;
+};
+
+class Interpreter {
+ public:
+  explicit Interpreter(const Graph* graph) : graph_(graph) {}
+
+  // Runs forward on `module` (its `self`) with `inputs` (the arguments after
+  // self). Errors: InvalidArgument for a wrong number of inputs or an op that
+  // rejects them (naming the node), ResourceExhausted for an out-of-memory
+  // (naming the node), Internal for an unsupported node kind.
+  [[nodiscard]] absl::StatusOr<c10::IValue> Run(
+      const torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
+      const InterpreterHooks& hooks = {});
+
+  // The node that was running when the last Run failed; -1 if none.
+  int failed_node() const { return failed_node_; }
+
+ private:
+  using Env = absl::flat_hash_map<const torch::jit::Value*, c10::IValue>;
+
+  void RunNode(torch::jit::Node* node, Env& env);
+  void RunBlock(torch::jit::Block* block, Env& env);
+  const torch::jit::Operation& OperationOf(torch::jit::Node* node);
+
+  const Graph* graph_;
+  absl::flat_hash_map<const torch::jit::Node*, torch::jit::Operation>
+      operations_;
+  int failed_node_ = -1;
+  const torch::jit::Node* running_ = nullptr;  // innermost node running
+};
+
+// True when a LibTorch error is an out-of-memory (CUDA or CPU).
+bool IsOutOfMemory(const std::exception& e);
+
+}  // namespace mutwo::worker
+
+#endif  // MUTWO_WORKER_INTERPRETER_H_

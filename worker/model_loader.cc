@@ -1,0 +1,94 @@
+#include "worker/model_loader.h"
+
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/proto_io.h"
+#include "common/status_macros.h"
+
+namespace mutwo::worker {
+
+std::string FirstLine(const std::string& text) {
+  absl::string_view view = absl::StripAsciiWhitespace(text);
+  // TorchScript's interpreter errors start with a generic sentence and a
+  // traceback; the cause is the last "...Error: ..." line.
+  if (absl::StartsWith(view, "The following operation failed")) {
+    const size_t error = view.rfind("Error: ");
+    if (error != absl::string_view::npos) {
+      const size_t line_start = view.rfind('\n', error);
+      view = view.substr(
+          line_start == absl::string_view::npos ? 0 : line_start + 1);
+    }
+  }
+  const size_t newline = view.find('\n');
+  if (newline != absl::string_view::npos) view = view.substr(0, newline);
+  return std::string(absl::StripAsciiWhitespace(view));
+}
+
+bool IsOutOfMemoryMessage(const std::string& text) {
+  return absl::StrContains(text, "out of memory") ||
+         absl::StrContains(text, "not enough memory");
+}
+
+absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
+                                              const std::string& what,
+                                              const torch::Device& device,
+                                              int64_t max_bytes) {
+  // A zip archive starts with a local file header and ends with a 22-byte
+  // end-of-central-directory record.
+  constexpr int64_t kMinZipBytes = 22;
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what, ": the file is empty"));
+  }
+  if (static_cast<int64_t>(bytes.size()) > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what, ": ", bytes.size(),
+                     " bytes is over the limit of ", max_bytes, " bytes"));
+  }
+  if (static_cast<int64_t>(bytes.size()) < kMinZipBytes ||
+      bytes.compare(0, 4, "PK\x03\x04") != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", what,
+        ": not a TorchScript archive (not a zip file; save it with "
+        "torch.jit.script(model).save(path))"));
+  }
+  torch::jit::Module module;
+  try {
+    std::istringstream stream(bytes);
+    module = torch::jit::load(stream, device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what,
+                     ": cannot load the TorchScript archive "
+                     "(truncated or corrupt?): ",
+                     FirstLine(e.msg())));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what,
+                     ": cannot load the TorchScript archive "
+                     "(truncated or corrupt?): ",
+                     FirstLine(e.what())));
+  }
+  if (!module.find_method("forward").has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what, ": the module has no forward method"));
+  }
+  module.train();
+  return module;
+}
+
+absl::StatusOr<torch::jit::Module> LoadModuleFile(const std::string& path,
+                                                  const torch::Device& device,
+                                                  int64_t max_bytes) {
+  auto bytes = ReadFile(path, max_bytes);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", path, ": ", bytes.status().message()));
+  }
+  return LoadModule(*bytes, path, device, max_bytes);
+}
+
+}  // namespace mutwo::worker

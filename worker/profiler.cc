@@ -1,0 +1,779 @@
+#include "worker/profiler.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/parse.h"
+#include "common/status_macros.h"
+#include "worker/graph.h"
+#include "worker/inputs.h"
+#include "worker/interpreter.h"
+#include "worker/memory.h"
+#include "worker/model_loader.h"
+
+namespace mutwo::worker {
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid]
+                                : (values[mid - 1] + values[mid]) / 2;
+}
+
+class CallbackPreHook : public torch::autograd::FunctionPreHook {
+ public:
+  explicit CallbackPreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& grads) override {
+    fn_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+class CallbackPostHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit CallbackPostHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& outputs,
+                           const variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+// Every autograd node reachable from `root`, in discovery order.
+std::vector<Node*> ReachableFrom(Node* root) {
+  std::vector<Node*> order;
+  if (root == nullptr) return order;
+  absl::flat_hash_set<Node*> seen{root};
+  std::vector<Node*> stack{root};
+  while (!stack.empty()) {
+    Node* fn = stack.back();
+    stack.pop_back();
+    order.push_back(fn);
+    for (const auto& edge : fn->next_edges()) {
+      Node* next = edge.function.get();
+      if (next != nullptr && seen.insert(next).second) stack.push_back(next);
+    }
+  }
+  return order;
+}
+
+// Tracks contiguous peak windows: each window's high-water mark goes to its
+// sink; the step peak is the maximum over all windows.
+class PeakWindows {
+ public:
+  explicit PeakWindows(DeviceBackend* backend) : backend_(backend) {}
+  void Open(std::function<void(int64_t)> sink) {
+    Close();
+    backend_->ResetPeak();
+    sink_ = std::move(sink);
+    open_ = true;
+  }
+  void Close() {
+    if (!open_) return;
+    const int64_t peak = backend_->PeakBytes();
+    step_peak_ = std::max(step_peak_, peak);
+    if (sink_) sink_(peak);
+    open_ = false;
+    sink_ = nullptr;
+  }
+  int64_t step_peak() const { return step_peak_; }
+
+ private:
+  DeviceBackend* backend_;
+  std::function<void(int64_t)> sink_;
+  bool open_ = false;
+  int64_t step_peak_ = 0;
+};
+
+struct StepRecord {
+  std::string name;
+  int forward_node = -1;
+  int start_mark = 0;
+  int end_mark = 0;
+  double ms = 0;
+  int64_t allocated_after = 0;
+  int64_t peak = 0;
+};
+
+// What one interpreted training step measured.
+struct IterationRecord {
+  std::vector<double> node_ms;
+  std::vector<int64_t> node_allocated_after;
+  std::vector<int64_t> node_peak;
+  std::vector<StepRecord> steps;
+  double forward_ms = 0, loss_ms = 0, backward_ms = 0, optimizer_ms = 0,
+         iteration_ms = 0;
+  int64_t peak_bytes = 0;
+  int64_t end_of_forward_bytes = 0;
+  int64_t start_bytes = 0;  // allocated when the step began (fixed memory)
+  std::vector<LiveBlock> live_at_end_of_forward;
+  std::vector<FreeEvent> frees;
+  // Per node: addresses of the storages of its tensor outputs, and whether
+  // every one of them was alive at the end of forward.
+  std::vector<std::vector<uintptr_t>> output_storages;
+  std::vector<bool> outputs_alive;
+};
+
+}  // namespace
+
+struct Profiler::State {
+  ProfilerOptions options;
+  torch::Device device{torch::kCPU};
+  std::unique_ptr<DeviceBackend> backend;
+  torch::jit::Module module;
+  std::unique_ptr<Graph> graph;
+  std::unique_ptr<Interpreter> interpreter;
+  std::vector<torch::Tensor> parameters;  // trainable
+  std::vector<c10::IValue> inputs;
+  torch::Tensor target;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  // Where the step that is running now is, for OOM reports.
+  std::string current_step;
+
+  void ZeroGrads() {
+    for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
+  }
+
+  absl::StatusOr<torch::Tensor> Loss(const c10::IValue& outputs) {
+    return ComputeLoss(options.loss, outputs, target);
+  }
+
+  absl::Status CheckCorrectness(v1::Profile* profile);
+  absl::Status MeasureModuleStep(v1::Profile* profile);
+  absl::Status InterpretedStep(IterationRecord* record);
+  void Fill(const std::vector<IterationRecord>& records, v1::Profile* profile);
+};
+
+namespace {
+
+// Runs `fn`, turning LibTorch exceptions into a Status naming `where`.
+template <typename Fn>
+absl::Status Guard(const std::string& where, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    const std::string what =
+        dynamic_cast<const c10::Error*>(&e) != nullptr
+            ? FirstLine(static_cast<const c10::Error&>(e).msg())
+            : FirstLine(e.what());
+    if (IsOutOfMemory(e)) {
+      return absl::ResourceExhaustedError(absl::StrCat(where, ": ", what));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  }
+}
+
+}  // namespace
+
+absl::Status Profiler::State::CheckCorrectness(v1::Profile* profile) {
+  // Loss and gradients of one step with a fixed seed (dropout draws the same
+  // masks). The interpreter runs first: its errors name the failing node.
+  auto step = [&](bool interpreted, double* loss_value,
+                  std::vector<torch::Tensor>* grads) -> absl::Status {
+    ZeroGrads();
+    torch::manual_seed(options.seed + 1);
+    c10::IValue outputs;
+    if (interpreted) {
+      current_step = "interpreter forward (correctness check)";
+      MUTWO_ASSIGN_OR_RETURN(outputs, interpreter->Run(module, inputs));
+    }
+    return Guard(
+        interpreted ? "interpreter backward" : "module forward/backward",
+        [&]() -> absl::Status {
+          current_step = interpreted
+                             ? "interpreter backward (correctness check)"
+                             : "module step (correctness check)";
+          if (!interpreted) outputs = module.forward(inputs);
+          MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(outputs));
+          if (!loss.requires_grad()) {
+            return absl::InvalidArgumentError(
+                "the loss does not depend on any trainable parameter");
+          }
+          outputs = c10::IValue();
+          loss.backward();
+          *loss_value = loss.item<double>();
+          for (const torch::Tensor& p : parameters) {
+            grads->push_back(p.grad().defined()
+                                 ? p.grad().to(torch::kFloat64)
+                                 : torch::zeros_like(p, torch::kFloat64));
+          }
+          ZeroGrads();
+          return absl::OkStatus();
+        });
+  };
+  double interpreter_loss = 0, module_loss = 0;
+  std::vector<torch::Tensor> interpreter_grads, module_grads;
+  MUTWO_RETURN_IF_ERROR(step(true, &interpreter_loss, &interpreter_grads));
+  // The reference runs the unoptimized graph, so that the comparison is
+  // exact (the graph executor may otherwise fuse or reorder on GPU).
+  const bool optimize = torch::jit::getGraphExecutorOptimize();
+  torch::jit::setGraphExecutorOptimize(false);
+  absl::Status status = step(false, &module_loss, &module_grads);
+  torch::jit::setGraphExecutorOptimize(optimize);
+  MUTWO_RETURN_IF_ERROR(status);
+  double max_diff = 0;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (module_grads[i].numel() == 0) continue;
+    max_diff = std::max(
+        max_diff,
+        (interpreter_grads[i] - module_grads[i]).abs().max().item<double>());
+  }
+  profile->set_max_abs_grad_diff(max_diff);
+  profile->set_loss_matches_module(std::abs(interpreter_loss - module_loss) <=
+                                   1e-6 * std::max(1.0, std::abs(module_loss)));
+  return absl::OkStatus();
+}
+
+absl::Status Profiler::State::MeasureModuleStep(v1::Profile* profile) {
+  std::vector<double> ms;
+  int64_t peak = 0;
+  const int total = options.warmup_iterations + options.measure_iterations;
+  for (int it = 0; it < total; ++it) {
+    current_step = "module training step";
+    MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+      ZeroGrads();
+      backend->Synchronize();
+      backend->ClearMarks();
+      backend->ResetPeak();
+      const int start = backend->Mark();
+      {
+        c10::IValue outputs = module.forward(inputs);
+        MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(outputs));
+        outputs = c10::IValue();
+        loss.backward();
+      }
+      if (optimizer) optimizer->step();
+      const int end = backend->Mark();
+      backend->Synchronize();
+      if (it >= options.warmup_iterations) {
+        ms.push_back(backend->ElapsedMs(start, end));
+        peak = std::max(peak, backend->PeakBytes());
+      }
+      return absl::OkStatus();
+    }));
+  }
+  profile->mutable_measured()->set_module_peak_bytes(peak);
+  profile->mutable_measured()->set_module_iteration_ms(Median(ms));
+  return absl::OkStatus();
+}
+
+absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
+  const int n = graph->num_nodes();
+  record->node_ms.assign(n, 0);
+  record->node_allocated_after.assign(n, 0);
+  record->node_peak.assign(n, 0);
+  record->output_storages.assign(n, {});
+  record->outputs_alive.assign(n, true);
+  std::vector<int> node_start(n, 0), node_end(n, 0);
+  std::vector<std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>> weak(n);
+  // Autograd node -> IR node that created it (found when its outputs appear).
+  absl::flat_hash_map<Node*, int> owner;
+
+  ZeroGrads();
+  backend->Synchronize();
+  backend->ClearMarks();
+  backend->SetTag(kIdleTag);
+  PeakWindows windows(backend.get());
+  windows.Open(nullptr);
+  record->start_bytes = backend->AllocatedBytes();
+  const int iteration_start = backend->Mark();
+
+  InterpreterHooks hooks;
+  hooks.before_node = [&](int id) {
+    windows.Open([record, id](int64_t peak) { record->node_peak[id] = peak; });
+    backend->SetTag(id);
+    current_step = absl::StrCat("forward node ", graph->Describe(id));
+    node_start[id] = backend->Mark();
+  };
+  hooks.after_node = [&](int id, std::vector<c10::IValue>& outputs) {
+    node_end[id] = backend->Mark();
+    record->node_allocated_after[id] = backend->AllocatedBytes();
+    for (const c10::IValue& output : outputs) {
+      for (const torch::Tensor& t : FlattenTensors(output)) {
+        if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) {
+          continue;
+        }
+        weak[id].push_back(t.storage().getWeakStorageImpl());
+        record->output_storages[id].push_back(
+            reinterpret_cast<uintptr_t>(t.storage().data()));
+        if (!t.requires_grad()) continue;
+        for (Node* fn : ReachableFrom(t.grad_fn().get())) {
+          owner.emplace(fn, id);
+        }
+      }
+    }
+  };
+
+  torch::Tensor loss;
+  {
+    absl::StatusOr<c10::IValue> outputs =
+        interpreter->Run(module, inputs, hooks);
+    if (!outputs.ok()) return outputs.status();
+    const int forward_end = backend->Mark();
+    windows.Open(nullptr);
+    backend->SetTag(kLossTag);
+    current_step = "loss";
+    MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+      MUTWO_ASSIGN_OR_RETURN(loss, Loss(*outputs));
+      return absl::OkStatus();
+    }));
+    const int loss_end = backend->Mark();
+    backend->Synchronize();
+    record->forward_ms = backend->ElapsedMs(iteration_start, forward_end);
+    record->loss_ms = backend->ElapsedMs(forward_end, loss_end);
+  }
+  // The interpreter and the outputs are gone: what is alive now is held by
+  // autograd (or is fixed memory).
+  record->end_of_forward_bytes = backend->AllocatedBytes();
+  record->live_at_end_of_forward = backend->LiveBlocks();
+  for (int id = 0; id < n; ++id) {
+    for (const auto& ref : weak[id]) {
+      if (ref.expired()) record->outputs_alive[id] = false;
+    }
+  }
+  weak.clear();
+
+  // Backward, one hook pair per autograd node.
+  std::vector<Node*> functions = ReachableFrom(loss.grad_fn().get());
+  record->steps.reserve(functions.size());
+  for (Node* fn : functions) {
+    auto it = owner.find(fn);
+    const int forward_node = it == owner.end() ? -1 : it->second;
+    fn->add_pre_hook(std::make_unique<CallbackPreHook>([&, fn, forward_node]() {
+      const int k = static_cast<int>(record->steps.size());
+      windows.Open([record, k](int64_t peak) { record->steps[k].peak = peak; });
+      backend->SetTag(n + k);
+      StepRecord step;
+      step.name = fn->name();
+      step.forward_node = forward_node;
+      current_step = absl::StrCat("backward step ", k, " (", step.name, ")");
+      step.start_mark = backend->Mark();
+      record->steps.push_back(std::move(step));
+    }));
+    fn->add_post_hook(std::make_unique<CallbackPostHook>([&]() {
+      StepRecord& step = record->steps.back();
+      step.end_mark = backend->Mark();
+      step.allocated_after = backend->AllocatedBytes();
+    }));
+  }
+  backend->StartFreeLog();
+  current_step = "backward";
+  const int backward_start = backend->Mark();
+  absl::Status backward = Guard("backward", [&]() {
+    loss.backward();
+    return absl::OkStatus();
+  });
+  const int backward_end = backend->Mark();
+  windows.Close();
+  loss = torch::Tensor();  // releases what is left of the graph
+  functions.clear();
+  record->frees = backend->StopFreeLog();
+  backend->SetTag(kIdleTag);
+  if (!backward.ok()) {
+    if (absl::IsResourceExhausted(backward) && !record->steps.empty()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(current_step, ": ", backward.message()));
+    }
+    return backward;
+  }
+
+  windows.Open(nullptr);
+  current_step = "optimizer step";
+  const int optimizer_start = backend->Mark();
+  MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+    if (optimizer) optimizer->step();
+    return absl::OkStatus();
+  }));
+  const int iteration_end = backend->Mark();
+  windows.Close();
+  backend->Synchronize();
+
+  for (int id = 0; id < n; ++id) {
+    record->node_ms[id] = backend->ElapsedMs(node_start[id], node_end[id]);
+  }
+  for (StepRecord& step : record->steps) {
+    step.ms = backend->ElapsedMs(step.start_mark, step.end_mark);
+  }
+  record->backward_ms = backend->ElapsedMs(backward_start, backward_end);
+  record->optimizer_ms = backend->ElapsedMs(optimizer_start, iteration_end);
+  record->iteration_ms = backend->ElapsedMs(iteration_start, iteration_end);
+  record->peak_bytes = windows.step_peak();
+  return absl::OkStatus();
+}
+
+void Profiler::State::Fill(const std::vector<IterationRecord>& records,
+                           v1::Profile* profile) {
+  const IterationRecord& last = records.back();
+  const int n = graph->num_nodes();
+  const int num_steps = static_cast<int>(last.steps.size());
+
+  // Medians over the iterations (backward steps: over the iterations whose
+  // step sequence is the last one's; data-dependent control flow may differ).
+  std::vector<double> node_ms(n);
+  for (int id = 0; id < n; ++id) {
+    std::vector<double> values;
+    for (const auto& r : records) values.push_back(r.node_ms[id]);
+    node_ms[id] = Median(values);
+  }
+  std::vector<double> step_ms(num_steps);
+  for (int k = 0; k < num_steps; ++k) {
+    std::vector<double> values;
+    for (const auto& r : records) {
+      if (r.steps.size() != last.steps.size()) continue;
+      bool same = true;
+      for (int j = 0; j < num_steps && same; ++j) {
+        same = r.steps[j].name == last.steps[j].name;
+      }
+      if (same) values.push_back(r.steps[k].ms);
+    }
+    step_ms[k] = Median(values);
+  }
+  auto median_of = [&](double IterationRecord::*field) {
+    std::vector<double> values;
+    for (const auto& r : records) values.push_back(r.*field);
+    return Median(values);
+  };
+
+  std::vector<double> node_backward_ms(n, 0);
+  for (int k = 0; k < num_steps; ++k) {
+    const StepRecord& step = last.steps[k];
+    if (step.forward_node >= 0)
+      node_backward_ms[step.forward_node] += step_ms[k];
+    v1::BackwardStep* out = profile->add_backward_steps();
+    out->set_index(k);
+    out->set_name(step.name);
+    out->set_forward_node(step.forward_node);
+    out->set_ms(step_ms[k]);
+    out->set_allocated_bytes_after(step.allocated_after);
+    out->set_peak_bytes_during(step.peak);
+  }
+  for (const IrNode& ir : graph->nodes()) {
+    v1::ProfileNode* node = profile->mutable_nodes(ir.id);
+    node->set_forward_ms(node_ms[ir.id]);
+    node->set_backward_ms(node_backward_ms[ir.id]);
+    node->set_allocated_bytes_after(last.node_allocated_after[ir.id]);
+    node->set_peak_bytes_during(last.node_peak[ir.id]);
+  }
+
+  // Activations: live allocations at the end of forward, by producer node.
+  std::map<int, std::vector<LiveBlock>> by_node;
+  int64_t loss_bytes = 0;
+  for (const LiveBlock& block : last.live_at_end_of_forward) {
+    if (block.tag >= 0 && block.tag < n) {
+      by_node[static_cast<int>(block.tag)].push_back(block);
+    } else if (block.tag == kLossTag) {
+      loss_bytes += block.size_bytes;
+    }
+  }
+  // Position after which each block was freed (first free after the
+  // snapshot; frees after backward count as the last step).
+  const int last_position = n + std::max(num_steps, 1) - 1;
+  absl::flat_hash_map<uintptr_t, int> freed_at;
+  for (const FreeEvent& event : last.frees) {
+    const int position = event.tag >= n && event.tag <= last_position
+                             ? static_cast<int>(event.tag)
+                             : last_position;
+    freed_at.emplace(event.address, position);
+  }
+  // Which nodes expose a storage (outputs sharing it: in-place ops, views).
+  absl::flat_hash_map<uintptr_t, std::vector<int>> exposed_by;
+  for (int id = 0; id < n; ++id) {
+    for (uintptr_t address : last.output_storages[id]) {
+      auto& list = exposed_by[address];
+      if (list.empty() || list.back() != id) list.push_back(id);
+    }
+  }
+  // First backward position of the steps mapped to each node.
+  std::vector<int> first_step_of(n, std::numeric_limits<int>::max());
+  for (int k = 0; k < num_steps; ++k) {
+    const int node = last.steps[k].forward_node;
+    if (node >= 0) first_step_of[node] = std::min(first_step_of[node], n + k);
+  }
+  // Forward time from after position p to the end of forward (+ loss), and
+  // backward time before step k.
+  std::vector<double> forward_after(n + 1, 0);
+  for (int id = n - 1; id >= 0; --id) {
+    forward_after[id] = forward_after[id + 1] + node_ms[id];
+  }
+  const double loss_ms = median_of(&IterationRecord::loss_ms);
+  std::vector<double> backward_before(num_steps + 1, 0);
+  for (int k = 0; k < num_steps; ++k) {
+    backward_before[k + 1] = backward_before[k] + step_ms[k];
+  }
+  const double h2d = profile->device().host_to_device_bytes_per_second();
+  const double d2h = profile->device().device_to_host_bytes_per_second();
+
+  absl::flat_hash_map<uintptr_t, int> value_of_address;
+  int next_value = 0;
+  std::vector<v1::Activation*> activations;
+  int64_t tracked = 0;
+  for (const auto& [producer, blocks] : by_node) {
+    v1::Activation* a = profile->add_activations();
+    a->set_value_id(next_value++);
+    a->set_producer_node(producer);
+    a->set_occurrence(0);
+    int64_t size = 0;
+    int last_forward = graph->nodes()[producer].last_use;
+    int first_backward = std::numeric_limits<int>::max();
+    int last_backward = n;
+    std::set<int> users{producer};
+    for (const LiveBlock& block : blocks) {
+      size += block.size_bytes;
+      value_of_address[block.address] = a->value_id();
+      auto freed = freed_at.find(block.address);
+      last_backward =
+          std::max(last_backward,
+                   freed == freed_at.end() ? last_position : freed->second);
+      auto exposers = exposed_by.find(block.address);
+      if (exposers != exposed_by.end()) {
+        users.insert(exposers->second.begin(), exposers->second.end());
+      }
+    }
+    for (int user : std::set<int>(users)) {
+      last_forward = std::max(last_forward, graph->nodes()[user].last_use);
+      for (int consumer : graph->nodes()[user].consumers)
+        users.insert(consumer);
+    }
+    for (int user : users)
+      first_backward = std::min(first_backward, first_step_of[user]);
+    if (first_backward > last_backward) first_backward = last_backward;
+    a->set_size_bytes(size);
+    a->set_storages(static_cast<int>(blocks.size()));
+    a->set_last_forward_use(last_forward);
+    a->set_first_backward_use(first_backward);
+    a->set_last_backward_use(last_backward);
+    a->set_inactive_ms(forward_after[last_forward + 1] + loss_ms +
+                       backward_before[first_backward - n]);
+    if (h2d > 0 && d2h > 0) {
+      a->set_swap_ms(1000.0 * (size / h2d + size / d2h));
+    }
+    tracked += size;
+    activations.push_back(a);
+  }
+
+  // Recompute lineage: walk back from the producer through nodes whose
+  // outputs were not kept; stop at kept outputs (sources when they are
+  // activations), parameters, inputs and non-tensor values.
+  for (v1::Activation* a : activations) {
+    std::set<int> replay{a->producer_node()};
+    std::set<int> sources;
+    std::vector<int> stack(graph->nodes()[a->producer_node()].input_nodes);
+    std::set<int> seen(stack.begin(), stack.end());
+    while (!stack.empty()) {
+      const int id = stack.back();
+      stack.pop_back();
+      const auto& storages = last.output_storages[id];
+      if (storages.empty()) continue;  // non-tensor value: kept as is
+      if (last.outputs_alive[id]) {
+        for (uintptr_t address : storages) {
+          auto it = value_of_address.find(address);
+          if (it != value_of_address.end() && it->second != a->value_id()) {
+            sources.insert(it->second);
+          }
+        }
+        continue;
+      }
+      replay.insert(id);
+      for (int input : graph->nodes()[id].input_nodes) {
+        if (seen.insert(input).second) stack.push_back(input);
+      }
+    }
+    double ms = 0;
+    for (int id : replay) {
+      a->add_recompute_nodes(id);
+      ms += node_ms[id];
+    }
+    for (int source : sources) a->add_recompute_sources(source);
+    a->set_recompute_ms(ms);
+  }
+
+  v1::MeasuredStep* measured = profile->mutable_measured();
+  int64_t peak = 0;
+  for (const auto& r : records) peak = std::max(peak, r.peak_bytes);
+  measured->set_peak_bytes(peak);
+  measured->set_iteration_ms(median_of(&IterationRecord::iteration_ms));
+  measured->set_forward_ms(median_of(&IterationRecord::forward_ms));
+  measured->set_loss_ms(loss_ms);
+  measured->set_backward_ms(median_of(&IterationRecord::backward_ms));
+  measured->set_optimizer_ms(median_of(&IterationRecord::optimizer_ms));
+  measured->set_tracked_activation_bytes(tracked);
+  measured->set_end_of_forward_bytes(last.end_of_forward_bytes);
+  measured->set_loss_bytes(loss_bytes);
+  // What the process held when the step began beyond the named categories
+  // (e.g. archive records LibTorch keeps for the loaded model's code).
+  v1::FixedMemory* fixed = profile->mutable_fixed();
+  const int64_t named = fixed->parameter_bytes() + fixed->buffer_bytes() +
+                        fixed->optimizer_state_bytes() + fixed->input_bytes();
+  fixed->set_other_bytes(std::max<int64_t>(0, last.start_bytes - named));
+}
+
+Profiler::Profiler(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Profiler::~Profiler() = default;
+
+const std::string& Profiler::graph_fingerprint() const {
+  return state_->graph->fingerprint();
+}
+int Profiler::num_nodes() const { return state_->graph->num_nodes(); }
+
+absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(
+    ProfilerOptions options) {
+  if (options.batch_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch size must be a positive integer, got ", options.batch_size));
+  }
+  if (options.warmup_iterations < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "warm-up iterations must be >= 0, got ", options.warmup_iterations));
+  }
+  if (options.measure_iterations < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "measured iterations must be >= 1, got ", options.measure_iterations));
+  }
+  if (options.inputs.empty()) {
+    return absl::InvalidArgumentError(
+        "no inputs: give one --input NAME:DTYPE[DIMS] per forward argument");
+  }
+  MUTWO_RETURN_IF_ERROR(ValidateInputs(options.inputs));
+  if (options.model_name.empty()) options.model_name = options.model_path;
+
+  auto state = std::make_unique<State>();
+  MUTWO_ASSIGN_OR_RETURN(
+      state->backend,
+      CreateDeviceBackend(options.device, options.memory_limit_bytes));
+  try {
+    state->device =
+        state->backend->kind() == "cpu"
+            ? torch::Device(torch::kCPU)
+            : torch::Device(options.device == "cuda" ? std::string("cuda:0")
+                                                     : options.device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", options.device, "\": ", FirstLine(e.msg())));
+  }
+  // Loaded after the backend exists, so that the counting allocator sees the
+  // parameters.
+  if (options.model_bytes.empty()) {
+    MUTWO_ASSIGN_OR_RETURN(state->module,
+                           LoadModuleFile(options.model_path, state->device));
+  } else {
+    MUTWO_ASSIGN_OR_RETURN(
+        state->module,
+        LoadModule(options.model_bytes, options.model_name, state->device));
+  }
+  auto graph = Graph::Create(state->module);
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", options.model_name, ": ", graph.status().message()));
+  }
+  state->graph = *std::move(graph);
+  if (state->graph->num_inputs() != static_cast<int>(options.inputs.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", options.model_name, ": forward takes ",
+                     state->graph->num_inputs(), " inputs, got ",
+                     options.inputs.size(), " --input specs"));
+  }
+  state->interpreter = std::make_unique<Interpreter>(state->graph.get());
+  for (const torch::Tensor& p : state->module.parameters()) {
+    if (p.requires_grad()) state->parameters.push_back(p);
+  }
+  state->options = std::move(options);
+  return std::unique_ptr<Profiler>(new Profiler(std::move(state)));
+}
+
+absl::StatusOr<v1::Profile> Profiler::Run() {
+  State& s = *state_;
+  const ProfilerOptions& o = s.options;
+  v1::Profile profile;
+  profile.set_graph_fingerprint(s.graph->fingerprint());
+  profile.set_model_sha256(o.model_sha256);
+  profile.set_batch_size(o.batch_size);
+  for (const auto& spec : o.inputs) *profile.add_inputs() = spec;
+  *profile.mutable_loss() = o.loss;
+  *profile.mutable_optimizer() = o.optimizer;
+  profile.set_warmup_iterations(o.warmup_iterations);
+  profile.set_measure_iterations(o.measure_iterations);
+  for (const IrNode& ir : s.graph->nodes()) {
+    v1::ProfileNode* node = profile.add_nodes();
+    node->set_id(ir.id);
+    node->set_kind(ir.kind);
+    node->set_scope(ir.scope);
+    node->set_occurrences(1);
+    for (int input : ir.input_nodes) node->add_input_nodes(input);
+    node->set_is_op(ir.is_op);
+  }
+
+  auto result = [&]() -> absl::Status {
+    s.backend->SetTag(kIdleTag);
+    *profile.mutable_device() = s.backend->Describe();
+    s.current_step = "generating inputs";
+    MUTWO_RETURN_IF_ERROR(Guard(s.current_step, [&]() -> absl::Status {
+      MUTWO_ASSIGN_OR_RETURN(
+          std::vector<torch::Tensor> inputs,
+          MakeInputs(o.inputs, o.batch_size, s.device, o.seed));
+      MUTWO_ASSIGN_OR_RETURN(s.target,
+                             MakeTarget(o.loss, o.batch_size, s.device));
+      s.inputs.assign(inputs.begin(), inputs.end());
+      std::vector<torch::Tensor> all = inputs;
+      if (s.target.defined()) all.push_back(s.target);
+      v1::FixedMemory* fixed = profile.mutable_fixed();
+      std::vector<torch::Tensor> params, buffers;
+      for (const torch::Tensor& p : s.module.parameters()) params.push_back(p);
+      for (const torch::Tensor& b : s.module.buffers()) buffers.push_back(b);
+      fixed->set_parameter_bytes(StorageBytes(params));
+      fixed->set_buffer_bytes(StorageBytes(buffers));
+      fixed->set_gradient_bytes(StorageBytes(s.parameters));
+      fixed->set_optimizer_state_bytes(
+          OptimizerStatesPerParameter(o.optimizer.kind()) *
+          StorageBytes(s.parameters));
+      fixed->set_input_bytes(StorageBytes(all));
+      MUTWO_ASSIGN_OR_RETURN(s.optimizer,
+                             MakeOptimizer(o.optimizer, s.parameters));
+      return absl::OkStatus();
+    }));
+    MUTWO_RETURN_IF_ERROR(s.CheckCorrectness(&profile));
+    MUTWO_RETURN_IF_ERROR(s.MeasureModuleStep(&profile));
+    std::vector<IterationRecord> records;
+    for (int it = 0; it < o.warmup_iterations + o.measure_iterations; ++it) {
+      IterationRecord record;
+      MUTWO_RETURN_IF_ERROR(s.InterpretedStep(&record));
+      if (it >= o.warmup_iterations) records.push_back(std::move(record));
+    }
+    s.Fill(records, &profile);
+    return absl::OkStatus();
+  }();
+  s.backend->SetTag(kIdleTag);
+  s.ZeroGrads();
+  if (absl::IsResourceExhausted(result)) {
+    profile.set_oom(true);
+    profile.set_oom_step(std::string(result.message()));
+    return profile;
+  }
+  if (!result.ok()) {
+    return absl::Status(result.code(), absl::StrCat("model ", o.model_name,
+                                                    ": ", result.message()));
+  }
+  return profile;
+}
+
+}  // namespace mutwo::worker
