@@ -3,12 +3,77 @@
 #include <algorithm>
 #include <utility>
 
+#include "server/planner/incremental_simulator.h"
+
 namespace mutwo::planner {
 namespace {
 
 enum class State { kCandidate, kRecomputed, kSwapped, kNever };
 
 }  // namespace
+
+// Entries (key, id) on position intervals. Best(position) is the valid entry
+// with the largest key, ties to the smallest id, among those whose interval
+// contains the position: the candidate the full scan in index order with a
+// strict ">" picks. A segment tree over the positions with a max-heap per
+// node; an interval sits in O(log positions) nodes. Entries are never
+// removed eagerly: `valid` rejects stale ones (a changed key is added again
+// under a new version), which are popped when they reach a heap's top, so an
+// entry, once invalid, must stay invalid.
+class CandidateIndex {
+ public:
+  struct Entry {
+    double key;
+    int id;
+    uint32_t version;
+  };
+
+  explicit CandidateIndex(int positions) {
+    while (size_ < positions) size_ *= 2;
+    heaps_.resize(2 * size_);
+  }
+
+  void Add(int lo, int hi, double key, int id, uint32_t version) {
+    const Entry e{key, id, version};
+    for (int l = lo + size_, r = hi + size_ + 1; l < r; l >>= 1, r >>= 1) {
+      if (l & 1) Push(l++, e);
+      if (r & 1) Push(--r, e);
+    }
+  }
+
+  template <typename Valid>
+  int Best(int position, const Valid& valid) {
+    int best = -1;
+    double best_key = 0;
+    for (int node = position + size_; node >= 1; node >>= 1) {
+      std::vector<Entry>& heap = heaps_[node];
+      while (!heap.empty() && !valid(heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), Less);
+        heap.pop_back();
+      }
+      if (heap.empty()) continue;
+      const Entry& top = heap.front();
+      if (best < 0 || top.key > best_key ||
+          (top.key == best_key && top.id < best)) {
+        best = top.id;
+        best_key = top.key;
+      }
+    }
+    return best;
+  }
+
+ private:
+  static bool Less(const Entry& a, const Entry& b) {
+    return a.key != b.key ? a.key < b.key : a.id > b.id;
+  }
+  void Push(int node, const Entry& e) {
+    heaps_[node].push_back(e);
+    std::push_heap(heaps_[node].begin(), heaps_[node].end(), Less);
+  }
+
+  int size_ = 1;
+  std::vector<std::vector<Entry>> heaps_;
+};
 
 // Recompute lineage (Algorithms D, E, F): sources, recompute time of one
 // rebuild, and the total over the times it would be rebuilt.
@@ -46,6 +111,8 @@ class Lineage {
   }
 
   State state(int c) const { return state_[c]; }
+  // Receives every candidate whose total is recomputed (or nullptr).
+  void TrackRefreshed(std::vector<int>* refreshed) { refreshed_ = refreshed; }
   // `c` went back to RETAIN for good: no longer a chosen recomputation.
   void Forget(int c) { state_[c] = State::kNever; }
   double total(int c) const { return total_[c]; }
@@ -112,6 +179,7 @@ class Lineage {
       if (state_[u] == State::kRecomputed && HasSource(u, c)) ++chosen_users;
     }
     total_[c] = time_[c] * (1 + chosen_users);
+    if (refreshed_ != nullptr) refreshed_->push_back(c);
   }
 
   const Simulator& sim_;
@@ -120,6 +188,7 @@ class Lineage {
   std::vector<double> time_;
   std::vector<double> total_;
   std::vector<State> state_;
+  std::vector<int>* refreshed_ = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
@@ -132,6 +201,8 @@ absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
 
 MutwoPolicy::MutwoPolicy(const Simulator* simulator, Options options)
     : sim_(simulator), options_(options) {
+  incremental_ = options_.incremental && !options_.refine &&
+                 !options_.time_each_step && sim_->monotone_time();
   Reset();
 }
 
@@ -148,23 +219,175 @@ void MutwoPolicy::Reset() {
     if (lineage_->state(c) == State::kCandidate) remaining_.push_back(c);
   }
   swapped_.clear();
+  done_ = false;
+  if (incremental_) {
+    ResetIncremental();
+    return;
+  }
   replay_ms_.assign(sim_->positions(), 0);
   sim_options_.time_model = options_.time_each_step;
   sim_->Run(decisions_, sim_options_, &current_);
-  done_ = false;
+}
+
+void MutwoPolicy::ResetIncremental() {
+  const PlanProfile& prof = sim_->profile();
+  const int n = static_cast<int>(prof.activations.size());
+  const int p = sim_->positions();
+  if (inc_ == nullptr) {
+    inc_ = *IncrementalSimulator::Create(sim_);
+  } else {
+    inc_->Reset();
+  }
+  lineage_->TrackRefreshed(&refreshed_);
+  swap_index_ = std::make_unique<CandidateIndex>(p);
+  recompute_index_ = std::make_unique<CandidateIndex>(p);
+  in_remaining_.assign(n, 0);
+  ratio_version_.assign(n, 0);
+  const bool swap_ok = options_.allow_swap && prof.CanSwap();
+  const std::vector<double>& end_ms = sim_->baseline_end_times_ms();
+  for (int c : remaining_) {
+    in_remaining_[c] = 1;
+    const PlanActivation& a = prof.activations[c];
+    if (options_.allow_recompute) IndexRecompute(c);
+    // Swap: inactive at the position and the offload can finish before it
+    // starts; the latter holds from the first position q whose start is
+    // late enough (start times never decrease), found with the scan's own
+    // expression.
+    if (!swap_ok || !(a.inactive_ms > -1)) continue;
+    const double out_ms = sim_->transfer_out_ms(a);
+    int lo = a.last_forward_use + 1, hi = a.first_backward_use;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (end_ms[mid - 1] - end_ms[a.last_forward_use] >= out_ms) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    if (lo <= a.first_backward_use - 1) {
+      swap_index_->Add(lo, a.first_backward_use - 1, a.inactive_ms, c, 0);
+    }
+  }
+}
+
+void MutwoPolicy::IndexRecompute(int c) {
+  const PlanActivation& a = sim_->profile().activations[c];
+  const uint32_t version = ++ratio_version_[c];  // older entries go stale
+  if (a.last_forward_use + 1 > a.first_backward_use - 1) return;
+  // The scan's expression, so that equal totals give equal keys.
+  const double ratio = options_.order == Options::Order::kRatio
+                           ? static_cast<double>(a.size_bytes) /
+                                 std::max(lineage_->total(c), 1e-9)
+                           : 1.0 / std::max(lineage_->total(c), 1e-9);
+  if (!(ratio > -1)) return;
+  recompute_index_->Add(a.last_forward_use + 1, a.first_backward_use - 1, ratio,
+                        c, version);
+}
+
+int64_t MutwoPolicy::peak_bytes() const {
+  return incremental_ ? inc_->peak_bytes() : current_.peak_bytes;
 }
 
 Decisions MutwoPolicy::Run(int64_t budget_bytes,
                            std::vector<TrajectoryStep>* trajectory) {
   Reset();
   TrajectoryStep step;
-  while (current_.peak_bytes > budget_bytes && Step(&step)) {
+  while (peak_bytes() > budget_bytes && Step(&step)) {
     if (trajectory != nullptr) trajectory->push_back(step);
   }
   return decisions_;
 }
 
+bool MutwoPolicy::IncrementalStep(TrajectoryStep* out) {
+  const PlanProfile& prof = sim_->profile();
+  const bool swap_ok = options_.allow_swap && prof.CanSwap();
+  Lineage& lineage = *lineage_;
+  IncrementalSimulator& inc = *inc_;
+  auto valid_swap = [&](const CandidateIndex::Entry& e) {
+    return in_remaining_[e.id] && !no_swap_[e.id];
+  };
+  auto valid_recompute = [&](const CandidateIndex::Entry& e) {
+    return in_remaining_[e.id] && !no_recompute_[e.id] &&
+           e.version == ratio_version_[e.id];
+  };
+  while (!done_) {
+    const int pp = inc.peak_position();
+    const int64_t peak = inc.peak_bytes();
+    const int s_cand = swap_ok ? swap_index_->Best(pp, valid_swap) : -1;
+    const int r_cand = options_.allow_recompute
+                           ? recompute_index_->Best(pp, valid_recompute)
+                           : -1;
+    if (s_cand < 0 && r_cand < 0) {
+      done_ = true;
+      break;
+    }
+
+    // Algorithm C, as in Step().
+    double s_overhead = 0;
+    int prefetch_at = -1;
+    if (s_cand >= 0) {
+      const PlanActivation& a = prof.activations[s_cand];
+      const double in_ms = sim_->transfer_in_ms(a);
+      const int need = a.first_backward_use;
+      double hidden = inc.replay_ms_at(need);
+      int t = need - 1;
+      while (hidden < in_ms && t > a.last_forward_use && t > pp &&
+             inc.planned_peak_bytes(t) < peak) {
+        hidden += sim_->step_ms(t) + inc.replay_ms_at(t);
+        --t;
+      }
+      prefetch_at = t + 1;
+      double queued = 0;
+      for (int w : swapped_) {
+        const int w_need = inc.needed_at(w);
+        if (w_need >= prefetch_at && w_need <= need) {
+          queued += sim_->transfer_in_ms(prof.activations[w]);
+        }
+      }
+      s_overhead = std::max(0.0, in_ms + queued - hidden);
+    }
+    const double r_overhead = r_cand >= 0 ? lineage.total(r_cand) : 0;
+    const bool take_swap =
+        s_cand >= 0 && (r_cand < 0 || s_overhead < r_overhead);
+    const int cand = take_swap ? s_cand : r_cand;
+    Decision decision;
+    decision.action = take_swap ? Action::kSwap : Action::kRecompute;
+    decision.prefetch_at = take_swap ? prefetch_at : -1;
+    inc.Set(cand, decision);
+    if (inc.peak_bytes() > peak) {
+      inc.Set(cand, Decision{});
+      (take_swap ? no_swap_ : no_recompute_)[cand] = 1;
+      continue;
+    }
+    decisions_[cand] = decision;
+    in_remaining_[cand] = 0;
+    refreshed_.clear();
+    if (take_swap) {
+      lineage.Swap(cand);
+      swapped_.push_back(cand);
+    } else {
+      lineage.Recompute(cand);
+    }
+    if (options_.allow_recompute) {
+      for (int c : refreshed_) {
+        if (in_remaining_[c] && !no_recompute_[c]) IndexRecompute(c);
+      }
+    }
+    TrajectoryStep step;
+    step.activation = cand;
+    step.action = decision.action;
+    step.prefetch_at = decision.prefetch_at;
+    step.estimated_overhead_ms = take_swap ? s_overhead : r_overhead;
+    step.peak_bytes = inc.peak_bytes();
+    step.iteration_ms = inc.iteration_ms();
+    *out = std::move(step);
+    return true;
+  }
+  return false;
+}
+
 bool MutwoPolicy::Step(TrajectoryStep* out) {
+  if (incremental_) return IncrementalStep(out);
   const PlanProfile& prof = sim_->profile();
   const int n = static_cast<int>(prof.activations.size());
   const bool swap_ok = options_.allow_swap && prof.CanSwap();

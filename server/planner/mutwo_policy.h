@@ -28,7 +28,9 @@
 
 namespace mutwo::planner {
 
-class Lineage;  // recompute lineage bookkeeping (Algorithms D-F)
+class Lineage;         // recompute lineage bookkeeping (Algorithms D-F)
+class CandidateIndex;  // best candidate inactive at a position
+class IncrementalSimulator;
 
 // One accepted choice and the simulated result after it.
 struct TrajectoryStep {
@@ -62,6 +64,13 @@ class MutwoPolicy {
     // simulate memory only and TrajectoryStep::iteration_ms leaves out
     // stalls. Refinement needs it.
     bool time_each_step = true;
+    // Memory-only rounds without refinement (the large-graph policy): keep
+    // the plan in an IncrementalSimulator and the candidates in interval
+    // indexes instead of re-simulating the whole timeline and scanning every
+    // candidate each round. Exact: the same choices as with it off (the
+    // full re-simulation, kept as the reference). Ignored when refinement or
+    // per-step timing is on, or when step times are not monotone.
+    bool incremental = true;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MutwoPolicy>> Create(
@@ -79,10 +88,20 @@ class MutwoPolicy {
   void Reset();
   bool Step(TrajectoryStep* step);
   const Decisions& decisions() const { return decisions_; }
-  const SimResult& current() const { return current_; }
+  // Simulated peak of the current decisions.
+  int64_t peak_bytes() const;
+  // Whether rounds run on the incremental simulator (Options::incremental
+  // and its conditions).
+  bool incremental() const { return incremental_; }
 
  private:
   MutwoPolicy(const Simulator* simulator, Options options);
+
+  // Step() on the incremental simulator and candidate indexes.
+  bool IncrementalStep(TrajectoryStep* step);
+  void ResetIncremental();
+  // (Re-)indexes a recompute candidate under its current ratio.
+  void IndexRecompute(int candidate);
 
   // Refinement after a step; updates `decisions` and `current`, appends the
   // activations returned to RETAIN to `retained_again`.
@@ -101,6 +120,14 @@ class MutwoPolicy {
   Simulator::Options sim_options_;
   SimResult current_, next_;
   bool done_ = false;
+
+  // Incremental rounds.
+  bool incremental_ = false;
+  std::unique_ptr<IncrementalSimulator> inc_;
+  std::unique_ptr<CandidateIndex> swap_index_, recompute_index_;
+  std::vector<char> in_remaining_;
+  std::vector<uint32_t> ratio_version_;
+  std::vector<int> refreshed_;
 };
 
 // The decisions after the first `steps` steps of a trajectory.

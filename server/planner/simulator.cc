@@ -134,6 +134,9 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
                              : profile->backward_steps[i - n].ms;
     t += sim->step_ms_[i];
     sim->end_ms_[i] = t;
+    if (i > 0 && !(sim->end_ms_[i] >= sim->end_ms_[i - 1])) {
+      sim->monotone_time_ = false;
+    }
   }
   sim->baseline_iteration_ms_ =
       profile->measured_iteration_ms > 0 ? profile->measured_iteration_ms : t;

@@ -97,8 +97,21 @@ class Simulator {
   double step_ms(int position) const { return step_ms_[position]; }
   // End time of `position` in the baseline step (forward from 0).
   double baseline_end_ms(int position) const { return end_ms_[position]; }
+  const std::vector<double>& baseline_end_times_ms() const { return end_ms_; }
   double transfer_in_ms(const PlanActivation& a) const;
   double transfer_out_ms(const PlanActivation& a) const;
+  // Baseline high-water mark during each position.
+  const std::vector<int64_t>& baseline_during_bytes() const {
+    return base_during_;
+  }
+  // Op nodes in id order, and the activations each node produced.
+  const std::vector<int>& op_nodes() const { return op_nodes_; }
+  const std::vector<int>& produced_by(int node) const {
+    return produced_by_[node];
+  }
+  // True when the baseline end times never decrease (step times >= 0, as
+  // proto_convert enforces); the incremental policy relies on it.
+  bool monotone_time() const { return monotone_time_; }
 
  private:
   explicit Simulator(const PlanProfile* profile);
@@ -115,6 +128,7 @@ class Simulator {
   std::vector<int> by_last_forward_use_;       // activation order
   int64_t baseline_peak_bytes_ = 0;
   double baseline_iteration_ms_ = 0;
+  bool monotone_time_ = true;
 
   // Scratch, reused by Run.
   mutable std::vector<int64_t> scratch_delta_after_;

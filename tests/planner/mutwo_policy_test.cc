@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+#include <vector>
+
 #include "tests/planner/test_profiles.h"
 
 namespace mutwo::planner {
@@ -98,6 +102,52 @@ TEST(MutwoPolicyTest, StopsAsSoonAsTheBudgetFits) {
   Outcome one = RunPolicy(p, budget);
   EXPECT_EQ(one.steps.size(), 1u);
   EXPECT_EQ(one.sim.peak_bytes, budget);
+}
+
+// The incremental rounds (the large-graph policy) make exactly the choices
+// of the full re-simulation and full candidate scan, step by step, down to
+// the floor, with the same estimated overheads, peaks and times.
+TEST(MutwoPolicyTest, IncrementalRoundsMakeTheSameChoicesAsFullSimulation) {
+  std::mt19937 rng(99);
+  int incremental_steps = 0;
+  for (int g = 0; g < 40; ++g) {
+    const PlanProfile p = testing::RichRandomProfile(rng, 30 + 7 * g);
+    auto sim = Simulator::Create(&p);
+    ASSERT_TRUE(sim.ok()) << sim.status();
+    MutwoPolicy::Options options;
+    options.refine = false;
+    options.time_each_step = false;
+    options.allow_swap = g % 4 != 3;
+    options.order = g % 3 == 2 ? MutwoPolicy::Options::Order::kCheapest
+                               : MutwoPolicy::Options::Order::kRatio;
+    auto fast = MutwoPolicy::Create(sim->get(), options);
+    options.incremental = false;
+    auto full = MutwoPolicy::Create(sim->get(), options);
+    ASSERT_TRUE(fast.ok() && full.ok());
+    ASSERT_TRUE((*fast)->incremental());
+    ASSERT_FALSE((*full)->incremental());
+    std::vector<TrajectoryStep> a, b;
+    const Decisions da = (*fast)->Run(0, &a);
+    const Decisions db = (*full)->Run(0, &b);
+    ASSERT_EQ(a.size(), b.size()) << "graph " << g;
+    for (size_t i = 0; i < a.size(); ++i) {
+      SCOPED_TRACE("graph " + std::to_string(g) + " step " + std::to_string(i));
+      EXPECT_EQ(a[i].activation, b[i].activation);
+      EXPECT_EQ(a[i].action, b[i].action);
+      EXPECT_EQ(a[i].prefetch_at, b[i].prefetch_at);
+      EXPECT_EQ(a[i].estimated_overhead_ms, b[i].estimated_overhead_ms);
+      EXPECT_EQ(a[i].peak_bytes, b[i].peak_bytes);
+      EXPECT_EQ(a[i].iteration_ms, b[i].iteration_ms);
+    }
+    for (size_t c = 0; c < da.size(); ++c) {
+      EXPECT_EQ(da[c].action, db[c].action);
+      EXPECT_EQ(da[c].prefetch_at, db[c].prefetch_at);
+    }
+    EXPECT_EQ((*fast)->peak_bytes(), (*full)->peak_bytes());
+    incremental_steps += static_cast<int>(a.size());
+    if (::testing::Test::HasFailure()) return;
+  }
+  EXPECT_GT(incremental_steps, 1000);  // the trajectories are not trivial
 }
 
 }  // namespace

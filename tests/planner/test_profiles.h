@@ -131,6 +131,54 @@ inline PlanProfile RandomProfile(std::mt19937& rng, int n) {
   return p;
 }
 
+// RandomProfile plus what the bench shape lacks: nodes producing two
+// activations, non-op nodes (their activations cannot join a segment), op
+// nodes without activations (they neither join nor split a segment),
+// zero-size activations, allocator figures on odd graphs and links slow
+// enough that offloads queue behind each other.
+inline PlanProfile RichRandomProfile(std::mt19937& rng, int n) {
+  PlanProfile p = RandomProfile(rng, n);
+  std::uniform_real_distribution<double> coin(0, 1);
+  const int base = static_cast<int>(p.activations.size());
+  // Node i's activation moved to node i-1: node i produces nothing.
+  for (int i = 1; i < base; ++i) {
+    if (coin(rng) < 0.1) p.activations[i].producer_node = i - 1;
+  }
+  for (int i = 0; i < base; ++i) {
+    if (coin(rng) < 0.2) {
+      PlanActivation extra = p.activations[i];
+      extra.value_id = 1000 + i;
+      extra.size_bytes = static_cast<int64_t>(coin(rng) * 50000);
+      extra.recompute_sources = {i};
+      p.activations.push_back(extra);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (coin(rng) < 0.1) p.nodes[i].is_op = false;
+  }
+  for (PlanActivation& a : p.activations) {
+    if (coin(rng) < 0.05) a.size_bytes = 0;
+  }
+  if (coin(rng) < 0.5) {
+    std::uniform_int_distribution<int64_t> extra(0, 200000);
+    int64_t after = p.fixed_bytes;
+    for (PlanNode& node : p.nodes) {
+      after += extra(rng) / 4;
+      node.allocated_bytes_after = after;
+      node.peak_bytes_during = after + extra(rng);
+    }
+    for (PlanBackwardStep& step : p.backward_steps) {
+      after = std::max<int64_t>(p.fixed_bytes, after - extra(rng) / 4);
+      step.allocated_bytes_after = after;
+      step.peak_bytes_during = after + extra(rng);
+    }
+  }
+  const double bandwidth = 1e6 * (5 + 200 * coin(rng));  // bytes per second
+  p.host_to_device_bytes_per_second = bandwidth;
+  p.device_to_host_bytes_per_second = bandwidth * (0.5 + coin(rng));
+  return p;
+}
+
 }  // namespace mutwo::planner::testing
 
 #endif  // MUTWO_TESTS_PLANNER_TEST_PROFILES_H_
