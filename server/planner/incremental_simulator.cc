@@ -69,6 +69,7 @@ void IncrementalSimulator::Reset() {
   decisions_.assign(a_count, Decision{});
   recompute_count_.assign(k_count, 0);
   run_starts_.clear();
+  recompute_ms_valid_ = false;
   run_end_.assign(k_count, -1);
   run_replay_.assign(k_count, -1);
   run_ms_.assign(k_count, 0);
@@ -81,6 +82,8 @@ void IncrementalSimulator::Reset() {
   offload_done_ms_.assign(a_count, 0);
   offload_done_at_.assign(a_count, -1);
   prefetch_at_.assign(a_count, -1);
+  swaps_needed_at_.assign(positions_, {});
+  registered_need_.assign(a_count, -1);
   applied_.assign(a_count, Contribution{});
 }
 
@@ -141,9 +144,13 @@ int IncrementalSimulator::offload_done_at(int activation) const {
 }
 
 double IncrementalSimulator::recompute_ms() const {
-  double total = 0;
-  for (int start : run_starts_) total += run_ms_[start];
-  return total;
+  if (!recompute_ms_valid_) {
+    double total = 0;
+    for (int start : run_starts_) total += run_ms_[start];
+    recompute_ms_ = total;
+    recompute_ms_valid_ = true;
+  }
+  return recompute_ms_;
 }
 
 double IncrementalSimulator::iteration_ms() const {
@@ -168,7 +175,7 @@ void IncrementalSimulator::MarkSourcesHoldDirty(int a) {
 }
 
 int IncrementalSimulator::RunContaining(int k) const {
-  auto it = run_starts_.upper_bound(k);
+  auto it = std::upper_bound(run_starts_.begin(), run_starts_.end(), k);
   return *std::prev(it);
 }
 
@@ -180,7 +187,9 @@ void IncrementalSimulator::UpdateReplayMs(int position) {
 }
 
 void IncrementalSimulator::DetachRun(int start) {
-  run_starts_.erase(start);
+  run_starts_.erase(
+      std::lower_bound(run_starts_.begin(), run_starts_.end(), start));
+  recompute_ms_valid_ = false;
   const int at = run_replay_[start];
   std::vector<int>& runs = replay_runs_[at];
   runs.erase(std::find(runs.begin(), runs.end(), start));
@@ -218,7 +227,9 @@ void IncrementalSimulator::AttachRun(int start, int end) {
       MarkSourcesHoldDirty(a);
     }
   }
-  run_starts_.insert(start);
+  run_starts_.insert(
+      std::lower_bound(run_starts_.begin(), run_starts_.end(), start), start);
+  recompute_ms_valid_ = false;
   run_end_[start] = end;
   run_replay_[start] = replay_at;
   run_ms_[start] = ms;
@@ -349,12 +360,21 @@ IncrementalSimulator::Contribution IncrementalSimulator::Derive(int x) {
   const Action action = decisions_[x].action;
   const PlanActivation& act = prof_->activations[x];
   const int64_t s = act.size_bytes;
+  int need = -1;
   if (action == Action::kSwap) {
-    const int need = std::min(act.first_backward_use, first_need_[x]);
+    need = std::min(act.first_backward_use, first_need_[x]);
     int pa = decisions_[x].prefetch_at;
     if (pa < 0 || pa > need) pa = need;
     if (pa <= act.last_forward_use) pa = act.last_forward_use + 1;
     prefetch_at_[x] = pa;
+  }
+  if (need != registered_need_[x]) {
+    if (registered_need_[x] >= 0) {
+      std::vector<int>& listed = swaps_needed_at_[registered_need_[x]];
+      listed.erase(std::find(listed.begin(), listed.end(), x));
+    }
+    if (need >= 0) swaps_needed_at_[need].push_back(x);
+    registered_need_[x] = need;
   }
   if ((action == Action::kRetain && hold_[x] < 0) || s == 0) return c;
   const int last = positions_ - 1;

@@ -63,9 +63,15 @@ class IncrementalSimulator {
   // As SimResult::needed_at / offload_done_at (-1 when not applicable).
   int needed_at(int activation) const;
   int offload_done_at(int activation) const;
+  // SWAP activations whose prefetch must complete before `position`.
+  const std::vector<int>& swaps_needed_at(int position) const {
+    return swaps_needed_at_[position];
+  }
   int segments() const { return static_cast<int>(run_starts_.size()); }
+  // Replay time of all segments, summed in segment order (O(segments) after
+  // a segment changed, cached otherwise).
   double recompute_ms() const;
-  // Baseline + replay time (no stalls); O(segments).
+  // Baseline + replay time (no stalls).
   double iteration_ms() const;
 
  private:
@@ -110,7 +116,9 @@ class IncrementalSimulator {
   std::vector<int> k_of_node_;           // -1: cannot join a segment
   std::vector<int> node_of_k_;
   std::vector<int> recompute_count_;  // per k: RECOMPUTE activations
-  std::set<int> run_starts_;
+  std::vector<int> run_starts_;       // sorted
+  mutable double recompute_ms_ = 0;
+  mutable bool recompute_ms_valid_ = false;
   std::vector<int> run_end_, run_replay_;
   std::vector<double> run_ms_;
   std::vector<std::vector<int>> replay_runs_;  // position -> run starts
@@ -120,6 +128,8 @@ class IncrementalSimulator {
   std::set<std::pair<int, int>> swap_order_;  // (last_forward_use, index)
   std::vector<double> offload_done_ms_;
   std::vector<int> offload_done_at_, prefetch_at_;
+  std::vector<std::vector<int>> swaps_needed_at_;  // position -> swaps
+  std::vector<int> registered_need_;               // where listed there, -1
   std::vector<Contribution> applied_;
 
   // Activations to re-derive after a change (deduplicated by stamps).

@@ -13,65 +13,124 @@ enum class State { kCandidate, kRecomputed, kSwapped, kNever };
 }  // namespace
 
 // Entries (key, id) on position intervals. Best(position) is the valid entry
-// with the largest key, ties to the smallest id, among those whose interval
-// contains the position: the candidate the full scan in index order with a
-// strict ">" picks. A segment tree over the positions with a max-heap per
-// node; an interval sits in O(log positions) nodes. Entries are never
-// removed eagerly: `valid` rejects stale ones (a changed key is added again
-// under a new version), which are popped when they reach a heap's top, so an
-// entry, once invalid, must stay invalid.
+// with the largest current key, ties to the smallest id, among those whose
+// interval contains the position: the candidate that the full scan in index
+// order with a strict ">" picks. A segment tree over the positions; an
+// interval sits in O(log positions) nodes. Each node holds the entries given
+// before Build() as an array sorted best first with a cursor, and the ones
+// added later in a heap. Entries are not removed eagerly: an invalid one
+// (which must stay invalid) is dropped when it reaches the front; one whose
+// key is no longer the current key is re-queued in that node under the
+// current key. This is exact while a key only decreases after it was
+// indexed (stored >= current: the front, when current, is the node's best);
+// a key that increases must be Add()ed again.
 class CandidateIndex {
  public:
-  struct Entry {
-    double key;
-    int id;
-    uint32_t version;
-  };
-
   explicit CandidateIndex(int positions) {
     while (size_ < positions) size_ *= 2;
-    heaps_.resize(2 * size_);
   }
 
-  void Add(int lo, int hi, double key, int id, uint32_t version) {
-    const Entry e{key, id, version};
-    for (int l = lo + size_, r = hi + size_ + 1; l < r; l >>= 1, r >>= 1) {
-      if (l & 1) Push(l++, e);
-      if (r & 1) Push(--r, e);
+  // Before Build().
+  void Stage(int lo, int hi, double key, int id) {
+    ForEachNode(lo, hi, [&](int node) {
+      staged_.push_back({node, Entry{key, id}});
+    });
+  }
+
+  void Build() {
+    offsets_.assign(2 * size_ + 1, 0);
+    for (const auto& [node, e] : staged_) ++offsets_[node + 1];
+    for (int node = 0; node < 2 * size_; ++node) {
+      offsets_[node + 1] += offsets_[node];
     }
+    entries_.resize(staged_.size());
+    cursor_.assign(offsets_.begin(), offsets_.end() - 1);
+    for (const auto& [node, e] : staged_) entries_[cursor_[node]++] = e;
+    cursor_.assign(offsets_.begin(), offsets_.end() - 1);
+    for (int node = 1; node < 2 * size_; ++node) {
+      std::sort(entries_.begin() + offsets_[node],
+                entries_.begin() + offsets_[node + 1],
+                [](const Entry& a, const Entry& b) { return Less(b, a); });
+    }
+    staged_.clear();
+    staged_.shrink_to_fit();
+    heap_of_.assign(2 * size_, -1);
+    heaps_.clear();
   }
 
-  template <typename Valid>
-  int Best(int position, const Valid& valid) {
+  // After Build().
+  void Add(int lo, int hi, double key, int id) {
+    ForEachNode(lo, hi, [&](int node) { Push(node, Entry{key, id}); });
+  }
+
+  // valid(id): the candidate may still be chosen; key(id): its current key.
+  template <typename Valid, typename Key>
+  int Best(int position, const Valid& valid, const Key& key) {
     int best = -1;
     double best_key = 0;
+    auto consider = [&](const Entry& e) {
+      if (best < 0 || e.key > best_key || (e.key == best_key && e.id < best)) {
+        best = e.id;
+        best_key = e.key;
+      }
+    };
     for (int node = position + size_; node >= 1; node >>= 1) {
-      std::vector<Entry>& heap = heaps_[node];
-      while (!heap.empty() && !valid(heap.front())) {
+      for (int& i = cursor_[node]; i < offsets_[node + 1]; ++i) {
+        const Entry e = entries_[i];
+        if (!valid(e.id)) continue;
+        const double current = key(e.id);
+        if (current == e.key) {
+          consider(e);
+          break;
+        }
+        Push(node, Entry{current, e.id});
+      }
+      if (heap_of_[node] < 0) continue;
+      std::vector<Entry>& heap = heaps_[heap_of_[node]];
+      while (!heap.empty()) {
+        const Entry e = heap.front();
+        if (valid(e.id) && key(e.id) == e.key) {
+          consider(e);
+          break;
+        }
         std::pop_heap(heap.begin(), heap.end(), Less);
         heap.pop_back();
-      }
-      if (heap.empty()) continue;
-      const Entry& top = heap.front();
-      if (best < 0 || top.key > best_key ||
-          (top.key == best_key && top.id < best)) {
-        best = top.id;
-        best_key = top.key;
+        if (valid(e.id)) Push(node, Entry{key(e.id), e.id});
       }
     }
     return best;
   }
 
  private:
+  struct Entry {
+    double key;
+    int id;
+  };
   static bool Less(const Entry& a, const Entry& b) {
     return a.key != b.key ? a.key < b.key : a.id > b.id;
   }
+  template <typename F>
+  void ForEachNode(int lo, int hi, const F& f) {
+    for (int l = lo + size_, r = hi + size_ + 1; l < r; l >>= 1, r >>= 1) {
+      if (l & 1) f(l++);
+      if (r & 1) f(--r);
+    }
+  }
   void Push(int node, const Entry& e) {
-    heaps_[node].push_back(e);
-    std::push_heap(heaps_[node].begin(), heaps_[node].end(), Less);
+    if (heap_of_[node] < 0) {
+      heap_of_[node] = static_cast<int>(heaps_.size());
+      heaps_.emplace_back();
+    }
+    std::vector<Entry>& heap = heaps_[heap_of_[node]];
+    heap.push_back(e);
+    std::push_heap(heap.begin(), heap.end(), Less);
   }
 
   int size_ = 1;
+  std::vector<std::pair<int, Entry>> staged_;
+  std::vector<int> offsets_, cursor_;
+  std::vector<Entry> entries_;
+  std::vector<int> heap_of_;
   std::vector<std::vector<Entry>> heaps_;
 };
 
@@ -242,13 +301,19 @@ void MutwoPolicy::ResetIncremental() {
   swap_index_ = std::make_unique<CandidateIndex>(p);
   recompute_index_ = std::make_unique<CandidateIndex>(p);
   in_remaining_.assign(n, 0);
-  ratio_version_.assign(n, 0);
+  recompute_key_.assign(n, 0);
+  swap_rank_.assign(n, -1);
   const bool swap_ok = options_.allow_swap && prof.CanSwap();
   const std::vector<double>& end_ms = sim_->baseline_end_times_ms();
   for (int c : remaining_) {
     in_remaining_[c] = 1;
     const PlanActivation& a = prof.activations[c];
-    if (options_.allow_recompute) IndexRecompute(c);
+    recompute_key_[c] = RecomputeKey(c);
+    if (options_.allow_recompute &&
+        a.last_forward_use + 1 <= a.first_backward_use - 1) {
+      recompute_index_->Stage(a.last_forward_use + 1, a.first_backward_use - 1,
+                              recompute_key_[c], c);
+    }
     // Swap: inactive at the position and the offload can finish before it
     // starts; the latter holds from the first position q whose start is
     // late enough (start times never decrease), found with the scan's own
@@ -265,23 +330,35 @@ void MutwoPolicy::ResetIncremental() {
       }
     }
     if (lo <= a.first_backward_use - 1) {
-      swap_index_->Add(lo, a.first_backward_use - 1, a.inactive_ms, c, 0);
+      swap_index_->Stage(lo, a.first_backward_use - 1, a.inactive_ms, c);
     }
   }
+  swap_index_->Build();
+  recompute_index_->Build();
 }
 
-void MutwoPolicy::IndexRecompute(int c) {
-  const PlanActivation& a = sim_->profile().activations[c];
-  const uint32_t version = ++ratio_version_[c];  // older entries go stale
-  if (a.last_forward_use + 1 > a.first_backward_use - 1) return;
+double MutwoPolicy::RecomputeKey(int c) const {
   // The scan's expression, so that equal totals give equal keys.
-  const double ratio = options_.order == Options::Order::kRatio
-                           ? static_cast<double>(a.size_bytes) /
-                                 std::max(lineage_->total(c), 1e-9)
-                           : 1.0 / std::max(lineage_->total(c), 1e-9);
-  if (!(ratio > -1)) return;
-  recompute_index_->Add(a.last_forward_use + 1, a.first_backward_use - 1, ratio,
-                        c, version);
+  const double total = std::max(lineage_->total(c), 1e-9);
+  return options_.order == Options::Order::kRatio
+             ? static_cast<double>(sim_->profile().activations[c].size_bytes) /
+                   total
+             : 1.0 / total;
+}
+
+void MutwoPolicy::UpdateRecomputeKey(int c) {
+  const double key = RecomputeKey(c);
+  const double indexed = recompute_key_[c];
+  recompute_key_[c] = key;
+  // A lower key is re-queued lazily by the index (the usual case: totals
+  // only grow); a higher one must be indexed again.
+  if (!(key <= indexed)) {
+    const PlanActivation& a = sim_->profile().activations[c];
+    if (a.last_forward_use + 1 <= a.first_backward_use - 1) {
+      recompute_index_->Add(a.last_forward_use + 1, a.first_backward_use - 1,
+                            key, c);
+    }
+  }
 }
 
 int64_t MutwoPolicy::peak_bytes() const {
@@ -303,19 +380,20 @@ bool MutwoPolicy::IncrementalStep(TrajectoryStep* out) {
   const bool swap_ok = options_.allow_swap && prof.CanSwap();
   Lineage& lineage = *lineage_;
   IncrementalSimulator& inc = *inc_;
-  auto valid_swap = [&](const CandidateIndex::Entry& e) {
-    return in_remaining_[e.id] && !no_swap_[e.id];
+  auto valid_swap = [&](int c) { return in_remaining_[c] && !no_swap_[c]; };
+  auto inactive = [&](int c) { return prof.activations[c].inactive_ms; };
+  // (A NaN key never wins the scan's strict ">".)
+  auto valid_recompute = [&](int c) {
+    return in_remaining_[c] && !no_recompute_[c] && recompute_key_[c] > -1;
   };
-  auto valid_recompute = [&](const CandidateIndex::Entry& e) {
-    return in_remaining_[e.id] && !no_recompute_[e.id] &&
-           e.version == ratio_version_[e.id];
-  };
+  auto ratio = [&](int c) { return recompute_key_[c]; };
   while (!done_) {
     const int pp = inc.peak_position();
     const int64_t peak = inc.peak_bytes();
-    const int s_cand = swap_ok ? swap_index_->Best(pp, valid_swap) : -1;
+    const int s_cand =
+        swap_ok ? swap_index_->Best(pp, valid_swap, inactive) : -1;
     const int r_cand = options_.allow_recompute
-                           ? recompute_index_->Best(pp, valid_recompute)
+                           ? recompute_index_->Best(pp, valid_recompute, ratio)
                            : -1;
     if (s_cand < 0 && r_cand < 0) {
       done_ = true;
@@ -337,12 +415,18 @@ bool MutwoPolicy::IncrementalStep(TrajectoryStep* out) {
         --t;
       }
       prefetch_at = t + 1;
-      double queued = 0;
-      for (int w : swapped_) {
-        const int w_need = inc.needed_at(w);
-        if (w_need >= prefetch_at && w_need <= need) {
-          queued += sim_->transfer_in_ms(prof.activations[w]);
+      // Transfers already due in the window, summed in the order of
+      // swapped_ as the scan does.
+      queued_.clear();
+      for (int t2 = prefetch_at; t2 <= need; ++t2) {
+        for (int w : inc.swaps_needed_at(t2)) {
+          queued_.emplace_back(swap_rank_[w], w);
         }
+      }
+      std::sort(queued_.begin(), queued_.end());
+      double queued = 0;
+      for (const auto& [rank, w] : queued_) {
+        queued += sim_->transfer_in_ms(prof.activations[w]);
       }
       s_overhead = std::max(0.0, in_ms + queued - hidden);
     }
@@ -364,13 +448,14 @@ bool MutwoPolicy::IncrementalStep(TrajectoryStep* out) {
     refreshed_.clear();
     if (take_swap) {
       lineage.Swap(cand);
+      swap_rank_[cand] = static_cast<int>(swapped_.size());
       swapped_.push_back(cand);
     } else {
       lineage.Recompute(cand);
     }
     if (options_.allow_recompute) {
       for (int c : refreshed_) {
-        if (in_remaining_[c] && !no_recompute_[c]) IndexRecompute(c);
+        if (in_remaining_[c] && !no_recompute_[c]) UpdateRecomputeKey(c);
       }
     }
     TrajectoryStep step;

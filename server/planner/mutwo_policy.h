@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -100,8 +101,10 @@ class MutwoPolicy {
   // Step() on the incremental simulator and candidate indexes.
   bool IncrementalStep(TrajectoryStep* step);
   void ResetIncremental();
-  // (Re-)indexes a recompute candidate under its current ratio.
-  void IndexRecompute(int candidate);
+  // The recompute key of the full scan (ratio or cheapest) for a candidate.
+  double RecomputeKey(int candidate) const;
+  // After the lineage changed a candidate's total.
+  void UpdateRecomputeKey(int candidate);
 
   // Refinement after a step; updates `decisions` and `current`, appends the
   // activations returned to RETAIN to `retained_again`.
@@ -126,7 +129,9 @@ class MutwoPolicy {
   std::unique_ptr<IncrementalSimulator> inc_;
   std::unique_ptr<CandidateIndex> swap_index_, recompute_index_;
   std::vector<char> in_remaining_;
-  std::vector<uint32_t> ratio_version_;
+  std::vector<double> recompute_key_;
+  std::vector<int> swap_rank_;  // index in swapped_
+  std::vector<std::pair<int, int>> queued_;
   std::vector<int> refreshed_;
 };
 

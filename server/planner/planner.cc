@@ -22,7 +22,8 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   MUTWO_ASSIGN_OR_RETURN(planner->sim_, Simulator::Create(&planner->profile_));
   planner->small_ = static_cast<int>(planner->profile_.activations.size()) <=
                     options.small_graph_activations;
-  for (int order = 0; order < 2; ++order) {
+  // Large graphs run only the paper's trajectory.
+  for (int order = 0; order < planner->orders(); ++order) {
     MutwoPolicy::Options policy_options;
     policy_options.allow_swap = options.allow_swap;
     policy_options.order = order == 0 ? MutwoPolicy::Options::Order::kRatio
@@ -51,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
 
 void Planner::Extend(int order, int64_t peak_bytes) {
   std::vector<TrajectoryStep>& steps = trajectories_[order];
+  if (policies_[order] == nullptr) exhausted_[order] = true;  // large graph
   TrajectoryStep step;
   while (!exhausted_[order] &&
          (steps.empty() ? sim_->baseline_peak_bytes()

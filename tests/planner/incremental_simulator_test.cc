@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,6 +34,17 @@ void ExpectSameAsFullSimulation(const Simulator& sim,
   for (const auto& [at, ms] : full.replays) replay_ms[at] += ms;
   for (int t = 0; t < sim.positions(); ++t) {
     ASSERT_EQ(inc.replay_ms_at(t), replay_ms[t]) << where << " position " << t;
+  }
+  std::vector<std::vector<int>> swaps_needed(sim.positions());
+  for (size_t a = 0; a < inc.decisions().size(); ++a) {
+    if (inc.decisions()[a].action == Action::kSwap) {
+      swaps_needed[full.needed_at[a]].push_back(static_cast<int>(a));
+    }
+  }
+  for (int t = 0; t < sim.positions(); ++t) {
+    std::vector<int> listed = inc.swaps_needed_at(t);
+    std::sort(listed.begin(), listed.end());
+    ASSERT_EQ(listed, swaps_needed[t]) << where << " position " << t;
   }
   for (size_t a = 0; a < inc.decisions().size(); ++a) {
     ASSERT_EQ(inc.needed_at(static_cast<int>(a)), full.needed_at[a])
