@@ -68,13 +68,22 @@ class TraceTable {
     int64_t tag;
   };
 
+  // The trace carries the requested size; the allocator's statistics (and
+  // the device) count blocks rounded up to 512 bytes.
+  static int64_t RoundedSize(int64_t bytes) {
+    constexpr int64_t kMinBlockBytes = 512;
+    if (bytes < kMinBlockBytes) return kMinBlockBytes;
+    return (bytes + kMinBlockBytes - 1) / kMinBlockBytes * kMinBlockBytes;
+  }
+
   // Runs under the caching allocator's lock: no CUDA allocations here.
   void OnTrace(const cca::TraceEntry& entry) {
     if (static_cast<int>(entry.device_) != device_.load()) return;
     const uintptr_t addr = static_cast<uintptr_t>(entry.addr_);
     if (entry.action_ == cca::TraceEntry::ALLOC) {
       absl::MutexLock lock(&mu_);
-      blocks_[addr] = Block{static_cast<int64_t>(entry.size_), tag_.load()};
+      blocks_[addr] =
+          Block{RoundedSize(static_cast<int64_t>(entry.size_)), tag_.load()};
     } else if (entry.action_ == cca::TraceEntry::FREE_REQUESTED) {
       absl::MutexLock lock(&mu_);
       if (blocks_.erase(addr) > 0 && logging_frees_) {
