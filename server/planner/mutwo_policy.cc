@@ -179,7 +179,8 @@ class Lineage {
   // Algorithm E then F for `t` chosen for recompute.
   void Recompute(int t) {
     state_[t] = State::kRecomputed;
-    const std::vector<int> users = users_[t];
+    // users_[t] is not read again once t is chosen.
+    const std::vector<int> users = std::move(users_[t]);
     for (int u : users) {
       if (!HasSource(u, t)) continue;
       if (state_[u] == State::kRecomputed) {
@@ -201,7 +202,8 @@ class Lineage {
   void Swap(int t) {
     state_[t] = State::kSwapped;
     const PlanActivation& ta = sim_.profile().activations[t];
-    const std::vector<int> users = users_[t];
+    // users_[t] is not read again once t is chosen.
+    const std::vector<int> users = std::move(users_[t]);
     for (int u : users) {
       if (state_[u] != State::kCandidate || !HasSource(u, t)) continue;
       const int fbu = sim_.profile().activations[u].first_backward_use;
@@ -219,16 +221,27 @@ class Lineage {
     return std::binary_search(srcs_[u].begin(), srcs_[u].end(), s);
   }
 
+  // u's source t is replaced by t's sources (a sorted merge). users_ is
+  // only kept for candidates: it is read when an activation is chosen or
+  // its total refreshed, both only while it is a candidate, and a candidate
+  // never leaves any source list, so its list has no stale entries.
   void Replace(int u, int t) {
     std::vector<int>& srcs = srcs_[u];
-    srcs.erase(std::lower_bound(srcs.begin(), srcs.end(), t));
+    merged_.clear();
+    auto it = srcs.begin();
     for (int x : srcs_[t]) {
       if (x == u) continue;
-      auto it = std::lower_bound(srcs.begin(), srcs.end(), x);
+      for (; it != srcs.end() && *it < x; ++it) {
+        if (*it != t) merged_.push_back(*it);
+      }
       if (it != srcs.end() && *it == x) continue;
-      srcs.insert(it, x);
-      users_[x].push_back(u);
+      merged_.push_back(x);
+      if (state_[x] == State::kCandidate) users_[x].push_back(u);
     }
+    for (; it != srcs.end(); ++it) {
+      if (*it != t) merged_.push_back(*it);
+    }
+    srcs.swap(merged_);
   }
 
   // total = time × (1 + chosen recomputations that rebuild it as a source).
@@ -248,6 +261,7 @@ class Lineage {
   std::vector<double> total_;
   std::vector<State> state_;
   std::vector<int>* refreshed_ = nullptr;
+  std::vector<int> merged_;  // scratch for Replace
 };
 
 absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
