@@ -12,6 +12,7 @@
 #include "common/args.h"
 #include "common/logging.h"
 #include "worker/profile_command.h"
+#include "worker/task_commands.h"
 
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
 
@@ -24,6 +25,12 @@ constexpr char kUsage[] =
     "Commands:\n"
     "  version   print the LibTorch version and the devices it sees\n"
     "%PROFILE%\n"
+    "  serve --server=HOST:PORT [--device=cpu|cuda:N] [--metrics_listen=...]\n"
+    "            [--work_dir=DIR] [--task_memory_limit=16GiB]\n"
+    "            the worker daemon: lease tasks from mutwo-server, run each\n"
+    "            in a child process with limits, report the results\n"
+    "  run-task  (used by serve) run one leased task file\n"
+    "  device-info [--device=...]   the device facts as JSON\n"
     "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible.";
 
 int Version(const ParsedArgs&) {
@@ -38,7 +45,14 @@ int Version(const ParsedArgs&) {
 
 int RunWorkerCli(int argc, char** argv) {
   const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
-      {{"version", Version}, {"profile", worker::RunProfileCommand}};
+      {{"version", Version},
+       {"profile", worker::RunProfileCommand},
+       {"serve",
+        [argv](const ParsedArgs& a) {
+          return worker::RunServeCommand(a, argv[0]);
+        }},
+       {"run-task", worker::RunTaskCommand},
+       {"device-info", worker::RunDeviceInfoCommand}};
   auto args = ParseArgs(argc, argv, 1, {"input"});
   if (!args.ok()) {
     std::cerr << "mutwo-worker: " << args.status().message() << "\n";
