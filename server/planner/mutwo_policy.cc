@@ -17,11 +17,11 @@ enum class State { kCandidate, kRecomputed, kSwapped, kNever };
 // interval contains the position: the candidate that the full scan in index
 // order with a strict ">" picks. A segment tree over the positions; an
 // interval sits in O(log positions) nodes. Each node holds the entries given
-// before Build() as an array sorted best first with a cursor, and the ones
-// added later in a heap. Entries are not removed eagerly: an invalid one
-// (which must stay invalid) is dropped when it reaches the front; one whose
-// key is no longer the current key is re-queued in that node under the
-// current key. This is exact while a key only decreases after it was
+// to Build() (one per id) as an array of ids sorted best first with a
+// cursor, and the ones added later in a heap. Entries are not removed eagerly:
+// an invalid one (which must stay invalid) is dropped when it reaches the
+// front; one whose key is no longer the current key is re-queued in that node
+// under the current key. This is exact while a key only decreases after it was
 // indexed (stored >= current: the front, when current, is the node's best);
 // a key that increases must be Add()ed again.
 class CandidateIndex {
@@ -30,30 +30,36 @@ class CandidateIndex {
     while (size_ < positions) size_ *= 2;
   }
 
-  // Before Build().
-  void Stage(int lo, int hi, double key, int id) {
-    ForEachNode(lo, hi, [&](int node) {
-      staged_.push_back({node, Entry{key, id}});
-    });
-  }
+  struct Item {
+    int lo, hi;  // positions, inclusive
+    double key;
+    int id;
+  };
 
-  void Build() {
+  // The initial entries, at most one per id (reorders `items`).
+  void Build(std::vector<Item>& items) {
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      return Less(Entry{b.key, b.id}, Entry{a.key, a.id});
+    });
+    int max_id = -1;
+    for (const Item& item : items) max_id = std::max(max_id, item.id);
+    built_key_.assign(max_id + 1, 0);
+    for (const Item& item : items) built_key_[item.id] = item.key;
     offsets_.assign(2 * size_ + 1, 0);
-    for (const auto& [node, e] : staged_) ++offsets_[node + 1];
+    for (const Item& item : items) {
+      ForEachNode(item.lo, item.hi, [&](int node) { ++offsets_[node + 1]; });
+    }
     for (int node = 0; node < 2 * size_; ++node) {
       offsets_[node + 1] += offsets_[node];
     }
-    entries_.resize(staged_.size());
+    ids_.resize(offsets_.back());
+    // Filled best first, so each node's array is sorted.
     cursor_.assign(offsets_.begin(), offsets_.end() - 1);
-    for (const auto& [node, e] : staged_) entries_[cursor_[node]++] = e;
-    cursor_.assign(offsets_.begin(), offsets_.end() - 1);
-    for (int node = 1; node < 2 * size_; ++node) {
-      std::sort(entries_.begin() + offsets_[node],
-                entries_.begin() + offsets_[node + 1],
-                [](const Entry& a, const Entry& b) { return Less(b, a); });
+    for (const Item& item : items) {
+      ForEachNode(item.lo, item.hi,
+                  [&](int node) { ids_[cursor_[node]++] = item.id; });
     }
-    staged_.clear();
-    staged_.shrink_to_fit();
+    cursor_.assign(offsets_.begin(), offsets_.end() - 1);
     heap_of_.assign(2 * size_, -1);
     heaps_.clear();
   }
@@ -76,7 +82,7 @@ class CandidateIndex {
     };
     for (int node = position + size_; node >= 1; node >>= 1) {
       for (int& i = cursor_[node]; i < offsets_[node + 1]; ++i) {
-        const Entry e = entries_[i];
+        const Entry e{built_key_[ids_[i]], ids_[i]};
         if (!valid(e.id)) continue;
         const double current = key(e.id);
         if (current == e.key) {
@@ -127,9 +133,9 @@ class CandidateIndex {
   }
 
   int size_ = 1;
-  std::vector<std::pair<int, Entry>> staged_;
   std::vector<int> offsets_, cursor_;
-  std::vector<Entry> entries_;
+  std::vector<int> ids_;
+  std::vector<double> built_key_;  // by id
   std::vector<int> heap_of_;
   std::vector<std::vector<Entry>> heaps_;
 };
@@ -221,25 +227,28 @@ class Lineage {
     return std::binary_search(srcs_[u].begin(), srcs_[u].end(), s);
   }
 
-  // u's source t is replaced by t's sources (a sorted merge). users_ is
-  // only kept for candidates: it is read when an activation is chosen or
-  // its total refreshed, both only while it is a candidate, and a candidate
-  // never leaves any source list, so its list has no stale entries.
+  // u's source t is replaced by t's sources (a sorted merge). Sources and
+  // users are only ever looked up for candidates (HasSource(u, c) when c is
+  // chosen or its total refreshed; users_[c] likewise), an activation that
+  // stops being a candidate never becomes one again, and a candidate never
+  // leaves a source list: so both lists keep candidates only, which keeps
+  // them short without changing any answer.
   void Replace(int u, int t) {
     std::vector<int>& srcs = srcs_[u];
     merged_.clear();
     auto it = srcs.begin();
+    auto keep = [&](int x) { return x != t && state_[x] == State::kCandidate; };
     for (int x : srcs_[t]) {
-      if (x == u) continue;
+      if (x == u || !keep(x)) continue;
       for (; it != srcs.end() && *it < x; ++it) {
-        if (*it != t) merged_.push_back(*it);
+        if (keep(*it)) merged_.push_back(*it);
       }
       if (it != srcs.end() && *it == x) continue;
       merged_.push_back(x);
-      if (state_[x] == State::kCandidate) users_[x].push_back(u);
+      users_[x].push_back(u);
     }
     for (; it != srcs.end(); ++it) {
-      if (*it != t) merged_.push_back(*it);
+      if (keep(*it)) merged_.push_back(*it);
     }
     srcs.swap(merged_);
   }
@@ -319,14 +328,16 @@ void MutwoPolicy::ResetIncremental() {
   swap_rank_.assign(n, -1);
   const bool swap_ok = options_.allow_swap && prof.CanSwap();
   const std::vector<double>& end_ms = sim_->baseline_end_times_ms();
+  std::vector<CandidateIndex::Item> swap_items, recompute_items;
   for (int c : remaining_) {
     in_remaining_[c] = 1;
     const PlanActivation& a = prof.activations[c];
     recompute_key_[c] = RecomputeKey(c);
-    if (options_.allow_recompute &&
+    if (options_.allow_recompute && recompute_key_[c] > -1 &&
         a.last_forward_use + 1 <= a.first_backward_use - 1) {
-      recompute_index_->Stage(a.last_forward_use + 1, a.first_backward_use - 1,
-                              recompute_key_[c], c);
+      recompute_items.push_back({a.last_forward_use + 1,
+                                 a.first_backward_use - 1, recompute_key_[c],
+                                 c});
     }
     // Swap: inactive at the position and the offload can finish before it
     // starts; the latter holds from the first position q whose start is
@@ -344,11 +355,11 @@ void MutwoPolicy::ResetIncremental() {
       }
     }
     if (lo <= a.first_backward_use - 1) {
-      swap_index_->Stage(lo, a.first_backward_use - 1, a.inactive_ms, c);
+      swap_items.push_back({lo, a.first_backward_use - 1, a.inactive_ms, c});
     }
   }
-  swap_index_->Build();
-  recompute_index_->Build();
+  swap_index_->Build(swap_items);
+  recompute_index_->Build(recompute_items);
 }
 
 double MutwoPolicy::RecomputeKey(int c) const {
