@@ -10,7 +10,16 @@
 // their own. Sizes 0.5-8 MiB, forward 0.05-1 ms, backward twice that,
 // 25 GB/s host<->device. Deterministic (seeded).
 //
-// Usage: planner_bench [--nodes=1000,5000,20000] [--repeats=3]
+// Timed: Planner::Create (create_ms: simulator and policy set-up), one plan
+// at 60% including the trajectory to the floor (plan_ms), the same without
+// the floor (plan_without_floor_ms), a 20-point Pareto sweep on a fresh
+// planner (pareto_20_ms, creation not included) and one full simulation.
+// --reference also plans with Planner::Options::incremental off (every round
+// re-simulates the whole timeline), reports its time and fails unless both
+// trajectories are identical step by step (activation, action, prefetch
+// position, peak, time) and give the same plan.
+//
+// Usage: planner_bench [--nodes=1000,5000,20000] [--repeats=3] [--reference]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "server/planner/planner.h"
@@ -111,9 +121,12 @@ int main(int argc, char** argv) {
   using mutwo::planner::Planner;
   std::vector<int> sizes = {1000, 5000, 20000};
   int repeats = 3;
+  bool reference = false;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
-    if (absl::ConsumePrefix(&arg, "--nodes=")) {
+    if (arg == "--reference") {
+      reference = true;
+    } else if (absl::ConsumePrefix(&arg, "--nodes=")) {
       sizes.clear();
       for (absl::string_view s : absl::StrSplit(arg, ',')) {
         int n = 0;
@@ -132,7 +145,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: planner_bench [--nodes=1000,5000,20000] "
-                   "[--repeats=3]\n");
+                   "[--repeats=3] [--reference]\n");
       return arg == "--help" ? 0 : 2;
     }
   }
@@ -140,13 +153,15 @@ int main(int argc, char** argv) {
               repeats);
   for (size_t s = 0; s < sizes.size(); ++s) {
     const auto profile = mutwo::planner::SyntheticProfile(sizes[s], 42);
-    std::vector<double> sim_ms, plan_ms, lazy_ms, pareto_ms;
+    std::vector<double> create_ms, sim_ms, plan_ms, lazy_ms, pareto_ms;
     size_t lazy_steps = 0;
     mutwo::planner::PlanResult result;
     size_t pareto_points = 0;
     for (int r = 0; r < repeats; ++r) {
-      auto planner = *Planner::Create(profile, Planner::Options{});
       auto t0 = std::chrono::steady_clock::now();
+      auto planner = *Planner::Create(profile, Planner::Options{});
+      create_ms.push_back(mutwo::planner::Ms(t0));
+      t0 = std::chrono::steady_clock::now();
       const int64_t budget =
           planner->simulator().baseline_peak_bytes() * 6 / 10;
       result = planner->Plan(budget);
@@ -175,26 +190,65 @@ int main(int argc, char** argv) {
       }
       sim_ms.push_back(mutwo::planner::Ms(t0) / 20);
     }
+    double reference_ms = -1;
+    if (reference) {
+      Planner::Options full_options;
+      full_options.incremental = false;
+      auto full = *Planner::Create(profile, full_options);
+      auto t0 = std::chrono::steady_clock::now();
+      const auto full_result =
+          full->Plan(full->simulator().baseline_peak_bytes() * 6 / 10);
+      reference_ms = mutwo::planner::Ms(t0);
+      auto fast = *Planner::Create(profile, Planner::Options{});
+      const auto& a = fast->Trajectory(0);
+      const auto& b = full->Trajectory(0);
+      bool same = a.size() == b.size();
+      for (size_t i = 0; same && i < a.size(); ++i) {
+        same = a[i].activation == b[i].activation &&
+               a[i].action == b[i].action &&
+               a[i].prefetch_at == b[i].prefetch_at &&
+               a[i].peak_bytes == b[i].peak_bytes &&
+               a[i].iteration_ms == b[i].iteration_ms;
+      }
+      for (size_t c = 0; same && c < result.decisions.size(); ++c) {
+        same = result.decisions[c].action == full_result.decisions[c].action &&
+               result.decisions[c].prefetch_at ==
+                   full_result.decisions[c].prefetch_at;
+      }
+      if (!same) {
+        std::fprintf(stderr,
+                     "planner_bench: incremental and reference trajectories "
+                     "differ at %d nodes\n",
+                     sizes[s]);
+        return 1;
+      }
+    }
     std::printf(
         "  {\"nodes\": %d, \"activations\": %zu, \"positions\": %d,\n"
-        "   \"simulate_ms\": %.3f, \"plan_ms\": %.2f, "
+        "   \"create_ms\": %.2f, \"simulate_ms\": %.3f, \"plan_ms\": %.2f, "
         "\"plan_without_floor_ms\": %.2f, \"trajectory_steps\": %zu,\n"
         "   \"pareto_20_ms\": %.2f, \"pareto_points\": %zu,\n"
         "   \"budget_fraction\": 0.6, \"feasible\": %s, "
         "\"baseline_peak_bytes\": %lld, \"predicted_peak_bytes\": %lld,\n"
         "   \"overhead\": %.4f, \"recomputed\": %d, \"swapped\": %d, "
-        "\"probes\": %d, \"simulations\": %lld, \"bounded\": %s}%s\n",
+        "\"probes\": %d, \"simulations\": %lld, \"bounded\": %s%s}%s\n",
         sizes[s], profile.activations.size(), profile.positions(),
-        mutwo::planner::Median(sim_ms), mutwo::planner::Median(plan_ms),
-        mutwo::planner::Median(lazy_ms), lazy_steps,
-        mutwo::planner::Median(pareto_ms), pareto_points,
+        mutwo::planner::Median(create_ms), mutwo::planner::Median(sim_ms),
+        mutwo::planner::Median(plan_ms), mutwo::planner::Median(lazy_ms),
+        lazy_steps, mutwo::planner::Median(pareto_ms), pareto_points,
         result.feasible ? "true" : "false",
         static_cast<long long>(result.baseline_peak_bytes),
         static_cast<long long>(result.sim.peak_bytes),
         result.sim.iteration_ms / result.baseline_iteration_ms - 1,
         result.sim.recomputed, result.sim.swapped, result.probes,
         static_cast<long long>(result.simulations),
-        result.bounded ? "true" : "false", s + 1 < sizes.size() ? "," : "");
+        result.bounded ? "true" : "false",
+        reference ? absl::StrFormat(",\n   \"reference_plan_ms\": %.2f, "
+                                    "\"same_as_reference\": true",
+                                    reference_ms)
+                        .c_str()
+                  : "",
+        s + 1 < sizes.size() ? "," : "");
     std::fflush(stdout);
   }
   std::printf("]}\n");

@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
                                       : MutwoPolicy::Options::Order::kCheapest;
     policy_options.refine = planner->small_;
     policy_options.time_each_step = planner->small_;
+    policy_options.incremental = options.incremental;
     MUTWO_ASSIGN_OR_RETURN(
         planner->policies_[order],
         MutwoPolicy::Create(planner->sim_.get(), policy_options));

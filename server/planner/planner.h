@@ -76,6 +76,10 @@ class Planner {
     // PlanResult::floor_bytes); off, only as far as the budget needs, and
     // floor_bytes is 0 unless the budget is infeasible.
     bool compute_floor = true;
+    // Large graphs: rounds on the incremental simulator
+    // (MutwoPolicy::Options::incremental); off, every round re-simulates
+    // the whole timeline (the reference; the same trajectory, slower).
+    bool incremental = true;
   };
 
   // Errors: InvalidArgument for an inconsistent profile (Simulator::Create).
