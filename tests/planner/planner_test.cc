@@ -116,6 +116,45 @@ TEST(PlannerTest, LargeGraphsTakeTheFirstFittingTrajectoryState) {
   EXPECT_EQ(low.sim.peak_bytes, floor);
 }
 
+// Large graphs plan on the incremental simulator; with it off every round
+// re-simulates the whole timeline. Plans, floors and Pareto curves agree
+// exactly.
+TEST(PlannerTest, LargeGraphPlansEqualTheFullResimulation) {
+  std::mt19937 rng(17);
+  for (int g = 0; g < 4; ++g) {
+    const PlanProfile p = testing::RichRandomProfile(rng, 280 + 40 * g);
+    ASSERT_GT(p.activations.size(), 256u);
+    Planner::Options options;
+    auto fast = Planner::Create(p, options);
+    options.incremental = false;
+    auto full = Planner::Create(p, options);
+    ASSERT_TRUE(fast.ok() && full.ok());
+    EXPECT_EQ((*fast)->FloorBytes(), (*full)->FloorBytes()) << g;
+    const int64_t base = (*fast)->simulator().baseline_peak_bytes();
+    for (double f : {0.95, 0.8, 0.6, 0.4, 0.2}) {
+      const int64_t budget = static_cast<int64_t>(f * base);
+      const PlanResult a = (*fast)->Plan(budget);
+      const PlanResult b = (*full)->Plan(budget);
+      EXPECT_EQ(a.feasible, b.feasible) << g << " " << f;
+      EXPECT_EQ(a.sim.peak_bytes, b.sim.peak_bytes) << g << " " << f;
+      EXPECT_EQ(a.sim.iteration_ms, b.sim.iteration_ms) << g << " " << f;
+      for (size_t c = 0; c < a.decisions.size(); ++c) {
+        ASSERT_EQ(a.decisions[c].action, b.decisions[c].action)
+            << g << " " << f;
+        ASSERT_EQ(a.decisions[c].prefetch_at, b.decisions[c].prefetch_at)
+            << g << " " << f;
+      }
+    }
+    const std::vector<ParetoPoint> pa = (*fast)->Pareto(20);
+    const std::vector<ParetoPoint> pb = (*full)->Pareto(20);
+    ASSERT_EQ(pa.size(), pb.size()) << g;
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(pa[i].predicted_peak_bytes, pb[i].predicted_peak_bytes);
+      EXPECT_EQ(pa[i].predicted_iteration_ms, pb[i].predicted_iteration_ms);
+    }
+  }
+}
+
 TEST(PlannerTest, ParetoPointsAreNonDominated) {
   std::mt19937 rng(9);
   auto planner = MakePlanner(RandomWithBandwidth(rng, 14, false));
