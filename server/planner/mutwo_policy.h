@@ -15,6 +15,13 @@
 //
 // The choices do not depend on the budget, only when to stop does: the plan
 // for a tighter budget extends the plan for a looser one. Not thread-safe.
+//
+// Memory-only rounds without refinement (the large-graph policy) run the
+// same algorithm on an IncrementalSimulator (only the intervals a choice
+// touches are updated; exact) with the candidates in interval indexes keyed
+// by inactive time and recompute ratio (the best one inactive at the peak
+// in O(log^2) instead of a scan): the same choices, step by step, as the
+// full re-simulation (Options::incremental off), which tests check.
 #ifndef MUTWO_SERVER_PLANNER_MUTWO_POLICY_H_
 #define MUTWO_SERVER_PLANNER_MUTWO_POLICY_H_
 

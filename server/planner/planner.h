@@ -17,8 +17,9 @@
 // Hence a tighter budget never gives a lower predicted time.
 //
 // Effort: graphs with more than Options::small_graph_activations activations
-// run only the paper's trajectory, without refinement, and a plan is the
-// cheapest trajectory state that fits (the same envelope, found directly);
+// run only the paper's trajectory, without refinement, on the incremental
+// simulator (Options::incremental), and a plan is the first trajectory
+// state that fits;
 // on small graphs the search is bounded by simulations per candidate and
 // envelope probes, and PlanResult says when a bound was hit.
 //

@@ -73,45 +73,47 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
   const int a_count = static_cast<int>(profile->activations.size());
   for (int i = 0; i < a_count; ++i) {
     const PlanActivation& a = profile->activations[i];
-    const std::string where =
-        absl::StrCat("activation ", i, " (value_id ", a.value_id, "): ");
+    // Formatted only on an error (this loop runs for every activation).
+    auto where = [&] {
+      return absl::StrCat("activation ", i, " (value_id ", a.value_id, "): ");
+    };
     if (a.producer_node < 0 || a.producer_node >= n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, "producer_node ", a.producer_node, " not in [0, ", n, ")"));
+          where(), "producer_node ", a.producer_node, " not in [0, ", n, ")"));
     }
     if (a.last_forward_use < a.producer_node || a.last_forward_use >= p) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "last_forward_use ", a.last_forward_use,
+          absl::StrCat(where(), "last_forward_use ", a.last_forward_use,
                        " not in [", a.producer_node, ", ", p, ")"));
     }
     if (a.first_backward_use <= a.last_forward_use ||
         a.first_backward_use >= p) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "first_backward_use ", a.first_backward_use,
+          absl::StrCat(where(), "first_backward_use ", a.first_backward_use,
                        " must be after last_forward_use ", a.last_forward_use,
                        " and before position ", p));
     }
     if (a.last_backward_use < a.first_backward_use ||
         a.last_backward_use >= p) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "last_backward_use ", a.last_backward_use,
+          absl::StrCat(where(), "last_backward_use ", a.last_backward_use,
                        " not in [", a.first_backward_use, ", ", p, ")"));
     }
     if (a.size_bytes < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, "size_bytes ", a.size_bytes, " < 0"));
+          absl::StrCat(where(), "size_bytes ", a.size_bytes, " < 0"));
     }
     for (int s : a.recompute_sources) {
       if (s < 0 || s >= a_count || s == i) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, "recompute source ", s, " is not another ",
+            absl::StrCat(where(), "recompute source ", s, " is not another ",
                          "activation index in [0, ", a_count, ")"));
       }
     }
     for (int node : a.recompute_nodes) {
       if (node < 0 || node >= n) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, "recompute node ", node, " not in [0, ", n, ")"));
+            where(), "recompute node ", node, " not in [0, ", n, ")"));
       }
     }
   }
