@@ -125,6 +125,8 @@ struct IterationRecord {
   double forward_ms = 0, loss_ms = 0, backward_ms = 0, optimizer_ms = 0,
          iteration_ms = 0;
   int64_t peak_bytes = 0;
+  int64_t loss_peak_bytes = 0;       // high-water mark while the loss ran
+  int64_t optimizer_peak_bytes = 0;  // high-water mark of the optimizer step
   int64_t end_of_forward_bytes = 0;
   int64_t start_bytes = 0;  // allocated when the step began (fixed memory)
   std::vector<LiveBlock> live_at_end_of_forward;
@@ -331,7 +333,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
         interpreter->Run(module, inputs, hooks);
     if (!outputs.ok()) return outputs.status();
     const int forward_end = backend->Mark();
-    windows.Open(nullptr);
+    windows.Open([record](int64_t p) { record->loss_peak_bytes = p; });
     backend->SetTag(kLossTag);
     current_step = "loss";
     MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
@@ -398,7 +400,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
     return backward;
   }
 
-  windows.Open(nullptr);
+  windows.Open([record](int64_t p) { record->optimizer_peak_bytes = p; });
   current_step = "optimizer step";
   const int optimizer_start = backend->Mark();
   MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
@@ -612,6 +614,13 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   int64_t peak = 0;
   for (const auto& r : records) peak = std::max(peak, r.peak_bytes);
   measured->set_peak_bytes(peak);
+  int64_t loss_peak = 0, optimizer_peak = 0;
+  for (const auto& r : records) {
+    loss_peak = std::max(loss_peak, r.loss_peak_bytes);
+    optimizer_peak = std::max(optimizer_peak, r.optimizer_peak_bytes);
+  }
+  measured->set_loss_peak_bytes(loss_peak);
+  measured->set_optimizer_peak_bytes(optimizer_peak);
   measured->set_iteration_ms(median_of(&IterationRecord::iteration_ms));
   measured->set_forward_ms(median_of(&IterationRecord::forward_ms));
   measured->set_loss_ms(loss_ms);

@@ -223,7 +223,7 @@ TEST_F(ServiceTest, SecondGetScheduleComesFromTheCache) {
         "mutwo_schedule_cache_requests_total\\{result=\"hit\"\\} ([0-9.e+]+)");
     return std::regex_search(body, m, re) ? std::stod(m[1]) : -1.0;
   };
-  const std::string get = Cli("schedule " + id + " --batch=4 --budget=55%");
+  const std::string get = Cli("schedule " + id + " --batch=4 --budget=90%");
   ASSERT_EQ(RunCommand(get).exit_code, 0);
   const double before = hits();
   ASSERT_GE(before, 0);
