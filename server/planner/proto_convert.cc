@@ -166,6 +166,29 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
       profile.device().host_to_device_bytes_per_second();
   out.device_to_host_bytes_per_second =
       profile.device().device_to_host_bytes_per_second();
+  // Two allocator peaks of the training step lie outside the IR timeline.
+  // The loss runs right after the last forward node, with that node's
+  // activations held: its peak belongs to that position (a schedule that
+  // frees activations lowers it). The optimizer step runs after backward,
+  // when no activation is left: it becomes one more position, a floor no
+  // schedule lowers (its time is already in the measured iteration).
+  const v1::MeasuredStep& m = profile.measured();
+  if (m.loss_peak_bytes() < 0 || m.optimizer_peak_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        "measured.loss_peak_bytes and measured.optimizer_peak_bytes must be "
+        ">= 0");
+  }
+  if (m.loss_peak_bytes() > 0) {
+    out.nodes.back().peak_bytes_during =
+        std::max(out.nodes.back().peak_bytes_during, m.loss_peak_bytes());
+  }
+  if (m.optimizer_peak_bytes() > 0) {
+    const int64_t after = out.backward_steps.empty()
+                              ? out.nodes.back().allocated_bytes_after
+                              : out.backward_steps.back().allocated_bytes_after;
+    out.backward_steps.push_back(PlanBackwardStep{m.optimizer_ms(), -1, after,
+                                                  m.optimizer_peak_bytes()});
+  }
   return out;
 }
 
