@@ -44,7 +44,9 @@ constexpr char kUsage[] =
     "  health    check that the server answers and is SERVING\n"
     "  plan      plan a schedule offline from a profile JSON file:\n"
     "            mutwo plan PROFILE.json --budget 60%|4GiB|4000MB\n"
-    "            [--policy mutwo|sqrt_n|per_block|none] [--pareto]\n\n"
+    "            [--policy mutwo|sqrt_n|per_block|none] [--pareto]\n"
+    "  max-batch PROFILE.json PROFILE.json [...] [--capacity 80GiB]\n"
+    "            [--max_overhead 0.25]   largest batch that fits, offline\n\n"
     "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible budget, "
     "4 server unavailable or deadline exceeded.";
 
@@ -81,11 +83,17 @@ int Health(const ParsedArgs&) {
 
 int RunCli(int argc, char** argv) {
   const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
-      {{"health", Health},          {"plan", PlanCommand},
-       {"submit", SubmitCommand},   {"jobs", JobsCommand},
-       {"job", JobCommand},         {"schedule", ScheduleCommand},
-       {"profile", ProfileCommand}, {"plot", PlotCommand},
-       {"cancel", CancelCommand},   {"workers", WorkersCommand}};
+      {{"health", Health},
+       {"plan", PlanCommand},
+       {"submit", SubmitCommand},
+       {"jobs", JobsCommand},
+       {"job", JobCommand},
+       {"schedule", ScheduleCommand},
+       {"profile", ProfileCommand},
+       {"plot", PlotCommand},
+       {"cancel", CancelCommand},
+       {"workers", WorkersCommand},
+       {"max-batch", MaxBatchCommand}};
   auto args = ParseArgs(argc, argv, 1, {"input", "budget"});
   if (!args.ok()) {
     std::cerr << "mutwo: " << args.status().message() << "\n";

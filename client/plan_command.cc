@@ -170,3 +170,59 @@ int PlanCommand(const ParsedArgs& args) {
 }
 
 }  // namespace mutwo
+
+ABSL_FLAG(std::string, capacity, "",
+          "max-batch: memory capacity (e.g. 80GiB); default 95% of the "
+          "profiled device's memory");
+ABSL_DECLARE_FLAG(double, max_overhead);
+
+namespace mutwo {
+
+int MaxBatchCommand(const ParsedArgs& args) {
+  const std::string cmd = "mutwo max-batch: ";
+  if (args.positional.size() < 2) {
+    std::cerr << cmd
+              << "usage: mutwo max-batch PROFILE.json PROFILE.json [...] "
+                 "[--capacity 80GiB] [--max_overhead 0.25] [--output json|text]"
+                 " (profiles of one model at two or more batch sizes)\n";
+    return kExitBadInput;
+  }
+  std::vector<v1::Profile> profiles;
+  for (const std::string& path : args.positional) {
+    v1::Profile profile;
+    if (absl::Status s = ReadProtoJsonFile(path, &profile); !s.ok()) {
+      std::cerr << cmd << s.message() << "\n";
+      return kExitBadInput;
+    }
+    profiles.push_back(std::move(profile));
+  }
+  int64_t capacity = 0;
+  if (!absl::GetFlag(FLAGS_capacity).empty()) {
+    auto bytes = ParseBytes(absl::GetFlag(FLAGS_capacity));
+    if (!bytes.ok()) {
+      std::cerr << cmd << "--capacity: " << bytes.status().message() << "\n";
+      return kExitBadInput;
+    }
+    capacity = *bytes;
+  }
+  auto prediction = planner::PredictMaxBatchProto(
+      profiles, capacity, absl::GetFlag(FLAGS_max_overhead));
+  if (!prediction.ok()) {
+    std::cerr << cmd << prediction.status().message() << "\n";
+    return kExitBadInput;
+  }
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::cout << ProtoToJson(*prediction);
+  } else {
+    std::cout << "capacity " << FormatBytes(prediction->capacity_bytes())
+              << ": max batch " << prediction->max_batch_without_checkpointing()
+              << " without checkpointing, "
+              << prediction->max_batch_with_schedule()
+              << " with a schedule (overhead <= "
+              << absl::StrFormat("%.0f%%", 100 * prediction->max_overhead())
+              << ")\n  " << prediction->reason() << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace mutwo

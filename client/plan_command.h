@@ -14,6 +14,11 @@ namespace mutwo {
 
 int PlanCommand(const ParsedArgs& args);
 
+// `mutwo max-batch PROFILE.json PROFILE.json [...] [--capacity B]
+// [--max_overhead F]`: the largest batch that fits, predicted offline from
+// profiles of one model at two or more batch sizes.
+int MaxBatchCommand(const ParsedArgs& args);
+
 }  // namespace mutwo
 
 #endif  // MUTWO_CLIENT_PLAN_COMMAND_H_

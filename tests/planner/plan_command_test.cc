@@ -88,3 +88,43 @@ TEST_F(PlanCommandTest, BadInputExits2WithTheReason) {
 
 }  // namespace
 }  // namespace mutwo
+
+#include "tests/testing/synthetic_profile.h"
+
+namespace mutwo {
+namespace {
+
+TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
+  const std::string dir = ::testing::TempDir() + "max_batch_command_test_" +
+                          std::to_string(getpid());
+  ASSERT_EQ(testing::RunCommand("mkdir -p " + dir).exit_code, 0);
+  // Chain profiles: 4 MiB fixed + 8 activations of 1 MiB per sample.
+  ASSERT_TRUE(WriteFileAtomically(dir + "/b2.json",
+                                  ProtoToJson(testing::ChainProfile(2)))
+                  .ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/b4.json",
+                                  ProtoToJson(testing::ChainProfile(4)))
+                  .ok());
+  const std::string bin = testing::BinPath("mutwo") + " max-batch ";
+  auto r = testing::RunCommand(bin + dir + "/b2.json " + dir +
+                               "/b4.json --capacity 100MiB --output json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  v1::MaxBatchPrediction p;
+  ASSERT_TRUE(ProtoFromJson(r.output, "max-batch", &p).ok()) << r.output;
+  // Baseline peak = 4 MiB + 8 MiB x batch: (100 - 4) / 8 = 12 samples fit.
+  EXPECT_EQ(p.max_batch_without_checkpointing(), 12);
+  EXPECT_GE(p.max_batch_with_schedule(), p.max_batch_without_checkpointing());
+  EXPECT_EQ(p.capacity_bytes(), 100 << 20);
+
+  auto one = testing::RunCommand(bin + dir + "/b2.json");
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  auto missing =
+      testing::RunCommand(bin + dir + "/b2.json " + dir + "/nope.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("nope.json"), std::string::npos)
+      << missing.output;
+  testing::RunCommand("rm -rf " + dir);
+}
+
+}  // namespace
+}  // namespace mutwo
