@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""mutwo's GPU benchmark (issue 7): for each model and batch size, on one
+card, profile the training step, plan the baselines (no checkpointing, sqrt(n)
+segments, per block) and mutwo schedules at N absolute budgets from the floor
+to the baseline peak, execute every schedule in real training steps (each
+execution measures its own baseline step in the same process), and predict
+the max batch size from the profiles. Writes one JSON file per model and
+batch size, plus summary.json, under --out.
+
+Needs the built binaries (--bin, e.g. build-gpu/bin) and the models from
+make_models.py. Run by bench/gpu/run.sh; python3 here only orchestrates.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MODELS = {
+    "resnet152": {
+        "inputs": ["x:float32[B,3,224,224]"],
+        "loss": "cross_entropy:y:int64[B]{0,1000}",
+        "batches": [16, 32, 64],
+    },
+    "transformer": {
+        "inputs": ["tokens:int64[B,128]{0,30000}"],
+        "loss": "cross_entropy:y:int64[B,128]{0,30000}",
+        "batches": [32, 64, 128],
+    },
+}
+
+
+def run(cmd, timeout=900):
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr, time.time() - t0
+
+
+def common_args(spec, batch, device, optimizer):
+    args = []
+    for i in spec["inputs"]:
+        args += ["--input", i]
+    return args + ["--batch", str(batch), "--loss", spec["loss"],
+                   "--optimizer", optimizer, "--device", device]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--models_dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="resnet152,transformer")
+    ap.add_argument("--execute_batches", default="",
+                    help="model=b1/b2,... batches whose schedules are executed"
+                         " (default: all)")
+    ap.add_argument("--budgets", type=int, default=10)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--iterations", type=int, default=5)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    worker = os.path.join(args.bin, "mutwo-worker")
+    cli = os.path.join(args.bin, "mutwo")
+    execute_only = {}
+    for item in filter(None, args.execute_batches.split(",")):
+        name, batches = item.split("=")
+        execute_only[name] = [int(b) for b in batches.split("/")]
+    summary = {"device": None, "torch": None, "date": time.strftime("%Y-%m-%d"),
+               "runs": []}
+    for name in args.models.split(","):
+        spec = MODELS[name]
+        model = os.path.join(args.models_dir, name + ".pt")
+        profiles = []
+        for batch in spec["batches"]:
+            base = os.path.join(args.out, f"{name}_b{batch}")
+            rc, out, err, t_profile = run(
+                [worker, "profile", model] +
+                common_args(spec, batch, args.device, args.optimizer) +
+                ["--output", "json"])
+            if rc != 0:
+                print(f"{name} b{batch}: profile failed: {err.strip()}",
+                      file=sys.stderr)
+                continue
+            profile = json.loads(out)
+            with open(base + "_profile.json", "w") as f:
+                f.write(out)
+            profiles.append(base + "_profile.json")
+            summary["device"] = profile["device"]["name"]
+            summary["torch"] = profile["device"]["libtorch_version"]
+            record = {"model": name, "batch": batch, "profile_s": t_profile,
+                      "oom": profile.get("oom", False),
+                      "measured_peak_bytes": int(profile["measured"]["peak_bytes"]),
+                      "measured_iteration_ms": profile["measured"]["iteration_ms"],
+                      "module_peak_bytes": int(profile["measured"]["module_peak_bytes"]),
+                      "module_iteration_ms": profile["measured"]["module_iteration_ms"],
+                      "nodes": len(profile["nodes"]),
+                      "activations": len(profile["activations"]),
+                      "points": []}
+            print(f"{name} b{batch}: profiled in {t_profile:.1f}s, peak "
+                  f"{record['measured_peak_bytes'] / 2**30:.2f} GiB", file=sys.stderr)
+            if profile.get("oom"):
+                summary["runs"].append(record)
+                continue
+            # The floor: plan for 1 byte (infeasible, exit 3, floor stated).
+            rc, out, err, _ = run([cli, "plan", base + "_profile.json",
+                                   "--budget", "1B", "--output", "json"])
+            floor = int(json.loads(out)["floor_bytes"])
+            baseline = int(json.loads(out)["baseline_peak_bytes"])
+            record["floor_bytes"] = floor
+            record["baseline_simulated_bytes"] = baseline
+            plans = [("none", "100%"), ("sqrt_n", "100%"), ("per_block", "100%")]
+            n = args.budgets
+            for i in range(n):
+                b = floor + (baseline - floor) * i / (n - 1)
+                plans.append(("mutwo", f"{int(b * 1.0005) + 1}B"))
+            do_execute = name not in execute_only or batch in execute_only[name]
+            for policy, budget in plans:
+                sched_path = f"{base}_{policy}_{budget}.schedule.json"
+                t0 = time.time()
+                rc, out, err, t_plan = run([cli, "plan", base + "_profile.json",
+                                            "--budget", budget, "--policy",
+                                            policy, "--output", "json"])
+                if rc not in (0, 3):
+                    print(f"plan {policy} {budget}: {err.strip()}", file=sys.stderr)
+                    continue
+                schedule = json.loads(out)
+                with open(sched_path, "w") as f:
+                    f.write(out)
+                point = {"policy": policy, "budget": budget,
+                         "budget_bytes": int(schedule["budget_bytes"]),
+                         "feasible": schedule["feasible"],
+                         "predicted_peak_bytes": int(schedule["predicted_peak_bytes"]),
+                         "predicted_iteration_ms": schedule["predicted_iteration_ms"],
+                         "recomputed": schedule.get("recomputed", 0),
+                         "swapped": schedule.get("swapped", 0),
+                         "plan_s": t_plan}
+                if do_execute and (schedule["feasible"] or policy != "mutwo"):
+                    rc, out, err, t_exec = run(
+                        [worker, "execute", model, "--schedule", sched_path] +
+                        common_args(spec, batch, args.device, args.optimizer) +
+                        ["--iterations", str(args.iterations), "--output", "json"])
+                    point["execute_s"] = t_exec
+                    if rc == 0:
+                        v = json.loads(out)
+                        point["validation"] = v
+                        point["measured_peak_bytes"] = int(v["scheduled"]["peak_bytes"])
+                        point["measured_iteration_ms"] = v["scheduled"]["iteration_ms"]
+                        point["baseline_peak_bytes"] = int(v["baseline"]["peak_bytes"])
+                        point["baseline_iteration_ms"] = v["baseline"]["iteration_ms"]
+                        point["gradients_match"] = v["gradients_match"]
+                        point["within_budget"] = v["within_budget"]
+                    else:
+                        point["execute_error"] = err.strip()[-500:]
+                    print(f"{name} b{batch} {policy} {budget}: "
+                          f"pred {point['predicted_peak_bytes'] / 2**30:.2f} GiB "
+                          f"meas {point.get('measured_peak_bytes', 0) / 2**30:.2f} GiB "
+                          f"t {point.get('measured_iteration_ms', 0):.1f} ms "
+                          f"(base {point.get('baseline_iteration_ms', 0):.1f}) "
+                          f"grads {point.get('gradients_match')}", file=sys.stderr)
+                record["points"].append(point)
+            with open(base + ".json", "w") as f:
+                json.dump(record, f, indent=1)
+            summary["runs"].append(record)
+        if len(profiles) >= 2:
+            rc, out, err, _ = run([cli, "max-batch"] + profiles +
+                                  ["--max_overhead", "0.25", "--output", "json"])
+            if rc == 0:
+                summary.setdefault("max_batch", {})[name] = json.loads(out)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
