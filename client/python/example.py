@@ -65,7 +65,9 @@ def print_job(job):
         print("  batch %d: baseline peak %s, %.2f ms/iteration" % (
             r.batch_size, mc.format_bytes(r.baseline_peak_bytes),
             r.baseline_iteration_ms))
-        for i, s in enumerate(r.schedules):
+        # A validation proves one schedule: the one planned for its budget.
+        by_budget = {v.budget_bytes: v for v in r.validations}
+        for s in r.schedules:
             print("    budget %-8s %s: %s" % (
                 s.budget.text or mc.format_bytes(s.budget_bytes),
                 mc.types_pb2.Policy.Name(s.policy),
@@ -73,14 +75,14 @@ def print_job(job):
                     mc.format_bytes(s.predicted_peak_bytes), s.recomputed,
                     s.swapped, s.predicted_iteration_ms)
                 if s.feasible else "infeasible: " + s.reason))
-            for d in s.decisions:
+            for d in s.decisions if s.feasible else ():
                 if d.action != mc.types_pb2.Decision.RETAIN:
                     print("      %-9s value %d (node %d, %s)" % (
                         mc.types_pb2.Decision.Action.Name(d.action),
                         d.value_id, d.producer_node,
                         mc.format_bytes(d.size_bytes)))
-            if i < len(r.validations):
-                v = r.validations[i]
+            v = by_budget.get(s.budget_bytes) if s.feasible else None
+            if v is not None:
                 print("      measured: peak %s, %.2f ms, within budget: %s, "
                       "gradients match: %s%s" % (
                           mc.format_bytes(v.scheduled.peak_bytes),
@@ -149,9 +151,9 @@ def main(argv):
             return EXIT_OK
 
         def progress(event):
-            print("  %s %d/%d %s" % (
+            print("  " + (event.message or "%s %d/%d tasks" % (
                 mc.types_pb2.Job.State.Name(event.state), event.tasks_done,
-                event.tasks_total, event.message), file=sys.stderr)
+                event.tasks_total)), file=sys.stderr)
 
         try:
             final = client.wait_job(job.job_id,
