@@ -134,8 +134,11 @@ absl::Status WorkerDaemon::Register() {
   v1::RegisterWorkerResponse response;
   grpc::ClientContext context;
   context.set_deadline(Deadline(options_.rpc_timeout_ms));
-  MUTWO_RETURN_IF_ERROR(
-      FromGrpcStatus(stub_->RegisterWorker(&context, request, &response)));
+  SetActiveCall(&context);
+  const grpc::Status status =
+      stub_->RegisterWorker(&context, request, &response);
+  SetActiveCall(nullptr);
+  MUTWO_RETURN_IF_ERROR(FromGrpcStatus(status));
   info_.set_worker_id(response.worker_id());
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ms_ = response.heartbeat_interval_ms();
@@ -346,7 +349,25 @@ absl::Status WorkerDaemon::Run() {
     grpc::ClientContext context;
     context.set_deadline(
         Deadline(options_.lease_wait_ms + options_.rpc_timeout_ms));
+    SetActiveCall(&context);
     const grpc::Status s = stub_->LeaseTask(&context, request, &response);
+    SetActiveCall(nullptr);
+    if (stopping_) {
+      // A task leased while we were told to stop goes straight back.
+      if (s.ok() && response.has_task()) {
+        v1::FailTaskRequest release;
+        release.set_worker_id(info_.worker_id());
+        release.set_task_id(response.task().task_id());
+        release.set_fence_token(response.task().fence_token());
+        release.set_reason("worker shutting down");
+        release.set_retryable(true);
+        v1::ReportResponse ignored;
+        grpc::ClientContext release_context;
+        release_context.set_deadline(Deadline(options_.rpc_timeout_ms));
+        (void)stub_->FailTask(&release_context, release, &ignored);
+      }
+      break;
+    }
     if (!s.ok()) {
       if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
         info_.clear_worker_id();  // the server forgot us: register again
@@ -364,6 +385,16 @@ absl::Status WorkerDaemon::Run() {
   return absl::OkStatus();
 }
 
-void WorkerDaemon::Shutdown() { stopping_ = true; }
+void WorkerDaemon::SetActiveCall(grpc::ClientContext* context) {
+  absl::MutexLock lock(&call_mu_);
+  active_call_ = context;
+  if (context != nullptr && stopping_) context->TryCancel();
+}
+
+void WorkerDaemon::Shutdown() {
+  stopping_ = true;
+  absl::MutexLock lock(&call_mu_);
+  if (active_call_ != nullptr) active_call_->TryCancel();
+}
 
 }  // namespace mutwo

@@ -81,6 +81,11 @@ class WorkerDaemon {
   v1::WorkerInfo info_;
   int64_t heartbeat_interval_ms_ = 2000;
   std::atomic<bool> stopping_{false};
+  // The long RPC in progress (Register, LeaseTask), cancelled by Shutdown()
+  // so the daemon stops at once even while the server is unreachable.
+  absl::Mutex call_mu_;
+  grpc::ClientContext* active_call_ ABSL_GUARDED_BY(call_mu_) = nullptr;
+  void SetActiveCall(grpc::ClientContext* context);
   absl::Notification stopped_;
 
   std::shared_ptr<prometheus::Registry> registry_;
