@@ -184,6 +184,27 @@ absl::Status ValidateBatchSize(int64_t batch_size) {
   return absl::OkStatus();
 }
 
+// Counts per state from (state, count) rows, with every valid state except
+// the unspecified one present (zero when no row has it). DataLoss for a
+// state the enum does not have.
+template <typename State>
+absl::StatusOr<std::map<State, int64_t>> StateCounts(
+    const std::vector<std::pair<int64_t, int64_t>>& rows,
+    absl::string_view table, bool (*is_valid)(int), int min, int max) {
+  std::map<State, int64_t> counts;
+  for (int s = min; s <= max; ++s) {
+    if (is_valid(s) && s != 0) counts[static_cast<State>(s)] = 0;
+  }
+  for (const auto& [state, count] : rows) {
+    if (!is_valid(static_cast<int>(state))) {
+      return absl::DataLossError(
+          absl::StrCat(table, " table holds an invalid state ", state));
+    }
+    counts[static_cast<State>(state)] = count;
+  }
+  return counts;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(Options options) {
@@ -551,30 +572,9 @@ absl::StatusOr<v1::Job> Store::UpdateJob(
 }
 
 absl::StatusOr<std::map<v1::Job::State, int64_t>> Store::CountJobsByState() {
-  std::map<v1::Job::State, int64_t> counts;
-  for (int s = v1::Job::State_MIN; s <= v1::Job::State_MAX; ++s) {
-    if (v1::Job::State_IsValid(s) && s != v1::Job::STATE_UNSPECIFIED) {
-      counts[static_cast<v1::Job::State>(s)] = 0;
-    }
-  }
-  absl::MutexLock lock(&mutex_);
-  MUTWO_ASSIGN_OR_RETURN(
-      Stmt * stmt,
-      db_->Prepare("SELECT state, COUNT(*) FROM jobs GROUP BY state"));
-  while (true) {
-    MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
-    if (!row) {
-      break;
-    }
-    const int64_t state = stmt->ColumnInt(0);
-    if (!v1::Job::State_IsValid(static_cast<int>(state))) {
-      stmt->Reset();
-      return absl::DataLossError(
-          absl::StrCat("jobs table holds an invalid state ", state));
-    }
-    counts[static_cast<v1::Job::State>(state)] = stmt->ColumnInt(1);
-  }
-  return counts;
+  MUTWO_ASSIGN_OR_RETURN(auto rows, CountStates("jobs"));
+  return StateCounts<v1::Job::State>(rows, "jobs", v1::Job::State_IsValid,
+                                     v1::Job::State_MIN, v1::Job::State_MAX);
 }
 
 // ---------------------------------------------------------------------------
@@ -915,30 +915,26 @@ absl::StatusOr<std::vector<v1::Task>> Store::ListTasks(
 }
 
 absl::StatusOr<std::map<v1::Task::State, int64_t>> Store::CountTasksByState() {
-  std::map<v1::Task::State, int64_t> counts;
-  for (int s = v1::Task::State_MIN; s <= v1::Task::State_MAX; ++s) {
-    if (v1::Task::State_IsValid(s) && s != v1::Task::STATE_UNSPECIFIED) {
-      counts[static_cast<v1::Task::State>(s)] = 0;
-    }
-  }
+  MUTWO_ASSIGN_OR_RETURN(auto rows, CountStates("tasks"));
+  return StateCounts<v1::Task::State>(rows, "tasks", v1::Task::State_IsValid,
+                                      v1::Task::State_MIN, v1::Task::State_MAX);
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> Store::CountStates(
+    absl::string_view table) {
   absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(
-      Stmt * stmt,
-      db_->Prepare("SELECT state, COUNT(*) FROM tasks GROUP BY state"));
+      Stmt * stmt, db_->Prepare(absl::StrCat("SELECT state, COUNT(*) FROM ",
+                                             table, " GROUP BY state")));
+  std::vector<std::pair<int64_t, int64_t>> rows;
   while (true) {
     MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
     if (!row) {
       break;
     }
-    const int64_t state = stmt->ColumnInt(0);
-    if (!v1::Task::State_IsValid(static_cast<int>(state))) {
-      stmt->Reset();
-      return absl::DataLossError(
-          absl::StrCat("tasks table holds an invalid state ", state));
-    }
-    counts[static_cast<v1::Task::State>(state)] = stmt->ColumnInt(1);
+    rows.emplace_back(stmt->ColumnInt(0), stmt->ColumnInt(1));
   }
-  return counts;
+  return rows;
 }
 
 absl::StatusOr<int64_t> Store::CancelJobTasks(absl::string_view job_id) {

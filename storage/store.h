@@ -244,6 +244,9 @@ class Store {
  private:
   Store(Options options, std::unique_ptr<Db> db);
 
+  // (state, count) rows of `table` ("jobs" or "tasks").
+  absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> CountStates(
+      absl::string_view table);
   absl::StatusOr<std::optional<ModelInfo>> FindModel(absl::string_view sha256)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<std::optional<v1::Job>> FindJob(absl::string_view job_id)
