@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/args.h"
 #include "common/logging.h"
+#include "worker/execute_command.h"
 #include "worker/profile_command.h"
 #include "worker/task_commands.h"
 
@@ -24,7 +25,8 @@ constexpr char kUsage[] =
     "Usage: mutwo-worker COMMAND [ARGS] [flags]\n\n"
     "Commands:\n"
     "  version   print the LibTorch version and the devices it sees\n"
-    "%PROFILE%\n"
+    "%PROFILE%"
+    "%EXECUTE%\n"
     "  serve --server=HOST:PORT [--device=cpu|cuda:N] [--metrics_listen=...]\n"
     "            [--work_dir=DIR] [--task_memory_limit=16GiB]\n"
     "            the worker daemon: lease tasks from mutwo-server, run each\n"
@@ -47,6 +49,7 @@ int RunWorkerCli(int argc, char** argv) {
   const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
       {{"version", Version},
        {"profile", worker::RunProfileCommand},
+       {"execute", worker::RunExecuteCommand},
        {"serve",
         [argv](const ParsedArgs& a) {
           return worker::RunServeCommand(a, argv[0]);
@@ -60,7 +63,8 @@ int RunWorkerCli(int argc, char** argv) {
   }
   if (args->help || args->positional.empty()) {
     (args->help ? std::cout : std::cerr) << UsageWithFlags(
-        absl::StrReplaceAll(kUsage, {{"%PROFILE%", worker::kProfileUsage}}));
+        absl::StrReplaceAll(kUsage, {{"%PROFILE%", worker::kProfileUsage},
+                                     {"%EXECUTE%", worker::kExecuteUsage}}));
     return args->help ? kExitOk : kExitBadInput;
   }
   const std::string name = args->positional.front();

@@ -188,6 +188,14 @@ void Interpreter::RunNode(Node* node, Env& env) {
   }
 }
 
+void Interpreter::RunRange(int first, int last, Env& env) {
+  for (int id = first; id <= last; ++id) {
+    const IrNode& ir = graph_->nodes()[id];
+    RunNode(ir.node, env);
+    for (const Value* value : ir.dead_after) env.erase(value);
+  }
+}
+
 absl::StatusOr<c10::IValue> Interpreter::Run(
     const torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
     const InterpreterHooks& hooks) {
@@ -206,8 +214,22 @@ absl::StatusOr<c10::IValue> Interpreter::Run(
   int current = -1;
   running_ = nullptr;
   try {
-    for (const IrNode& ir : graph_->nodes()) {
+    const int n = graph_->num_nodes();
+    for (int id = 0; id < n; ++id) {
+      const IrNode& ir = graph_->nodes()[id];
       current = ir.id;
+      if (hooks.take_over) {
+        const int last = hooks.take_over(id, env);
+        if (last >= id) {
+          for (int k = id; k <= last; ++k) {
+            for (const Value* value : graph_->nodes()[k].dead_after) {
+              env.erase(value);
+            }
+          }
+          id = last;
+          continue;
+        }
+      }
       if (hooks.before_node) hooks.before_node(ir.id);
       RunNode(ir.node, env);
       if (hooks.after_node) {

@@ -22,6 +22,10 @@
 
 namespace mutwo::worker {
 
+// The values of one run: graph value -> its IValue.
+using InterpreterEnv =
+    absl::flat_hash_map<const torch::jit::Value*, c10::IValue>;
+
 struct InterpreterHooks {
   // Called before and after each top-level node (id = IR node id). `outputs`
   // are the node's outputs; a hook may inspect them (the executor may
@@ -29,6 +33,13 @@ struct InterpreterHooks {
   std::function<void(int node_id)> before_node;
   std::function<void(int node_id, std::vector<c10::IValue>& outputs)>
       after_node;
+  // Called before before_node. Returning a node id `last` >= `node_id`
+  // means the hook ran the nodes node_id..last itself and put into `env`
+  // every output of theirs that is used after `last`; the interpreter then
+  // drops the values whose last use lies in that range and goes on at
+  // last + 1 (before_node/after_node are not called for the range). -1:
+  // run `node_id` normally. (The executor runs recompute segments so.)
+  std::function<int(int node_id, InterpreterEnv& env)> take_over;
 };
 
 class Interpreter {
@@ -43,11 +54,17 @@ class Interpreter {
       const torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
       const InterpreterHooks& hooks = {});
 
+  // Runs the top-level nodes first..last on `env` (which must hold every
+  // value they read from outside the range), dropping values after their
+  // last use as Run does. Throws what the operators throw (for use inside
+  // Run's hooks and autograd functions, which translate errors).
+  void RunRange(int first, int last, InterpreterEnv& env);
+
   // The node that was running when the last Run failed; -1 if none.
   int failed_node() const { return failed_node_; }
 
  private:
-  using Env = absl::flat_hash_map<const torch::jit::Value*, c10::IValue>;
+  using Env = InterpreterEnv;
 
   void RunNode(torch::jit::Node* node, Env& env);
   void RunBlock(torch::jit::Block* block, Env& env);

@@ -21,6 +21,7 @@
 #include "mutwo/v1/worker_hub.pb.h"
 #include "worker/daemon/child_process.h"
 #include "worker/daemon/daemon.h"
+#include "worker/executor.h"
 #include "worker/memory.h"
 #include "worker/profiler.h"
 
@@ -171,9 +172,33 @@ int RunTaskCommand(const ParsedArgs&) {
     if (!profile.ok()) return Fail(cmd, profile.status());
     result = profile->SerializeAsString();
   } else {
-    return Fail(cmd, absl::UnimplementedError(
-                         "VALIDATE tasks need the executor, which this "
-                         "mutwo-worker build does not have"));
+    // VALIDATE: the schedule executed against the unmodified step. A bad
+    // model or spec, or a schedule of another graph, is InvalidArgument
+    // (exit 2).
+    ExecutorOptions options;
+    auto model = ReadFile(absl::GetFlag(FLAGS_model_file));
+    if (!model.ok()) return Fail(cmd, model.status());
+    options.model_bytes = *std::move(model);
+    options.model_name = spec.model_name().empty()
+                             ? absl::GetFlag(FLAGS_model_file)
+                             : spec.model_name() + ".pt";
+    options.inputs.assign(spec.inputs().begin(), spec.inputs().end());
+    options.loss = spec.loss();
+    options.optimizer = spec.optimizer();
+    options.batch_size = task.batch_size() > 0 ? task.batch_size()
+                                               : task.schedule().batch_size();
+    options.device = absl::GetFlag(FLAGS_device);
+    if (spec.warmup_iterations() > 0) {
+      options.warmup_iterations = spec.warmup_iterations();
+    }
+    if (spec.measure_iterations() > 0) {
+      options.measure_iterations = spec.measure_iterations();
+    }
+    auto executor = Executor::Create(options);
+    if (!executor.ok()) return Fail(cmd, executor.status());
+    auto validation = (*executor)->Run(task.schedule());
+    if (!validation.ok()) return Fail(cmd, validation.status());
+    result = validation->SerializeAsString();
   }
   if (absl::Status s =
           WriteFileAtomically(absl::GetFlag(FLAGS_result_file), result);

@@ -1,0 +1,692 @@
+#include "worker/checkpoint.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "worker/inputs.h"
+#include "worker/swap.h"
+
+namespace mutwo::worker {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using torch::jit::Block;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// Calls `fn` for every value `node` and its nested blocks read.
+template <typename Fn>
+void ForEachRead(const Node* node, const Fn& fn) {
+  for (const Value* value : node->inputs()) fn(value);
+  for (const Block* block : node->blocks()) {
+    for (const Node* inner : block->nodes()) ForEachRead(inner, fn);
+    for (const Value* value : block->outputs()) fn(value);
+  }
+}
+
+// Calls `fn` for every node in `node`'s nested blocks and `node` itself.
+template <typename Fn>
+void ForEachNested(const Node* node, const Fn& fn) {
+  fn(node);
+  for (const Block* block : node->blocks()) {
+    for (const Node* inner : block->nodes()) ForEachNested(inner, fn);
+  }
+}
+
+// Values `node` (or a node nested in it) writes in place (schema `(a!)`).
+template <typename Fn>
+void ForEachWritten(const Node* node, const Fn& fn) {
+  ForEachNested(node, [&](const Node* n) {
+    const c10::FunctionSchema* schema = n->maybeSchema();
+    if (schema == nullptr) return;
+    const auto& args = schema->arguments();
+    for (size_t i = 0; i < args.size() && i < n->inputs().size(); ++i) {
+      const c10::AliasInfo* alias = args[i].alias_info();
+      if (alias != nullptr && alias->isWrite()) fn(n->input(i));
+    }
+  });
+}
+
+bool IsTensorType(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return true;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
+
+// The attribute path of a GetAttr chain rooted at `self`; empty if the
+// chain starts anywhere else.
+std::vector<std::string> AttributePath(const Node* get_attr,
+                                       const Value* self) {
+  std::vector<std::string> path;
+  const Node* node = get_attr;
+  while (true) {
+    path.push_back(node->s(c10::attr::name));
+    const Value* object = node->input(0);
+    if (object == self) break;
+    if (object->node()->kind() != c10::prim::GetAttr) return {};
+    node = object->node();
+  }
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+void Flatten(const c10::IValue& value, std::vector<torch::Tensor>* out) {
+  if (value.isTensor()) {
+    out->push_back(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const torch::Tensor& t : value.toTensorVector()) out->push_back(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& v : value.toListRef()) Flatten(v, out);
+  } else if (value.isTuple()) {
+    for (const c10::IValue& v : value.toTupleRef().elements()) Flatten(v, out);
+  }
+}
+
+bool SameSets(const c10::AliasInfo& a, const c10::AliasInfo& b) {
+  for (const c10::Symbol& s : a.beforeSets()) {
+    if (b.beforeSets().count(s) != 0) return true;
+  }
+  return false;
+}
+
+// A DataPtr onto `owner`'s memory that keeps `owner` alive: a freed storage
+// and the replay's output share one allocation.
+c10::DataPtr SharedDataPtr(const c10::Storage& owner) {
+  auto* keep = new c10::Storage(owner);
+  return c10::DataPtr(
+      const_cast<void*>(owner.data()), keep,
+      [](void* context) { delete static_cast<c10::Storage*>(context); },
+      owner.device());
+}
+
+struct SegmentFunction : public torch::autograd::Function<SegmentFunction> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs,
+                               SegmentRun* run) {
+    ctx->saved_data["run"] = reinterpret_cast<int64_t>(run);
+    ctx->set_materialize_grads(false);
+    return run->RunForward(ctx, inputs);
+  }
+  static variable_list backward(AutogradContext* ctx,
+                                variable_list grad_outputs) {
+    auto* run = reinterpret_cast<SegmentRun*>(ctx->saved_data["run"].toInt());
+    return run->Backward(grad_outputs);
+  }
+};
+
+}  // namespace
+
+const Value* AliasRoot(const Value* value) {
+  while (true) {
+    const Node* node = value->node();
+    const c10::FunctionSchema* schema = node->maybeSchema();
+    if (schema == nullptr || value->offset() >= schema->returns().size()) {
+      return value;
+    }
+    const c10::AliasInfo* out = schema->returns()[value->offset()].alias_info();
+    if (out == nullptr) return value;
+    const Value* next = nullptr;
+    const auto& args = schema->arguments();
+    for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
+      const c10::AliasInfo* in = args[i].alias_info();
+      if (in != nullptr && SameSets(*in, *out)) {
+        next = node->input(i);
+        break;
+      }
+    }
+    if (next == nullptr) return value;
+    value = next;
+  }
+}
+
+absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
+    const Graph& graph, const v1::Schedule& schedule) {
+  const int n = graph.num_nodes();
+  struct Group {
+    std::set<int> members, nodes;
+    int recomputed = 0;
+  };
+  std::map<int, Group> groups;
+  std::set<int> producers;  // nodes holding an activation (any action)
+  for (int i = 0; i < schedule.decisions_size(); ++i) {
+    const v1::Decision& d = schedule.decisions(i);
+    auto bad_node = [&](int node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decisions[", i, "] (value_id ", d.value_id(), "): node ", node,
+          " is not a node of the model's graph (", n, " nodes)"));
+    };
+    if (d.producer_node() < 0 || d.producer_node() >= n) {
+      return bad_node(d.producer_node());
+    }
+    producers.insert(d.producer_node());
+    if (d.action() != v1::Decision::RECOMPUTE) continue;
+    Group& g = groups[d.segment()];
+    g.members.insert(d.producer_node());
+    g.nodes.insert(d.producer_node());
+    ++g.recomputed;
+    for (int rn : d.recompute_nodes()) {
+      if (rn < 0 || rn >= n) return bad_node(rn);
+      g.nodes.insert(rn);
+    }
+  }
+  std::vector<std::pair<int, int>> order;  // (first member, segment)
+  for (const auto& [segment, g] : groups) {
+    order.push_back({*g.members.begin(), segment});
+  }
+  std::sort(order.begin(), order.end());
+
+  const Value* self = graph.graph()->inputs()[0];
+  const Node* ret = graph.graph()->return_node();
+  // Per root value: the top-level nodes reading it (through any alias).
+  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
+  absl::flat_hash_set<const Value*> returned_roots;
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachRead(ir.node, [&](const Value* v) {
+      auto& r = readers_of_root[AliasRoot(v)];
+      if (r.empty() || r.back() != ir.id) r.push_back(ir.id);
+    });
+  }
+  for (const Value* v : ret->inputs()) returned_roots.insert(AliasRoot(v));
+  // Per node: roots it writes in place.
+  std::vector<std::vector<const Value*>> writes(n);
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachWritten(ir.node, [&](const Value* v) {
+      writes[ir.id].push_back(AliasRoot(v));
+    });
+  }
+
+  std::vector<SegmentPlan> plans;
+  int previous_last = -1;
+  for (const auto& [first_member, segment] : order) {
+    const Group& g = groups[segment];
+    SegmentPlan plan;
+    plan.segment = segment;
+    plan.members.assign(g.members.begin(), g.members.end());
+    plan.recomputed = g.recomputed;
+    plan.first_node = std::max(*g.nodes.begin(), previous_last + 1);
+    plan.last_node = *g.members.rbegin();
+    const std::set<int> member_set(g.members.begin(), g.members.end());
+
+    // Extends the range over in-place writes to member outputs that follow
+    // it, as long as the nodes passed hold no activation of their own.
+    auto member_roots = [&]() {
+      absl::flat_hash_set<const Value*> roots;
+      for (int m : plan.members) {
+        for (const Value* out : graph.nodes()[m].node->outputs()) {
+          roots.insert(AliasRoot(out));
+        }
+      }
+      return roots;
+    };
+    const auto roots = member_roots();
+    for (int k = plan.last_node + 1; k < n; ++k) {
+      if (producers.count(k) != 0) break;  // a node holding an activation
+      bool writes_member = false;
+      for (const Value* w : writes[k]) writes_member |= roots.count(w) > 0;
+      if (writes_member) plan.last_node = k;
+    }
+    previous_last = plan.last_node;
+
+    // Inputs, attribute reads, outputs.
+    absl::flat_hash_set<const Value*> seen;
+    for (int id = plan.first_node; id <= plan.last_node; ++id) {
+      const Node* node = graph.nodes()[id].node;
+      ForEachRead(node, [&](const Value* v) {
+        const int producer = graph.ProducerOf(v);
+        if (producer >= plan.first_node) return;
+        if (seen.insert(v).second) plan.inputs.push_back(v);
+      });
+      ForEachNested(node, [&](const Node* inner) {
+        if (inner->kind() != c10::prim::GetAttr ||
+            !IsTensorType(inner->output()->type())) {
+          return;
+        }
+        std::vector<std::string> path = AttributePath(inner, self);
+        if (!path.empty()) plan.attribute_paths.push_back(std::move(path));
+      });
+      for (const Value* out : node->outputs()) {
+        bool used_after = false;
+        for (const torch::jit::Use& use : out->uses()) {
+          if (use.user == ret) {
+            used_after = true;
+            continue;
+          }
+          const Node* owner = use.user;
+          while (owner->owningBlock() != graph.graph()->block()) {
+            owner = owner->owningBlock()->owningNode();
+          }
+          for (const IrNode& ir : graph.nodes()) {
+            if (ir.node == owner && ir.id > plan.last_node) used_after = true;
+          }
+        }
+        if (used_after) plan.outputs.push_back(out);
+      }
+    }
+    absl::flat_hash_set<const Value*> written;  // in the range or after it
+    for (int k = plan.first_node; k < n; ++k) {
+      for (const Value* w : writes[k]) written.insert(w);
+    }
+    for (const Value* in : plan.inputs) {
+      plan.copy_input.push_back(written.count(AliasRoot(in)) > 0);
+    }
+    for (const Value* out : plan.outputs) {
+      const Value* root = AliasRoot(out);
+      // The storage belongs to the node that made it (an in-place op or a
+      // view after a member shares the member's storage).
+      bool freeable = member_set.count(graph.ProducerOf(root)) > 0 &&
+                      returned_roots.count(root) == 0;
+      int last_read = plan.last_node;
+      for (int reader : readers_of_root[root]) {
+        last_read = std::max(last_read, reader);
+      }
+      // A later write would change what autograd saved: not replayable.
+      for (int k = plan.last_node + 1; k < n && freeable; ++k) {
+        for (const Value* w : writes[k]) freeable &= w != root;
+      }
+      plan.freeable.push_back(freeable);
+      plan.free_after.push_back(last_read);
+    }
+    plans.push_back(std::move(plan));
+  }
+
+  // Storages read by a later segment are that segment's inputs: kept until
+  // its replay (as the planner assumes), so not freed. Readers of the rest
+  // trigger the replay.
+  std::vector<int> segment_of(n, -1);
+  for (size_t s = 0; s < plans.size(); ++s) {
+    for (int id = plans[s].first_node; id <= plans[s].last_node; ++id) {
+      segment_of[id] = static_cast<int>(s);
+    }
+  }
+  for (size_t s = 0; s < plans.size(); ++s) {
+    SegmentPlan& plan = plans[s];
+    std::set<int> readers;
+    for (size_t i = 0; i < plan.outputs.size(); ++i) {
+      if (!plan.freeable[i]) continue;
+      for (int reader : readers_of_root[AliasRoot(plan.outputs[i])]) {
+        if (reader <= plan.last_node) continue;
+        if (segment_of[reader] >= 0) plan.freeable[i] = false;
+        readers.insert(reader);
+      }
+    }
+    plan.readers.assign(readers.begin(), readers.end());
+  }
+  return plans;
+}
+
+SegmentRun::SegmentRun(const SegmentPlan* plan, const Graph* graph,
+                       Interpreter* interpreter,
+                       const torch::jit::Module* module,
+                       const torch::Device& device)
+    : plan_(plan),
+      graph_(graph),
+      interpreter_(interpreter),
+      module_(module),
+      device_(device) {}
+
+SegmentRun::~SegmentRun() = default;
+
+c10::IValue SegmentRun::Rebuild(const c10::IValue& shape,
+                                const std::vector<torch::Tensor>& tensors,
+                                size_t* next) const {
+  if (shape.isTensor()) return tensors[(*next)++];
+  if (shape.isTensorList()) {
+    c10::List<torch::Tensor> list;
+    for (size_t i = 0; i < shape.toTensorList().size(); ++i) {
+      list.push_back(tensors[(*next)++]);
+    }
+    return list;
+  }
+  if (shape.isList()) {
+    auto src = shape.toList();
+    c10::impl::GenericList list(src.elementType());
+    for (const c10::IValue& v : src) list.push_back(Rebuild(v, tensors, next));
+    return list;
+  }
+  if (shape.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& v : shape.toTupleRef().elements()) {
+      elements.push_back(Rebuild(v, tensors, next));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return shape;
+}
+
+void SegmentRun::Forward(InterpreterEnv& env) {
+  input_shapes_.clear();
+  tensor_copied_.clear();
+  std::vector<torch::Tensor> tensors;
+  for (size_t i = 0; i < plan_->inputs.size(); ++i) {
+    const c10::IValue& value = env.at(plan_->inputs[i]);
+    input_shapes_.push_back(value);
+    const size_t before = tensors.size();
+    Flatten(value, &tensors);
+    tensor_copied_.resize(tensors.size(), false);
+    for (size_t j = before; j < tensors.size(); ++j) {
+      tensor_copied_[j] = plan_->copy_input[i];
+    }
+  }
+  num_input_tensors_ = tensors.size();
+  params_.clear();
+  buffer_slots_.clear();
+  // Buffers read by GetAttr before the range are inputs: batch norm updates
+  // them in place (its schema does not say so), so the replay reads copies.
+  input_is_buffer_.assign(num_input_tensors_, false);
+  {
+    size_t j = 0;
+    for (size_t i = 0; i < plan_->inputs.size(); ++i) {
+      std::vector<torch::Tensor> ts;
+      Flatten(input_shapes_[i], &ts);
+      const bool attr = plan_->inputs[i]->node()->kind() == c10::prim::GetAttr;
+      for (const torch::Tensor& t : ts) {
+        input_is_buffer_[j++] = attr && t.defined() && !t.requires_grad();
+      }
+    }
+  }
+  for (const auto& path : plan_->attribute_paths) {
+    c10::IValue object = module_->_ivalue();
+    for (size_t k = 0; k + 1 < path.size(); ++k) {
+      object = object.toObject()->getAttr(path[k]);
+    }
+    c10::IValue value = object.toObject()->getAttr(path.back());
+    if (!value.isTensor() || !value.toTensor().defined()) continue;
+    const torch::Tensor& t = value.toTensor();
+    // The same attribute may be read twice (both branches of an `if`).
+    bool seen = false;
+    for (const torch::Tensor& p : params_) seen |= p.is_same(t);
+    for (const auto& [object, name] : buffer_slots_) {
+      seen |= object->getAttr(name).toTensor().is_same(t);
+    }
+    if (seen) continue;
+    if (t.requires_grad()) {
+      params_.push_back(t);
+    } else {
+      buffer_slots_.push_back({object.toObject(), path.back()});
+    }
+  }
+  for (const torch::Tensor& p : params_) tensors.push_back(p);
+  cpu_rng_ = SaveCpuRng();
+  cuda_rng_ = SaveDeviceRng(device_);
+  replayed_ = false;
+  variable_list outputs = SegmentFunction::apply(at::TensorList(tensors), this);
+  size_t next = 0;
+  for (size_t i = 0; i < plan_->outputs.size(); ++i) {
+    env[plan_->outputs[i]] = Rebuild(output_shapes_[i], outputs, &next);
+  }
+  grad_fn_ = nullptr;
+  for (const torch::Tensor& t : outputs) {
+    if (t.defined() && t.grad_fn() != nullptr) {
+      grad_fn_ = t.grad_fn();
+      break;
+    }
+  }
+  // A freeable output may share its storage with an input (a view an op
+  // returned): those are never freed.
+  absl::flat_hash_set<const c10::StorageImpl*> input_storages;
+  for (size_t j = 0; j < num_input_tensors_; ++j) {
+    const torch::Tensor& t = tensors[j];
+    if (t.defined() && t.has_storage()) {
+      input_storages.insert(t.storage().unsafeGetStorageImpl());
+    }
+  }
+  tensor_storage_.clear();
+  tensor_impl_.clear();
+  tensor_output_.clear();
+  tensor_freed_.clear();
+  tensor_pinned_.clear();
+  tensor_free_after_.clear();
+  freed_bytes_ = 0;
+  next = 0;
+  for (const torch::Tensor& t : outputs) {
+    while (next + 1 < plan_->outputs.size() &&
+           output_tensor_end_[next] <= tensor_output_.size()) {
+      ++next;
+    }
+    tensor_output_.push_back(static_cast<int>(next));
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak{
+        c10::intrusive_ptr<c10::StorageImpl>()};
+    if (t.defined() && t.has_storage() &&
+        input_storages.count(t.storage().unsafeGetStorageImpl()) == 0) {
+      weak = t.storage().getWeakStorageImpl();
+    }
+    tensor_impl_.push_back(weak.lock().get());
+    tensor_storage_.push_back(std::move(weak));
+    tensor_freed_.push_back(false);
+    tensor_pinned_.push_back(false);
+    tensor_free_after_.push_back(plan_->free_after[next]);
+  }
+  readers_.clear();
+  readers_.insert(plan_->readers.begin(), plan_->readers.end());
+}
+
+void SegmentRun::Observe(const std::vector<torch::Tensor>& tensors,
+                         int last_use, const std::vector<int>& consumers) {
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    for (size_t k = 0; k < tensor_impl_.size(); ++k) {
+      if (tensor_impl_[k] != impl || tensor_freed_[k]) continue;
+      tensor_free_after_[k] = std::max(tensor_free_after_[k], last_use);
+      readers_.insert(consumers.begin(), consumers.end());
+    }
+  }
+}
+
+void SegmentRun::Pin(const std::vector<torch::Tensor>& tensors) {
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    for (size_t k = 0; k < tensor_impl_.size(); ++k) {
+      if (tensor_impl_[k] == impl) tensor_pinned_[k] = true;
+    }
+  }
+}
+
+variable_list SegmentRun::RunForward(AutogradContext* ctx,
+                                     at::TensorList inputs) {
+  std::vector<torch::Tensor> tensors(inputs.begin(),
+                                     inputs.begin() + num_input_tensors_);
+  saved_inputs_.clear();
+  input_requires_grad_.clear();
+  std::vector<int64_t> versions;
+  for (size_t j = 0; j < tensors.size(); ++j) {
+    const torch::Tensor& t = tensors[j];
+    saved_inputs_.push_back(tensor_copied_[j] && t.defined() ? t.clone() : t);
+    input_requires_grad_.push_back(t.defined() && t.requires_grad());
+    versions.push_back(t.defined() ? t._version() : 0);
+  }
+  InterpreterEnv env;
+  size_t next = 0;
+  for (size_t i = 0; i < plan_->inputs.size(); ++i) {
+    env[plan_->inputs[i]] = Rebuild(input_shapes_[i], tensors, &next);
+  }
+  interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+  output_shapes_.clear();
+  output_tensor_end_.clear();
+  variable_list out;
+  for (const Value* value : plan_->outputs) {
+    output_shapes_.push_back(env.at(value));
+    Flatten(env.at(value), &out);
+    output_tensor_end_.push_back(out.size());
+  }
+  variable_list non_differentiable;
+  for (const torch::Tensor& t : out) {
+    if (t.defined() && !c10::isFloatingType(t.scalar_type()) &&
+        !c10::isComplexType(t.scalar_type())) {
+      non_differentiable.push_back(t);
+    }
+  }
+  dirty_.clear();
+  dirty_index_.clear();
+  for (size_t j = 0; j < tensors.size(); ++j) {
+    const torch::Tensor& t = tensors[j];
+    if (t.defined() && t.requires_grad() && t._version() != versions[j]) {
+      dirty_.push_back(t);
+      dirty_index_.push_back(j);
+      out.push_back(t);
+    }
+  }
+  if (!dirty_.empty()) ctx->mark_dirty(dirty_);
+  if (!non_differentiable.empty()) {
+    ctx->mark_non_differentiable(non_differentiable);
+  }
+  return out;
+}
+
+void SegmentRun::FreeAfter(int node_id) {
+  for (size_t k = 0; k < tensor_storage_.size(); ++k) {
+    const int output = tensor_output_[k];
+    if (tensor_freed_[k] || tensor_pinned_[k] || !plan_->freeable[output] ||
+        tensor_free_after_[k] > node_id) {
+      continue;
+    }
+    c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
+    if (!impl || impl->data() == nullptr) continue;
+    freed_bytes_ += static_cast<int64_t>(impl->nbytes());
+    if (getenv("MUTWO_DEBUG_STEPS") != nullptr) {
+      std::cerr << "segment " << plan_->segment << " frees output tensor " << k
+                << " (" << impl->nbytes() << " bytes) after node " << node_id
+                << "\n";
+    }
+    impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
+    tensor_freed_[k] = true;
+    // Other output tensors of the same storage are freed with it.
+    for (size_t j = 0; j < tensor_storage_.size(); ++j) {
+      auto other = tensor_storage_[j].lock();
+      if (other && other.get() == impl.get()) tensor_freed_[j] = true;
+    }
+  }
+}
+
+void SegmentRun::Replay() {
+  if (replayed_) return;
+  replayed_ = true;
+  if (before_replay_) before_replay_();
+  // The replay updates copies of the buffers (batch-norm running
+  // statistics): the real ones were updated once, by the forward run, and
+  // keep their versions (autograd nodes saved them).
+  std::vector<c10::IValue> originals;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [object, name] : buffer_slots_) {
+      originals.push_back(object->getAttr(name));
+      object->setAttr(name, originals.back().toTensor().clone());
+    }
+  }
+  const torch::Tensor cpu_now = SaveCpuRng();
+  const torch::Tensor device_now = SaveDeviceRng(device_);
+  RestoreCpuRng(cpu_rng_);
+  RestoreDeviceRng(device_, cuda_rng_);
+  replay_leaves_.clear();
+  replay_outputs_.clear();
+  {
+    torch::AutoGradMode grad_mode(true);
+    std::vector<torch::Tensor> feeds;
+    for (size_t j = 0; j < saved_inputs_.size(); ++j) {
+      const torch::Tensor& t = saved_inputs_[j];
+      if (!t.defined()) {
+        replay_leaves_.push_back(t);
+        feeds.push_back(t);
+        continue;
+      }
+      torch::Tensor leaf = t.detach();
+      const bool grad = input_requires_grad_[j];
+      if (grad) leaf.requires_grad_(true);
+      replay_leaves_.push_back(leaf);
+      // In-place ops on a leaf that requires grad are refused, and buffers
+      // must not be updated twice: feed copies.
+      feeds.push_back((grad && tensor_copied_[j]) || input_is_buffer_[j]
+                          ? leaf.clone()
+                          : leaf);
+    }
+    InterpreterEnv env;
+    size_t next = 0;
+    for (size_t i = 0; i < plan_->inputs.size(); ++i) {
+      env[plan_->inputs[i]] = Rebuild(input_shapes_[i], feeds, &next);
+    }
+    interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+    for (const Value* value : plan_->outputs)
+      Flatten(env.at(value), &replay_outputs_);
+    // Inputs the forward wrote in place are outputs too (after the range's
+    // outputs, as in RunForward).
+    for (size_t j : dirty_index_) replay_outputs_.push_back(feeds[j]);
+  }
+  RestoreCpuRng(cpu_now);
+  RestoreDeviceRng(device_, device_now);
+  for (size_t i = 0; i < buffer_slots_.size(); ++i) {
+    buffer_slots_[i].first->setAttr(buffer_slots_[i].second, originals[i]);
+  }
+  // Freed outputs get the replay's memory.
+  for (size_t k = 0; k < tensor_storage_.size(); ++k) {
+    if (!tensor_freed_[k]) continue;
+    c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
+    if (!impl) continue;
+    const torch::Tensor& fresh = replay_outputs_[k];
+    if (fresh.storage().nbytes() != impl->nbytes()) {
+      throw std::runtime_error(
+          absl::StrCat("segment ", plan_->segment, ": the replay of output ", k,
+                       " has ", fresh.storage().nbytes(),
+                       " bytes, the forward had ", impl->nbytes()));
+    }
+    if (getenv("MUTWO_DEBUG_STEPS") != nullptr) {
+      std::cerr << "segment " << plan_->segment << " restores output tensor "
+                << k << "\n";
+    }
+    impl->set_data_ptr(SharedDataPtr(fresh.storage()));
+    freed_bytes_ -= static_cast<int64_t>(impl->nbytes());
+    tensor_freed_[k] = false;
+  }
+}
+
+variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
+  Replay();
+  variable_list outs, grads;
+  for (size_t k = 0; k < replay_outputs_.size() && k < grad_outputs.size();
+       ++k) {
+    const torch::Tensor& t = replay_outputs_[k];
+    if (t.defined() && t.requires_grad() && grad_outputs[k].defined()) {
+      outs.push_back(t);
+      grads.push_back(grad_outputs[k]);
+    }
+  }
+  variable_list wrt;
+  std::vector<size_t> wrt_index;  // position among the function's inputs
+  for (size_t j = 0; j < replay_leaves_.size(); ++j) {
+    if (replay_leaves_[j].defined() && replay_leaves_[j].requires_grad()) {
+      wrt.push_back(replay_leaves_[j]);
+      wrt_index.push_back(j);
+    }
+  }
+  for (size_t p = 0; p < params_.size(); ++p) {
+    wrt.push_back(params_[p]);
+    wrt_index.push_back(num_input_tensors_ + p);
+  }
+  variable_list result(num_input_tensors_ + params_.size() + 1);
+  if (!outs.empty() && !wrt.empty()) {
+    variable_list computed = torch::autograd::grad(
+        outs, wrt, grads, /*retain_graph=*/false, /*create_graph=*/false,
+        /*allow_unused=*/true);
+    for (size_t i = 0; i < computed.size(); ++i) {
+      result[wrt_index[i]] = computed[i];
+    }
+  }
+  replay_outputs_.clear();
+  replay_leaves_.clear();
+  saved_inputs_.clear();
+  return result;
+}
+
+}  // namespace mutwo::worker

@@ -1,0 +1,177 @@
+// RECOMPUTE: the schedule's recompute segments run inside a custom autograd
+// function that keeps only the segment's inputs and replays the segment
+// before its activations are needed in backward.
+//
+// A segment (the planner's Decision.segment) covers the contiguous IR node
+// range from the earliest node its members' activations are rebuilt from
+// (their `recompute_nodes`, which may start before the first member: nodes
+// whose outputs died in forward) to its last member, extended over in-place
+// ops that write a member's output right after it (`out += x; relu_(out)`),
+// so that what is replayed is the value autograd saved. The range is clipped
+// so that segments never overlap.
+//
+// Forward: the range runs under NoGradGuard (nothing inside is saved); its
+// tensor inputs (values defined before the range and read in it, graph
+// inputs, parameters read by GetAttr inside the range) are kept; its outputs
+// (values used after the range) are returned. Output storages of member
+// nodes are freed after their last forward use (Free()) and given back by
+// the replay (Replay()), which the executor triggers from a pre-hook on the
+// first backward node that reads them (or on the function's own node). The
+// replay runs the range again with autograd on, from detached copies of the
+// inputs, with the RNG state of the forward run (dropout draws the same
+// mask) and with the module's buffers (batch-norm running statistics) put
+// back afterwards, so they are updated once per step; the function's
+// backward then backpropagates through the replay (autograd::grad with
+// respect to the inputs and the parameters).
+//
+// Internal to the worker (includes LibTorch). Not thread-safe.
+#ifndef MUTWO_WORKER_CHECKPOINT_H_
+#define MUTWO_WORKER_CHECKPOINT_H_
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "mutwo/v1/types.pb.h"
+#include "worker/graph.h"
+#include "worker/interpreter.h"
+
+namespace mutwo::worker {
+
+// A segment as the executor runs it (static; built once per schedule).
+struct SegmentPlan {
+  int segment = 0;  // Decision.segment
+  int first_node = 0;
+  int last_node = 0;
+  std::vector<int> members;  // producer nodes of its RECOMPUTE decisions
+  int recomputed = 0;        // its RECOMPUTE decisions
+  // Values read in the range and defined before it (graph inputs included).
+  std::vector<const torch::jit::Value*> inputs;
+  // Inputs written in place inside the range or after it: kept as a copy.
+  std::vector<bool> copy_input;
+  // Attribute paths (from `self`) of tensors read by GetAttr inside the range.
+  std::vector<std::vector<std::string>> attribute_paths;
+  // Values defined in the range and used after it.
+  std::vector<const torch::jit::Value*> outputs;
+  // Output storages freed after their last forward use and replayed.
+  std::vector<bool> freeable;
+  // Per output: the last top-level node reading it or a view / in-place
+  // result of it (when its storage can be freed).
+  std::vector<int> free_after;
+  // Top-level nodes after the range that read a freeable output (or a view
+  // or in-place result of one): their backward needs the replay.
+  std::vector<int> readers;
+};
+
+// Groups the schedule's RECOMPUTE decisions into segments (by
+// Decision.segment). InvalidArgument names a decision whose producer or
+// recompute node is not a node of `graph`.
+[[nodiscard]] absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
+    const Graph& graph, const v1::Schedule& schedule);
+
+// The value whose storage `value` uses: follows view and in-place results
+// (schema alias annotations) back to the value that owns the storage.
+const torch::jit::Value* AliasRoot(const torch::jit::Value* value);
+
+// One training step's run of one segment. Owned by the executor for the
+// whole step (forward to the end of backward).
+class SegmentRun {
+ public:
+  SegmentRun(const SegmentPlan* plan, const Graph* graph,
+             Interpreter* interpreter, const torch::jit::Module* module,
+             const torch::Device& device);
+  ~SegmentRun();
+
+  // Runs the range through the autograd function on `env` (reads the
+  // inputs, writes the outputs). Throws LibTorch errors.
+  void Forward(InterpreterEnv& env);
+  // The function's autograd node (nullptr when nothing required grad).
+  const std::shared_ptr<torch::autograd::Node>& grad_fn() const {
+    return grad_fn_;
+  }
+  // Frees the device memory of the freeable outputs whose last forward use
+  // is at or before `node_id` (their storages stay, empty, until Replay()).
+  void FreeAfter(int node_id);
+  // Runtime aliasing: `tensors` (outputs of a node that ran after the
+  // segment) that share a freeable storage keep it until `last_use`, and
+  // `consumers` (the nodes reading them) need the replay in backward.
+  void Observe(const std::vector<torch::Tensor>& tensors, int last_use,
+               const std::vector<int>& consumers);
+  // Storages of `tensors` (inputs of a later segment) are never freed: that
+  // segment keeps them until its own replay.
+  void Pin(const std::vector<torch::Tensor>& tensors);
+  // Top-level nodes whose backward needs the replay.
+  const std::set<int>& readers() const { return readers_; }
+  // Bytes freed by FreeAfter and not yet given back.
+  int64_t freed_bytes() const { return freed_bytes_; }
+  // Replays the range (once) and gives the freed storages their memory back.
+  void Replay();
+  bool replayed() const { return replayed_; }
+  // Tensor inputs kept for the replay (their storages must be resident).
+  const std::vector<torch::Tensor>& saved_inputs() const {
+    return saved_inputs_;
+  }
+  // Called before Replay() reads the inputs (the executor restores swapped
+  // storages there).
+  void set_before_replay(std::function<void()> fn) {
+    before_replay_ = std::move(fn);
+  }
+
+  // Used by the autograd function.
+  torch::autograd::variable_list RunForward(
+      torch::autograd::AutogradContext* ctx, at::TensorList inputs);
+  torch::autograd::variable_list Backward(
+      const torch::autograd::variable_list& grad_outputs);
+
+ private:
+  c10::IValue Rebuild(const c10::IValue& shape,
+                      const std::vector<torch::Tensor>& tensors,
+                      size_t* next) const;
+
+  const SegmentPlan* plan_;
+  const Graph* graph_;
+  Interpreter* interpreter_;
+  const torch::jit::Module* module_;
+  torch::Device device_;
+  std::function<void()> before_replay_;
+  // Inputs: one IValue per plan input (tensors in it replaced on rebuild).
+  std::vector<c10::IValue> input_shapes_;
+  size_t num_input_tensors_ = 0;
+  std::vector<bool> tensor_copied_;    // per input tensor
+  std::vector<torch::Tensor> params_;  // trainable tensors read inside
+  // Module slots of the other tensors read by GetAttr inside the range.
+  std::vector<std::pair<c10::intrusive_ptr<c10::ivalue::Object>, std::string>>
+      buffer_slots_;
+  std::vector<bool> input_is_buffer_;  // per input tensor
+  std::vector<torch::Tensor> saved_inputs_;
+  std::vector<torch::Tensor> dirty_;  // inputs written in forward (outputs)
+  std::vector<size_t> dirty_index_;   // their input tensor positions
+  std::vector<bool> input_requires_grad_;
+  std::vector<size_t> output_tensor_end_;  // per plan output
+  std::vector<c10::IValue> output_shapes_;
+  // Per output tensor: the plan output it belongs to, its storage (weak:
+  // autograd decides how long it lives) and whether FreeAfter emptied it.
+  std::vector<int> tensor_output_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> tensor_storage_;
+  std::vector<bool> tensor_freed_;
+  std::vector<const c10::StorageImpl*> tensor_impl_;  // identity only
+  std::vector<bool> tensor_pinned_;
+  std::vector<int> tensor_free_after_;
+  std::set<int> readers_;
+  int64_t freed_bytes_ = 0;
+  std::vector<torch::Tensor> replay_outputs_;
+  std::vector<torch::Tensor> replay_leaves_;
+  torch::Tensor cpu_rng_;
+  torch::Tensor cuda_rng_;
+  bool replayed_ = false;
+  std::shared_ptr<torch::autograd::Node> grad_fn_;
+};
+
+}  // namespace mutwo::worker
+
+#endif  // MUTWO_WORKER_CHECKPOINT_H_

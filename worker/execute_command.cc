@@ -1,0 +1,170 @@
+#include "worker/execute_command.h"
+
+#include <iostream>
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "common/parse.h"
+#include "common/proto_io.h"
+#include "worker/executor.h"
+
+// Shared with `profile` (defined in profile_command.cc).
+ABSL_DECLARE_FLAG(std::string, input);
+ABSL_DECLARE_FLAG(int64_t, batch);
+ABSL_DECLARE_FLAG(std::string, loss);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int32_t, warmup);
+ABSL_DECLARE_FLAG(int32_t, iterations);
+ABSL_DECLARE_FLAG(std::string, output);
+ABSL_DECLARE_FLAG(std::string, memory_limit);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+
+ABSL_FLAG(std::string, schedule, "",
+          "execute: the Schedule JSON (`mutwo plan ... --output json`)");
+
+namespace mutwo::worker {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "mutwo-worker execute: "
+            << absl::StrReplaceAll(status.message(), {{"\n", " "}}) << "\n";
+  return status.code() == absl::StatusCode::kInvalidArgument ||
+                 status.code() == absl::StatusCode::kNotFound
+             ? kExitBadInput
+             : kExitFailure;
+}
+
+}  // namespace
+
+const char kExecuteUsage[] =
+    "  execute   MODEL.pt --schedule SCHEDULE.json --input ... --batch N\n"
+    "            [--loss ...] [--optimizer ...] [--device cpu|cuda:0] "
+    "[--warmup 1] [--iterations 3]\n"
+    "            [--output json|text]   runs baseline and scheduled training "
+    "steps: peaks,\n"
+    "            time, gradients and batch-norm statistics compared\n";
+
+std::string FormatValidationText(const v1::Validation& v) {
+  std::string out;
+  absl::StrAppendFormat(&out, "device          %s (%s)\n", v.device().name(),
+                        v.device().kind());
+  absl::StrAppendFormat(&out, "batch size      %d\n", v.batch_size());
+  absl::StrAppendFormat(&out, "decisions       %d recomputed, %d swapped\n",
+                        v.recomputed(), v.swapped());
+  if (v.oom()) absl::StrAppendFormat(&out, "OUT OF MEMORY   %s\n", v.error());
+  absl::StrAppendFormat(&out, "%-15s %14s %12s\n", "", "peak", "iteration");
+  auto row = [&](const char* name, const v1::StepStats& s) {
+    absl::StrAppendFormat(&out, "%-15s %14s %10.1f ms\n", name,
+                          FormatBytes(s.peak_bytes()), s.iteration_ms());
+  };
+  row("baseline", v.baseline());
+  row("scheduled", v.scheduled());
+  row("predicted", v.predicted());
+  absl::StrAppendFormat(&out, "budget          %s (%s)\n",
+                        FormatBytes(v.budget_bytes()),
+                        v.within_budget() ? "within" : "EXCEEDED");
+  if (v.baseline().peak_bytes() > 0) {
+    absl::StrAppendFormat(
+        &out, "memory saved    %s (%.1f%%), time paid %+.1f%%\n",
+        FormatBytes(v.baseline().peak_bytes() - v.scheduled().peak_bytes()),
+        100.0 * (v.baseline().peak_bytes() - v.scheduled().peak_bytes()) /
+            v.baseline().peak_bytes(),
+        v.baseline().iteration_ms() > 0
+            ? 100.0 *
+                  (v.scheduled().iteration_ms() / v.baseline().iteration_ms() -
+                   1)
+            : 0.0);
+  }
+  absl::StrAppendFormat(&out,
+                        "gradients       %s (max |diff| %g), loss diff %g, "
+                        "batch-norm statistics %s\n",
+                        v.gradients_match() ? "match" : "DIFFER",
+                        v.max_abs_grad_diff(), v.loss_diff(),
+                        v.batchnorm_stats_match() ? "match" : "DIFFER");
+  return out;
+}
+
+int RunExecuteCommand(const ParsedArgs& args) {
+  if (args.positional.size() != 1) {
+    return Fail(absl::InvalidArgumentError(
+        args.positional.empty()
+            ? "expected the model file: mutwo-worker execute MODEL.pt "
+              "--schedule SCHEDULE.json --input ... --batch N"
+            : absl::StrCat("expected one model file, got ",
+                           args.positional.size(), " arguments")));
+  }
+  const std::string schedule_path = absl::GetFlag(FLAGS_schedule);
+  if (schedule_path.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--schedule: the schedule JSON file is required"));
+  }
+  v1::Schedule schedule;
+  if (absl::Status s = ReadProtoJsonFile(schedule_path, &schedule); !s.ok()) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--schedule: ", s.message())));
+  }
+  ExecutorOptions options;
+  options.model_path = args.positional[0];
+  for (const std::string& text : args.Repeated("input")) {
+    auto spec = ParseTensorSpec(text);
+    if (!spec.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--input: ", spec.status().message())));
+    }
+    options.inputs.push_back(*std::move(spec));
+  }
+  auto loss = ParseLossSpec(absl::GetFlag(FLAGS_loss));
+  if (!loss.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--loss: ", loss.status().message())));
+  }
+  options.loss = *std::move(loss);
+  auto optimizer = ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer));
+  if (!optimizer.ok()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--optimizer: ", optimizer.status().message())));
+  }
+  options.optimizer = *std::move(optimizer);
+  options.batch_size = absl::GetFlag(FLAGS_batch);
+  if (options.batch_size <= 0) options.batch_size = schedule.batch_size();
+  if (options.batch_size <= 0) {
+    return Fail(absl::InvalidArgumentError(
+        "--batch: a positive batch size is required"));
+  }
+  options.device = absl::GetFlag(FLAGS_device);
+  options.warmup_iterations = absl::GetFlag(FLAGS_warmup);
+  options.measure_iterations = absl::GetFlag(FLAGS_iterations);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit);
+      !limit.empty()) {
+    auto bytes = ParseBytes(limit);
+    if (!bytes.ok() || *bytes <= 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--memory_limit: expected a positive size like 2GiB, got \"", limit,
+          "\"")));
+    }
+    options.memory_limit_bytes = *bytes;
+  }
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output != "json" && output != "text") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--output: expected json or text, got \"", output, "\"")));
+  }
+  auto executor = Executor::Create(std::move(options));
+  if (!executor.ok()) return Fail(executor.status());
+  auto validation = (*executor)->Run(schedule);
+  if (!validation.ok()) return Fail(validation.status());
+  if (output == "json") {
+    std::cout << ProtoToJson(*validation) << "\n";
+  } else {
+    std::cout << FormatValidationText(*validation);
+  }
+  return kExitOk;
+}
+
+}  // namespace mutwo::worker

@@ -1,0 +1,707 @@
+#include "worker/executor.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/parse.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint.h"
+#include "worker/graph.h"
+#include "worker/inputs.h"
+#include "worker/interpreter.h"
+#include "worker/memory.h"
+#include "worker/model_loader.h"
+#include "worker/swap.h"
+
+namespace mutwo::worker {
+namespace {
+
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+using torch::jit::Value;
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid]
+                                : (values[mid - 1] + values[mid]) / 2;
+}
+
+class CallbackPreHook : public torch::autograd::FunctionPreHook {
+ public:
+  explicit CallbackPreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  variable_list operator()(const variable_list& grads) override {
+    fn_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+// Runs `fn`, turning LibTorch exceptions into a Status naming `where`.
+template <typename Fn>
+absl::Status Guard(const std::string& where, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    const std::string what =
+        dynamic_cast<const c10::Error*>(&e) != nullptr
+            ? FirstLine(static_cast<const c10::Error&>(e).msg())
+            : FirstLine(e.what());
+    if (IsOutOfMemory(e)) {
+      return absl::ResourceExhaustedError(absl::StrCat(where, ": ", what));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  }
+}
+
+// A SWAP decision as the executor runs it.
+struct SwapPlan {
+  int value_id = 0;
+  int producer = 0;
+  int offload_after = 0;     // node after which the storages leave
+  std::vector<int> readers;  // top-level nodes reading the output (aliases)
+};
+
+// What one training step ran (the schedule's runtime state). Lives until
+// the step's backward is over: autograd hooks point into it.
+struct StepRun {
+  std::vector<std::unique_ptr<SegmentRun>> segments;
+  absl::flat_hash_map<int, int> segment_starting_at;  // node -> segment
+  // Autograd nodes made by each top-level node (a segment's range maps to
+  // its function's node).
+  std::vector<std::vector<Node*>> made_by;
+  absl::flat_hash_set<Node*> seen;
+  std::vector<std::vector<std::unique_ptr<HostStash>>> stashes;  // per swap
+  std::vector<bool> offloaded;
+  std::vector<int> swap_free_after;         // per swap, observed at run time
+  std::vector<std::set<int>> swap_readers;  // per swap
+  int64_t swapped_bytes = 0;
+};
+
+void Discover(StepRun& run, int first, int last,
+              const std::vector<torch::Tensor>& tensors) {
+  std::vector<Node*> found;
+  std::vector<Node*> stack;
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined() || t.grad_fn() == nullptr) continue;
+    Node* fn = t.grad_fn().get();
+    if (run.seen.insert(fn).second) stack.push_back(fn);
+  }
+  while (!stack.empty()) {
+    Node* fn = stack.back();
+    stack.pop_back();
+    found.push_back(fn);
+    for (const auto& edge : fn->next_edges()) {
+      Node* next = edge.function.get();
+      if (next != nullptr && run.seen.insert(next).second) {
+        stack.push_back(next);
+      }
+    }
+  }
+  for (int id = first; id <= last; ++id) {
+    run.made_by[id].insert(run.made_by[id].end(), found.begin(), found.end());
+  }
+}
+
+std::vector<torch::Tensor> TensorsOf(const std::vector<c10::IValue>& values) {
+  std::vector<torch::Tensor> out;
+  for (const c10::IValue& v : values) {
+    for (const torch::Tensor& t : FlattenTensors(v)) out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Executor::State {
+  ExecutorOptions options;
+  torch::Device device{torch::kCPU};
+  std::unique_ptr<DeviceBackend> backend;
+  torch::jit::Module module;
+  std::unique_ptr<Graph> graph;
+  std::unique_ptr<Interpreter> interpreter;
+  std::vector<torch::Tensor> parameters;  // trainable
+  std::vector<c10::IValue> inputs;
+  torch::Tensor target;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::string current_step;
+
+  // The schedule being run.
+  std::vector<SegmentPlan> segments;
+  std::vector<SwapPlan> swaps;
+
+  void ZeroGrads() {
+    for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
+  }
+
+  absl::Status PlanSwaps(const v1::Schedule& schedule);
+  // One forward + loss + backward; `scheduled` applies the schedule.
+  // Returns the loss.
+  absl::StatusOr<torch::Tensor> Step(bool scheduled);
+  absl::Status TimedSteps(bool scheduled, v1::StepStats* stats);
+};
+
+absl::Status Executor::State::PlanSwaps(const v1::Schedule& schedule) {
+  swaps.clear();
+  const int n = graph->num_nodes();
+  // Readers and returned roots through aliases.
+  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
+  for (const IrNode& ir : graph->nodes()) {
+    std::function<void(const torch::jit::Node*)> visit =
+        [&](const torch::jit::Node* node) {
+          for (const Value* v : node->inputs()) {
+            auto& r = readers_of_root[AliasRoot(v)];
+            if (r.empty() || r.back() != ir.id) r.push_back(ir.id);
+          }
+          for (const torch::jit::Block* b : node->blocks()) {
+            for (const torch::jit::Node* inner : b->nodes()) visit(inner);
+            for (const Value* v : b->outputs()) {
+              auto& r = readers_of_root[AliasRoot(v)];
+              if (r.empty() || r.back() != ir.id) r.push_back(ir.id);
+            }
+          }
+        };
+    visit(ir.node);
+  }
+  absl::flat_hash_set<const Value*> returned;
+  for (const Value* v : graph->graph()->return_node()->inputs()) {
+    returned.insert(AliasRoot(v));
+  }
+  for (int i = 0; i < schedule.decisions_size(); ++i) {
+    const v1::Decision& d = schedule.decisions(i);
+    if (d.action() != v1::Decision::SWAP) continue;
+    if (d.producer_node() < 0 || d.producer_node() >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decisions[", i, "] (value_id ", d.value_id(),
+                       "): producer_node ", d.producer_node(),
+                       " is not a node of the model's graph (", n, " nodes)"));
+    }
+    if (d.offload_after() < d.producer_node() || d.offload_after() >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decisions[", i, "] (value_id ", d.value_id(), "): offload_after ",
+          d.offload_after(), " must be a forward position in [",
+          d.producer_node(), ", ", n, ")"));
+    }
+    SwapPlan plan;
+    plan.value_id = d.value_id();
+    plan.producer = d.producer_node();
+    plan.offload_after = d.offload_after();
+    bool is_returned = false;
+    std::set<int> readers;
+    for (const Value* out : graph->nodes()[plan.producer].node->outputs()) {
+      const Value* root = AliasRoot(out);
+      is_returned |= returned.count(root) > 0;
+      for (int r : readers_of_root[root]) {
+        if (r > plan.producer) readers.insert(r);
+      }
+    }
+    // Returned outputs feed the loss: they cannot leave during forward.
+    if (is_returned) continue;
+    plan.readers.assign(readers.begin(), readers.end());
+    if (!plan.readers.empty()) {
+      plan.offload_after = std::max(plan.offload_after, plan.readers.back());
+    }
+    swaps.push_back(std::move(plan));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
+  const int n = graph->num_nodes();
+  auto run = std::make_unique<StepRun>();
+  InterpreterHooks hooks;
+  if (scheduled) {
+    run->made_by.assign(n, {});
+    for (size_t s = 0; s < segments.size(); ++s) {
+      run->segments.push_back(std::make_unique<SegmentRun>(
+          &segments[s], graph.get(), interpreter.get(), &module, device));
+      run->segment_starting_at[segments[s].first_node] = static_cast<int>(s);
+    }
+    run->stashes.resize(swaps.size());
+    run->offloaded.assign(swaps.size(), false);
+    run->swap_readers.resize(swaps.size());
+    for (const SwapPlan& swap : swaps) {
+      run->swap_free_after.push_back(swap.offload_after);
+      run->swap_readers[run->swap_free_after.size() - 1].insert(
+          swap.readers.begin(), swap.readers.end());
+    }
+    StepRun* r = run.get();
+    // Swapped storages a replay reads come back first.
+    for (auto& segment : run->segments) {
+      SegmentRun* seg = segment.get();
+      seg->set_before_replay([r, seg]() {
+        absl::flat_hash_set<const c10::StorageImpl*> needed;
+        for (const torch::Tensor& t : seg->saved_inputs()) {
+          if (t.defined() && t.has_storage()) {
+            needed.insert(t.storage().unsafeGetStorageImpl());
+          }
+        }
+        for (auto& list : r->stashes) {
+          for (auto& stash : list) {
+            if (stash->offloaded() && needed.count(stash->storage()) > 0) {
+              stash->Restore();
+            }
+          }
+        }
+      });
+    }
+    auto after = [this, r](int last) {
+      for (auto& segment : r->segments) segment->FreeAfter(last);
+      for (size_t i = 0; i < swaps.size(); ++i) {
+        if (r->offloaded[i] || r->swap_free_after[i] > last) continue;
+        r->offloaded[i] = true;
+        for (auto& stash : r->stashes[i]) {
+          stash->Offload();
+          if (stash->offloaded()) r->swapped_bytes += stash->nbytes();
+        }
+      }
+    };
+    auto register_swaps = [this, r](int first, int last,
+                                    const InterpreterEnv& env) {
+      for (size_t i = 0; i < swaps.size(); ++i) {
+        const int p = swaps[i].producer;
+        if (p < first || p > last) continue;
+        std::vector<c10::IValue> values;
+        for (const Value* out : graph->nodes()[p].node->outputs()) {
+          auto it = env.find(out);
+          if (it != env.end()) values.push_back(it->second);
+        }
+        absl::flat_hash_set<const c10::StorageImpl*> seen;
+        for (const torch::Tensor& t : TensorsOf(values)) {
+          if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) {
+            continue;
+          }
+          if (!seen.insert(t.storage().unsafeGetStorageImpl()).second) continue;
+          r->stashes[i].push_back(MakeHostStash(t.storage(), device));
+        }
+      }
+    };
+    // Any later value sharing a storage the schedule frees keeps it alive
+    // until its own last use; its readers need it back in backward.
+    auto observe = [this, r](int first, int last,
+                             const std::vector<torch::Tensor>& tensors) {
+      int last_use = 0;
+      std::set<int> consumers;
+      for (int id = first; id <= last; ++id) {
+        const IrNode& ir = graph->nodes()[id];
+        last_use = std::max(last_use, ir.returns_output
+                                          ? std::numeric_limits<int>::max()
+                                          : ir.last_use);
+        for (int c : ir.consumers) {
+          if (c > last) consumers.insert(c);
+        }
+      }
+      const std::vector<int> readers(consumers.begin(), consumers.end());
+      for (size_t s = 0; s < r->segments.size(); ++s) {
+        if (segments[s].last_node < first) {
+          r->segments[s]->Observe(tensors, last_use, readers);
+        }
+      }
+      for (size_t i = 0; i < swaps.size(); ++i) {
+        if (r->offloaded[i] || r->stashes[i].empty()) continue;
+        for (const torch::Tensor& t : tensors) {
+          if (!t.defined() || !t.has_storage()) continue;
+          for (const auto& stash : r->stashes[i]) {
+            if (stash->storage() != t.storage().unsafeGetStorageImpl())
+              continue;
+            r->swap_free_after[i] = std::max(r->swap_free_after[i], last_use);
+            r->swap_readers[i].insert(readers.begin(), readers.end());
+          }
+        }
+      }
+    };
+    hooks.take_over = [this, r, after, register_swaps, observe](
+                          int id, InterpreterEnv& env) -> int {
+      auto it = r->segment_starting_at.find(id);
+      if (it == r->segment_starting_at.end()) return -1;
+      SegmentRun* seg = r->segments[it->second].get();
+      const SegmentPlan& plan = segments[it->second];
+      current_step =
+          absl::StrCat("recompute segment ", plan.segment, " (nodes ",
+                       plan.first_node, "..", plan.last_node, ")");
+      {
+        std::vector<c10::IValue> inputs;
+        for (const Value* v : plan.inputs) inputs.push_back(env.at(v));
+        const std::vector<torch::Tensor> tensors = TensorsOf(inputs);
+        for (auto& earlier : r->segments) earlier->Pin(tensors);
+      }
+      seg->Forward(env);
+      std::vector<c10::IValue> outputs;
+      for (const Value* v : plan.outputs) outputs.push_back(env.at(v));
+      const std::vector<torch::Tensor> tensors = TensorsOf(outputs);
+      Discover(*r, plan.first_node, plan.last_node, tensors);
+      register_swaps(plan.first_node, plan.last_node, env);
+      observe(plan.first_node, plan.last_node, tensors);
+      after(plan.last_node);
+      return plan.last_node;
+    };
+    hooks.before_node = [this](int id) {
+      current_step = absl::StrCat("forward node ", graph->Describe(id));
+    };
+    hooks.after_node = [this, r, after, register_swaps, observe](
+                           int id, std::vector<c10::IValue>& outputs) {
+      const std::vector<torch::Tensor> tensors = TensorsOf(outputs);
+      Discover(*r, id, id, tensors);
+      InterpreterEnv env;
+      const auto& values = graph->nodes()[id].node->outputs();
+      for (size_t i = 0; i < values.size() && i < outputs.size(); ++i) {
+        env[values[i]] = outputs[i];
+      }
+      register_swaps(id, id, env);
+      observe(id, id, tensors);
+      after(id);
+    };
+  }
+
+  current_step = "forward";
+  absl::StatusOr<c10::IValue> outputs = interpreter->Run(module, inputs, hooks);
+  if (!outputs.ok()) {
+    if (absl::IsResourceExhausted(outputs.status())) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(current_step, ": ", outputs.status().message()));
+    }
+    return outputs.status();
+  }
+  torch::Tensor loss;
+  current_step = "loss";
+  MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+    MUTWO_ASSIGN_OR_RETURN(loss, ComputeLoss(options.loss, *outputs, target));
+    if (!loss.requires_grad()) {
+      return absl::InvalidArgumentError(
+          "the loss does not depend on any trainable parameter");
+    }
+    return absl::OkStatus();
+  }));
+  outputs = c10::IValue();
+
+  if (scheduled) {
+    StepRun* r = run.get();
+    for (size_t s = 0; s < segments.size(); ++s) {
+      SegmentRun* seg = r->segments[s].get();
+      for (int reader : seg->readers()) {
+        for (Node* fn : r->made_by[reader]) {
+          fn->add_pre_hook(
+              std::make_unique<CallbackPreHook>([seg]() { seg->Replay(); }));
+        }
+      }
+    }
+    for (size_t i = 0; i < swaps.size(); ++i) {
+      std::vector<int> nodes(r->swap_readers[i].begin(),
+                             r->swap_readers[i].end());
+      nodes.push_back(swaps[i].producer);
+      absl::flat_hash_set<Node*> hooked;
+      for (int node : nodes) {
+        for (Node* fn : r->made_by[node]) {
+          if (!hooked.insert(fn).second) continue;
+          fn->add_pre_hook(std::make_unique<CallbackPreHook>([r, i]() {
+            for (auto& stash : r->stashes[i]) stash->Restore();
+          }));
+        }
+      }
+    }
+  }
+  if (getenv("MUTWO_DEBUG_STEPS") != nullptr) {
+    std::vector<Node*> stack{loss.grad_fn().get()};
+    absl::flat_hash_set<Node*> seen{stack[0]};
+    std::cerr << (scheduled ? "scheduled" : "baseline")
+              << " end of forward: " << backend->AllocatedBytes() << "\n";
+    while (!stack.empty()) {
+      Node* fn = stack.back();
+      stack.pop_back();
+      DeviceBackend* b = backend.get();
+      fn->add_pre_hook(std::make_unique<CallbackPreHook>([fn, b]() {
+        std::cerr << "  " << fn->name() << " " << b->AllocatedBytes() << " peak "
+                  << b->PeakBytes() << "\n";
+      }));
+      for (const auto& e : fn->next_edges()) {
+        if (e.function && seen.insert(e.function.get()).second) {
+          stack.push_back(e.function.get());
+        }
+      }
+    }
+  }
+  current_step = "backward";
+  MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+    loss.backward();
+    return absl::OkStatus();
+  }));
+  return loss.detach();
+}
+
+absl::Status Executor::State::TimedSteps(bool scheduled, v1::StepStats* stats) {
+  std::vector<double> ms;
+  int64_t peak = 0;
+  const int total = options.warmup_iterations + options.measure_iterations;
+  for (int it = 0; it < total; ++it) {
+    ZeroGrads();
+    backend->Synchronize();
+    backend->ClearMarks();
+    backend->ResetPeak();
+    const int start = backend->Mark();
+    MUTWO_RETURN_IF_ERROR(Step(scheduled).status());
+    current_step = "optimizer step";
+    MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+      if (optimizer) optimizer->step();
+      return absl::OkStatus();
+    }));
+    const int end = backend->Mark();
+    backend->Synchronize();
+    if (it >= options.warmup_iterations) {
+      ms.push_back(backend->ElapsedMs(start, end));
+      peak = std::max(peak, backend->PeakBytes());
+    }
+  }
+  stats->set_peak_bytes(peak);
+  stats->set_iteration_ms(Median(ms));
+  return absl::OkStatus();
+}
+
+Executor::Executor(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Executor::~Executor() = default;
+
+const std::string& Executor::graph_fingerprint() const {
+  return state_->graph->fingerprint();
+}
+int Executor::num_nodes() const { return state_->graph->num_nodes(); }
+
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
+    ExecutorOptions options) {
+  if (options.batch_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch size must be a positive integer, got ", options.batch_size));
+  }
+  if (options.warmup_iterations < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "warm-up iterations must be >= 0, got ", options.warmup_iterations));
+  }
+  if (options.measure_iterations < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "measured iterations must be >= 1, got ", options.measure_iterations));
+  }
+  if (options.inputs.empty()) {
+    return absl::InvalidArgumentError(
+        "no inputs: give one --input NAME:DTYPE[DIMS] per forward argument");
+  }
+  MUTWO_RETURN_IF_ERROR(ValidateInputs(options.inputs));
+  if (options.model_name.empty()) options.model_name = options.model_path;
+
+  auto state = std::make_unique<State>();
+  MUTWO_ASSIGN_OR_RETURN(
+      state->backend,
+      CreateDeviceBackend(options.device, options.memory_limit_bytes));
+  try {
+    state->device =
+        state->backend->kind() == "cpu"
+            ? torch::Device(torch::kCPU)
+            : torch::Device(options.device == "cuda" ? std::string("cuda:0")
+                                                     : options.device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device \"", options.device, "\": ", FirstLine(e.msg())));
+  }
+  if (options.model_bytes.empty()) {
+    MUTWO_ASSIGN_OR_RETURN(state->module,
+                           LoadModuleFile(options.model_path, state->device));
+  } else {
+    MUTWO_ASSIGN_OR_RETURN(
+        state->module,
+        LoadModule(options.model_bytes, options.model_name, state->device));
+  }
+  auto graph = Graph::Create(state->module);
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", options.model_name, ": ", graph.status().message()));
+  }
+  state->graph = *std::move(graph);
+  if (state->graph->num_inputs() != static_cast<int>(options.inputs.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", options.model_name, ": forward takes ",
+                     state->graph->num_inputs(), " inputs, got ",
+                     options.inputs.size(), " --input specs"));
+  }
+  state->interpreter = std::make_unique<Interpreter>(state->graph.get());
+  for (const torch::Tensor& p : state->module.parameters()) {
+    if (p.requires_grad()) state->parameters.push_back(p);
+  }
+  state->options = std::move(options);
+  return std::unique_ptr<Executor>(new Executor(std::move(state)));
+}
+
+absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
+  State& s = *state_;
+  const ExecutorOptions& o = s.options;
+  if (schedule.graph_fingerprint() != s.graph->fingerprint()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schedule is for graph fingerprint \"",
+        schedule.graph_fingerprint(), "\" but model ", o.model_name,
+        " has graph fingerprint \"", s.graph->fingerprint(),
+        "\" (plan it from a profile of this model)"));
+  }
+  if (schedule.batch_size() != o.batch_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schedule is for batch size ", schedule.batch_size(),
+                     ", the executor runs batch size ", o.batch_size));
+  }
+  MUTWO_ASSIGN_OR_RETURN(s.segments, PlanSegments(*s.graph, schedule));
+  if (getenv("MUTWO_DEBUG_GRADS") != nullptr) {
+    for (const SegmentPlan& p : s.segments) {
+      std::cerr << "segment " << p.segment << " nodes " << p.first_node << ".."
+                << p.last_node << " inputs " << p.inputs.size() << " outputs";
+      for (size_t i = 0; i < p.outputs.size(); ++i) {
+        std::cerr << " " << s.graph->ProducerOf(p.outputs[i])
+                  << (p.freeable[i] ? "F" : "") << "@" << p.free_after[i];
+      }
+      std::cerr << " readers";
+      for (int r : p.readers) std::cerr << " " << r;
+      std::cerr << "\n";
+    }
+  }
+  MUTWO_RETURN_IF_ERROR(s.PlanSwaps(schedule));
+
+  v1::Validation validation;
+  validation.set_graph_fingerprint(s.graph->fingerprint());
+  validation.set_batch_size(o.batch_size);
+  validation.mutable_predicted()->set_peak_bytes(
+      schedule.predicted_peak_bytes());
+  validation.mutable_predicted()->set_iteration_ms(
+      schedule.predicted_iteration_ms());
+  validation.set_budget_bytes(schedule.budget_bytes());
+  int recomputed = 0, swapped = 0;
+  for (const v1::Decision& d : schedule.decisions()) {
+    recomputed += d.action() == v1::Decision::RECOMPUTE;
+    swapped += d.action() == v1::Decision::SWAP;
+  }
+  validation.set_recomputed(recomputed);
+  validation.set_swapped(swapped);
+
+  auto result = [&]() -> absl::Status {
+    s.backend->SetTag(kIdleTag);
+    *validation.mutable_device() = s.backend->Describe();
+    s.current_step = "generating inputs";
+    MUTWO_RETURN_IF_ERROR(Guard(s.current_step, [&]() -> absl::Status {
+      MUTWO_ASSIGN_OR_RETURN(
+          std::vector<torch::Tensor> inputs,
+          MakeInputs(o.inputs, o.batch_size, s.device, o.seed));
+      MUTWO_ASSIGN_OR_RETURN(s.target,
+                             MakeTarget(o.loss, o.batch_size, s.device));
+      s.inputs.assign(inputs.begin(), inputs.end());
+      MUTWO_ASSIGN_OR_RETURN(s.optimizer,
+                             MakeOptimizer(o.optimizer, s.parameters));
+      return absl::OkStatus();
+    }));
+
+    // Correctness: the same state and seed, one step each, no optimizer.
+    std::vector<torch::Tensor> params, buffers, param_copies, buffer_copies;
+    for (const torch::Tensor& p : s.module.parameters()) params.push_back(p);
+    for (const torch::Tensor& b : s.module.buffers()) buffers.push_back(b);
+    {
+      torch::NoGradGuard no_grad;
+      for (const torch::Tensor& p : params) param_copies.push_back(p.clone());
+      for (const torch::Tensor& b : buffers) buffer_copies.push_back(b.clone());
+    }
+    auto restore = [&]() {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params.size(); ++i)
+        params[i].copy_(param_copies[i]);
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        buffers[i].copy_(buffer_copies[i]);
+      }
+    };
+    struct Outcome {
+      double loss = 0;
+      std::vector<torch::Tensor> grads, buffers;
+    };
+    auto one_step = [&](bool scheduled, Outcome* out) -> absl::Status {
+      restore();
+      s.ZeroGrads();
+      torch::manual_seed(o.seed + 1);
+      MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, s.Step(scheduled));
+      return Guard("comparing", [&]() {
+        out->loss = loss.item<double>();
+        for (const torch::Tensor& p : s.parameters) {
+          out->grads.push_back(p.grad().defined()
+                                   ? p.grad().to(torch::kFloat64)
+                                   : torch::zeros_like(p, torch::kFloat64));
+        }
+        for (const torch::Tensor& b : buffers) {
+          out->buffers.push_back(b.to(torch::kFloat64));
+        }
+        return absl::OkStatus();
+      });
+    };
+    double max_diff = 0;
+    bool match = true, buffers_match = true;
+    {
+      Outcome base, sched;
+      MUTWO_RETURN_IF_ERROR(one_step(false, &base));
+      MUTWO_RETURN_IF_ERROR(one_step(true, &sched));
+      restore();
+      s.ZeroGrads();
+      for (size_t i = 0; i < base.grads.size(); ++i) {
+        const torch::Tensor diff = (sched.grads[i] - base.grads[i]).abs();
+        if (diff.numel() == 0) continue;
+        max_diff = std::max(max_diff, diff.max().item<double>());
+        match &= (diff <= o.grad_atol + o.grad_rtol * base.grads[i].abs())
+                     .all()
+                     .item<bool>();
+      }
+      for (size_t i = 0; i < base.buffers.size(); ++i) {
+        if (base.buffers[i].numel() == 0) continue;
+        const torch::Tensor diff = (sched.buffers[i] - base.buffers[i]).abs();
+        buffers_match &=
+            (diff <= o.grad_atol + o.grad_rtol * base.buffers[i].abs())
+                .all()
+                .item<bool>();
+      }
+      validation.set_loss_diff(std::abs(sched.loss - base.loss));
+      if (getenv("MUTWO_DEBUG_GRADS") != nullptr) {
+        for (size_t i = 0; i < base.grads.size(); ++i) {
+          std::cerr
+              << "param " << i << " " << base.grads[i].sizes() << " diff "
+              << (sched.grads[i] - base.grads[i]).abs().max().item<double>()
+              << "\n";
+        }
+      }
+    }
+    // The copies are gone before the timed steps (they would count).
+    param_copies.clear();
+    buffer_copies.clear();
+    validation.set_gradients_match(match);
+    validation.set_max_abs_grad_diff(max_diff);
+    validation.set_batchnorm_stats_match(buffers_match);
+
+    MUTWO_RETURN_IF_ERROR(s.TimedSteps(false, validation.mutable_baseline()));
+    MUTWO_RETURN_IF_ERROR(s.TimedSteps(true, validation.mutable_scheduled()));
+    return absl::OkStatus();
+  }();
+  s.ZeroGrads();
+  s.optimizer.reset();
+  if (absl::IsResourceExhausted(result)) {
+    validation.set_oom(true);
+    validation.set_error(std::string(result.message()));
+    return validation;
+  }
+  if (!result.ok()) {
+    return absl::Status(result.code(), absl::StrCat("model ", o.model_name,
+                                                    ": ", result.message()));
+  }
+  validation.set_within_budget(schedule.budget_bytes() <= 0 ||
+                               validation.scheduled().peak_bytes() <=
+                                   schedule.budget_bytes());
+  return validation;
+}
+
+}  // namespace mutwo::worker

@@ -1,0 +1,85 @@
+// The executor: runs real training steps (forward, loss, backward,
+// optimizer step) with a v1::Schedule applied and proves it against the
+// unmodified step in the same process.
+//
+// Run(schedule):
+//  1. Refuses a schedule of another graph (graph_fingerprint) or batch size.
+//  2. Correctness: one baseline and one scheduled step from the same
+//     parameters, buffers and RNG seed (the module state is snapshotted and
+//     put back in between, no optimizer step): loss, every gradient and the
+//     buffers (batch-norm running statistics) after the step are compared.
+//  3. Baseline steps, then scheduled steps, each warm-up + measured
+//     iterations with the optimizer: peak bytes from the DeviceBackend
+//     (reset per step; the counting allocator on CPU), median iteration time.
+//
+// RECOMPUTE: see checkpoint.h. SWAP: after `offload_after` (or the last
+// forward read of any view of it, whichever is later) the producer's output
+// storages go to host memory (swap.h); they come back in a pre-hook on the
+// first backward node that reads them (the autograd nodes made by the
+// producer or by a node reading the output, or a segment replay that takes
+// it as input).
+//
+// An out-of-memory is a result (oom: true, error naming the step). Not
+// thread-safe; one Executor per process at a time (the CPU allocator and
+// RNG are process-wide).
+#ifndef MUTWO_WORKER_EXECUTOR_H_
+#define MUTWO_WORKER_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "mutwo/v1/types.pb.h"
+
+namespace mutwo::worker {
+
+struct ExecutorOptions {
+  std::string model_path;   // read when model_bytes is empty
+  std::string model_bytes;  // the TorchScript archive itself
+  std::string model_name;   // names the model in errors; default model_path
+  std::vector<v1::TensorSpec> inputs;
+  v1::LossSpec loss;
+  v1::OptimizerSpec optimizer;
+  int64_t batch_size = 0;
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
+  int warmup_iterations = 1;
+  int measure_iterations = 3;
+  int64_t memory_limit_bytes = 0;  // > 0: allocations beyond fail (OOM)
+  uint64_t seed = 0;
+  // Gradients match when |scheduled - baseline| <= atol + rtol * |baseline|
+  // element-wise (the replay reorders no arithmetic, but autograd may sum
+  // a parameter's gradient contributions in another order).
+  double grad_rtol = 1e-5;
+  double grad_atol = 1e-7;
+};
+
+class Executor {
+ public:
+  // Validates the options, sets up the device (the counting CPU allocator
+  // before the model is loaded), loads the model and rebuilds the IR.
+  // Errors: InvalidArgument naming the bad option, input or model.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Executor>> Create(
+      ExecutorOptions options);
+  ~Executor();
+
+  // Errors: InvalidArgument for a schedule of another graph (both
+  // fingerprints named), another batch size, or a decision naming nodes the
+  // graph does not have; InvalidArgument / Internal for a model that fails.
+  // An out-of-memory is returned as a Validation with oom = true.
+  [[nodiscard]] absl::StatusOr<v1::Validation> Run(
+      const v1::Schedule& schedule);
+
+  const std::string& graph_fingerprint() const;
+  int num_nodes() const;
+
+ private:
+  struct State;
+  explicit Executor(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace mutwo::worker
+
+#endif  // MUTWO_WORKER_EXECUTOR_H_
