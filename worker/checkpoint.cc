@@ -5,7 +5,6 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -556,11 +555,6 @@ void SegmentRun::FreeAfter(int node_id) {
     c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
     if (!impl || impl->data() == nullptr) continue;
     freed_bytes_ += static_cast<int64_t>(impl->nbytes());
-    if (getenv("MUTWO_DEBUG_STEPS") != nullptr) {
-      std::cerr << "segment " << plan_->segment << " frees output tensor " << k
-                << " (" << impl->nbytes() << " bytes) after node " << node_id
-                << "\n";
-    }
     impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
     tensor_freed_[k] = true;
     // Other output tensors of the same storage are freed with it.
@@ -586,7 +580,7 @@ void SegmentRun::Replay() {
       object->setAttr(name, originals.back().toTensor().clone());
     }
   }
-  const torch::Tensor cpu_now = SaveCpuRng();
+  const std::string cpu_now = SaveCpuRng();
   const torch::Tensor device_now = SaveDeviceRng(device_);
   RestoreCpuRng(cpu_rng_);
   RestoreDeviceRng(device_, cuda_rng_);
@@ -640,10 +634,6 @@ void SegmentRun::Replay() {
           absl::StrCat("segment ", plan_->segment, ": the replay of output ", k,
                        " has ", fresh.storage().nbytes(),
                        " bytes, the forward had ", impl->nbytes()));
-    }
-    if (getenv("MUTWO_DEBUG_STEPS") != nullptr) {
-      std::cerr << "segment " << plan_->segment << " restores output tensor "
-                << k << "\n";
     }
     impl->set_data_ptr(SharedDataPtr(fresh.storage()));
     freed_bytes_ -= static_cast<int64_t>(impl->nbytes());

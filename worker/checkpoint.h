@@ -166,7 +166,7 @@ class SegmentRun {
   int64_t freed_bytes_ = 0;
   std::vector<torch::Tensor> replay_outputs_;
   std::vector<torch::Tensor> replay_leaves_;
-  torch::Tensor cpu_rng_;
+  std::string cpu_rng_;
   torch::Tensor cuda_rng_;
   bool replayed_ = false;
   std::shared_ptr<torch::autograd::Node> grad_fn_;

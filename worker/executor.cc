@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <iostream>
 #include <limits>
 #include <set>
 
@@ -413,26 +412,6 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       }
     }
   }
-  if (getenv("MUTWO_DEBUG_STEPS") != nullptr) {
-    std::vector<Node*> stack{loss.grad_fn().get()};
-    absl::flat_hash_set<Node*> seen{stack[0]};
-    std::cerr << (scheduled ? "scheduled" : "baseline")
-              << " end of forward: " << backend->AllocatedBytes() << "\n";
-    while (!stack.empty()) {
-      Node* fn = stack.back();
-      stack.pop_back();
-      DeviceBackend* b = backend.get();
-      fn->add_pre_hook(std::make_unique<CallbackPreHook>([fn, b]() {
-        std::cerr << "  " << fn->name() << " " << b->AllocatedBytes() << " peak "
-                  << b->PeakBytes() << "\n";
-      }));
-      for (const auto& e : fn->next_edges()) {
-        if (e.function && seen.insert(e.function.get()).second) {
-          stack.push_back(e.function.get());
-        }
-      }
-    }
-  }
   current_step = "backward";
   MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
     loss.backward();
@@ -556,19 +535,6 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
                      ", the executor runs batch size ", o.batch_size));
   }
   MUTWO_ASSIGN_OR_RETURN(s.segments, PlanSegments(*s.graph, schedule));
-  if (getenv("MUTWO_DEBUG_GRADS") != nullptr) {
-    for (const SegmentPlan& p : s.segments) {
-      std::cerr << "segment " << p.segment << " nodes " << p.first_node << ".."
-                << p.last_node << " inputs " << p.inputs.size() << " outputs";
-      for (size_t i = 0; i < p.outputs.size(); ++i) {
-        std::cerr << " " << s.graph->ProducerOf(p.outputs[i])
-                  << (p.freeable[i] ? "F" : "") << "@" << p.free_after[i];
-      }
-      std::cerr << " readers";
-      for (int r : p.readers) std::cerr << " " << r;
-      std::cerr << "\n";
-    }
-  }
   MUTWO_RETURN_IF_ERROR(s.PlanSwaps(schedule));
 
   v1::Validation validation;
@@ -667,14 +633,6 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
                 .item<bool>();
       }
       validation.set_loss_diff(std::abs(sched.loss - base.loss));
-      if (getenv("MUTWO_DEBUG_GRADS") != nullptr) {
-        for (size_t i = 0; i < base.grads.size(); ++i) {
-          std::cerr
-              << "param " << i << " " << base.grads[i].sizes() << " diff "
-              << (sched.grads[i] - base.grads[i]).abs().max().item<double>()
-              << "\n";
-        }
-      }
     }
     // The copies are gone before the timed steps (they would count).
     param_copies.clear();

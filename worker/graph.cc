@@ -2,6 +2,7 @@
 
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <algorithm>
 #include <set>
@@ -127,14 +128,23 @@ absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
     return absl::InvalidArgumentError("the module has no forward method");
   }
   std::unique_ptr<Graph> out(new Graph());
+  // Inline takes each callee's "optimized" graph, which LibTorch only
+  // pre-inlines while graph-executor optimization is on; with it off (as a
+  // reference run may leave it) calls nested two levels deep would stay as
+  // prim::CallMethod. So it is on while the IR is built, whatever the caller
+  // set: the same file always gives the same IR and fingerprint.
+  const bool optimize = torch::jit::getGraphExecutorOptimize();
+  torch::jit::setGraphExecutorOptimize(true);
   try {
     out->graph_ = method->graph()->copy();
     torch::jit::Inline(*out->graph_);
     torch::jit::EliminateDeadCode(out->graph_);
   } catch (const c10::Error& e) {
+    torch::jit::setGraphExecutorOptimize(optimize);
     return absl::InvalidArgumentError(
         absl::StrCat("cannot inline forward: ", e.msg()));
   }
+  torch::jit::setGraphExecutorOptimize(optimize);
   const Block* top = out->graph_->block();
   for (Node* node : out->graph_->nodes()) {
     IrNode ir;

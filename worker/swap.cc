@@ -58,16 +58,25 @@ std::unique_ptr<HostStash> MakeHostStash(const c10::Storage& storage,
   return std::make_unique<CpuHostStash>(storage);
 }
 
-torch::Tensor SaveCpuRng() {
+std::string SaveCpuRng() {
   auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  return std::string(static_cast<const char*>(state.data_ptr()),
+                     static_cast<size_t>(state.nbytes()));
 }
 
-void RestoreCpuRng(const torch::Tensor& state) {
+void RestoreCpuRng(const std::string& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
+  // from_blob: no allocation; set_state copies the bytes.
+  torch::Tensor bytes =
+      torch::from_blob(const_cast<char*>(state.data()),
+                       {static_cast<int64_t>(state.size())}, torch::kUInt8);
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  gen.set_state(bytes);
 }
 
 torch::Tensor SaveDeviceRng(const torch::Device& device) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace mutwo::worker {
 
@@ -46,10 +47,11 @@ class HostStash {
 std::unique_ptr<HostStash> MakeHostStash(const c10::Storage& storage,
                                          const torch::Device& device);
 
-// RNG snapshots: the CPU generator's state, and the device generator's on
-// CUDA (an undefined tensor on CPU).
-torch::Tensor SaveCpuRng();
-void RestoreCpuRng(const torch::Tensor& state);
+// RNG snapshots: the CPU generator's state (kept as plain bytes, outside
+// the counting allocator, so that it does not count as device memory), and
+// the device generator's on CUDA (an undefined tensor on CPU).
+std::string SaveCpuRng();
+void RestoreCpuRng(const std::string& state);
 torch::Tensor SaveDeviceRng(const torch::Device& device);
 void RestoreDeviceRng(const torch::Device& device, const torch::Tensor& state);
 

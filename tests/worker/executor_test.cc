@@ -58,6 +58,8 @@ TestModel Model(const std::string& name) {
 }
 
 // One profile per model, shared by the tests (profiling is the slow part).
+// Profiles hold absolute allocator figures: call this before loading a
+// second copy of the model (an Executor), or the copy's parameters count.
 const v1::Profile& ProfileOf(const TestModel& model) {
   static auto* cache = new std::map<std::string, v1::Profile>();
   auto it = cache->find(model.name);
@@ -146,12 +148,11 @@ TEST_P(PlannedScheduleTest, MatchesBaseline) {
   if (floor < top) EXPECT_GT(recomputing_schedules, 0) << model.name;
 }
 
-// The memory half of issue 5: measured peak <= budget and within 10 % of
-// the planner's prediction. NOT MET YET (docs/executor.md, "Known gaps"):
-// on the CNN a recompute segment's replay and backward hold more than the
-// planner's model, so the scheduled peak exceeds the budget (and, at some
-// budgets, the baseline). Run with --gtest_also_run_disabled_tests.
-TEST_P(PlannedScheduleTest, DISABLED_PeakFitsBudgetAndPrediction) {
+// The memory half of issue 5: measured peak (counting allocator) <= budget
+// and within 10 % of the planner's prediction, at the same 5 budgets.
+class PlannedMemoryTest : public ::testing::TestWithParam<TestModel> {};
+
+TEST_P(PlannedMemoryTest, PeakFitsBudgetAndPrediction) {
   const TestModel& model = GetParam();
   const v1::Profile& profile = ProfileOf(model);
   auto executor = MakeExecutor(model);
@@ -176,6 +177,26 @@ INSTANTIATE_TEST_SUITE_P(FixtureModels, PlannedScheduleTest,
                                            Model("transformer"),
                                            Model("control_flow"),
                                            Model("two_inputs")),
+                         [](const ::testing::TestParamInfo<TestModel>& info) {
+                           return info.param.name;
+                         });
+
+INSTANTIATE_TEST_SUITE_P(FixtureModels, PlannedMemoryTest,
+                         ::testing::Values(Model("mlp"), Model("transformer"),
+                                           Model("control_flow"),
+                                           Model("two_inputs")),
+                         [](const ::testing::TestParamInfo<TestModel>& info) {
+                           return info.param.name;
+                         });
+
+// NOT MET on the CNN (docs/executor.md, "Known gaps"): while a segment's
+// function runs its backward, autograd keeps the function's incoming
+// gradients alive, which the planner does not model; the scheduled peak
+// then exceeds the budget (904 883 B measured, 680 243 B predicted, budget
+// 684 819 B). Disabled until one side changes; run it with
+// --gtest_also_run_disabled_tests.
+INSTANTIATE_TEST_SUITE_P(DISABLED_Cnn, PlannedMemoryTest,
+                         ::testing::Values(Model("cnn")),
                          [](const ::testing::TestParamInfo<TestModel>& info) {
                            return info.param.name;
                          });
@@ -205,9 +226,10 @@ class AllRecomputedTest : public ::testing::TestWithParam<TestModel> {};
 
 TEST_P(AllRecomputedTest, MatchesBaseline) {
   const TestModel& model = GetParam();
+  const v1::Profile& profile = ProfileOf(model);  // before a second copy
   auto executor = MakeExecutor(model);
   ASSERT_NE(executor, nullptr);
-  auto v = executor->Run(AllRecomputed(ProfileOf(model)));
+  auto v = executor->Run(AllRecomputed(profile));
   ASSERT_TRUE(v.ok()) << v.status();
   ExpectCorrect(*v, model.name);
   EXPECT_GT(v->recomputed(), 0);
@@ -258,9 +280,10 @@ v1::Schedule Swapped(const v1::Profile& profile, bool every_other_recompute) {
 TEST(ExecutorSwapTest, SwapsKeepGradientsAndLowerThePeak) {
   for (const char* name : {"cnn", "mlp", "transformer"}) {
     const TestModel model = Model(name);
+    const v1::Profile& profile = ProfileOf(model);  // before a second copy
     auto executor = MakeExecutor(model);
     ASSERT_NE(executor, nullptr);
-    auto v = executor->Run(Swapped(ProfileOf(model), false));
+    auto v = executor->Run(Swapped(profile, false));
     ASSERT_TRUE(v.ok()) << v.status();
     ExpectCorrect(*v, name);
     EXPECT_GT(v->swapped(), 0) << name;
@@ -276,9 +299,10 @@ TEST(ExecutorSwapTest, SwapsKeepGradientsAndLowerThePeak) {
 TEST(ExecutorSwapTest, SwapsAndRecomputeTogether) {
   for (const char* name : {"cnn", "control_flow"}) {
     const TestModel model = Model(name);
+    const v1::Profile& profile = ProfileOf(model);  // before a second copy
     auto executor = MakeExecutor(model);
     ASSERT_NE(executor, nullptr);
-    auto v = executor->Run(Swapped(ProfileOf(model), true));
+    auto v = executor->Run(Swapped(profile, true));
     ASSERT_TRUE(v.ok()) << v.status();
     ExpectCorrect(*v, name);
     EXPECT_GT(v->swapped(), 0) << name;
@@ -302,9 +326,10 @@ TEST(ExecutorTest, RefusesAScheduleOfAnotherGraph) {
 
 TEST(ExecutorTest, RefusesAnotherBatchSizeAndUnknownNodes) {
   const TestModel model = Model("mlp");
+  const v1::Profile& profile = ProfileOf(model);  // before a second copy
   auto executor = MakeExecutor(model);
   ASSERT_NE(executor, nullptr);
-  v1::Schedule schedule = AllRecomputed(ProfileOf(model));
+  v1::Schedule schedule = AllRecomputed(profile);
   schedule.set_batch_size(model.batch + 1);
   auto v = executor->Run(schedule);
   ASSERT_FALSE(v.ok());
