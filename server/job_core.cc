@@ -825,6 +825,7 @@ absl::Status JobCore::Settle(const std::string& job_id) {
         }
         return absl::OkStatus();
       }));
+  RefreshGauges();
   if (IsFinal(job.state())) {
     MUTWO_LOG(info, "job {} {}{}", job_id, v1::Job::State_Name(job.state()),
               job.error().empty() ? "" : absl::StrCat(": ", job.error()));

@@ -151,9 +151,13 @@ int RunTaskCommand(const ParsedArgs&) {
   std::string result;
   if (task.kind() == v1::Task::PROFILE) {
     ProfilerOptions options;
-    options.model_path = absl::GetFlag(FLAGS_model_file);
-    options.model_name = spec.model_name().empty() ? options.model_path
-                                                   : spec.model_name() + ".pt";
+    // Errors name the model as the user uploaded it, not the cache path.
+    auto model = ReadFile(absl::GetFlag(FLAGS_model_file));
+    if (!model.ok()) return Fail(cmd, model.status());
+    options.model_bytes = *std::move(model);
+    options.model_name = spec.model_name().empty()
+                             ? absl::GetFlag(FLAGS_model_file)
+                             : spec.model_name() + ".pt";
     options.model_sha256 = spec.model_sha256();
     options.inputs.assign(spec.inputs().begin(), spec.inputs().end());
     options.loss = spec.loss();
