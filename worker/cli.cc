@@ -39,7 +39,8 @@ int Version(const ParsedArgs&) {
   std::cout << "libtorch " << TORCH_VERSION << "\n";
   std::cout << "cuda available: "
             << (torch::cuda::is_available() ? "yes" : "no")
-            << ", devices: " << torch::cuda::device_count() << "\n";
+            << ", devices: " << static_cast<int>(torch::cuda::device_count())
+            << "\n";
   return kExitOk;
 }
 

@@ -20,6 +20,7 @@
 #include "worker/interpreter.h"
 #include "worker/memory.h"
 #include "worker/model_loader.h"
+#include "worker/training_setup.h"
 
 namespace mutwo::worker {
 namespace {
@@ -647,65 +648,8 @@ int Profiler::num_nodes() const { return state_->graph->num_nodes(); }
 
 absl::StatusOr<std::unique_ptr<Profiler>> Profiler::Create(
     ProfilerOptions options) {
-  if (options.batch_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch size must be a positive integer, got ", options.batch_size));
-  }
-  if (options.warmup_iterations < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "warm-up iterations must be >= 0, got ", options.warmup_iterations));
-  }
-  if (options.measure_iterations < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "measured iterations must be >= 1, got ", options.measure_iterations));
-  }
-  if (options.inputs.empty()) {
-    return absl::InvalidArgumentError(
-        "no inputs: give one --input NAME:DTYPE[DIMS] per forward argument");
-  }
-  MUTWO_RETURN_IF_ERROR(ValidateInputs(options.inputs));
-  if (options.model_name.empty()) options.model_name = options.model_path;
-
   auto state = std::make_unique<State>();
-  MUTWO_ASSIGN_OR_RETURN(
-      state->backend,
-      CreateDeviceBackend(options.device, options.memory_limit_bytes));
-  try {
-    state->device =
-        state->backend->kind() == "cpu"
-            ? torch::Device(torch::kCPU)
-            : torch::Device(options.device == "cuda" ? std::string("cuda:0")
-                                                     : options.device);
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device \"", options.device, "\": ", FirstLine(e.msg())));
-  }
-  // Loaded after the backend exists, so that the counting allocator sees the
-  // parameters.
-  if (options.model_bytes.empty()) {
-    MUTWO_ASSIGN_OR_RETURN(state->module,
-                           LoadModuleFile(options.model_path, state->device));
-  } else {
-    MUTWO_ASSIGN_OR_RETURN(
-        state->module,
-        LoadModule(options.model_bytes, options.model_name, state->device));
-  }
-  auto graph = Graph::Create(state->module);
-  if (!graph.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model ", options.model_name, ": ", graph.status().message()));
-  }
-  state->graph = *std::move(graph);
-  if (state->graph->num_inputs() != static_cast<int>(options.inputs.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model ", options.model_name, ": forward takes ",
-                     state->graph->num_inputs(), " inputs, got ",
-                     options.inputs.size(), " --input specs"));
-  }
-  state->interpreter = std::make_unique<Interpreter>(state->graph.get());
-  for (const torch::Tensor& p : state->module.parameters()) {
-    if (p.requires_grad()) state->parameters.push_back(p);
-  }
+  MUTWO_RETURN_IF_ERROR(SetUpTraining(options, state.get()));
   state->options = std::move(options);
   return std::unique_ptr<Profiler>(new Profiler(std::move(state)));
 }
