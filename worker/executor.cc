@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/autograd_hooks.h"
 #include "worker/checkpoint.h"
 #include "worker/graph.h"
 #include "worker/inputs.h"
@@ -29,26 +30,6 @@ namespace {
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 using torch::jit::Value;
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid]
-                                : (values[mid - 1] + values[mid]) / 2;
-}
-
-class CallbackPreHook : public torch::autograd::FunctionPreHook {
- public:
-  explicit CallbackPreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  variable_list operator()(const variable_list& grads) override {
-    fn_();
-    return grads;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 // Runs `fn`, turning LibTorch exceptions into a Status naming `where`.
 template <typename Fn>

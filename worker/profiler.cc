@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/autograd_hooks.h"
 #include "worker/graph.h"
 #include "worker/inputs.h"
 #include "worker/interpreter.h"
@@ -27,39 +28,6 @@ namespace {
 
 using torch::autograd::Node;
 using torch::autograd::variable_list;
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid]
-                                : (values[mid - 1] + values[mid]) / 2;
-}
-
-class CallbackPreHook : public torch::autograd::FunctionPreHook {
- public:
-  explicit CallbackPreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  variable_list operator()(const variable_list& grads) override {
-    fn_();
-    return grads;
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
-class CallbackPostHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit CallbackPostHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  variable_list operator()(const variable_list& outputs,
-                           const variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 // Every autograd node reachable from `root`, in discovery order.
 std::vector<Node*> ReachableFrom(Node* root) {
