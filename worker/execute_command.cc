@@ -11,6 +11,7 @@
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "worker/executor.h"
+#include "worker/profile_command.h"
 
 // Shared with `profile` (defined in profile_command.cc).
 ABSL_DECLARE_FLAG(std::string, input);
@@ -108,48 +109,17 @@ int RunExecuteCommand(const ParsedArgs& args) {
     return Fail(
         absl::InvalidArgumentError(absl::StrCat("--schedule: ", s.message())));
   }
-  ExecutorOptions options;
-  options.model_path = args.positional[0];
-  for (const std::string& text : args.Repeated("input")) {
-    auto spec = ParseTensorSpec(text);
-    if (!spec.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--input: ", spec.status().message())));
-    }
-    options.inputs.push_back(*std::move(spec));
-  }
-  auto loss = ParseLossSpec(absl::GetFlag(FLAGS_loss));
-  if (!loss.ok()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--loss: ", loss.status().message())));
-  }
-  options.loss = *std::move(loss);
-  auto optimizer = ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer));
-  if (!optimizer.ok()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--optimizer: ", optimizer.status().message())));
-  }
-  options.optimizer = *std::move(optimizer);
-  options.batch_size = absl::GetFlag(FLAGS_batch);
-  if (options.batch_size <= 0) options.batch_size = schedule.batch_size();
-  if (options.batch_size <= 0) {
+  auto flags = ReadStepFlags(args);
+  if (!flags.ok()) return Fail(flags.status());
+  // Without --batch, the schedule's batch size.
+  if (flags->batch_size <= 0) flags->batch_size = schedule.batch_size();
+  if (flags->batch_size <= 0) {
     return Fail(absl::InvalidArgumentError(
         "--batch: a positive batch size is required"));
   }
-  options.device = absl::GetFlag(FLAGS_device);
-  options.warmup_iterations = absl::GetFlag(FLAGS_warmup);
-  options.measure_iterations = absl::GetFlag(FLAGS_iterations);
-  options.seed = absl::GetFlag(FLAGS_seed);
-  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit);
-      !limit.empty()) {
-    auto bytes = ParseBytes(limit);
-    if (!bytes.ok() || *bytes <= 0) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--memory_limit: expected a positive size like 2GiB, got \"", limit,
-          "\"")));
-    }
-    options.memory_limit_bytes = *bytes;
-  }
+  ExecutorOptions options;
+  options.model_path = args.positional[0];
+  ApplyStepFlags(*flags, &options);
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output != "json" && output != "text") {
     return Fail(absl::InvalidArgumentError(

@@ -42,6 +42,46 @@ int Fail(const absl::Status& status) {
 
 }  // namespace
 
+absl::StatusOr<StepFlags> ReadStepFlags(const ParsedArgs& args) {
+  StepFlags flags;
+  for (const std::string& text : args.Repeated("input")) {
+    auto spec = ParseTensorSpec(text);
+    if (!spec.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input: ", spec.status().message()));
+    }
+    flags.inputs.push_back(*std::move(spec));
+  }
+  auto loss = ParseLossSpec(absl::GetFlag(FLAGS_loss));
+  if (!loss.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--loss: ", loss.status().message()));
+  }
+  flags.loss = *std::move(loss);
+  auto optimizer = ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer));
+  if (!optimizer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--optimizer: ", optimizer.status().message()));
+  }
+  flags.optimizer = *std::move(optimizer);
+  flags.batch_size = absl::GetFlag(FLAGS_batch);
+  flags.device = absl::GetFlag(FLAGS_device);
+  flags.warmup_iterations = absl::GetFlag(FLAGS_warmup);
+  flags.measure_iterations = absl::GetFlag(FLAGS_iterations);
+  flags.seed = absl::GetFlag(FLAGS_seed);
+  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit);
+      !limit.empty()) {
+    auto bytes = ParseBytes(limit);
+    if (!bytes.ok() || *bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--memory_limit: expected a positive size like 2GiB, got \"", limit,
+          "\""));
+    }
+    flags.memory_limit_bytes = *bytes;
+  }
+  return flags;
+}
+
 const char kProfileUsage[] =
     "  profile   MODEL.pt --input NAME:DTYPE[DIMS]{lo,hi} [--input ...] "
     "--batch N\n"
@@ -61,47 +101,15 @@ int RunProfileCommand(const ParsedArgs& args) {
             : absl::StrCat("expected one model file, got ",
                            args.positional.size(), " arguments")));
   }
-  ProfilerOptions options;
-  options.model_path = args.positional[0];
-  for (const std::string& text : args.Repeated("input")) {
-    auto spec = ParseTensorSpec(text);
-    if (!spec.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--input: ", spec.status().message())));
-    }
-    options.inputs.push_back(*std::move(spec));
-  }
-  auto loss = ParseLossSpec(absl::GetFlag(FLAGS_loss));
-  if (!loss.ok()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--loss: ", loss.status().message())));
-  }
-  options.loss = *std::move(loss);
-  auto optimizer = ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer));
-  if (!optimizer.ok()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--optimizer: ", optimizer.status().message())));
-  }
-  options.optimizer = *std::move(optimizer);
-  options.batch_size = absl::GetFlag(FLAGS_batch);
-  if (options.batch_size <= 0) {
+  auto flags = ReadStepFlags(args);
+  if (!flags.ok()) return Fail(flags.status());
+  if (flags->batch_size <= 0) {
     return Fail(absl::InvalidArgumentError(
         "--batch: a positive batch size is required"));
   }
-  options.device = absl::GetFlag(FLAGS_device);
-  options.warmup_iterations = absl::GetFlag(FLAGS_warmup);
-  options.measure_iterations = absl::GetFlag(FLAGS_iterations);
-  options.seed = absl::GetFlag(FLAGS_seed);
-  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit);
-      !limit.empty()) {
-    auto bytes = ParseBytes(limit);
-    if (!bytes.ok() || *bytes <= 0) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--memory_limit: expected a positive size like 2GiB, got \"", limit,
-          "\"")));
-    }
-    options.memory_limit_bytes = *bytes;
-  }
+  ProfilerOptions options;
+  options.model_path = args.positional[0];
+  ApplyStepFlags(*flags, &options);
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output != "json" && output != "csv" && output != "text") {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
