@@ -52,7 +52,10 @@ absl::Status Guard(const std::string& where, Fn&& fn) {
 struct SwapPlan {
   int value_id = 0;
   int producer = 0;
-  int offload_after = 0;     // node after which the storages leave
+  int offload_after = 0;  // node after which the storages leave
+  // Node whose backward starts the copy back (Decision.prefetch_node); -1:
+  // the copy starts at the first backward use.
+  int prefetch_node = -1;
   std::vector<int> readers;  // top-level nodes reading the output (aliases)
 };
 
@@ -180,6 +183,12 @@ absl::Status Executor::State::PlanSwaps(const v1::Schedule& schedule) {
     plan.value_id = d.value_id();
     plan.producer = d.producer_node();
     plan.offload_after = d.offload_after();
+    // The prefetch point is a backward step of a node that ran before the
+    // producer's readers (later in backward means too late to overlap).
+    if (d.prefetch_at() >= n && d.prefetch_node() >= 0 &&
+        d.prefetch_node() < n) {
+      plan.prefetch_node = d.prefetch_node();
+    }
     bool is_returned = false;
     std::set<int> readers;
     for (const Value* out : graph->nodes()[plan.producer].node->outputs()) {
@@ -389,6 +398,17 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
           if (!hooked.insert(fn).second) continue;
           fn->add_pre_hook(std::make_unique<CallbackPreHook>([r, i]() {
             for (auto& stash : r->stashes[i]) stash->Restore();
+          }));
+        }
+      }
+      // The copy back starts at the planned backward step (CUDA: on a side
+      // stream, overlapping the steps until the first use waits for it).
+      const int p = swaps[i].prefetch_node;
+      if (p >= 0) {
+        for (Node* fn : r->made_by[p]) {
+          if (hooked.count(fn) != 0) continue;
+          fn->add_pre_hook(std::make_unique<CallbackPreHook>([r, i]() {
+            for (auto& stash : r->stashes[i]) stash->Prefetch();
           }));
         }
       }

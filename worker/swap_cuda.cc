@@ -65,8 +65,14 @@ class CudaHostStash final : public HostStash {
     c10::intrusive_ptr<c10::StorageImpl> impl = storage_.lock();
     if (!impl) return;
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+    c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream();
     c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+    // The caching allocator hands out a block freed on the compute stream:
+    // kernels queued there may still use it, so the copy waits for them.
     c10::DataPtr data = impl->allocator()->allocate(nbytes_);
+    at::cuda::CUDAEvent allocated;
+    allocated.record(compute);
+    allocated.block(side);
     offload_done_.block(side);
     Check(cudaMemcpyAsync(data.get(), host_.data_ptr(), nbytes_,
                           cudaMemcpyHostToDevice, side.stream()),

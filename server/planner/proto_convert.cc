@@ -19,6 +19,14 @@ absl::Status Bad(const std::string& field, int64_t value,
       absl::StrCat(field, " = ", value, ": ", expected));
 }
 
+// The IR node whose backward step sits at timeline `position` (forward
+// positions are nodes, then one per backward step); -1 if none.
+int PrefetchNode(const v1::Profile& profile, int position) {
+  const int k = position - profile.nodes_size();
+  if (k < 0 || k >= profile.backward_steps_size()) return -1;
+  return profile.backward_steps(k).forward_node();
+}
+
 }  // namespace
 
 absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
@@ -323,6 +331,7 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
         out->set_offload_after(a.last_forward_use);
         out->set_prefetch_at(d.prefetch_at >= 0 ? d.prefetch_at
                                                 : result.sim.needed_at[i]);
+        out->set_prefetch_node(PrefetchNode(profile, out->prefetch_at()));
         out->set_needed_at(result.sim.needed_at[i]);
         out->set_stall_ms(result.sim.stall_ms_of[i]);
         break;

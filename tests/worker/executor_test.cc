@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -28,6 +29,13 @@ namespace {
 
 using worker::Executor;
 using worker::ExecutorOptions;
+
+// The device the tests run on: cpu, or MUTWO_TEST_DEVICE (the `gpu`-labelled
+// ctest entry runs this binary with cuda:0).
+std::string TestDevice() {
+  const char* device = std::getenv("MUTWO_TEST_DEVICE");
+  return device != nullptr && *device != '\0' ? device : "cpu";
+}
 
 std::vector<v1::TensorSpec> Specs(const TestModel& model) {
   std::vector<v1::TensorSpec> specs;
@@ -73,6 +81,7 @@ const v1::Profile& ProfileOf(const TestModel& model) {
   options.batch_size = model.batch;
   options.warmup_iterations = 1;
   options.measure_iterations = 1;
+  options.device = TestDevice();
   auto profiler = worker::Profiler::Create(options);
   EXPECT_TRUE(profiler.ok()) << profiler.status();
   auto profile = (*profiler)->Run();
@@ -90,6 +99,7 @@ std::unique_ptr<Executor> MakeExecutor(const TestModel& model) {
   options.batch_size = model.batch;
   options.warmup_iterations = 1;
   options.measure_iterations = 1;
+  options.device = TestDevice();
   auto executor = Executor::Create(options);
   EXPECT_TRUE(executor.ok()) << executor.status();
   return executor.ok() ? *std::move(executor) : nullptr;
@@ -344,6 +354,7 @@ TEST(ExecutorTest, RefusesAnotherBatchSizeAndUnknownNodes) {
 }
 
 TEST(ExecutorTest, OutOfMemoryIsAResult) {
+  if (TestDevice() != "cpu") GTEST_SKIP() << "a CPU allocator limit";
   const TestModel model = Model("cnn");
   const v1::Profile& profile = ProfileOf(model);
   ExecutorOptions options;
@@ -365,6 +376,7 @@ TEST(ExecutorTest, OutOfMemoryIsAResult) {
 // The command line: a planned schedule from a file, JSON out; a schedule of
 // another graph refused with exit 2.
 TEST(ExecuteCliTest, RunsAScheduleFileAndRefusesAnotherGraph) {
+  if (TestDevice() != "cpu") GTEST_SKIP() << "the CLI on the CPU";
   const TestModel model = Model("mlp");
   const v1::Profile& profile = ProfileOf(model);
   const v1::Schedule probe = Plan(profile, int64_t{1} << 50);
