@@ -7,6 +7,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/parse.h"
@@ -23,6 +24,7 @@ ABSL_FLAG(bool, pareto, false,
           "plan, schedule: add the Pareto curve (20 budgets from the floor "
           "to the baseline peak)");
 ABSL_DECLARE_FLAG(std::string, output);
+ABSL_DECLARE_FLAG(std::string, batch);
 
 namespace mutwo {
 namespace {
@@ -119,11 +121,27 @@ void PrintText(const std::string& path, const v1::Schedule& s) {
 }  // namespace
 
 int PlanCommand(const ParsedArgs& args) {
-  if (args.positional.size() != 1) {
+  if (args.positional.empty()) {
     return BadInput(
         "usage: mutwo plan PROFILE.json --budget 60%|4GiB|4000MB "
         "[--policy mutwo|sqrt_n|per_block|none] [--pareto] "
-        "[--output json|text]");
+        "[--output json|text]\n"
+        "       mutwo plan PROFILE.json PROFILE.json [...] --batch N --budget "
+        "... (one model profiled at two or more batch sizes, planned at "
+        "batch N from the fitted profile)");
+  }
+  // Several profiles: plan at --batch from the profile fitted to it.
+  int64_t at_batch = 0;
+  const std::string batch_text = absl::GetFlag(FLAGS_batch);
+  if (args.positional.size() > 1 || !batch_text.empty()) {
+    if (args.positional.size() < 2) {
+      return BadInput("--batch needs profiles at two or more batch sizes");
+    }
+    if (!absl::SimpleAtoi(batch_text, &at_batch) || at_batch <= 0) {
+      return BadInput(absl::StrCat(
+          "--batch \"", batch_text,
+          "\": with several profiles, give the batch size to plan (N > 0)"));
+    }
   }
   const std::string& path = args.positional[0];
   std::string budget_text = absl::GetFlag(FLAGS_budget);
@@ -138,17 +156,22 @@ int PlanCommand(const ParsedArgs& args) {
   auto policy = planner::ParsePolicy(absl::GetFlag(FLAGS_policy));
   if (!policy.ok()) return BadInput(std::string(policy.status().message()));
 
-  auto bytes = ReadFile(path, kMaxProfileFileBytes);
-  if (!bytes.ok()) return BadInput(std::string(bytes.status().message()));
-  v1::Profile profile;
-  if (absl::Status s = ProtoFromJson(*bytes, path, &profile); !s.ok()) {
-    return BadInput(std::string(s.message()));
+  std::vector<v1::Profile> profiles;
+  for (const std::string& file : args.positional) {
+    auto bytes = ReadFile(file, kMaxProfileFileBytes);
+    if (!bytes.ok()) return BadInput(std::string(bytes.status().message()));
+    v1::Profile& profile = profiles.emplace_back();
+    if (absl::Status s = ProtoFromJson(*bytes, file, &profile); !s.ok()) {
+      return BadInput(std::string(s.message()));
+    }
   }
   planner::ScheduleRequest request;
   request.budget = *budget;
   request.policy = planner::PolicyToProto(*policy);
   request.pareto_points = absl::GetFlag(FLAGS_pareto) ? kParetoPoints : 0;
-  auto schedule = planner::PlanSchedule(profile, request);
+  auto schedule =
+      at_batch > 0 ? planner::PlanScheduleAtBatch(profiles, at_batch, request)
+                   : planner::PlanSchedule(profiles.front(), request);
   if (!schedule.ok()) {
     return BadInput(absl::StrCat(path, ": ", schedule.status().message()));
   }

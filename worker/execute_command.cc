@@ -27,6 +27,10 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 
 ABSL_FLAG(std::string, schedule, "",
           "execute: the Schedule JSON (`mutwo plan ... --output json`)");
+ABSL_FLAG(bool, baseline, true,
+          "execute: also run the unmodified step and compare gradients, loss "
+          "and batch-norm statistics with it; --baseline=false runs only the "
+          "scheduled step (batch sizes where only a schedule fits)");
 
 namespace mutwo::worker {
 namespace {
@@ -46,9 +50,10 @@ const char kExecuteUsage[] =
     "  execute   MODEL.pt --schedule SCHEDULE.json --input ... --batch N\n"
     "            [--loss ...] [--optimizer ...] [--device cpu|cuda:0] "
     "[--warmup 1] [--iterations 3]\n"
-    "            [--output json|text]   runs baseline and scheduled training "
-    "steps: peaks,\n"
-    "            time, gradients and batch-norm statistics compared\n";
+    "            [--baseline=false] [--output json|text]   runs baseline and "
+    "scheduled\n"
+    "            training steps: peaks, time, gradients and batch-norm "
+    "statistics compared\n";
 
 std::string FormatValidationText(const v1::Validation& v) {
   std::string out;
@@ -80,6 +85,11 @@ std::string FormatValidationText(const v1::Validation& v) {
                   (v.scheduled().iteration_ms() / v.baseline().iteration_ms() -
                    1)
             : 0.0);
+  }
+  if (v.baseline_skipped()) {
+    absl::StrAppendFormat(&out,
+                          "gradients       not compared (--baseline=false)\n");
+    return out;
   }
   absl::StrAppendFormat(&out,
                         "gradients       %s (max |diff| %g), loss diff %g, "
@@ -120,6 +130,7 @@ int RunExecuteCommand(const ParsedArgs& args) {
   ExecutorOptions options;
   options.model_path = args.positional[0];
   ApplyStepFlags(*flags, &options);
+  options.run_baseline = absl::GetFlag(FLAGS_baseline);
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output != "json" && output != "text") {
     return Fail(absl::InvalidArgumentError(

@@ -53,6 +53,9 @@ struct ExecutorOptions {
   // a parameter's gradient contributions in another order).
   double grad_rtol = 1e-5;
   double grad_atol = 1e-7;
+  // false: run only the scheduled step (no baseline step, no comparisons),
+  // for batch sizes where the unmodified step does not fit.
+  bool run_baseline = true;
 };
 
 class Executor {

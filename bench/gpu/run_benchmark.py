@@ -13,6 +13,7 @@ make_models.py. Run by bench/gpu/run.sh; python3 here only orchestrates.
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -58,6 +59,8 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--max_batch_search", action="store_true",
+                    help="also find the true max batch by measured search")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     worker = os.path.join(args.bin, "mutwo-worker")
@@ -167,6 +170,21 @@ def main():
                                   ["--max_overhead", "0.25", "--output", "json"])
             if rc == 0:
                 summary.setdefault("max_batch", {})[name] = json.loads(out)
+        if len(profiles) >= 2 and args.max_batch_search:
+            # The true maximum by measured search (max_batch_search.py).
+            flags = common_args(spec, spec["batches"][-1], args.device,
+                                args.optimizer)
+            search_out = os.path.join(args.out, f"{name}_max_batch.json")
+            rc, out, err, t = run(
+                [sys.executable,
+                 os.path.join(os.path.dirname(__file__), "max_batch_search.py"),
+                 "--bin", args.bin, "--model", model,
+                 "--args", " ".join(shlex.quote(a) for a in flags),
+                 "--out", search_out, "--profiles"] + profiles, timeout=3000)
+            sys.stderr.write(err)
+            if rc == 0:
+                with open(search_out) as f:
+                    summary.setdefault("max_batch_search", {})[name] = json.load(f)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 

@@ -29,6 +29,24 @@ int PrefetchNode(const v1::Profile& profile, int position) {
 
 }  // namespace
 
+absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(
+    const std::vector<v1::Profile>& profiles) {
+  if (profiles.empty()) {
+    return absl::InvalidArgumentError("max batch size needs profiles");
+  }
+  std::vector<BatchProfile> batch_profiles;
+  for (const v1::Profile& profile : profiles) {
+    auto p = ProfileFromProto(profile);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("profile at batch size ",
+                                                     profile.batch_size(), ": ",
+                                                     p.status().message()));
+    }
+    batch_profiles.push_back(BatchProfile{profile.batch_size(), *std::move(p)});
+  }
+  return batch_profiles;
+}
+
 absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
   PlanProfile out;
   const int n = profile.nodes_size();
@@ -353,9 +371,13 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
   return s;
 }
 
-absl::StatusOr<v1::Schedule> PlanSchedule(const v1::Profile& profile,
-                                          const ScheduleRequest& request) {
-  MUTWO_ASSIGN_OR_RETURN(PlanProfile plan_profile, ProfileFromProto(profile));
+namespace {
+
+// Plans `plan_profile` (the model of `profile`, or of `profile`'s graph at
+// another batch size) and writes the v1::Schedule.
+absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
+                                       const PlanProfile& plan_profile,
+                                       const ScheduleRequest& request) {
   if (request.pareto_points == 1 || request.pareto_points < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pareto_points = ", request.pareto_points, ": use 0 or >= 2"));
@@ -383,6 +405,45 @@ absl::StatusOr<v1::Schedule> PlanSchedule(const v1::Profile& profile,
       out->set_swapped(pt.swapped);
     }
   }
+  return schedule;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Schedule> PlanSchedule(const v1::Profile& profile,
+                                          const ScheduleRequest& request) {
+  MUTWO_ASSIGN_OR_RETURN(PlanProfile plan_profile, ProfileFromProto(profile));
+  return PlanModel(profile, plan_profile, request);
+}
+
+absl::StatusOr<v1::Schedule> PlanScheduleAtBatch(
+    const std::vector<v1::Profile>& profiles, int64_t batch_size,
+    const ScheduleRequest& request) {
+  if (batch_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch size ", batch_size, ": must be > 0"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(std::vector<BatchProfile> batch_profiles,
+                         BatchProfilesFromProto(profiles));
+  MUTWO_ASSIGN_OR_RETURN(PlanProfile plan_profile,
+                         ExtrapolateProfile(batch_profiles, batch_size));
+  // The graph's ids come from the largest profile; sizes and times from the
+  // fit.
+  const v1::Profile* largest = &profiles.front();
+  for (const v1::Profile& p : profiles) {
+    if (p.batch_size() > largest->batch_size()) largest = &p;
+  }
+  v1::Profile at_batch = *largest;
+  at_batch.set_batch_size(batch_size);
+  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
+                         PlanModel(at_batch, plan_profile, request));
+  std::string sizes;
+  for (const v1::Profile& p : profiles) {
+    absl::StrAppend(&sizes, sizes.empty() ? "" : ", ", p.batch_size());
+  }
+  schedule.set_reason(absl::StrCat(
+      schedule.reason(), schedule.reason().empty() ? "" : "; ",
+      "extrapolated to batch size ", batch_size, " from profiles at ", sizes));
   return schedule;
 }
 
@@ -420,20 +481,8 @@ absl::StatusOr<Decisions> DecisionsFromSchedule(const v1::Schedule& schedule,
 absl::StatusOr<v1::MaxBatchPrediction> PredictMaxBatchProto(
     const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
     double max_overhead) {
-  if (profiles.empty()) {
-    return absl::InvalidArgumentError("max batch size needs profiles");
-  }
-  std::vector<BatchProfile> batch_profiles;
-  for (size_t i = 0; i < profiles.size(); ++i) {
-    auto p = ProfileFromProto(profiles[i]);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("profile at batch size ", profiles[i].batch_size(), ": ",
-                       p.status().message()));
-    }
-    batch_profiles.push_back(
-        BatchProfile{profiles[i].batch_size(), *std::move(p)});
-  }
+  MUTWO_ASSIGN_OR_RETURN(std::vector<BatchProfile> batch_profiles,
+                         BatchProfilesFromProto(profiles));
   MaxBatchOptions options;
   options.capacity_bytes =
       capacity_bytes > 0

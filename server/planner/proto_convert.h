@@ -23,6 +23,11 @@ namespace mutwo::planner {
 [[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
     const v1::Profile& profile);
 
+// Each profile converted and paired with its batch size (errors name the
+// profile's batch size).
+[[nodiscard]] absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(
+    const std::vector<v1::Profile>& profiles);
+
 // Bytes, a fraction of the baseline simulated peak, or a fraction of the
 // device capacity. Errors: InvalidArgument for an unset or out-of-range
 // budget, or a device fraction when the device capacity is unknown.
@@ -46,6 +51,15 @@ struct ScheduleRequest {
 // Plans one profile for one budget: the whole v1::Schedule.
 [[nodiscard]] absl::StatusOr<v1::Schedule> PlanSchedule(
     const v1::Profile& profile, const ScheduleRequest& request);
+
+// Plans the graph of `profiles` (one model at two or more batch sizes) at
+// `batch_size`, from the profile fitted to that batch size (as the max
+// batch prediction does): a schedule for a batch size too large to profile
+// without one. Decisions use the largest profile's ids. Errors as
+// PredictMaxBatch's and PlanSchedule's.
+[[nodiscard]] absl::StatusOr<v1::Schedule> PlanScheduleAtBatch(
+    const std::vector<v1::Profile>& profiles, int64_t batch_size,
+    const ScheduleRequest& request);
 
 // The v1::Schedule of a computed plan (decisions for every activation).
 v1::Schedule ScheduleToProto(const v1::Profile& profile,

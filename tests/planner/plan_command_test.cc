@@ -126,5 +126,44 @@ TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
   testing::RunCommand("rm -rf " + dir);
 }
 
+// A schedule for a batch size too large to profile without one: planned on
+// the profile fitted from two smaller batch sizes.
+TEST(PlanAtBatchCommandTest, PlansAnExtrapolatedBatchSize) {
+  const std::string dir =
+      ::testing::TempDir() + "plan_at_batch_test_" + std::to_string(getpid());
+  ASSERT_EQ(testing::RunCommand("mkdir -p " + dir).exit_code, 0);
+  ASSERT_TRUE(WriteFileAtomically(dir + "/b2.json",
+                                  ProtoToJson(testing::ChainProfile(2)))
+                  .ok());
+  ASSERT_TRUE(WriteFileAtomically(dir + "/b4.json",
+                                  ProtoToJson(testing::ChainProfile(4)))
+                  .ok());
+  const std::string plan = testing::BinPath("mutwo") + " plan " + dir +
+                           "/b2.json " + dir + "/b4.json ";
+  // Batch 20: baseline 4 MiB + 8 x 20 MiB = 164 MiB; a 100 MiB budget needs
+  // recomputation.
+  auto r =
+      testing::RunCommand(plan + "--batch 20 --budget 100MiB --output json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  v1::Schedule s;
+  ASSERT_TRUE(ProtoFromJson(r.output, "plan", &s).ok()) << r.output;
+  EXPECT_EQ(s.batch_size(), 20);
+  EXPECT_TRUE(s.feasible());
+  EXPECT_GT(s.baseline_peak_bytes(), int64_t{150} << 20);
+  EXPECT_LE(s.predicted_peak_bytes(), int64_t{100} << 20);
+  EXPECT_GT(s.recomputed() + s.swapped(), 0);
+  EXPECT_NE(s.reason().find("extrapolated to batch size 20"), std::string::npos)
+      << s.reason();
+
+  auto one = testing::RunCommand(testing::BinPath("mutwo") + " plan " + dir +
+                                 "/b2.json --batch 20 --budget 100MiB");
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  EXPECT_NE(one.output.find("two or more"), std::string::npos) << one.output;
+  auto bad = testing::RunCommand(plan + "--batch x --budget 100MiB");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--batch \"x\""), std::string::npos) << bad.output;
+  testing::RunCommand("rm -rf " + dir);
+}
+
 }  // namespace
 }  // namespace mutwo
