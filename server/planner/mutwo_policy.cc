@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/planner/incremental_simulator.h"
 
 namespace mutwo::planner {
@@ -152,6 +153,7 @@ class Lineage {
     time_.resize(n);
     total_.resize(n);
     state_.assign(n, State::kCandidate);
+    chosen_users_.assign(n, 0);
     for (int c = 0; c < n; ++c) {
       const PlanActivation& a = prof.activations[c];
       srcs_[c] = a.recompute_sources;
@@ -179,12 +181,20 @@ class Lineage {
   // Receives every candidate whose total is recomputed (or nullptr).
   void TrackRefreshed(std::vector<int>* refreshed) { refreshed_ = refreshed; }
   // `c` went back to RETAIN for good: no longer a chosen recomputation.
-  void Forget(int c) { state_[c] = State::kNever; }
+  void Forget(int c) {
+    if (state_[c] == State::kRecomputed) {
+      for (int x : srcs_[c]) --chosen_users_[x];
+    }
+    state_[c] = State::kNever;
+  }
   double total(int c) const { return total_[c]; }
 
-  // Algorithm E then F for `t` chosen for recompute.
-  void Recompute(int t) {
+  // Algorithm E then F for `t` chosen for recompute. `refresh` off leaves
+  // the totals stale (a seed of many recomputations: RefreshAll() once
+  // after them gives the same totals).
+  void Recompute(int t, bool refresh = true) {
     state_[t] = State::kRecomputed;
+    for (int x : srcs_[t]) ++chosen_users_[x];
     // users_[t] is not read again once t is chosen.
     const std::vector<int> users = std::move(users_[t]);
     for (int u : users) {
@@ -195,11 +205,29 @@ class Lineage {
       } else if (state_[u] == State::kCandidate) {
         Replace(u, t);
         time_[u] += time_[t];
-        RefreshTotal(u);
+        if (refresh) RefreshTotal(u);
       }
     }
+    if (!refresh) return;
     for (int s : srcs_[t]) {
       if (state_[s] == State::kCandidate) RefreshTotal(s);
+    }
+  }
+
+  // A swapped activation `t` rebuilt by recomputation instead: it counts as
+  // a chosen recomputation of its sources from now on. (Its users' sources
+  // are not rewritten: E/F ran for the swap.)
+  void SwapToRecompute(int t) {
+    state_[t] = State::kRecomputed;
+    for (int x : srcs_[t]) {
+      ++chosen_users_[x];
+      if (state_[x] == State::kCandidate) RefreshTotal(x);
+    }
+  }
+
+  void RefreshAll() {
+    for (size_t c = 0; c < state_.size(); ++c) {
+      if (state_[c] == State::kCandidate) RefreshTotal(static_cast<int>(c));
     }
   }
 
@@ -229,37 +257,45 @@ class Lineage {
 
   // u's source t is replaced by t's sources (a sorted merge). Sources and
   // users are only ever looked up for candidates (HasSource(u, c) when c is
-  // chosen or its total refreshed; users_[c] likewise), an activation that
+  // chosen; users_[c] likewise; chosen_users_[c]), an activation that
   // stops being a candidate never becomes one again, and a candidate never
   // leaves a source list: so both lists keep candidates only, which keeps
   // them short without changing any answer.
   void Replace(int u, int t) {
     std::vector<int>& srcs = srcs_[u];
+    // Keeps chosen_users_ exact when u is a chosen recomputation: every
+    // source it drops or gains changes that source's count.
+    const int delta = state_[u] == State::kRecomputed ? 1 : 0;
     merged_.clear();
     auto it = srcs.begin();
     auto keep = [&](int x) { return x != t && state_[x] == State::kCandidate; };
     for (int x : srcs_[t]) {
       if (x == u || !keep(x)) continue;
       for (; it != srcs.end() && *it < x; ++it) {
-        if (keep(*it)) merged_.push_back(*it);
+        if (keep(*it)) {
+          merged_.push_back(*it);
+        } else {
+          chosen_users_[*it] -= delta;
+        }
       }
       if (it != srcs.end() && *it == x) continue;
       merged_.push_back(x);
+      chosen_users_[x] += delta;
       users_[x].push_back(u);
     }
     for (; it != srcs.end(); ++it) {
-      if (keep(*it)) merged_.push_back(*it);
+      if (keep(*it)) {
+        merged_.push_back(*it);
+      } else {
+        chosen_users_[*it] -= delta;
+      }
     }
     srcs.swap(merged_);
   }
 
   // total = time × (1 + chosen recomputations that rebuild it as a source).
   void RefreshTotal(int c) {
-    int chosen_users = 0;
-    for (int u : users_[c]) {
-      if (state_[u] == State::kRecomputed && HasSource(u, c)) ++chosen_users;
-    }
-    total_[c] = time_[c] * (1 + chosen_users);
+    total_[c] = time_[c] * (1 + chosen_users_[c]);
     if (refreshed_ != nullptr) refreshed_->push_back(c);
   }
 
@@ -269,6 +305,9 @@ class Lineage {
   std::vector<double> time_;
   std::vector<double> total_;
   std::vector<State> state_;
+  // Per activation: chosen recomputations that have it as a source (kept
+  // up to date on every change of a state or of a chosen one's sources).
+  std::vector<int> chosen_users_;
   std::vector<int>* refreshed_ = nullptr;
   std::vector<int> merged_;  // scratch for Replace
 };
@@ -277,6 +316,21 @@ absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
     const Simulator* simulator, Options options) {
   if (simulator == nullptr) {
     return absl::InvalidArgumentError("MutwoPolicy needs a simulator");
+  }
+  if (!options.seed.empty()) {
+    if (options.seed.size() != simulator->profile().activations.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MutwoPolicy seed has ", options.seed.size(),
+          " decisions; the profile has ",
+          simulator->profile().activations.size(), " activations"));
+    }
+    for (size_t c = 0; c < options.seed.size(); ++c) {
+      if (options.seed[c].action == Action::kSwap) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("MutwoPolicy seed[", c,
+                         "] is SWAP: seeds may only RETAIN or RECOMPUTE"));
+      }
+    }
   }
   return std::unique_ptr<MutwoPolicy>(new MutwoPolicy(simulator, options));
 }
@@ -294,6 +348,18 @@ void MutwoPolicy::Reset() {
   const int n = static_cast<int>(sim_->profile().activations.size());
   decisions_.assign(n, Decision{});
   lineage_ = std::make_unique<Lineage>(*sim_);
+  if (!options_.seed.empty()) {
+    // In activation order, as the lineage would have seen them chosen one by
+    // one; activations the lineage never offers keep their seed decision.
+    decisions_ = options_.seed;
+    for (int c = 0; c < n; ++c) {
+      if (decisions_[c].action == Action::kRecompute &&
+          lineage_->state(c) == State::kCandidate) {
+        lineage_->Recompute(c, /*refresh=*/false);
+      }
+    }
+    lineage_->RefreshAll();
+  }
   no_swap_.assign(n, 0);
   no_recompute_.assign(n, 0);
   remaining_.clear();
@@ -319,6 +385,18 @@ void MutwoPolicy::ResetIncremental() {
     inc_ = *IncrementalSimulator::Create(sim_);
   } else {
     inc_->Reset();
+  }
+  // The seed, in bit-reversed index order: the state does not depend on the
+  // order, and this one merges recompute runs of similar lengths instead of
+  // growing each run one activation at a time (quadratic in its length).
+  int bits = 0;
+  while ((1 << bits) < n) ++bits;
+  for (int i = 0; i < (1 << bits); ++i) {
+    int c = 0;
+    for (int b = 0; b < bits; ++b) c |= ((i >> b) & 1) << (bits - 1 - b);
+    if (c < n && decisions_[c].action != Action::kRetain) {
+      inc_->Set(c, decisions_[c]);
+    }
   }
   lineage_->TrackRefreshed(&refreshed_);
   swap_index_ = std::make_unique<CandidateIndex>(p);
@@ -421,8 +499,24 @@ bool MutwoPolicy::IncrementalStep(TrajectoryStep* out) {
                            ? recompute_index_->Best(pp, valid_recompute, ratio)
                            : -1;
     if (s_cand < 0 && r_cand < 0) {
-      done_ = true;
-      break;
+      // No candidate left at this peak: rebuild a swapped activation that
+      // is still resident there (its offload, queued behind the others,
+      // ends after it) by recomputation.
+      const int c =
+          ResidentSwap(pp, [&](int w) { return inc.offload_done_at(w); });
+      if (c < 0) {
+        done_ = true;
+        break;
+      }
+      const Decision swap = decisions_[c];
+      inc.Set(c, Decision{Action::kRecompute, -1});
+      if (inc.peak_bytes() > peak || inc.planned_peak_bytes(pp) >= peak) {
+        inc.Set(c, swap);
+        no_recompute_[c] = 1;
+        continue;
+      }
+      *out = AcceptSwapToRecompute(c, inc.peak_bytes(), inc.iteration_ms());
+      return true;
     }
 
     // Algorithm C, as in Step().
@@ -463,7 +557,11 @@ bool MutwoPolicy::IncrementalStep(TrajectoryStep* out) {
     decision.action = take_swap ? Action::kSwap : Action::kRecompute;
     decision.prefetch_at = take_swap ? prefetch_at : -1;
     inc.Set(cand, decision);
-    if (inc.peak_bytes() > peak) {
+    // A swap whose offload, queued behind the others, completes after the
+    // peak position does not lower it: undone like a choice that raises the
+    // peak (it stays a recompute candidate).
+    if (inc.peak_bytes() > peak ||
+        (take_swap && inc.planned_peak_bytes(pp) >= peak)) {
       inc.Set(cand, Decision{});
       (take_swap ? no_swap_ : no_recompute_)[cand] = 1;
       continue;
@@ -533,8 +631,36 @@ bool MutwoPolicy::Step(TrajectoryStep* out) {
       }
     }
     if (s_cand < 0 && r_cand < 0) {
-      done_ = true;
-      break;
+      // As in IncrementalStep().
+      const int c =
+          ResidentSwap(pp, [&](int w) { return current.offload_done_at[w]; });
+      if (c < 0) {
+        done_ = true;
+        break;
+      }
+      const Decision swap = decisions[c];
+      decisions[c] = Decision{Action::kRecompute, -1};
+      sim_->Run(decisions, sim_options_, &next_);
+      if (next_.peak_bytes > current.peak_bytes ||
+          next_.planned_peak_bytes[pp] >= current.peak_bytes) {
+        decisions[c] = swap;
+        no_recompute_[c] = 1;
+        continue;
+      }
+      std::swap(current, next_);
+      TrajectoryStep step = AcceptSwapToRecompute(c, 0, 0);
+      if (options_.refine) {
+        Refine(decisions, c, current, step.retained_again);
+        for (int r : step.retained_again) {
+          lineage.Forget(r);
+          swapped_.erase(std::remove(swapped_.begin(), swapped_.end(), r),
+                         swapped_.end());
+        }
+      }
+      step.peak_bytes = current.peak_bytes;
+      step.iteration_ms = current.iteration_ms;
+      *out = std::move(step);
+      return true;
     }
 
     // Algorithm C: walk back from the first backward use, hiding the
@@ -575,7 +701,8 @@ bool MutwoPolicy::Step(TrajectoryStep* out) {
     decisions[cand].prefetch_at = take_swap ? prefetch_at : -1;
 
     sim_->Run(decisions, sim_options_, &next_);
-    if (next_.peak_bytes > current.peak_bytes) {
+    if (next_.peak_bytes > current.peak_bytes ||
+        (take_swap && next_.planned_peak_bytes[pp] >= current.peak_bytes)) {
       decisions[cand] = Decision{};
       (take_swap ? no_swap_ : no_recompute_)[cand] = 1;
       continue;
@@ -642,10 +769,60 @@ void MutwoPolicy::Refine(Decisions& decisions, int just_chosen,
   if (stale) current = sim_->Run(decisions);
 }
 
+template <typename OffloadDoneAt>
+int MutwoPolicy::ResidentSwap(int pp,
+                              const OffloadDoneAt& offload_done_at) const {
+  if (!options_.allow_recompute) return -1;
+  const PlanProfile& prof = sim_->profile();
+  int best = -1;
+  double best_key = -1;
+  for (int c : swapped_) {
+    const PlanActivation& a = prof.activations[c];
+    if (no_recompute_[c] || !prof.nodes[a.producer_node].is_op ||
+        a.size_bytes <= 0 ||
+        !(a.last_forward_use < pp && pp < a.first_backward_use) ||
+        offload_done_at(c) <= pp) {
+      continue;
+    }
+    const double key = RecomputeKey(c);
+    if (key > best_key) {
+      best_key = key;
+      best = c;
+    }
+  }
+  return best;
+}
+
+TrajectoryStep MutwoPolicy::AcceptSwapToRecompute(int c, int64_t peak_bytes,
+                                                  double iteration_ms) {
+  decisions_[c] = Decision{Action::kRecompute, -1};
+  swapped_.erase(std::find(swapped_.begin(), swapped_.end(), c));
+  refreshed_.clear();
+  lineage_->SwapToRecompute(c);
+  if (incremental_) {
+    for (int r : refreshed_) {
+      if (in_remaining_[r] && !no_recompute_[r]) UpdateRecomputeKey(r);
+    }
+  }
+  TrajectoryStep step;
+  step.activation = c;
+  step.action = Action::kRecompute;
+  step.estimated_overhead_ms = lineage_->total(c);
+  step.peak_bytes = peak_bytes;
+  step.iteration_ms = iteration_ms;
+  return step;
+}
+
 Decisions DecisionsAfter(int activation_count,
                          const std::vector<TrajectoryStep>& trajectory,
                          size_t steps) {
-  Decisions d(activation_count);
+  return DecisionsAfter(Decisions(activation_count), trajectory, steps);
+}
+
+Decisions DecisionsAfter(const Decisions& seed,
+                         const std::vector<TrajectoryStep>& trajectory,
+                         size_t steps) {
+  Decisions d = seed;
   for (size_t i = 0; i < steps && i < trajectory.size(); ++i) {
     d[trajectory[i].activation].action = trajectory[i].action;
     d[trajectory[i].activation].prefetch_at = trajectory[i].prefetch_at;

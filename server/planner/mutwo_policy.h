@@ -79,20 +79,25 @@ class MutwoPolicy {
     // full re-simulation, kept as the reference). Ignored when refinement or
     // per-step timing is on, or when step times are not monotone.
     bool incremental = true;
+    // Decisions the rounds start from instead of "retain everything" (empty:
+    // retain everything), e.g. a fixed checkpointing schedule the greedy then
+    // takes further down. RECOMPUTE entries join the recompute lineage (E/F)
+    // as chosen; SWAP entries are not allowed (Create refuses them).
+    Decisions seed;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MutwoPolicy>> Create(
       const Simulator* simulator, Options options);
   ~MutwoPolicy();
 
-  // Runs rounds from "retain everything" until the simulated peak is at most
-  // `budget_bytes` (0: until no candidate helps). `trajectory` (optional)
-  // receives every accepted step. Returns the decisions at the stop.
+  // Runs rounds from the seed (default "retain everything") until the simulated
+  // peak is at most `budget_bytes` (0: until no candidate helps). `trajectory`
+  // (optional) receives every accepted step. Returns the decisions at the stop.
   Decisions Run(int64_t budget_bytes, std::vector<TrajectoryStep>* trajectory);
 
   // Resumable form: Step() runs rounds until one choice is accepted and
   // describes it in `step`; false once no candidate helps (the floor).
-  // Reset() starts over from "retain everything".
+  // Reset() starts over from the seed.
   void Reset();
   bool Step(TrajectoryStep* step);
   const Decisions& decisions() const { return decisions_; }
@@ -112,6 +117,15 @@ class MutwoPolicy {
   double RecomputeKey(int candidate) const;
   // After the lineage changed a candidate's total.
   void UpdateRecomputeKey(int candidate);
+
+  // The swapped activation with the best recompute key that is inactive at
+  // `pp` and still resident there (offload_done_at(c) > pp), not yet tried
+  // for recompute; -1 if none.
+  template <typename OffloadDoneAt>
+  int ResidentSwap(int pp, const OffloadDoneAt& offload_done_at) const;
+  // Records the SWAP -> RECOMPUTE change of `c` (decisions, lineage, keys).
+  TrajectoryStep AcceptSwapToRecompute(int c, int64_t peak_bytes,
+                                       double iteration_ms);
 
   // Refinement after a step; updates `decisions` and `current`, appends the
   // activations returned to RETAIN to `retained_again`.
@@ -144,6 +158,10 @@ class MutwoPolicy {
 
 // The decisions after the first `steps` steps of a trajectory.
 Decisions DecisionsAfter(int activation_count,
+                         const std::vector<TrajectoryStep>& trajectory,
+                         size_t steps);
+// Same, for a trajectory that started from `seed` (MutwoPolicy::Options).
+Decisions DecisionsAfter(const Decisions& seed,
                          const std::vector<TrajectoryStep>& trajectory,
                          size_t steps);
 

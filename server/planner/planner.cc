@@ -20,55 +20,130 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   auto planner =
       std::unique_ptr<Planner>(new Planner(std::move(profile), options));
   MUTWO_ASSIGN_OR_RETURN(planner->sim_, Simulator::Create(&planner->profile_));
-  planner->small_ = static_cast<int>(planner->profile_.activations.size()) <=
-                    options.small_graph_activations;
-  // Large graphs run only the paper's trajectory.
-  for (int order = 0; order < planner->orders(); ++order) {
-    MutwoPolicy::Options policy_options;
-    policy_options.allow_swap = options.allow_swap;
-    policy_options.order = order == 0 ? MutwoPolicy::Options::Order::kRatio
-                                      : MutwoPolicy::Options::Order::kCheapest;
-    policy_options.refine = planner->small_;
-    policy_options.time_each_step = planner->small_;
-    policy_options.incremental = options.incremental;
-    MUTWO_ASSIGN_OR_RETURN(
-        planner->policies_[order],
-        MutwoPolicy::Create(planner->sim_.get(), policy_options));
-  }
+  const PlanProfile& prof = planner->profile_;
+  const bool small = static_cast<int>(prof.activations.size()) <=
+                     options.small_graph_activations;
+  planner->small_ = small;
   switch (options.policy) {
     case Policy::kMutwo:
       break;
     case Policy::kNone:
-      planner->fixed_decisions_ = NoCheckpointing(planner->profile_);
+      planner->fixed_decisions_ = NoCheckpointing(prof);
       break;
     case Policy::kSqrtN:
-      planner->fixed_decisions_ = SqrtNCheckpointing(planner->profile_);
+      planner->fixed_decisions_ = SqrtNCheckpointing(prof);
       break;
     case Policy::kPerBlock:
-      planner->fixed_decisions_ = PerBlockCheckpointing(planner->profile_);
+      planner->fixed_decisions_ = PerBlockCheckpointing(prof);
       break;
+  }
+  if (options.policy != Policy::kMutwo) return planner;
+
+  // The trajectories (see the header): every one is budget-independent, so
+  // each is run at most once, down to its floor. `greedy` off: the seed is
+  // the track's only state.
+  auto add_track = [&](MutwoPolicy::Options::Order order, bool allow_swap,
+                       Decisions seed, int64_t seed_peak_bytes,
+                       bool greedy) -> absl::Status {
+    Track track;
+    track.seed_peak_bytes = seed_peak_bytes;
+    if (greedy) {
+      MutwoPolicy::Options policy_options;
+      policy_options.allow_swap = allow_swap;
+      policy_options.order = order;
+      policy_options.refine = small;
+      policy_options.time_each_step = small;
+      policy_options.incremental = options.incremental;
+      policy_options.seed = seed;
+      MUTWO_ASSIGN_OR_RETURN(
+          track.policy,
+          MutwoPolicy::Create(planner->sim_.get(), std::move(policy_options)));
+    } else {
+      track.exhausted = true;
+    }
+    track.seed =
+        seed.empty() ? Decisions(prof.activations.size()) : std::move(seed);
+    planner->tracks_.push_back(std::move(track));
+    return absl::OkStatus();
+  };
+  using Order = MutwoPolicy::Options::Order;
+  const int64_t base = planner->sim_->baseline_peak_bytes();
+  MUTWO_RETURN_IF_ERROR(
+      add_track(Order::kRatio, options.allow_swap, {}, base, true));
+  if (small) {
+    MUTWO_RETURN_IF_ERROR(
+        add_track(Order::kCheapest, options.allow_swap, {}, base, true));
+  }
+  if (options.allow_swap && prof.CanSwap()) {
+    // Swaps are chosen while their estimated stall is below the next
+    // recomputation's cost, and a swapped activation stays resident from its
+    // prefetch on: the paper's trajectory can stop far above what
+    // recomputation alone reaches (ResNet-152 on a GPU).
+    MUTWO_RETURN_IF_ERROR(add_track(Order::kRatio, false, {}, base, true));
+  }
+  // The fixed checkpointing schedules are candidates of their own, so the
+  // floor is never above theirs nor a plan slower than one of them that
+  // fits; the one with the lowest peak (small graphs: each) is also taken
+  // further down by the greedy.
+  const Decisions none = NoCheckpointing(prof);
+  std::vector<std::pair<int64_t, Decisions>> seeds;
+  for (Decisions seed :
+       {SqrtNCheckpointing(prof), PerBlockCheckpointing(prof)}) {
+    auto same = [&](const Decisions& other) {
+      for (size_t a = 0; a < seed.size(); ++a) {
+        if (seed[a].action != other[a].action) return false;
+      }
+      return true;
+    };
+    if (same(none) ||
+        std::any_of(seeds.begin(), seeds.end(),
+                    [&](const auto& other) { return same(other.second); })) {
+      continue;
+    }
+    const int64_t peak =
+        planner->sim_->Run(seed, Simulator::Options{false, false}).peak_bytes;
+    seeds.emplace_back(peak, std::move(seed));
+  }
+  std::stable_sort(
+      seeds.begin(), seeds.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    MUTWO_RETURN_IF_ERROR(add_track(Order::kRatio, options.allow_swap,
+                                    std::move(seeds[i].second), seeds[i].first,
+                                    small || i == 0));
   }
   return planner;
 }
 
 void Planner::Extend(int order, int64_t peak_bytes) {
-  std::vector<TrajectoryStep>& steps = trajectories_[order];
-  if (policies_[order] == nullptr) exhausted_[order] = true;  // large graph
+  Track& track = tracks_[order];
   TrajectoryStep step;
-  while (!exhausted_[order] &&
-         (steps.empty() ? sim_->baseline_peak_bytes()
-                        : steps.back().peak_bytes) > peak_bytes) {
-    if (policies_[order]->Step(&step)) {
-      steps.push_back(std::move(step));
+  while (!track.exhausted &&
+         (track.steps.empty() ? track.seed_peak_bytes
+                              : track.steps.back().peak_bytes) > peak_bytes) {
+    if (track.policy->Step(&step)) {
+      track.steps.push_back(std::move(step));
     } else {
-      exhausted_[order] = true;
+      track.exhausted = true;
     }
   }
 }
 
+int Planner::FirstFit(int order, int64_t budget_bytes) {
+  Extend(order, budget_bytes);
+  const Track& track = tracks_[order];
+  for (int i = -1; i < static_cast<int>(track.steps.size()); ++i) {
+    if (StatePeak(track, i) <= budget_bytes) return i;
+  }
+  return -2;
+}
+
 const std::vector<TrajectoryStep>& Planner::Trajectory(int order) {
+  static const std::vector<TrajectoryStep>* const kEmpty =
+      new std::vector<TrajectoryStep>();
+  if (order < 0 || order >= orders()) return *kEmpty;
   Extend(order, std::numeric_limits<int64_t>::min());
-  return trajectories_[order];
+  return tracks_[order].steps;
 }
 
 int64_t Planner::FloorBytes() {
@@ -78,6 +153,7 @@ int64_t Planner::FloorBytes() {
   }
   int64_t floor = sim_->baseline_peak_bytes();
   for (int order = 0; order < orders(); ++order) {
+    floor = std::min(floor, tracks_[order].seed_peak_bytes);
     for (const TrajectoryStep& step : Trajectory(order)) {
       floor = std::min(floor, step.peak_bytes);
     }
@@ -180,13 +256,11 @@ Planner::Candidate Planner::MakeCandidate(int64_t budget_bytes) {
   int64_t simulations = 0;
   bool bounded = false;
   for (int order = 0; order < orders(); ++order) {
-    const std::vector<TrajectoryStep>& steps = Trajectory(order);
-    size_t fit = 0;
-    while (fit < steps.size() && steps[fit].peak_bytes > budget_bytes) ++fit;
-    if (fit == steps.size()) continue;
+    const int fit = FirstFit(order, budget_bytes);
+    if (fit < -1) continue;
     Candidate c;
-    c.decisions = DecisionsAfter(n, steps, fit + 1);
-    c.critical_bytes = steps[fit].peak_bytes;
+    c.decisions = StateDecisions(tracks_[order], fit);
+    c.critical_bytes = StatePeak(tracks_[order], fit);
     Improve(budget_bytes, c);
     critical = std::max(critical, c.critical_bytes);
     simulations += c.simulations;
@@ -209,13 +283,34 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
   result.baseline_peak_bytes = sim_->baseline_peak_bytes();
   result.baseline_iteration_ms = sim_->baseline_iteration_ms();
   const int n = static_cast<int>(profile_.activations.size());
-  if (!small_ && options_.policy == Policy::kMutwo && !options_.compute_floor) {
-    Extend(0, budget_bytes);
-    const std::vector<TrajectoryStep>& steps = trajectories_[0];
-    const bool fits =
-        result.baseline_peak_bytes <= budget_bytes ||
-        (!steps.empty() && steps.back().peak_bytes <= budget_bytes);
-    result.floor_bytes = fits ? 0 : FloorBytes();
+  // Large graphs: the first state of each trajectory that fits (Algorithm
+  // B's stop), timed in full; the fastest wins (ties: the lower peak, then
+  // the earlier trajectory).
+  int large_order = -1, large_index = -2;
+  if (!small_ && options_.policy == Policy::kMutwo) {
+    double best_ms = 0;
+    int64_t best_peak = 0;
+    for (int order = 0; order < orders(); ++order) {
+      const int fit = FirstFit(order, budget_bytes);
+      if (fit < -1) continue;
+      ++result.probes;
+      const int64_t peak = StatePeak(tracks_[order], fit);
+      auto [it, added] = timed_ms_.try_emplace({order, fit}, 0.0);
+      if (added) {
+        it->second =
+            sim_->Run(StateDecisions(tracks_[order], fit)).iteration_ms;
+        ++result.simulations;
+      }
+      if (large_order < 0 || it->second < best_ms ||
+          (it->second == best_ms && peak < best_peak)) {
+        large_order = order;
+        large_index = fit;
+        best_ms = it->second;
+        best_peak = peak;
+      }
+    }
+    result.floor_bytes =
+        options_.compute_floor || large_order < 0 ? FloorBytes() : 0;
   } else {
     result.floor_bytes = FloorBytes();
   }
@@ -223,37 +318,25 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
     result.decisions = fixed_decisions_;
   } else if (budget_bytes < result.floor_bytes) {
     // Best effort: the trajectory state with the lowest peak.
-    const std::vector<TrajectoryStep>* best_steps = nullptr;
-    size_t best_index = 0;
+    int best_order = -1, best_index = -1;
     for (int order = 0; order < orders(); ++order) {
-      const std::vector<TrajectoryStep>& steps = Trajectory(order);
-      for (size_t i = 0; i < steps.size(); ++i) {
-        if (best_steps == nullptr ||
-            steps[i].peak_bytes < (*best_steps)[best_index].peak_bytes) {
-          best_steps = &steps;
+      const Track& track = tracks_[order];
+      const int steps = static_cast<int>(Trajectory(order).size());
+      for (int i = -1; i < steps; ++i) {
+        if (best_order < 0 ||
+            StatePeak(track, i) < StatePeak(tracks_[best_order], best_index)) {
+          best_order = order;
           best_index = i;
         }
       }
     }
-    result.decisions = best_steps == nullptr
+    result.decisions = best_order < 0
                            ? Decisions(n)
-                           : DecisionsAfter(n, *best_steps, best_index + 1);
+                           : StateDecisions(tracks_[best_order], best_index);
   } else if (!small_) {
-    // The first trajectory state that fits (Algorithm B's stop).
-    Extend(0, budget_bytes);
-    const std::vector<TrajectoryStep>& steps = trajectories_[0];
-    size_t best = steps.size();
-    for (size_t i = 0; i < steps.size(); ++i) {
-      if (steps[i].peak_bytes <= budget_bytes) {
-        best = i;
-        break;
-      }
-    }
-    result.probes = 1;
-    result.decisions =
-        result.baseline_peak_bytes <= budget_bytes || best == steps.size()
-            ? Decisions(n)
-            : DecisionsAfter(n, steps, best + 1);
+    result.decisions = large_order < 0
+                           ? Decisions(n)
+                           : StateDecisions(tracks_[large_order], large_index);
   } else {
     // The cheapest candidate over this budget and every tighter budget at
     // which the candidate changes.
@@ -296,8 +379,20 @@ std::vector<ParetoPoint> Planner::Pareto(int points) {
   const bool curve = options_.record_curve;
   options_.record_curve = false;
   std::vector<ParetoPoint> out;
-  for (int64_t budget :
-       BudgetSweep(FloorBytes(), sim_->baseline_peak_bytes(), points)) {
+  const int64_t floor = FloorBytes();
+  std::vector<int64_t> budgets =
+      BudgetSweep(floor, sim_->baseline_peak_bytes(), points);
+  // The fixed schedules the trajectories start from are points of their
+  // own: at their peaks the curve is at least as fast as they are.
+  for (const Track& track : tracks_) {
+    if (track.seed_peak_bytes > floor &&
+        track.seed_peak_bytes < sim_->baseline_peak_bytes()) {
+      budgets.push_back(track.seed_peak_bytes);
+    }
+  }
+  std::sort(budgets.begin(), budgets.end());
+  budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+  for (int64_t budget : budgets) {
     PlanResult r = Plan(budget);
     if (!r.feasible) continue;
     out.push_back(ParetoPoint{budget, r.sim.peak_bytes, r.sim.iteration_ms,

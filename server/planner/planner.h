@@ -29,9 +29,11 @@
 #define MUTWO_SERVER_PLANNER_PLANNER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -89,17 +91,20 @@ class Planner {
 
   PlanResult Plan(int64_t budget_bytes);
   // Non-dominated points of a sweep of `points` budgets from the floor to
-  // the baseline peak.
+  // the baseline peak, plus (μ-TWO) the peaks of the fixed schedules the
+  // seeded trajectories start from.
   std::vector<ParetoPoint> Pareto(int points);
   int64_t FloorBytes();
 
   const PlanProfile& profile() const { return profile_; }
   const Simulator& simulator() const { return *sim_; }
   const Options& options() const { return options_; }
-  // μ-TWO trajectory `order` (0: ratio, 1: cheapest) down to the floor.
-  // On large graphs only order 0 exists and its steps are timed without
-  // prefetch stalls.
+  // μ-TWO trajectory `order` down to the floor (see Options for the list;
+  // 0 is always the paper's). On large graphs its steps are timed without
+  // prefetch stalls. Orders that start from a seed (a baseline schedule)
+  // start from the sqrt_n and per_block schedules.
   const std::vector<TrajectoryStep>& Trajectory(int order = 0);
+  int trajectories() const { return orders(); }
 
  private:
   struct Candidate {
@@ -120,19 +125,40 @@ class Planner {
   // Improves `decisions` (fitting `budget_bytes`) by pruning and exchange.
   void Improve(int64_t budget_bytes, Candidate& c);
 
-  int orders() const { return small_ ? 2 : 1; }
+  // One μ-TWO trajectory: its policy, the state it starts from (the seed)
+  // and the steps taken so far.
+  struct Track {
+    std::unique_ptr<MutwoPolicy> policy;
+    Decisions seed;
+    int64_t seed_peak_bytes = 0;
+    std::vector<TrajectoryStep> steps;
+    bool exhausted = false;
+  };
+  int orders() const { return static_cast<int>(tracks_.size()); }
+  // Peak of state `index` of a track: -1 is the seed, i the state after
+  // step i.
+  int64_t StatePeak(const Track& track, int index) const {
+    return index < 0 ? track.seed_peak_bytes : track.steps[index].peak_bytes;
+  }
+  Decisions StateDecisions(const Track& track, int index) const {
+    return DecisionsAfter(track.seed, track.steps, index + 1);
+  }
+  // The first state of track `order` whose peak is at most `budget_bytes`
+  // (extending the trajectory as far as needed); -2 when none.
+  int FirstFit(int order, int64_t budget_bytes);
 
   PlanProfile profile_;
   Options options_;
   bool small_ = true;
   std::unique_ptr<Simulator> sim_;
-  std::unique_ptr<MutwoPolicy> policies_[2];
   // Extends trajectory `order` until a state's peak is at most `peak_bytes`
   // or the policy has no candidate left.
   void Extend(int order, int64_t peak_bytes);
 
-  std::vector<TrajectoryStep> trajectories_[2];
-  bool exhausted_[2] = {false, false};
+  std::vector<Track> tracks_;
+  // Large graphs: iteration time (full time model) of trajectory states
+  // already timed, by (order, state index).
+  std::map<std::pair<int, int>, double> timed_ms_;
   std::optional<SimResult> fixed_;  // the baselines' single schedule
   Decisions fixed_decisions_;
 };

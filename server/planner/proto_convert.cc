@@ -181,6 +181,34 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
                     fixed.optimizer_state_bytes() + fixed.input_bytes();
   out.measured_peak_bytes = profile.measured().peak_bytes();
   out.measured_iteration_ms = profile.measured().iteration_ms();
+  // Time model. Node, backward-step and recompute times come from the
+  // interpreted step synchronised after every node (measured.iteration_ms),
+  // which is slower than the plain module step (module_iteration_ms) that
+  // the executor's steps match. When both are measured, every compute time
+  // is scaled by module / interpreted, so the no-checkpointing schedule
+  // predicts the module step and replays cost their share of it. Transfer
+  // times (size / bandwidth) are not scaled.
+  {
+    const double interpreted_ms = profile.measured().iteration_ms();
+    const double module_ms = profile.measured().module_iteration_ms();
+    if (!std::isfinite(interpreted_ms) || !std::isfinite(module_ms) ||
+        interpreted_ms < 0 || module_ms < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("measured.iteration_ms = ", interpreted_ms,
+                       ", measured.module_iteration_ms = ", module_ms,
+                       ": must be finite times >= 0"));
+    }
+    if (interpreted_ms > 0 && module_ms > 0) {
+      const double scale = module_ms / interpreted_ms;
+      for (PlanNode& node : out.nodes) node.forward_ms *= scale;
+      for (PlanBackwardStep& step : out.backward_steps) step.ms *= scale;
+      for (PlanActivation& a : out.activations) {
+        a.inactive_ms *= scale;
+        a.recompute_ms *= scale;
+      }
+      out.measured_iteration_ms = module_ms;
+    }
+  }
   out.device_total_bytes = profile.device().total_bytes();
   if (profile.device().host_to_device_bytes_per_second() < 0 ||
       profile.device().device_to_host_bytes_per_second() < 0) {
@@ -212,8 +240,13 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     const int64_t after = out.backward_steps.empty()
                               ? out.nodes.back().allocated_bytes_after
                               : out.backward_steps.back().allocated_bytes_after;
-    out.backward_steps.push_back(PlanBackwardStep{m.optimizer_ms(), -1, after,
-                                                  m.optimizer_peak_bytes()});
+    // Same time scale as the other steps (see the time model above).
+    const double optimizer_ms =
+        m.iteration_ms() > 0 && m.module_iteration_ms() > 0
+            ? m.optimizer_ms() * m.module_iteration_ms() / m.iteration_ms()
+            : m.optimizer_ms();
+    out.backward_steps.push_back(
+        PlanBackwardStep{optimizer_ms, -1, after, m.optimizer_peak_bytes()});
   }
   return out;
 }

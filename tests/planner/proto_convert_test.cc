@@ -55,6 +55,66 @@ TEST(ProtoConvertTest, BadProfilesNameTheField) {
   EXPECT_NE(error_of(p).find("no forward nodes"), std::string::npos);
 }
 
+// Node times come from the interpreted step synchronised after every node;
+// the plain module step is faster, and the executor's steps match it.
+TEST(ProtoConvertTest, ComputeTimesAreScaledToTheModuleStep) {
+  v1::Profile proto = DiamondProto();
+  proto.mutable_device()->set_host_to_device_bytes_per_second(1e6);
+  proto.mutable_device()->set_device_to_host_bytes_per_second(1e6);
+  proto.mutable_activations(1)->set_inactive_ms(4);
+  proto.mutable_activations(1)->set_swap_ms(0.4);
+  v1::MeasuredStep* m = proto.mutable_measured();
+  m->set_iteration_ms(20);
+  m->set_optimizer_ms(2);
+  m->set_optimizer_peak_bytes(10);
+  const PlanProfile unscaled = *ProfileFromProto(proto);
+  EXPECT_EQ(unscaled.measured_iteration_ms, 20);  // no module step measured
+  EXPECT_EQ(unscaled.nodes[0].forward_ms, 1);
+
+  m->set_module_iteration_ms(15);
+  auto p = ProfileFromProto(proto);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->measured_iteration_ms, 15);
+  for (size_t i = 0; i < p->nodes.size(); ++i) {
+    EXPECT_DOUBLE_EQ(p->nodes[i].forward_ms,
+                     0.75 * unscaled.nodes[i].forward_ms);
+  }
+  for (size_t k = 0; k < p->backward_steps.size(); ++k) {
+    EXPECT_DOUBLE_EQ(p->backward_steps[k].ms,
+                     0.75 * unscaled.backward_steps[k].ms);
+  }
+  EXPECT_DOUBLE_EQ(p->backward_steps.back().ms, 1.5);  // the optimizer step
+  EXPECT_DOUBLE_EQ(p->activations[1].recompute_ms, 0.75);
+  EXPECT_DOUBLE_EQ(p->activations[1].inactive_ms, 3);
+  // Transfers are bandwidth-bound: not scaled.
+  EXPECT_DOUBLE_EQ(p->activations[1].swap_ms, 0.4);
+  EXPECT_EQ(p->host_to_device_bytes_per_second, 1e6);
+
+  // The no-checkpointing schedule predicts the module step; a recompute
+  // costs the scaled replay time.
+  ScheduleRequest request;
+  request.budget.set_fraction_of_baseline(1.0);
+  request.policy = v1::NONE;
+  auto none = PlanSchedule(proto, request);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_DOUBLE_EQ(none->predicted_iteration_ms(), 15);
+  EXPECT_DOUBLE_EQ(none->baseline_iteration_ms(), 15);
+  request.policy = v1::SQRT_N;
+  auto sqrt_n = PlanSchedule(proto, request);
+  ASSERT_TRUE(sqrt_n.ok()) << sqrt_n.status();
+  EXPECT_DOUBLE_EQ(sqrt_n->predicted_iteration_ms(),
+                   15 + sqrt_n->predicted_recompute_ms());
+  EXPECT_DOUBLE_EQ(sqrt_n->predicted_recompute_ms(),
+                   0.75 * sqrt_n->recomputed());  // 1 ms nodes, one each
+
+  m->set_module_iteration_ms(-1);
+  auto bad = ProfileFromProto(proto);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("measured.module_iteration_ms"),
+            std::string::npos)
+      << bad.status();
+}
+
 TEST(ProtoConvertTest, ResolvesEveryBudgetKind) {
   auto b = [](const char* text) { return *ParseBudget(text); };
   EXPECT_EQ(*ResolveBudget(b("60%"), 1000, 5000), 600);

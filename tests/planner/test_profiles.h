@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "server/planner/model.h"
@@ -176,6 +177,83 @@ inline PlanProfile RichRandomProfile(std::mt19937& rng, int n) {
   const double bandwidth = 1e6 * (5 + 200 * coin(rng));  // bytes per second
   p.host_to_device_bytes_per_second = bandwidth;
   p.device_to_host_bytes_per_second = bandwidth * (0.5 + coin(rng));
+  return p;
+}
+
+// A deep residual network shaped like torchvision's ResNet-152 on a GPU:
+// `blocks` bottleneck blocks (conv, bn, relu, conv, bn, relu, conv, bn, add,
+// relu: 10 op nodes, each producing one activation; the add also reads the
+// block's input), one backward step per node in reverse order (twice the
+// forward time), forward time proportional to the activation's size, one
+// scope per block ("layer1.0" style, for per_block) and links on which
+// offloading every activation takes half the iteration (1.5 times the
+// forward pass): offloads queue up during the forward pass, as on ResNet-152
+// batch 64 with ~8 GiB of activations at ~55 GB/s. ResNet-152 has 50 such
+// blocks. Without allocator figures (the curve is fixed memory + live
+// activations).
+inline PlanProfile DeepResidualProfile(int blocks) {
+  constexpr int kPerBlock = 10;
+  const int n = blocks * kPerBlock;
+  // Per node in the block: relative size (the expanding conv3/bn3/add/relu
+  // are 4x the bottleneck width, as in ResNet's bottleneck).
+  constexpr int64_t kUnit = 1 << 20;
+  const int64_t rel[kPerBlock] = {1, 1, 1, 1, 1, 1, 4, 4, 4, 4};
+  PlanProfile p;
+  p.nodes.resize(n);
+  p.backward_steps.resize(n);
+  std::vector<std::vector<int>> inputs(n);
+  for (int i = 0; i < n; ++i) {
+    const int block = i / kPerBlock, k = i % kPerBlock;
+    p.nodes[i].forward_ms = 0.01 * static_cast<double>(rel[k]);
+    p.nodes[i].scope = "layer" + std::to_string(1 + block / 12) + "." +
+                       std::to_string(block % 12) + ".n" + std::to_string(k);
+    if (i > 0) inputs[i].push_back(i - 1);
+    // The add reads the block input (the previous block's last relu).
+    if (k == 8 && block > 0) inputs[i].push_back(block * kPerBlock - 1);
+  }
+  for (int i = 0; i < n; ++i) {
+    p.backward_steps[i].forward_node = n - 1 - i;
+    p.backward_steps[i].ms = 2 * p.nodes[n - 1 - i].forward_ms;
+  }
+  auto grad_pos = [n](int node) { return n + (n - 1 - node); };
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    PlanActivation a;
+    a.value_id = i;
+    a.producer_node = i;
+    a.size_bytes = rel[i % kPerBlock] * kUnit;
+    total += a.size_bytes;
+    a.last_forward_use = i;
+    a.first_backward_use = grad_pos(i);
+    for (int c = i + 1; c < n && c <= i + kPerBlock; ++c) {
+      if (std::find(inputs[c].begin(), inputs[c].end(), i) != inputs[c].end()) {
+        a.last_forward_use = c;
+        a.first_backward_use = std::min(a.first_backward_use, grad_pos(c));
+      }
+    }
+    a.last_backward_use = grad_pos(i);
+    a.recompute_sources = inputs[i];
+    a.recompute_nodes = {i};
+    a.recompute_ms = p.nodes[i].forward_ms;
+    p.activations.push_back(a);
+  }
+  std::vector<double> end(2 * n);
+  double t = 0;
+  for (int pos = 0; pos < 2 * n; ++pos) {
+    t += pos < n ? p.nodes[pos].forward_ms : p.backward_steps[pos - n].ms;
+    end[pos] = t;
+  }
+  p.measured_iteration_ms = t;
+  for (PlanActivation& a : p.activations) {
+    a.inactive_ms = end[a.first_backward_use - 1] - end[a.last_forward_use];
+  }
+  p.fixed_bytes = total / 10;
+  const double bandwidth = static_cast<double>(total) / (0.5 * t / 1000);
+  p.host_to_device_bytes_per_second = bandwidth;
+  p.device_to_host_bytes_per_second = bandwidth;
+  for (PlanActivation& a : p.activations) {
+    a.swap_ms = 2000.0 * static_cast<double>(a.size_bytes) / bandwidth;
+  }
   return p;
 }
 
