@@ -3,21 +3,23 @@
 from the profiles at <= 3 batch sizes) against the largest batch that really
 trains, found by measured search on the card:
 
-- without a schedule: `mutwo-worker profile` at batch B runs the unmodified
-  training step (interpreted and as a plain module); B fits when neither
-  runs out of memory;
+- without a schedule: step_probe.py runs the plain training step (the
+  TorchScript module, Adam, no checkpointing) at batch B in a fresh
+  process, as a user would; B fits when it does not run out of memory;
 - with a schedule: `mutwo plan PROFILES... --batch B --budget CAPACITY`
   (the profile fitted to B) executed by `mutwo-worker execute --baseline=false`
   (the unmodified step does not fit there); B fits when the scheduled step
   does not run out of memory, its measured peak is within the capacity, and
-  its time is within the overhead cap of the per-sample time of the largest
-  profiled batch scaled to B (the unmodified step cannot be timed at B).
+  its time is within the overhead cap of the plain step's per-sample time
+  at the largest batch that fits without a schedule, scaled to B (the plain
+  step cannot be timed at B).
 
 The search brackets the prediction: it probes the prediction, then walks up
 (or down) by `--step` of the prediction until the answer flips, then
 bisects to `--resolution` of the prediction.
 
-    max_batch_search.py --bin BIN --model M.pt --args "..." --profiles P1 P2 P3
+    max_batch_search.py --bin BIN --model M.pt --kind transformer --args "..."
+        --profiles P1 P2 P3
         --out OUT.json [--capacity_fraction 0.95] [--max_overhead 0.25]
 """
 import argparse
@@ -63,22 +65,23 @@ class Prober:
         self.cli = os.path.join(opts.bin, "mutwo")
         self.args = shlex.split(opts.args)
         self.tmp = tempfile.mkdtemp(prefix="maxbatch_")
+        self.reference_batch = 0
 
     def without(self, batch):
-        rc, out, err, dt = run([self.worker, "profile", self.o.model] +
-                               with_batch(self.args, batch) +
-                               ["--warmup", "1", "--iterations", "1",
-                                "--output", "json"])
+        rc, out, err, dt = run([sys.executable, os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "step_probe.py"),
+            self.o.model, self.o.kind, str(batch)])
         probe = {"batch": batch, "seconds": round(dt, 1)}
         if rc != 0:
             probe.update(fits=False, error=err.strip()[-300:])
         else:
-            p = json.loads(out)
-            oom = bool(p.get("oom"))
-            m = p.get("measured", {})
-            probe.update(fits=not oom, oom=oom,
-                         peak_bytes=int(m.get("module_peak_bytes", 0) or 0),
-                         module_iteration_ms=m.get("module_iteration_ms"))
+            probe.update(json.loads(out))
+            if probe["fits"]:
+                # The per-sample time of the plain step at the largest batch
+                # that fits: the reference for the scheduled step's overhead.
+                if batch > self.reference_batch:
+                    self.reference_batch = batch
+                    self.per_sample_ms = probe["iteration_ms"] / batch
         self.log.append(dict(probe, schedule=False))
         print(f"  without schedule, batch {batch}: "
               f"{'fits' if probe['fits'] else 'does not fit'}",
@@ -175,6 +178,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--kind", required=True, choices=["resnet152", "transformer"],
+                    help="which benchmark model (for step_probe.py's inputs)")
     ap.add_argument("--args", required=True,
                     help="--input/--loss/--optimizer/--device flags, quoted")
     ap.add_argument("--profiles", nargs="+", required=True)
@@ -211,6 +216,7 @@ def main():
           file=sys.stderr)
     result["true_without"] = search(prober.without, p_without, o.step,
                                     o.resolution, 1 << 20)
+    result["reference_batch"] = prober.reference_batch
     if not o.skip_with_schedule:
         p_with = int(prediction["max_batch_with_schedule"])
         print(f"predicted max batch with a schedule {p_with}", file=sys.stderr)

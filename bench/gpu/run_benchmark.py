@@ -178,7 +178,7 @@ def main():
             rc, out, err, t = run(
                 [sys.executable,
                  os.path.join(os.path.dirname(__file__), "max_batch_search.py"),
-                 "--bin", args.bin, "--model", model,
+                 "--bin", args.bin, "--model", model, "--kind", name,
                  "--args", " ".join(shlex.quote(a) for a in flags),
                  "--out", search_out, "--profiles"] + profiles, timeout=3000)
             sys.stderr.write(err)
