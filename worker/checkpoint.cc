@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 
 #include <algorithm>
 #include <map>
@@ -109,6 +111,106 @@ c10::DataPtr SharedDataPtr(const c10::Storage& owner) {
       const_cast<void*>(owner.data()), keep,
       [](void* context) { delete static_cast<c10::Storage*>(context); },
       owner.device());
+}
+
+// How many references an autograd engine holds on the gradients it passes
+// to a custom function's backward (the engine's input list, CppNode's copy,
+// the by-value argument): measured once with a probe function, since it
+// depends on the LibTorch version. A gradient with no more references than
+// this is owned by the engine call alone.
+int64_t g_probe_use_count = -1;  // set once (std::call_once), then read
+
+struct ProbeFunction : public torch::autograd::Function<ProbeFunction> {
+  static variable_list forward(AutogradContext* ctx, torch::Tensor x) {
+    ctx->set_materialize_grads(false);
+    return {x.clone()};
+  }
+  static variable_list backward(AutogradContext* /*ctx*/,
+                                variable_list grad_outputs) {
+    g_probe_use_count = static_cast<int64_t>(grad_outputs[0].use_count());
+    return {grad_outputs[0]};
+  }
+};
+
+int64_t ExclusiveGradientUseCount() {
+  static std::once_flag once;
+  std::call_once(once, []() {
+    torch::AutoGradMode grad_mode(true);
+    torch::Tensor x = torch::zeros({1}, torch::requires_grad());
+    torch::Tensor y = ProbeFunction::apply(x)[0];
+    // MulBackward hands the function a fresh gradient nobody else holds.
+    (y * 2).sum().backward();
+  });
+  return g_probe_use_count;
+}
+
+// Moves the memory of an incoming gradient that only the engine call holds
+// into a tensor of its own (the engine's copies keep an empty storage), so
+// that the memory can be freed as soon as the replay's backward consumed
+// it, as the plain step frees it after its first backward node. Returns
+// `grad` itself when anything else may read it (another branch's buffer, a
+// view): then it stays until the function returns.
+torch::Tensor TakeGradient(const torch::Tensor& grad) {
+  if (!grad.defined() || !grad.has_storage() || grad.is_sparse() ||
+      grad.layout() != c10::kStrided || grad.is_quantized() ||
+      grad.storage().nbytes() == 0 || grad.storage().data() == nullptr ||
+      grad.storage().use_count() != 1 ||
+      static_cast<int64_t>(grad.use_count()) > ExclusiveGradientUseCount()) {
+    return grad;
+  }
+  c10::StorageImpl* impl = grad.storage().unsafeGetStorageImpl();
+  const size_t nbytes = impl->nbytes();
+  c10::DataPtr data = impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
+  c10::Storage own(c10::Storage::use_byte_size_t(), nbytes, std::move(data),
+                   impl->allocator(), /*resizable=*/false);
+  torch::NoGradGuard no_grad;
+  torch::Tensor out = at::empty({0}, grad.options());
+  out.set_(own, grad.storage_offset(), grad.sizes(), grad.strides());
+  return out;
+}
+
+// After a replayed root node ran: frees the memory of the gradients it
+// consumed that TakeGradient made ours, unless an output aliases them.
+class FreeConsumedGradients : public torch::autograd::FunctionPostHook {
+ public:
+  explicit FreeConsumedGradients(std::vector<c10::StorageImpl*> owned)
+      : owned_(std::move(owned)) {}
+  variable_list operator()(const variable_list& outputs,
+                           const variable_list& inputs) override {
+    for (const torch::Tensor& in : inputs) {
+      if (!in.defined() || !in.has_storage()) continue;
+      c10::StorageImpl* impl = in.storage().unsafeGetStorageImpl();
+      if (std::find(owned_.begin(), owned_.end(), impl) == owned_.end()) {
+        continue;
+      }
+      bool aliased = false;
+      for (const torch::Tensor& out : outputs) {
+        aliased |= out.defined() && out.has_storage() &&
+                   out.storage().unsafeGetStorageImpl() == impl;
+      }
+      if (!aliased) impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
+    }
+    return outputs;
+  }
+
+ private:
+  std::vector<c10::StorageImpl*> owned_;
+};
+
+// Gives `copy` (a clone of `original`, same layout) `original`'s memory:
+// its own is freed, and whoever saved `copy` reads `original`'s values.
+void ShareMemory(const torch::Tensor& copy, const torch::Tensor& original) {
+  if (!copy.defined() || !original.defined() || !copy.has_storage() ||
+      !original.has_storage() ||
+      copy.storage().nbytes() != original.storage().nbytes() ||
+      copy.storage_offset() != original.storage_offset() ||
+      copy.strides() != original.strides() ||
+      copy.storage().device() != original.storage().device() ||
+      copy.storage().is_alias_of(original.storage())) {
+    return;
+  }
+  copy.storage().unsafeGetStorageImpl()->set_data_ptr(
+      SharedDataPtr(original.storage()));
 }
 
 struct SegmentFunction : public torch::autograd::Function<SegmentFunction> {
@@ -365,6 +467,7 @@ c10::IValue SegmentRun::Rebuild(const c10::IValue& shape,
 }
 
 void SegmentRun::Forward(InterpreterEnv& env) {
+  ExclusiveGradientUseCount();  // the probe runs outside any backward
   input_shapes_.clear();
   tensor_copied_.clear();
   std::vector<torch::Tensor> tensors;
@@ -425,6 +528,11 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   for (size_t i = 0; i < plan_->outputs.size(); ++i) {
     env[plan_->outputs[i]] = Rebuild(output_shapes_[i], outputs, &next);
   }
+  // Nothing here may keep a tensor alive for the rest of the step: the
+  // outputs' storages are the replay's memory after Replay() and must go
+  // when autograd is done with them.
+  output_shapes_.clear();
+  dirty_.clear();
   grad_fn_ = nullptr;
   for (const torch::Tensor& t : outputs) {
     if (t.defined() && t.grad_fn() != nullptr) {
@@ -586,9 +694,12 @@ void SegmentRun::Replay() {
   RestoreDeviceRng(device_, cuda_rng_);
   replay_leaves_.clear();
   replay_outputs_.clear();
+  // Per input: a buffer's copy fed to the replay, and the buffer.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffer_feeds;
   {
     torch::AutoGradMode grad_mode(true);
     std::vector<torch::Tensor> feeds;
+    buffer_feeds.assign(saved_inputs_.size(), {});
     for (size_t j = 0; j < saved_inputs_.size(); ++j) {
       const torch::Tensor& t = saved_inputs_[j];
       if (!t.defined()) {
@@ -605,6 +716,9 @@ void SegmentRun::Replay() {
       feeds.push_back((grad && tensor_copied_[j]) || input_is_buffer_[j]
                           ? leaf.clone()
                           : leaf);
+      if (input_is_buffer_[j] && !(grad && tensor_copied_[j])) {
+        buffer_feeds[j] = {feeds.back(), leaf};
+      }
     }
     InterpreterEnv env;
     size_t next = 0;
@@ -618,11 +732,25 @@ void SegmentRun::Replay() {
     // outputs, as in RunForward).
     for (size_t j : dirty_index_) replay_outputs_.push_back(feeds[j]);
   }
+  // The replay's graph holds what its backward reads; the inputs are not
+  // needed any more (Backward() only needs the leaves it differentiates).
+  input_shapes_.clear();
+  saved_inputs_.clear();
+  for (size_t j = 0; j < replay_leaves_.size(); ++j) {
+    if (!input_requires_grad_[j]) replay_leaves_[j] = torch::Tensor();
+  }
   RestoreCpuRng(cpu_now);
   RestoreDeviceRng(device_, device_now);
+  // The copies the replay updated are saved by its graph (batch norm saves
+  // the running statistics): they read the real buffers' memory from now
+  // on, so the copies take no memory while the replay's backward waits.
   for (size_t i = 0; i < buffer_slots_.size(); ++i) {
+    const c10::IValue copy =
+        buffer_slots_[i].first->getAttr(buffer_slots_[i].second);
+    if (copy.isTensor()) ShareMemory(copy.toTensor(), originals[i].toTensor());
     buffer_slots_[i].first->setAttr(buffer_slots_[i].second, originals[i]);
   }
+  for (const auto& [copy, buffer] : buffer_feeds) ShareMemory(copy, buffer);
   // Freed outputs get the replay's memory.
   for (size_t k = 0; k < tensor_storage_.size(); ++k) {
     if (!tensor_freed_[k]) continue;
@@ -643,37 +771,64 @@ void SegmentRun::Replay() {
 
 variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
   Replay();
-  variable_list outs, grads;
+  // The replay's backward runs on gradient edges, not on the replayed
+  // outputs: they are dropped first, so each lives only as long as the
+  // replay's graph needs it (as in the plain step). Incoming gradients that
+  // only the engine holds are moved into tensors of our own and freed once
+  // the node that consumes them ran.
+  torch::autograd::edge_list roots;
+  variable_list grads;
+  absl::flat_hash_map<torch::autograd::Node*, std::vector<c10::StorageImpl*>>
+      owned_by_root;
   for (size_t k = 0; k < replay_outputs_.size() && k < grad_outputs.size();
        ++k) {
     const torch::Tensor& t = replay_outputs_[k];
-    if (t.defined() && t.requires_grad() && grad_outputs[k].defined()) {
-      outs.push_back(t);
-      grads.push_back(grad_outputs[k]);
+    if (!t.defined() || !t.requires_grad() || !grad_outputs[k].defined()) {
+      continue;
     }
+    roots.push_back(torch::autograd::impl::gradient_edge(t));
+    // (The engine copies the gradients of a node with post hooks: the
+    // probe's count does not hold for it.)
+    torch::Tensor grad = grad_fn_ != nullptr && grad_fn_->post_hooks().empty()
+                             ? TakeGradient(grad_outputs[k])
+                             : grad_outputs[k];
+    if (!grad.is_same(grad_outputs[k])) {
+      owned_by_root[roots.back().function.get()].push_back(
+          grad.storage().unsafeGetStorageImpl());
+    }
+    grads.push_back(std::move(grad));
   }
-  variable_list wrt;
+  torch::autograd::edge_list wrt;
   std::vector<size_t> wrt_index;  // position among the function's inputs
+  auto add_wrt = [&](const torch::Tensor& t, size_t index) {
+    std::shared_ptr<torch::autograd::Node> fn = t.grad_fn();
+    if (!fn) fn = torch::autograd::impl::try_get_grad_accumulator(t);
+    if (!fn) return;  // not reached by the replay: no gradient
+    wrt.emplace_back(std::move(fn), t.output_nr());
+    wrt_index.push_back(index);
+  };
   for (size_t j = 0; j < replay_leaves_.size(); ++j) {
     if (replay_leaves_[j].defined() && replay_leaves_[j].requires_grad()) {
-      wrt.push_back(replay_leaves_[j]);
-      wrt_index.push_back(j);
+      add_wrt(replay_leaves_[j], j);
     }
   }
   for (size_t p = 0; p < params_.size(); ++p) {
-    wrt.push_back(params_[p]);
-    wrt_index.push_back(num_input_tensors_ + p);
+    add_wrt(params_[p], num_input_tensors_ + p);
+  }
+  replay_outputs_.clear();
+  for (const auto& [root, owned] : owned_by_root) {
+    root->add_post_hook(std::make_unique<FreeConsumedGradients>(owned));
   }
   variable_list result(num_input_tensors_ + params_.size() + 1);
-  if (!outs.empty() && !wrt.empty()) {
-    variable_list computed = torch::autograd::grad(
-        outs, wrt, grads, /*retain_graph=*/false, /*create_graph=*/false,
-        /*allow_unused=*/true);
+  if (!roots.empty() && !wrt.empty()) {
+    variable_list computed =
+        torch::autograd::Engine::get_default_engine().execute(
+            roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
+            /*accumulate_grad=*/false, wrt);
     for (size_t i = 0; i < computed.size(); ++i) {
       result[wrt_index[i]] = computed[i];
     }
   }
-  replay_outputs_.clear();
   replay_leaves_.clear();
   saved_inputs_.clear();
   return result;
