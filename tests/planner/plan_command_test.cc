@@ -94,17 +94,23 @@ TEST_F(PlanCommandTest, BadInputExits2WithTheReason) {
 namespace mutwo {
 namespace {
 
+// A fresh directory holding chain profiles at batch sizes 2 and 4 (b2.json,
+// b4.json): 4 MiB fixed + 8 activations of 1 MiB per sample.
+std::string ChainProfilesDir(const std::string& name) {
+  const std::string dir =
+      ::testing::TempDir() + name + "_" + std::to_string(getpid());
+  EXPECT_EQ(testing::RunCommand("mkdir -p " + dir).exit_code, 0);
+  for (int batch : {2, 4}) {
+    EXPECT_TRUE(
+        WriteFileAtomically(dir + "/b" + std::to_string(batch) + ".json",
+                            ProtoToJson(testing::ChainProfile(batch)))
+            .ok());
+  }
+  return dir;
+}
+
 TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
-  const std::string dir = ::testing::TempDir() + "max_batch_command_test_" +
-                          std::to_string(getpid());
-  ASSERT_EQ(testing::RunCommand("mkdir -p " + dir).exit_code, 0);
-  // Chain profiles: 4 MiB fixed + 8 activations of 1 MiB per sample.
-  ASSERT_TRUE(WriteFileAtomically(dir + "/b2.json",
-                                  ProtoToJson(testing::ChainProfile(2)))
-                  .ok());
-  ASSERT_TRUE(WriteFileAtomically(dir + "/b4.json",
-                                  ProtoToJson(testing::ChainProfile(4)))
-                  .ok());
+  const std::string dir = ChainProfilesDir("max_batch_command_test");
   const std::string bin = testing::BinPath("mutwo") + " max-batch ";
   auto r = testing::RunCommand(bin + dir + "/b2.json " + dir +
                                "/b4.json --capacity 100MiB --output json");
@@ -129,15 +135,7 @@ TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
 // A schedule for a batch size too large to profile without one: planned on
 // the profile fitted from two smaller batch sizes.
 TEST(PlanAtBatchCommandTest, PlansAnExtrapolatedBatchSize) {
-  const std::string dir =
-      ::testing::TempDir() + "plan_at_batch_test_" + std::to_string(getpid());
-  ASSERT_EQ(testing::RunCommand("mkdir -p " + dir).exit_code, 0);
-  ASSERT_TRUE(WriteFileAtomically(dir + "/b2.json",
-                                  ProtoToJson(testing::ChainProfile(2)))
-                  .ok());
-  ASSERT_TRUE(WriteFileAtomically(dir + "/b4.json",
-                                  ProtoToJson(testing::ChainProfile(4)))
-                  .ok());
+  const std::string dir = ChainProfilesDir("plan_at_batch_test");
   const std::string plan = testing::BinPath("mutwo") + " plan " + dir +
                            "/b2.json " + dir + "/b4.json ";
   // Batch 20: baseline 4 MiB + 8 x 20 MiB = 164 MiB; a 100 MiB budget needs
