@@ -174,11 +174,12 @@ def main():
     for run in runs:
         table(run)
     plots(runs, svg_dir)
-    summary = os.path.join(results, "summary.json")
-    if os.path.exists(summary):
-        with open(summary) as f:
-            s = json.load(f)
-        for model, m in s.get("max_batch_search", {}).items():
+    searches = {}
+    for path in sorted(glob.glob(os.path.join(results, "*_max_batch.json"))):
+        with open(path) as f:
+            searches[os.path.basename(path)[:-len("_max_batch.json")]] = json.load(f)
+    if searches:
+        for model, m in searches.items():
             p = m["prediction"]
             print(f"\nmax batch {model}: predicted "
                   f"{p['max_batch_without_checkpointing']} without / "

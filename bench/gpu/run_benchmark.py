@@ -5,7 +5,7 @@ segments, per block) and mutwo schedules at N absolute budgets from the floor
 to the baseline peak, execute every schedule in real training steps (each
 execution measures its own baseline step in the same process), and predict
 the max batch size from the profiles. Writes one JSON file per model and
-batch size, plus summary.json, under --out.
+batch size, plus summary_<models>.json, under --out.
 
 Needs the built binaries (--bin, e.g. build-gpu/bin) and the models from
 make_models.py. Run by bench/gpu/run.sh; python3 here only orchestrates.
@@ -185,7 +185,8 @@ def main():
             if rc == 0:
                 with open(search_out) as f:
                     summary.setdefault("max_batch_search", {})[name] = json.load(f)
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
+    name = "summary_" + args.models.replace(",", "_") + ".json"
+    with open(os.path.join(args.out, name), "w") as f:
         json.dump(summary, f, indent=1)
 
 
