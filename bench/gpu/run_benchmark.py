@@ -23,11 +23,16 @@ MODELS = {
         "inputs": ["x:float32[B,3,224,224]"],
         "loss": "cross_entropy:y:int64[B]{0,1000}",
         "batches": [16, 32, 64],
+        # Issue 7's goals at batch 64 (GB = 1e9 bytes): <= 4.0 GB at <= +20%
+        # and <= 8.0 GB at <= +2%: planned as budgets of their own.
+        "goal_budgets": {64: ["4000000000B", "8000000000B"]},
     },
     "transformer": {
         "inputs": ["tokens:int64[B,128]{0,30000}"],
         "loss": "cross_entropy:y:int64[B,128]{0,30000}",
         "batches": [32, 64, 128],
+        # <= 3.5 GB at <= +10%; <= 3.0 GB (needs the logits/loss recomputed).
+        "goal_budgets": {64: ["3500000000B", "3000000000B"]},
     },
 }
 
@@ -117,6 +122,8 @@ def main():
             for i in range(n):
                 b = floor + (baseline - floor) * i / (n - 1)
                 plans.append(("mutwo", f"{int(b * 1.0005) + 1}B"))
+            for goal in spec.get("goal_budgets", {}).get(batch, []):
+                plans.append(("mutwo", goal))
             do_execute = name not in execute_only or batch in execute_only[name]
             for policy, budget in plans:
                 sched_path = f"{base}_{policy}_{budget}.schedule.json"
