@@ -10,8 +10,13 @@
 // takes the cheaper, updates the recompute lineage of chosen recomputations
 // (E) and of the remaining candidates (F), and re-runs the simulator over the
 // whole timeline. A choice that raises the simulated peak is undone and that
-// action is not tried again for that activation. It stops when the peak fits
-// the budget or no candidate is inactive at the peak.
+// action is not tried again for that activation; so is a swap that does not
+// lower the high-water mark at the peak position (its offload, queued behind
+// the others on the one device->host link, ends after it). When no
+// candidate is left at the peak, a swapped activation that is still resident
+// there (inactive, offload not done) is rebuilt by recomputation instead, if
+// that lowers the mark at the peak (best recompute key first). It stops when
+// the peak fits the budget or none of these helps.
 //
 // The choices do not depend on the budget, only when to stop does: the plan
 // for a tighter budget extends the plan for a looser one. Not thread-safe.

@@ -3,11 +3,20 @@
 // the lowest reachable peak (the floor) is, and sweeps budgets for the
 // Pareto curve. All predictions come from the Simulator.
 //
-// μ-TWO. Two budget-independent Algorithm B trajectories are run once, down
-// to the floor: the paper's (largest recompute ratio first) and a
-// cheapest-first one; each accepted step is followed by refinement (earlier
-// choices that are no longer needed go back to RETAIN). A candidate plan for
-// budget b takes, in each trajectory, the first state that fits b, then
+// μ-TWO. Budget-independent Algorithm B trajectories ("tracks") are run
+// once each, down to their floor: the paper's (largest recompute ratio
+// first, swaps allowed); on small graphs a cheapest-first one; when the
+// profile can swap, a recompute-only one (swaps chosen by the paper's
+// estimate can stall and, once prefetched, hold the peak); and tracks that
+// start from the fixed checkpointing schedules (sqrt_n, per_block): the
+// schedule itself is the track's first state, so the floor is never above
+// a baseline's peak and a plan is never slower than a baseline that fits.
+// On small graphs the greedy continues from each of them, on large graphs
+// from the one with the lower peak.
+//
+// Small graphs: each accepted step is followed by refinement (earlier
+// choices that are no longer needed go back to RETAIN). A candidate plan
+// for budget b takes, in each track, the first state that fits b, then
 // improves it for b: pruning (a choice whose removal still fits b without
 // adding time goes back to RETAIN) and exchange (a recomputation replaced by
 // a cheaper one that still fits). The answer for b is the cheapest candidate
@@ -16,12 +25,12 @@
 // are found exactly, one below the highest peak each candidate relied on).
 // Hence a tighter budget never gives a lower predicted time.
 //
-// Effort: graphs with more than Options::small_graph_activations activations
-// run only the paper's trajectory, without refinement, on the incremental
-// simulator (Options::incremental), and a plan is the first trajectory
-// state that fits;
-// on small graphs the search is bounded by simulations per candidate and
-// envelope probes, and PlanResult says when a bound was hit.
+// Large graphs (more than Options::small_graph_activations activations):
+// no refinement, rounds on the incremental simulator (Options::incremental),
+// and the plan is the fastest (full time model) of the tracks' first states
+// that fit (Algorithm B's stop in each); the search is bounded by
+// simulations per candidate and envelope probes on small graphs, and
+// PlanResult says when a bound was hit.
 //
 // Not thread-safe (the simulator has scratch buffers): one Planner per
 // request or per thread.
