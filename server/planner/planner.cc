@@ -258,10 +258,25 @@ Planner::Candidate Planner::MakeCandidate(int64_t budget_bytes) {
   for (int order = 0; order < orders(); ++order) {
     const int fit = FirstFit(order, budget_bytes);
     if (fit < -1) continue;
+    Track& track = tracks_[order];
+    // An improved candidate is the same for every budget in [its critical
+    // budget, the budget it was made for] (and so is the first fitting
+    // state): reuse it.
     Candidate c;
-    c.decisions = StateDecisions(tracks_[order], fit);
-    c.critical_bytes = StatePeak(tracks_[order], fit);
-    Improve(budget_bytes, c);
+    auto cached = std::find_if(
+        track.improved.begin(), track.improved.end(), [&](const Improved& e) {
+          return e.candidate.critical_bytes <= budget_bytes &&
+                 budget_bytes <= e.budget_bytes;
+        });
+    if (cached != track.improved.end()) {
+      c = cached->candidate;
+      c.simulations = 0;
+    } else {
+      c.decisions = StateDecisions(track, fit);
+      c.critical_bytes = StatePeak(track, fit);
+      Improve(budget_bytes, c);
+      track.improved.push_back(Improved{budget_bytes, c});
+    }
     critical = std::max(critical, c.critical_bytes);
     simulations += c.simulations;
     bounded |= c.bounded;

@@ -134,14 +134,20 @@ class Planner {
   // Improves `decisions` (fitting `budget_bytes`) by pruning and exchange.
   void Improve(int64_t budget_bytes, Candidate& c);
 
-  // One μ-TWO trajectory: its policy, the state it starts from (the seed)
-  // and the steps taken so far.
+  // A candidate improved for `budget_bytes` (small graphs).
+  struct Improved {
+    int64_t budget_bytes = 0;
+    Candidate candidate;
+  };
+  // One μ-TWO trajectory: its policy, the state it starts from (the seed),
+  // the steps taken so far and the candidates improved from its states.
   struct Track {
     std::unique_ptr<MutwoPolicy> policy;
     Decisions seed;
     int64_t seed_peak_bytes = 0;
     std::vector<TrajectoryStep> steps;
     bool exhausted = false;
+    std::vector<Improved> improved;
   };
   int orders() const { return static_cast<int>(tracks_.size()); }
   // Peak of state `index` of a track: -1 is the seed, i the state after
