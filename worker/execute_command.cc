@@ -119,17 +119,15 @@ int RunExecuteCommand(const ParsedArgs& args) {
     return Fail(
         absl::InvalidArgumentError(absl::StrCat("--schedule: ", s.message())));
   }
-  auto flags = ReadStepFlags(args);
-  if (!flags.ok()) return Fail(flags.status());
+  ExecutorOptions options;
+  options.model_path = args.positional[0];
+  if (absl::Status s = ReadStepFlags(args, &options); !s.ok()) return Fail(s);
   // Without --batch, the schedule's batch size.
-  if (flags->batch_size <= 0) flags->batch_size = schedule.batch_size();
-  if (flags->batch_size <= 0) {
+  if (options.batch_size <= 0) options.batch_size = schedule.batch_size();
+  if (options.batch_size <= 0) {
     return Fail(absl::InvalidArgumentError(
         "--batch: a positive batch size is required"));
   }
-  ExecutorOptions options;
-  options.model_path = args.positional[0];
-  ApplyStepFlags(*flags, &options);
   options.run_baseline = absl::GetFlag(FLAGS_baseline);
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output != "json" && output != "text") {

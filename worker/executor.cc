@@ -110,26 +110,11 @@ std::vector<torch::Tensor> TensorsOf(const std::vector<c10::IValue>& values) {
 
 }  // namespace
 
-struct Executor::State {
+struct Executor::State : TrainingState {
   ExecutorOptions options;
-  torch::Device device{torch::kCPU};
-  std::unique_ptr<DeviceBackend> backend;
-  torch::jit::Module module;
-  std::unique_ptr<Graph> graph;
-  std::unique_ptr<Interpreter> interpreter;
-  std::vector<torch::Tensor> parameters;  // trainable
-  std::vector<c10::IValue> inputs;
-  torch::Tensor target;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::string current_step;
-
   // The schedule being run.
   std::vector<SegmentPlan> segments;
   std::vector<SwapPlan> swaps;
-
-  void ZeroGrads() {
-    for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
-  }
 
   absl::Status PlanSwaps(const v1::Schedule& schedule);
   // One forward + loss + backward; `scheduled` applies the schedule.

@@ -32,22 +32,11 @@
 
 #include "absl/status/statusor.h"
 #include "mutwo/v1/types.pb.h"
+#include "worker/step_options.h"
 
 namespace mutwo::worker {
 
-struct ExecutorOptions {
-  std::string model_path;   // read when model_bytes is empty
-  std::string model_bytes;  // the TorchScript archive itself
-  std::string model_name;   // names the model in errors; default model_path
-  std::vector<v1::TensorSpec> inputs;
-  v1::LossSpec loss;
-  v1::OptimizerSpec optimizer;
-  int64_t batch_size = 0;
-  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
-  int warmup_iterations = 1;
-  int measure_iterations = 3;
-  int64_t memory_limit_bytes = 0;  // > 0: allocations beyond fail (OOM)
-  uint64_t seed = 0;
+struct ExecutorOptions : TrainingStepOptions {
   // Gradients match when |scheduled - baseline| <= atol + rtol * |baseline|
   // element-wise (the replay reorders no arithmetic, but autograd may sum
   // a parameter's gradient contributions in another order).

@@ -42,8 +42,10 @@ int Fail(const absl::Status& status) {
 
 }  // namespace
 
-absl::StatusOr<StepFlags> ReadStepFlags(const ParsedArgs& args) {
-  StepFlags flags;
+absl::Status ReadStepFlags(const ParsedArgs& args,
+                           TrainingStepOptions* options) {
+  TrainingStepOptions& flags = *options;
+  flags.inputs.clear();
   for (const std::string& text : args.Repeated("input")) {
     auto spec = ParseTensorSpec(text);
     if (!spec.ok()) {
@@ -79,7 +81,7 @@ absl::StatusOr<StepFlags> ReadStepFlags(const ParsedArgs& args) {
     }
     flags.memory_limit_bytes = *bytes;
   }
-  return flags;
+  return absl::OkStatus();
 }
 
 const char kProfileUsage[] =
@@ -101,15 +103,13 @@ int RunProfileCommand(const ParsedArgs& args) {
             : absl::StrCat("expected one model file, got ",
                            args.positional.size(), " arguments")));
   }
-  auto flags = ReadStepFlags(args);
-  if (!flags.ok()) return Fail(flags.status());
-  if (flags->batch_size <= 0) {
+  ProfilerOptions options;
+  options.model_path = args.positional[0];
+  if (absl::Status s = ReadStepFlags(args, &options); !s.ok()) return Fail(s);
+  if (options.batch_size <= 0) {
     return Fail(absl::InvalidArgumentError(
         "--batch: a positive batch size is required"));
   }
-  ProfilerOptions options;
-  options.model_path = args.positional[0];
-  ApplyStepFlags(*flags, &options);
   const std::string output = absl::GetFlag(FLAGS_output);
   if (output != "json" && output != "csv" && output != "text") {
     return Fail(absl::InvalidArgumentError(absl::StrCat(

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "common/args.h"
 #include "mutwo/v1/types.pb.h"
+#include "worker/step_options.h"
 
 namespace mutwo::worker {
 
@@ -19,34 +20,11 @@ extern const char kProfileUsage[];
 
 // The training-step flags `profile` and `execute` share (--input, --loss,
 // --optimizer, --batch, --device, --warmup, --iterations, --seed,
-// --memory_limit), parsed. InvalidArgument names the flag; the batch size is
-// returned as given (each command checks it).
-struct StepFlags {
-  std::vector<v1::TensorSpec> inputs;
-  v1::LossSpec loss;
-  v1::OptimizerSpec optimizer;
-  int64_t batch_size = 0;
-  std::string device;
-  int warmup_iterations = 0;
-  int measure_iterations = 0;
-  uint64_t seed = 0;
-  int64_t memory_limit_bytes = 0;
-};
-[[nodiscard]] absl::StatusOr<StepFlags> ReadStepFlags(const ParsedArgs& args);
-
-// Copies the flags into ProfilerOptions or ExecutorOptions.
-template <typename Options>
-void ApplyStepFlags(const StepFlags& flags, Options* options) {
-  options->inputs = flags.inputs;
-  options->loss = flags.loss;
-  options->optimizer = flags.optimizer;
-  options->batch_size = flags.batch_size;
-  options->device = flags.device;
-  options->warmup_iterations = flags.warmup_iterations;
-  options->measure_iterations = flags.measure_iterations;
-  options->seed = flags.seed;
-  options->memory_limit_bytes = flags.memory_limit_bytes;
-}
+// --memory_limit), parsed into `options` (the model fields are left as
+// they are). InvalidArgument names the flag; the batch size is copied as
+// given (each command checks it).
+[[nodiscard]] absl::Status ReadStepFlags(const ParsedArgs& args,
+                                         TrainingStepOptions* options);
 
 int RunProfileCommand(const ParsedArgs& args);
 

@@ -108,23 +108,8 @@ struct IterationRecord {
 
 }  // namespace
 
-struct Profiler::State {
+struct Profiler::State : TrainingState {
   ProfilerOptions options;
-  torch::Device device{torch::kCPU};
-  std::unique_ptr<DeviceBackend> backend;
-  torch::jit::Module module;
-  std::unique_ptr<Graph> graph;
-  std::unique_ptr<Interpreter> interpreter;
-  std::vector<torch::Tensor> parameters;  // trainable
-  std::vector<c10::IValue> inputs;
-  torch::Tensor target;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  // Where the step that is running now is, for OOM reports.
-  std::string current_step;
-
-  void ZeroGrads() {
-    for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
-  }
 
   absl::StatusOr<torch::Tensor> Loss(const c10::IValue& outputs) {
     return ComputeLoss(options.loss, outputs, target);

@@ -29,25 +29,12 @@
 
 #include "absl/status/statusor.h"
 #include "mutwo/v1/types.pb.h"
+#include "worker/step_options.h"
 
 namespace mutwo::worker {
 
-struct ProfilerOptions {
-  std::string model_path;    // read when model_bytes is empty
-  std::string model_bytes;   // the TorchScript archive itself
-  std::string model_name;    // names the model in errors; default model_path
+struct ProfilerOptions : TrainingStepOptions {
   std::string model_sha256;  // copied into the profile
-  std::vector<v1::TensorSpec> inputs;
-  v1::LossSpec loss;
-  v1::OptimizerSpec optimizer;
-  int64_t batch_size = 0;
-  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
-  int warmup_iterations = 1;
-  int measure_iterations = 3;
-  // > 0: allocations beyond this many bytes fail like an out-of-memory
-  // (the CPU counting allocator's limit; the CUDA memory fraction).
-  int64_t memory_limit_bytes = 0;
-  uint64_t seed = 0;
 };
 
 class Profiler {

@@ -7,8 +7,11 @@
 #define MUTWO_WORKER_TRAINING_SETUP_H_
 
 #include <torch/script.h>
+#include <torch/torch.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -18,16 +21,35 @@
 #include "worker/interpreter.h"
 #include "worker/memory.h"
 #include "worker/model_loader.h"
+#include "worker/step_options.h"
 
 namespace mutwo::worker {
 
-// `Options` (ProfilerOptions, ExecutorOptions) has batch_size,
-// warmup_iterations, measure_iterations, inputs, model_name, model_path,
-// model_bytes, device and memory_limit_bytes; `State` has device, backend,
-// module, graph, interpreter and parameters. Errors: InvalidArgument naming
-// the bad option, device, model file or input count.
-template <typename Options, typename State>
-[[nodiscard]] absl::Status SetUpTraining(Options& options, State* state) {
+// What the profiler and the executor hold for their training steps (the
+// base of their State structs).
+struct TrainingState {
+  torch::Device device{torch::kCPU};
+  std::unique_ptr<DeviceBackend> backend;
+  torch::jit::Module module;
+  std::unique_ptr<Graph> graph;
+  std::unique_ptr<Interpreter> interpreter;
+  std::vector<torch::Tensor> parameters;  // trainable
+  std::vector<c10::IValue> inputs;
+  torch::Tensor target;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  // Where the step that is running now is, for OOM reports.
+  std::string current_step;
+
+  void ZeroGrads() {
+    for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
+  }
+};
+
+// Sets device, backend, module, graph, interpreter and parameters of
+// `state` (fills in options.model_name). Errors: InvalidArgument naming the
+// bad option, device, model file or input count.
+[[nodiscard]] inline absl::Status SetUpTraining(TrainingStepOptions& options,
+                                                TrainingState* state) {
   if (options.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size must be a positive integer, got ", options.batch_size));
