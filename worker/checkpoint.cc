@@ -393,9 +393,12 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
         last_read = std::max(last_read, reader);
       }
       // A later write would change what autograd saved: not replayable.
-      for (int k = plan.last_node + 1; k < n && freeable; ++k) {
-        for (const Value* w : writes[k]) freeable &= w != root;
+      bool written_after = false;
+      for (int k = plan.last_node + 1; k < n; ++k) {
+        for (const Value* w : writes[k]) written_after |= w == root;
       }
+      freeable &= !written_after;
+      plan.written_after.push_back(written_after);
       plan.freeable.push_back(freeable);
       plan.free_after.push_back(last_read);
     }
@@ -413,16 +416,17 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
   }
   for (size_t s = 0; s < plans.size(); ++s) {
     SegmentPlan& plan = plans[s];
-    std::set<int> readers;
+    plan.output_readers.assign(plan.outputs.size(), {});
     for (size_t i = 0; i < plan.outputs.size(); ++i) {
       if (!plan.freeable[i]) continue;
+      std::vector<int> readers;
       for (int reader : readers_of_root[AliasRoot(plan.outputs[i])]) {
         if (reader <= plan.last_node) continue;
         if (segment_of[reader] >= 0) plan.freeable[i] = false;
-        readers.insert(reader);
+        readers.push_back(reader);
       }
+      if (plan.freeable[i]) plan.output_readers[i] = std::move(readers);
     }
-    plan.readers.assign(readers.begin(), readers.end());
   }
   return plans;
 }
@@ -575,8 +579,21 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     tensor_pinned_.push_back(false);
     tensor_free_after_.push_back(plan_->free_after[next]);
   }
-  readers_.clear();
-  readers_.insert(plan_->readers.begin(), plan_->readers.end());
+  tensor_readers_.clear();
+  for (size_t k = 0; k < tensor_output_.size(); ++k) {
+    const std::vector<int>& r = plan_->output_readers[tensor_output_[k]];
+    tensor_readers_.emplace_back(r.begin(), r.end());
+  }
+}
+
+std::set<int> SegmentRun::readers() const {
+  std::set<int> readers;
+  for (size_t k = 0; k < tensor_readers_.size(); ++k) {
+    if (tensor_freed_[k]) {
+      readers.insert(tensor_readers_[k].begin(), tensor_readers_[k].end());
+    }
+  }
+  return readers;
 }
 
 void SegmentRun::Observe(const std::vector<torch::Tensor>& tensors,
@@ -587,7 +604,7 @@ void SegmentRun::Observe(const std::vector<torch::Tensor>& tensors,
     for (size_t k = 0; k < tensor_impl_.size(); ++k) {
       if (tensor_impl_[k] != impl || tensor_freed_[k]) continue;
       tensor_free_after_[k] = std::max(tensor_free_after_[k], last_use);
-      readers_.insert(consumers.begin(), consumers.end());
+      tensor_readers_[k].insert(consumers.begin(), consumers.end());
     }
   }
 }
@@ -751,12 +768,25 @@ void SegmentRun::Replay() {
     buffer_slots_[i].first->setAttr(buffer_slots_[i].second, originals[i]);
   }
   for (const auto& [copy, buffer] : buffer_feeds) ShareMemory(copy, buffer);
-  // Freed outputs get the replay's memory.
+  // Freed outputs get the replay's memory. Outputs the forward kept (read
+  // by a later segment, or never freed) hold the values the replay computed
+  // again: the replay uses their memory instead of holding a second copy
+  // (unless a later in-place write changed them).
   for (size_t k = 0; k < tensor_storage_.size(); ++k) {
-    if (!tensor_freed_[k]) continue;
     c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
     if (!impl) continue;
     const torch::Tensor& fresh = replay_outputs_[k];
+    if (!tensor_freed_[k]) {
+      if (fresh.defined() && fresh.has_storage() && impl->data() != nullptr &&
+          !plan_->written_after[tensor_output_[k]] &&
+          fresh.storage().nbytes() == impl->nbytes() &&
+          fresh.storage().device() == impl->device() &&
+          fresh.storage().data() != impl->data()) {
+        fresh.storage().unsafeGetStorageImpl()->set_data_ptr(
+            SharedDataPtr(c10::Storage(impl)));
+      }
+      continue;
+    }
     if (fresh.storage().nbytes() != impl->nbytes()) {
       throw std::runtime_error(
           absl::StrCat("segment ", plan_->segment, ": the replay of output ", k,

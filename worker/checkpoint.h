@@ -63,9 +63,13 @@ struct SegmentPlan {
   // Per output: the last top-level node reading it or a view / in-place
   // result of it (when its storage can be freed).
   std::vector<int> free_after;
-  // Top-level nodes after the range that read a freeable output (or a view
-  // or in-place result of one): their backward needs the replay.
-  std::vector<int> readers;
+  // Per output: top-level nodes after the range that read it (or a view or
+  // in-place result of it); when its storage was freed, their backward
+  // needs the replay. Empty for outputs that are not freeable.
+  std::vector<std::vector<int>> output_readers;
+  // Per output: written in place after the range (its forward value is not
+  // the one the range computed).
+  std::vector<bool> written_after;
 };
 
 // Groups the schedule's RECOMPUTE decisions into segments (by
@@ -105,8 +109,9 @@ class SegmentRun {
   // Storages of `tensors` (inputs of a later segment) are never freed: that
   // segment keeps them until its own replay.
   void Pin(const std::vector<torch::Tensor>& tensors);
-  // Top-level nodes whose backward needs the replay.
-  const std::set<int>& readers() const { return readers_; }
+  // Top-level nodes whose backward needs the replay: the readers of the
+  // storages FreeAfter freed (call after the forward).
+  std::set<int> readers() const;
   // Bytes freed by FreeAfter and not yet given back.
   int64_t freed_bytes() const { return freed_bytes_; }
   // Replays the range (once) and gives the freed storages their memory back.
@@ -162,7 +167,7 @@ class SegmentRun {
   std::vector<const c10::StorageImpl*> tensor_impl_;  // identity only
   std::vector<bool> tensor_pinned_;
   std::vector<int> tensor_free_after_;
-  std::set<int> readers_;
+  std::vector<std::set<int>> tensor_readers_;
   int64_t freed_bytes_ = 0;
   std::vector<torch::Tensor> replay_outputs_;
   std::vector<torch::Tensor> replay_leaves_;
