@@ -41,17 +41,18 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
 
   // The trajectories (see the header): every one is budget-independent, so
   // each is run at most once, down to its floor. `greedy` off: the seed is
-  // the track's only state.
+  // the track's only state. `refine`: on small graphs, refinement after
+  // every step (a simulation per chosen activation).
   auto add_track = [&](MutwoPolicy::Options::Order order, bool allow_swap,
-                       Decisions seed, int64_t seed_peak_bytes,
-                       bool greedy) -> absl::Status {
+                       Decisions seed, int64_t seed_peak_bytes, bool greedy,
+                       bool refine) -> absl::Status {
     Track track;
     track.seed_peak_bytes = seed_peak_bytes;
     if (greedy) {
       MutwoPolicy::Options policy_options;
       policy_options.allow_swap = allow_swap;
       policy_options.order = order;
-      policy_options.refine = small;
+      policy_options.refine = small && refine;
       policy_options.time_each_step = small;
       policy_options.incremental = options.incremental;
       policy_options.seed = seed;
@@ -69,22 +70,24 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   using Order = MutwoPolicy::Options::Order;
   const int64_t base = planner->sim_->baseline_peak_bytes();
   MUTWO_RETURN_IF_ERROR(
-      add_track(Order::kRatio, options.allow_swap, {}, base, true));
+      add_track(Order::kRatio, options.allow_swap, {}, base, true, true));
   if (small) {
     MUTWO_RETURN_IF_ERROR(
-        add_track(Order::kCheapest, options.allow_swap, {}, base, true));
+        add_track(Order::kCheapest, options.allow_swap, {}, base, true, true));
   }
   if (options.allow_swap && prof.CanSwap()) {
     // Swaps are chosen while their estimated stall is below the next
     // recomputation's cost, and a swapped activation stays resident from its
     // prefetch on: the paper's trajectory can stop far above what
     // recomputation alone reaches (ResNet-152 on a GPU).
-    MUTWO_RETURN_IF_ERROR(add_track(Order::kRatio, false, {}, base, true));
+    MUTWO_RETURN_IF_ERROR(
+        add_track(Order::kRatio, false, {}, base, true, true));
   }
   // The fixed checkpointing schedules are candidates of their own, so the
   // floor is never above theirs nor a plan slower than one of them that
   // fits; the one with the lowest peak (small graphs: each) is also taken
-  // further down by the greedy.
+  // further down by the greedy. Refinement from the other seed would cost a
+  // simulation per seeded recomputation at every step.
   const Decisions none = NoCheckpointing(prof);
   std::vector<std::pair<int64_t, Decisions>> seeds;
   for (Decisions seed :
@@ -110,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   for (size_t i = 0; i < seeds.size(); ++i) {
     MUTWO_RETURN_IF_ERROR(add_track(Order::kRatio, options.allow_swap,
                                     std::move(seeds[i].second), seeds[i].first,
-                                    small || i == 0));
+                                    small || i == 0, i == 0));
   }
   return planner;
 }

@@ -11,8 +11,9 @@
 // start from the fixed checkpointing schedules (sqrt_n, per_block): the
 // schedule itself is the track's first state, so the floor is never above
 // a baseline's peak and a plan is never slower than a baseline that fits.
-// On small graphs the greedy continues from each of them, on large graphs
-// from the one with the lower peak.
+// On small graphs the greedy continues from each of them (with refinement
+// only from the one with the lower peak), on large graphs only from that
+// one.
 //
 // Small graphs: each accepted step is followed by refinement (earlier
 // choices that are no longer needed go back to RETAIN). A candidate plan
