@@ -89,6 +89,8 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
   // further down by the greedy. Refinement from the other seed would cost a
   // simulation per seeded recomputation at every step.
   const Decisions none = NoCheckpointing(prof);
+  Simulator::Options memory_only;
+  memory_only.time_model = false;
   std::vector<std::pair<int64_t, Decisions>> seeds;
   for (Decisions seed :
        {SqrtNCheckpointing(prof), PerBlockCheckpointing(prof)}) {
@@ -103,8 +105,7 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
                     [&](const auto& other) { return same(other.second); })) {
       continue;
     }
-    const int64_t peak =
-        planner->sim_->Run(seed, Simulator::Options{false, false}).peak_bytes;
+    const int64_t peak = planner->sim_->Run(seed, memory_only).peak_bytes;
     seeds.emplace_back(peak, std::move(seed));
   }
   std::stable_sort(
