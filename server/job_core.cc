@@ -683,7 +683,12 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   v1::BatchResult result;
   result.set_batch_size(task.batch_size());
   result.set_baseline_peak_bytes(profile.measured().peak_bytes());
-  result.set_baseline_iteration_ms(profile.measured().iteration_ms());
+  // The plain module step when measured (what the schedules' predicted
+  // times are scaled to), else the profiler's interpreted step.
+  result.set_baseline_iteration_ms(
+      profile.measured().module_iteration_ms() > 0
+          ? profile.measured().module_iteration_ms()
+          : profile.measured().iteration_ms());
   if (profile.oom()) {
     result.set_oom(true);
     result.set_error(
