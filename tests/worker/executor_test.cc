@@ -253,7 +253,17 @@ TEST_P(PolicyMemoryTest, PeakAsPredictedAndBelowTheBaseline) {
             << " (baseline " << v->baseline().peak_bytes() << "), predicted "
             << v->predicted().peak_bytes() << ", budget " << v->budget_bytes()
             << "\n";
-  ExpectCorrect(*v, what);
+  if (TestDevice() == "cpu") {
+    ExpectCorrect(*v, what);
+  } else {
+    // On CUDA a replayed convolution may run another cuDNN algorithm than
+    // the forward did (other free workspace): equal up to rounding (seen:
+    // 1e-5 on ResNet-18), not bit for bit. A wrong replay is far off.
+    EXPECT_FALSE(v->oom()) << what << ": " << v->error();
+    EXPECT_LE(v->max_abs_grad_diff(), 1e-4) << what;
+    EXPECT_LE(v->loss_diff(), 1e-5) << what;
+    EXPECT_TRUE(v->batchnorm_stats_match()) << what;
+  }
   EXPECT_LE(v->scheduled().peak_bytes(), v->budget_bytes()) << what;
   EXPECT_LT(v->scheduled().peak_bytes(), v->baseline().peak_bytes()) << what;
   const double predicted = static_cast<double>(v->predicted().peak_bytes());
