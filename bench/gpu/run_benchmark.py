@@ -80,7 +80,9 @@ def main():
         spec = MODELS[name]
         model = os.path.join(args.models_dir, name + ".pt")
         profiles = []
-        for batch in spec["batches"]:
+        # The goal batch first (a run cut short still has the goal figures).
+        goal = spec.get("goal_budgets", {})
+        for batch in sorted(spec["batches"], key=lambda b: (b not in goal, b)):
             base = os.path.join(args.out, f"{name}_b{batch}")
             rc, out, err, t_profile = run(
                 [worker, "profile", model] +
