@@ -9,6 +9,7 @@
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "server/planner/proto_convert.h"
 
 namespace mutwo {
 namespace {
@@ -683,12 +684,9 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   v1::BatchResult result;
   result.set_batch_size(task.batch_size());
   result.set_baseline_peak_bytes(profile.measured().peak_bytes());
-  // The plain module step when measured (what the schedules' predicted
-  // times are scaled to), else the profiler's interpreted step.
-  result.set_baseline_iteration_ms(
-      profile.measured().module_iteration_ms() > 0
-          ? profile.measured().module_iteration_ms()
-          : profile.measured().iteration_ms());
+  // The step time the schedules' predicted times are scaled to.
+  result.set_baseline_iteration_ms(profile.measured().iteration_ms() *
+                                   planner::TimeScale(profile.measured()));
   if (profile.oom()) {
     result.set_oom(true);
     result.set_error(

@@ -489,13 +489,19 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     a->set_value_id(next_value++);
     a->set_producer_node(producer);
     a->set_occurrence(0);
-    int64_t size = 0;
+    int64_t size = 0, unswappable = 0;
+    const std::vector<uintptr_t>& outputs = last.output_storages[producer];
     int last_forward = graph->nodes()[producer].last_use;
     int first_backward = std::numeric_limits<int>::max();
     int last_backward = n;
     std::set<int> users{producer};
     for (const LiveBlock& block : blocks) {
       size += block.size_bytes;
+      // A swap moves the producer's output storages only.
+      if (std::find(outputs.begin(), outputs.end(), block.address) ==
+          outputs.end()) {
+        unswappable += block.size_bytes;
+      }
       value_of_address[block.address] = a->value_id();
       auto freed = freed_at.find(block.address);
       last_backward =
@@ -515,6 +521,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
       first_backward = std::min(first_backward, first_step_of[user]);
     if (first_backward > last_backward) first_backward = last_backward;
     a->set_size_bytes(size);
+    a->set_unswappable_bytes(unswappable);
     a->set_storages(static_cast<int>(blocks.size()));
     a->set_last_forward_use(last_forward);
     a->set_first_backward_use(first_backward);

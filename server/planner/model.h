@@ -44,6 +44,9 @@ struct PlanActivation {
   double inactive_ms = 0;
   double recompute_ms = 0;  // stand-alone replay time of recompute_nodes
   double swap_ms = 0;       // device->host + host->device transfer time
+  // A SWAP can move (nearly) all of it: it is held by the producer's output
+  // storages (Activation.unswappable_bytes <= 1% of the size).
+  bool swappable = true;
   // Indices into PlanProfile::activations (not value ids) of the activations
   // needed to rebuild this one.
   std::vector<int> recompute_sources;

@@ -361,6 +361,9 @@ void MutwoPolicy::Reset() {
     lineage_->RefreshAll();
   }
   no_swap_.assign(n, 0);
+  for (int c = 0; c < n; ++c) {
+    no_swap_[c] = sim_->profile().activations[c].swappable ? 0 : 1;
+  }
   no_recompute_.assign(n, 0);
   remaining_.clear();
   for (int c = 0; c < n; ++c) {

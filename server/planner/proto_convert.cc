@@ -29,6 +29,16 @@ int PrefetchNode(const v1::Profile& profile, int position) {
 
 }  // namespace
 
+double TimeScale(const v1::MeasuredStep& measured) {
+  const double interpreted_ms = measured.iteration_ms();
+  const double module_ms = measured.module_iteration_ms();
+  if (!(interpreted_ms > 0) || !(module_ms > 0) ||
+      module_ms >= interpreted_ms || !std::isfinite(interpreted_ms)) {
+    return 1;
+  }
+  return module_ms / interpreted_ms;
+}
+
 absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(
     const std::vector<v1::Profile>& profiles) {
   if (profiles.empty()) {
@@ -157,6 +167,12 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     pa.inactive_ms = a.inactive_ms();
     pa.recompute_ms = a.recompute_ms();
     pa.swap_ms = a.swap_ms();
+    if (a.unswappable_bytes() < 0 || a.unswappable_bytes() > a.size_bytes()) {
+      return Bad(
+          f + ".unswappable_bytes", a.unswappable_bytes(),
+          absl::StrCat("must be in [0, size_bytes ", a.size_bytes(), "]"));
+    }
+    pa.swappable = a.unswappable_bytes() * 100 <= a.size_bytes();
     for (int src : a.recompute_sources()) {
       auto it = index_of.find(src);
       if (it == index_of.end() || it->second == i) {
@@ -187,7 +203,10 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
   // the executor's steps match. When both are measured, every compute time
   // is scaled by module / interpreted, so the no-checkpointing schedule
   // predicts the module step and replays cost their share of it. Transfer
-  // times (size / bandwidth) are not scaled.
+  // times (size / bandwidth) are not scaled. Never scaled up: a module step
+  // slower than the synchronised interpreted one is TorchScript's graph
+  // executor still profiling and compiling (a Transformer on an H200: 389
+  // vs 50 ms), not the step the executor runs.
   {
     const double interpreted_ms = profile.measured().iteration_ms();
     const double module_ms = profile.measured().module_iteration_ms();
@@ -198,8 +217,8 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
                        ", measured.module_iteration_ms = ", module_ms,
                        ": must be finite times >= 0"));
     }
-    if (interpreted_ms > 0 && module_ms > 0) {
-      const double scale = module_ms / interpreted_ms;
+    const double scale = TimeScale(profile.measured());
+    if (scale != 1) {
       for (PlanNode& node : out.nodes) node.forward_ms *= scale;
       for (PlanBackwardStep& step : out.backward_steps) step.ms *= scale;
       for (PlanActivation& a : out.activations) {
@@ -241,10 +260,7 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
                               ? out.nodes.back().allocated_bytes_after
                               : out.backward_steps.back().allocated_bytes_after;
     // Same time scale as the other steps (see the time model above).
-    const double optimizer_ms =
-        m.iteration_ms() > 0 && m.module_iteration_ms() > 0
-            ? m.optimizer_ms() * m.module_iteration_ms() / m.iteration_ms()
-            : m.optimizer_ms();
+    const double optimizer_ms = m.optimizer_ms() * TimeScale(m);
     out.backward_steps.push_back(
         PlanBackwardStep{optimizer_ms, -1, after, m.optimizer_peak_bytes()});
   }

@@ -23,6 +23,11 @@ namespace mutwo::planner {
 [[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
     const v1::Profile& profile);
 
+// The factor the profile's compute times are scaled by: the plain module
+// step over the interpreted step synchronised after every node, when both
+// are measured and the module step is the faster; else 1.
+double TimeScale(const v1::MeasuredStep& measured);
+
 // Each profile converted and paired with its batch size (errors name the
 // profile's batch size).
 [[nodiscard]] absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(

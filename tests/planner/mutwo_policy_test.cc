@@ -58,6 +58,17 @@ TEST(MutwoPolicyTest, SwapsWhenBackwardComputeHidesTheTransfer) {
   EXPECT_DOUBLE_EQ(o.sim.recompute_ms, 0);
 }
 
+// An activation a swap cannot move (held by tensors inside the op, not by
+// its outputs) is recomputed even where a swap would be free.
+TEST(MutwoPolicyTest, NeverSwapsAnUnswappableActivation) {
+  PlanProfile p = SwapOrRecompute(/*backward_step_ms=*/1000);
+  p.activations[0].swappable = false;
+  Outcome o = RunPolicy(p, 1250);
+  EXPECT_EQ(o.decisions[0].action, Action::kRecompute);
+  for (const Decision& d : o.decisions) EXPECT_NE(d.action, Action::kSwap);
+  EXPECT_LE(o.sim.peak_bytes, 1250);
+}
+
 TEST(MutwoPolicyTest, RecomputesWhenTheTransferWouldStall) {
   const PlanProfile p = SwapOrRecompute(/*backward_step_ms=*/1);
   Outcome o = RunPolicy(p, 1250);

@@ -25,34 +25,25 @@ TEST(ProtoConvertTest, ProfileFieldsAndIdsSurvive) {
   EXPECT_EQ(p->nodes[2].scope, "block2");
   EXPECT_EQ(p->device_total_bytes, 4000);
   EXPECT_FALSE(p->CanSwap());
+  EXPECT_TRUE(p->activations[3].swappable);
 }
 
-TEST(ProtoConvertTest, BadProfilesNameTheField) {
-  auto error_of = [](v1::Profile p) {
-    auto r = ProfileFromProto(p);
-    return r.ok() ? std::string("ok") : std::string(r.status().message());
-  };
-  v1::Profile p = DiamondProto();
-  p.mutable_activations(2)->set_first_backward_use(1);
-  EXPECT_NE(
-      error_of(p).find("activations[2] (value_id 102).first_backward_use"),
-      std::string::npos)
-      << error_of(p);
-  p = DiamondProto();
-  p.mutable_nodes(3)->set_id(7);
-  EXPECT_NE(error_of(p).find("nodes[3].id"), std::string::npos);
-  p = DiamondProto();
-  p.mutable_activations(1)->set_value_id(100);
-  EXPECT_NE(error_of(p).find("duplicate"), std::string::npos);
-  p = DiamondProto();
-  p.mutable_activations(4)->add_recompute_sources(999);
-  EXPECT_NE(error_of(p).find("recompute_sources"), std::string::npos);
-  p = DiamondProto();
-  p.mutable_activations(0)->set_last_backward_use(99);
-  EXPECT_NE(error_of(p).find("last_backward_use"), std::string::npos);
-  p = DiamondProto();
-  p.clear_nodes();
-  EXPECT_NE(error_of(p).find("no forward nodes"), std::string::npos);
+// Swappable: at most 1% of the activation outside the producer's outputs.
+TEST(ProtoConvertTest, UnswappableBytesMakeAnActivationUnswappable) {
+  v1::Profile proto = DiamondProto();
+  ASSERT_EQ(proto.activations(4).size_bytes(), 400);
+  proto.mutable_activations(4)->set_unswappable_bytes(4);  // 1%
+  proto.mutable_activations(2)->set_unswappable_bytes(
+      proto.activations(2).size_bytes() / 2);
+  auto p = ProfileFromProto(proto);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->activations[4].swappable);
+  EXPECT_FALSE(p->activations[2].swappable);
+  proto.mutable_activations(4)->set_unswappable_bytes(401);
+  auto bad = ProfileFromProto(proto);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unswappable_bytes"), std::string::npos)
+      << bad.status();
 }
 
 // Node times come from the interpreted step synchronised after every node;
@@ -106,6 +97,15 @@ TEST(ProtoConvertTest, ComputeTimesAreScaledToTheModuleStep) {
                    15 + sqrt_n->predicted_recompute_ms());
   EXPECT_DOUBLE_EQ(sqrt_n->predicted_recompute_ms(),
                    0.75 * sqrt_n->recomputed());  // 1 ms nodes, one each
+
+  // A module step slower than the interpreted one (TorchScript still
+  // compiling) is not a step the executor runs: no scaling up.
+  m->set_module_iteration_ms(160);
+  auto slower = ProfileFromProto(proto);
+  ASSERT_TRUE(slower.ok()) << slower.status();
+  EXPECT_EQ(slower->measured_iteration_ms, 20);
+  EXPECT_EQ(slower->nodes[0].forward_ms, 1);
+  EXPECT_EQ(TimeScale(*m), 1);
 
   m->set_module_iteration_ms(-1);
   auto bad = ProfileFromProto(proto);

@@ -153,6 +153,11 @@ TEST(ProfilerMemoryTest, DropoutMaskIsCounted) {
   ASSERT_NE(dropout, nullptr);
   EXPECT_EQ(dropout->storages(), 2);
   EXPECT_EQ(dropout->size_bytes(), 2 * 8 * 64 * 4);
+  // A swap moves the node's output, not the mask autograd keeps inside.
+  EXPECT_EQ(dropout->size_bytes() - dropout->unswappable_bytes(), 8 * 64 * 4);
+  const v1::Activation* tanh = ActivationOf(p, "aten::tanh");
+  ASSERT_NE(tanh, nullptr);
+  EXPECT_EQ(tanh->unswappable_bytes(), 0);  // its output only
 }
 
 TEST(ProfilerMemoryTest, EveryLoopIterationIsCounted) {
@@ -166,6 +171,9 @@ TEST(ProfilerMemoryTest, EveryLoopIterationIsCounted) {
   ASSERT_NE(loop, nullptr);
   EXPECT_GE(loop->size_bytes(), 2 * 3 * 16 * 32 * 4);
   EXPECT_GE(loop->storages(), 6);
+  // The body's saved tensors are not the loop's outputs: no swap moves them.
+  EXPECT_GE(loop->unswappable_bytes(), 2 * 16 * 32 * 4);
+  EXPECT_LE(loop->unswappable_bytes(), loop->size_bytes());
 }
 
 TEST(ProfilerMemoryTest, OutOfMemoryIsAResult) {
