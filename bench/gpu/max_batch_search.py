@@ -16,7 +16,8 @@ trains, found by measured search on the card:
 
 The search brackets the prediction: it probes the prediction, then walks up
 (or down) by `--step` of the prediction until the answer flips, then
-bisects to `--resolution` of the prediction.
+bisects until the bracket is within `--resolution` of the largest fitting
+batch.
 
     max_batch_search.py --bin BIN --model M.pt --kind transformer --args "..."
         --profiles P1 P2 P3
@@ -140,10 +141,14 @@ class Prober:
         return probe["fits"]
 
 
-def search(fits, prediction, step, resolution, limit):
-    """Largest fitting batch near `prediction` (0 if batch 1 fails)."""
-    known_fit, known_fail = 0, None
+def search(fits, prediction, step, resolution, limit, known_fit=0):
+    """Largest fitting batch near `prediction` (0 if batch 1 fails);
+    `known_fit`, when > 0, is a batch known to fit (a failing prediction
+    then bisects down to it instead of walking)."""
+    known_fail = None
     b = max(1, prediction)
+    if known_fit >= b:
+        known_fit = 0
     if fits(b):
         known_fit = b
         while known_fail is None:
@@ -156,7 +161,7 @@ def search(fits, prediction, step, resolution, limit):
                 known_fail = nxt
     else:
         known_fail = b
-        while known_fit == 0:
+        while known_fit == 0:  # (skipped when a fitting batch is known)
             nxt = int(known_fail * (1 - step))
             if nxt < 1:
                 return 0
@@ -164,8 +169,7 @@ def search(fits, prediction, step, resolution, limit):
                 known_fit = nxt
             else:
                 known_fail = nxt
-    tol = max(1, int(prediction * resolution))
-    while known_fail - known_fit > tol:
+    while known_fail - known_fit > max(1, int(known_fit * resolution)):
         mid = (known_fit + known_fail) // 2
         if fits(mid):
             known_fit = mid
@@ -220,8 +224,10 @@ def main():
     if not o.skip_with_schedule:
         p_with = int(prediction["max_batch_with_schedule"])
         print(f"predicted max batch with a schedule {p_with}", file=sys.stderr)
-        result["true_with_schedule"] = search(prober.with_schedule, p_with,
-                                              o.step, o.resolution, 1 << 20)
+        # A schedule fits at least where the plain step does.
+        result["true_with_schedule"] = search(
+            prober.with_schedule, p_with, o.step, o.resolution, 1 << 20,
+            known_fit=result["true_without"])
     with open(o.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps({k: result[k] for k in result if k.startswith("true")}),
