@@ -33,11 +33,14 @@ import tempfile
 import time
 
 
+ENV = dict(os.environ)
+
+
 def run(cmd, timeout=600):
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, env=ENV)
         return p.returncode, p.stdout, p.stderr, time.time() - t0
     except subprocess.TimeoutExpired:
         return -1, "", "timeout", time.time() - t0
@@ -193,7 +196,12 @@ def main():
     ap.add_argument("--step", type=float, default=0.05)
     ap.add_argument("--resolution", type=float, default=0.02)
     ap.add_argument("--skip_with_schedule", action="store_true")
+    ap.add_argument("--expandable_segments", action="store_true",
+                    help="probe with PYTORCH_CUDA_ALLOC_CONF="
+                         "expandable_segments:True (less fragmentation)")
     o = ap.parse_args()
+    if o.expandable_segments:
+        ENV["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     largest = max((json.load(open(p)) for p in o.profiles),
                   key=lambda p: int(p["batch_size"]))
     capacity_bytes = int(int(largest["device"]["total_bytes"]) *
@@ -212,6 +220,7 @@ def main():
     log = []
     prober = Prober(o, prediction, per_sample_ms, log)
     result = {"prediction": prediction, "predict_s": t_predict,
+              "alloc_conf": ENV.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "capacity_bytes": capacity_bytes,
               "capacity_fraction": o.capacity_fraction,
               "per_sample_ms": per_sample_ms, "probes": log}
