@@ -318,7 +318,6 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     plan.recomputed = g.recomputed;
     plan.first_node = std::max(*g.nodes.begin(), previous_last + 1);
     plan.last_node = *g.members.rbegin();
-    const std::set<int> member_set(g.members.begin(), g.members.end());
 
     // Extends the range over in-place writes to member outputs that follow
     // it, as long as the nodes passed hold no activation of their own.
@@ -339,7 +338,50 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
       if (writes_member) plan.last_node = k;
     }
     previous_last = plan.last_node;
+    // Recompute nodes after the range (in-place writes of a member's output
+    // past a node holding an activation, and their inputs' lineage) form
+    // the tail, if it is self-contained: it writes only member outputs and
+    // its own values, and nothing it captures is written after it ran.
+    for (int rn : g.nodes) {
+      if (rn > plan.last_node) plan.tail.push_back(rn);
+    }
+    bool tail_ok = true;
+    absl::flat_hash_set<const Value*> tail_roots;
+    for (int k : plan.tail) {
+      for (const Value* w : writes[k]) {
+        tail_ok &= roots.count(w) > 0 || tail_roots.count(w) > 0;
+      }
+      for (const Value* out : graph.nodes()[k].node->outputs()) {
+        tail_roots.insert(AliasRoot(out));
+      }
+      ForEachRead(graph.nodes()[k].node, [&](const Value* v) {
+        const int producer = graph.ProducerOf(v);
+        if (producer >= plan.first_node && producer <= plan.last_node) return;
+        const Value* root = AliasRoot(v);
+        if (roots.count(root) > 0 || tail_roots.count(root) > 0) return;
+        for (int later = k; later < n; ++later) {
+          for (const Value* w : writes[later]) tail_ok &= w != root;
+        }
+      });
+    }
+    if (!tail_ok) plan.tail.clear();
+    plans.push_back(std::move(plan));
+  }
+  // A tail node inside another segment's range is not run by the
+  // interpreter on its own (it cannot be captured there): no tail.
+  for (SegmentPlan& plan : plans) {
+    bool inside = false;
+    for (const SegmentPlan& other : plans) {
+      for (int k : plan.tail) {
+        inside |= k > other.first_node && k <= other.last_node;
+      }
+    }
+    if (inside) plan.tail.clear();
+  }
 
+  for (SegmentPlan& plan : plans) {
+    const std::set<int> member_set(plan.members.begin(), plan.members.end());
+    const std::set<int> tail_set(plan.tail.begin(), plan.tail.end());
     // Inputs, attribute reads, outputs.
     absl::flat_hash_set<const Value*> seen;
     for (int id = plan.first_node; id <= plan.last_node; ++id) {
@@ -392,9 +434,11 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
       for (int reader : readers_of_root[root]) {
         last_read = std::max(last_read, reader);
       }
-      // A later write would change what autograd saved: not replayable.
+      // A later write would change what autograd saved: not replayable,
+      // unless the replay applies it (a tail node).
       bool written_after = false;
       for (int k = plan.last_node + 1; k < n; ++k) {
+        if (tail_set.count(k) != 0) continue;
         for (const Value* w : writes[k]) written_after |= w == root;
       }
       freeable &= !written_after;
@@ -402,30 +446,19 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
       plan.freeable.push_back(freeable);
       plan.free_after.push_back(last_read);
     }
-    plans.push_back(std::move(plan));
   }
 
-  // Storages read by a later segment are that segment's inputs: kept until
-  // its replay (as the planner assumes), so not freed. Readers of the rest
-  // trigger the replay.
-  std::vector<int> segment_of(n, -1);
-  for (size_t s = 0; s < plans.size(); ++s) {
-    for (int id = plans[s].first_node; id <= plans[s].last_node; ++id) {
-      segment_of[id] = static_cast<int>(s);
-    }
-  }
-  for (size_t s = 0; s < plans.size(); ++s) {
-    SegmentPlan& plan = plans[s];
+  // Readers of a freeable output trigger the replay. Storages read by a
+  // later segment (its inputs) are pinned at run time until that segment
+  // replayed (as the planner holds a segment's sources until its replay),
+  // then freed; its range's nodes are readers too (its function's node).
+  for (SegmentPlan& plan : plans) {
     plan.output_readers.assign(plan.outputs.size(), {});
     for (size_t i = 0; i < plan.outputs.size(); ++i) {
       if (!plan.freeable[i]) continue;
-      std::vector<int> readers;
       for (int reader : readers_of_root[AliasRoot(plan.outputs[i])]) {
-        if (reader <= plan.last_node) continue;
-        if (segment_of[reader] >= 0) plan.freeable[i] = false;
-        readers.push_back(reader);
+        if (reader > plan.last_node) plan.output_readers[i].push_back(reader);
       }
-      if (plan.freeable[i]) plan.output_readers[i] = std::move(readers);
     }
   }
   return plans;
@@ -557,7 +590,11 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   tensor_impl_.clear();
   tensor_output_.clear();
   tensor_freed_.clear();
-  tensor_pinned_.clear();
+  tensor_pinned_by_.clear();
+  forward_last_ = -1;
+  tail_values_.clear();
+  tail_cpu_rng_.clear();
+  tail_device_rng_.clear();
   tensor_free_after_.clear();
   freed_bytes_ = 0;
   next = 0;
@@ -576,7 +613,7 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     tensor_impl_.push_back(weak.lock().get());
     tensor_storage_.push_back(std::move(weak));
     tensor_freed_.push_back(false);
-    tensor_pinned_.push_back(false);
+    tensor_pinned_by_.emplace_back();
     tensor_free_after_.push_back(plan_->free_after[next]);
   }
   tensor_readers_.clear();
@@ -589,7 +626,8 @@ void SegmentRun::Forward(InterpreterEnv& env) {
 std::set<int> SegmentRun::readers() const {
   std::set<int> readers;
   for (size_t k = 0; k < tensor_readers_.size(); ++k) {
-    if (tensor_freed_[k]) {
+    if (tensor_freed_[k] ||
+        (!tensor_pinned_by_[k].empty() && plan_->freeable[tensor_output_[k]])) {
       readers.insert(tensor_readers_[k].begin(), tensor_readers_[k].end());
     }
   }
@@ -609,14 +647,56 @@ void SegmentRun::Observe(const std::vector<torch::Tensor>& tensors,
   }
 }
 
-void SegmentRun::Pin(const std::vector<torch::Tensor>& tensors) {
+void SegmentRun::Pin(const std::vector<torch::Tensor>& tensors,
+                     const SegmentRun* by) {
+  if (by == this) return;
   for (const torch::Tensor& t : tensors) {
     if (!t.defined() || !t.has_storage()) continue;
     const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     for (size_t k = 0; k < tensor_impl_.size(); ++k) {
-      if (tensor_impl_[k] == impl) tensor_pinned_[k] = true;
+      if (tensor_impl_[k] == impl && !tensor_freed_[k]) {
+        tensor_pinned_by_[k].insert(by);
+      }
     }
   }
+}
+
+void SegmentRun::Unpin(const SegmentRun* by) {
+  for (size_t k = 0; k < tensor_pinned_by_.size(); ++k) {
+    if (tensor_pinned_by_[k].erase(by) == 0 || !tensor_pinned_by_[k].empty()) {
+      continue;
+    }
+    // The forward is over when a segment replays; the storage goes now if
+    // its last forward use has passed and this segment did not replay yet
+    // (its replay would share the memory: freeing it would lose the value).
+    if (!replayed_ && !tensor_freed_[k] && plan_->freeable[tensor_output_[k]] &&
+        tensor_free_after_[k] <= forward_last_) {
+      FreeTensor(k);
+    }
+  }
+}
+
+void SegmentRun::CaptureTail(int node_id, const InterpreterEnv& env) {
+  const auto& tail = plan_->tail;
+  auto pos = std::find(tail.begin(), tail.end(), node_id);
+  if (pos == tail.end()) return;
+  ForEachRead(graph_->nodes()[node_id].node, [&](const Value* v) {
+    const int producer = graph_->ProducerOf(v);
+    if (producer >= plan_->first_node && producer <= plan_->last_node) return;
+    if (std::find(tail.begin(), tail.end(), producer) != tail.end()) return;
+    auto it = env.find(v);
+    if (it != env.end()) tail_values_[v] = it->second;
+  });
+  tail_cpu_rng_.resize(tail.size());
+  tail_device_rng_.resize(tail.size());
+  tail_cpu_rng_[pos - tail.begin()] = SaveCpuRng();
+  tail_device_rng_[pos - tail.begin()] = SaveDeviceRng(device_);
+}
+
+std::vector<torch::Tensor> SegmentRun::tail_tensors() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& [value, ivalue] : tail_values_) Flatten(ivalue, &out);
+  return out;
 }
 
 variable_list SegmentRun::RunForward(AutogradContext* ctx,
@@ -671,22 +751,27 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
 }
 
 void SegmentRun::FreeAfter(int node_id) {
+  forward_last_ = std::max(forward_last_, node_id);
   for (size_t k = 0; k < tensor_storage_.size(); ++k) {
     const int output = tensor_output_[k];
-    if (tensor_freed_[k] || tensor_pinned_[k] || !plan_->freeable[output] ||
-        tensor_free_after_[k] > node_id) {
+    if (tensor_freed_[k] || !tensor_pinned_by_[k].empty() ||
+        !plan_->freeable[output] || tensor_free_after_[k] > node_id) {
       continue;
     }
-    c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
-    if (!impl || impl->data() == nullptr) continue;
-    freed_bytes_ += static_cast<int64_t>(impl->nbytes());
-    impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
-    tensor_freed_[k] = true;
-    // Other output tensors of the same storage are freed with it.
-    for (size_t j = 0; j < tensor_storage_.size(); ++j) {
-      auto other = tensor_storage_[j].lock();
-      if (other && other.get() == impl.get()) tensor_freed_[j] = true;
-    }
+    FreeTensor(k);
+  }
+}
+
+void SegmentRun::FreeTensor(size_t k) {
+  c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
+  if (!impl || impl->data() == nullptr) return;
+  freed_bytes_ += static_cast<int64_t>(impl->nbytes());
+  impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
+  tensor_freed_[k] = true;
+  // Other output tensors of the same storage are freed with it.
+  for (size_t j = 0; j < tensor_storage_.size(); ++j) {
+    auto other = tensor_storage_[j].lock();
+    if (other && other.get() == impl.get()) tensor_freed_[j] = true;
   }
 }
 
@@ -748,6 +833,32 @@ void SegmentRun::Replay() {
     // Inputs the forward wrote in place are outputs too (after the range's
     // outputs, as in RunForward).
     for (size_t j : dirty_index_) replay_outputs_.push_back(feeds[j]);
+    // The tail rebuilds what autograd saved after the range (its own
+    // backward nodes were recorded in forward): values only, in place into
+    // the replayed outputs, from what it captured (buffers as copies).
+    if (!plan_->tail.empty()) {
+      torch::NoGradGuard no_grad;
+      for (size_t t = 0; t < plan_->tail.size(); ++t) {
+        const int id = plan_->tail[t];
+        ForEachRead(graph_->nodes()[id].node, [&](const Value* v) {
+          if (env.count(v) != 0) return;
+          auto it = tail_values_.find(v);
+          if (it == tail_values_.end()) return;
+          c10::IValue value = it->second;
+          if (v->node()->kind() == c10::prim::GetAttr && value.isTensor() &&
+              value.toTensor().defined() && !value.toTensor().requires_grad()) {
+            value = value.toTensor().clone();
+          }
+          env[v] = value;
+        });
+        if (t < tail_cpu_rng_.size()) {
+          RestoreCpuRng(tail_cpu_rng_[t]);
+          RestoreDeviceRng(device_, tail_device_rng_[t]);
+        }
+        interpreter_->RunRange(id, id, env);
+      }
+      tail_values_.clear();
+    }
   }
   // The replay's graph holds what its backward reads; the inputs are not
   // needed any more (Backward() only needs the leaves it differentiates).
@@ -797,6 +908,7 @@ void SegmentRun::Replay() {
     freed_bytes_ -= static_cast<int64_t>(impl->nbytes());
     tensor_freed_[k] = false;
   }
+  if (after_replay_) after_replay_();
 }
 
 variable_list SegmentRun::Backward(const variable_list& grad_outputs) {

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "mutwo/v1/types.pb.h"
 #include "worker/graph.h"
@@ -67,9 +68,18 @@ struct SegmentPlan {
   // in-place result of it); when its storage was freed, their backward
   // needs the replay. Empty for outputs that are not freeable.
   std::vector<std::vector<int>> output_readers;
-  // Per output: written in place after the range (its forward value is not
-  // the one the range computed).
+  // Per output: written in place after the range by a node that is not in
+  // `tail` (its forward value is not the one the replay computes).
   std::vector<bool> written_after;
+  // Nodes after the range that the replay applies to its outputs, under
+  // NoGradGuard, from values captured when they ran in forward: the in-place
+  // ops writing a member's output that the range could not be extended over
+  // (a node holding an activation comes first: ResNet's downsample before
+  // `out += identity; relu_(out)`), and the nodes their other inputs are
+  // rebuilt from (the members' `recompute_nodes` after the range). They run
+  // normally in forward (autograd records them); the replay only rebuilds the
+  // value autograd saved after them.
+  std::vector<int> tail;
 };
 
 // Groups the schedule's RECOMPUTE decisions into segments (by
@@ -106,11 +116,21 @@ class SegmentRun {
   // `consumers` (the nodes reading them) need the replay in backward.
   void Observe(const std::vector<torch::Tensor>& tensors, int last_use,
                const std::vector<int>& consumers);
-  // Storages of `tensors` (inputs of a later segment) are never freed: that
-  // segment keeps them until its own replay.
-  void Pin(const std::vector<torch::Tensor>& tensors);
+  // Storages of `tensors` (inputs of segment `by`, or values its tail
+  // captured) are not freed while `by` has not replayed: it reads them then.
+  void Pin(const std::vector<torch::Tensor>& tensors, const SegmentRun* by);
+  // `by` replayed: storages only it pinned are freed now (after their last
+  // forward use, unless this segment already replayed); readers of them
+  // replay this segment, as for any freed storage.
+  void Unpin(const SegmentRun* by);
+  // Captures what tail node `node_id` reads from `env` (call before it runs
+  // in forward).
+  void CaptureTail(int node_id, const InterpreterEnv& env);
+  // Tensors the tail captured (kept until the replay).
+  std::vector<torch::Tensor> tail_tensors() const;
   // Top-level nodes whose backward needs the replay: the readers of the
-  // storages FreeAfter freed (call after the forward).
+  // storages FreeAfter freed or that stay pinned (freed once the pinning
+  // segment replayed); call after the forward.
   std::set<int> readers() const;
   // Bytes freed by FreeAfter and not yet given back.
   int64_t freed_bytes() const { return freed_bytes_; }
@@ -125,6 +145,11 @@ class SegmentRun {
   // storages there).
   void set_before_replay(std::function<void()> fn) {
     before_replay_ = std::move(fn);
+  }
+  // Called at the end of Replay() (the executor unpins this segment's
+  // inputs in the earlier segments there).
+  void set_after_replay(std::function<void()> fn) {
+    after_replay_ = std::move(fn);
   }
 
   // Used by the autograd function.
@@ -144,6 +169,9 @@ class SegmentRun {
   const torch::jit::Module* module_;
   torch::Device device_;
   std::function<void()> before_replay_;
+  std::function<void()> after_replay_;
+  // Frees output tensor k's storage (and the other outputs sharing it).
+  void FreeTensor(size_t k);
   // Inputs: one IValue per plan input (tensors in it replaced on rebuild).
   std::vector<c10::IValue> input_shapes_;
   size_t num_input_tensors_ = 0;
@@ -165,7 +193,13 @@ class SegmentRun {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> tensor_storage_;
   std::vector<bool> tensor_freed_;
   std::vector<const c10::StorageImpl*> tensor_impl_;  // identity only
-  std::vector<bool> tensor_pinned_;
+  std::vector<std::set<const SegmentRun*>> tensor_pinned_by_;
+  int forward_last_ = -1;  // largest node id FreeAfter was called with
+  // Values tail nodes read that were defined outside the range and the
+  // tail, captured in forward, and the RNG state before each tail node.
+  absl::flat_hash_map<const torch::jit::Value*, c10::IValue> tail_values_;
+  std::vector<std::string> tail_cpu_rng_;
+  std::vector<torch::Tensor> tail_device_rng_;
   std::vector<int> tensor_free_after_;
   std::vector<std::set<int>> tensor_readers_;
   int64_t freed_bytes_ = 0;

@@ -63,7 +63,8 @@ struct SwapPlan {
 // the step's backward is over: autograd hooks point into it.
 struct StepRun {
   std::vector<std::unique_ptr<SegmentRun>> segments;
-  absl::flat_hash_map<int, int> segment_starting_at;  // node -> segment
+  absl::flat_hash_map<int, int> segment_starting_at;   // node -> segment
+  absl::flat_hash_map<int, std::vector<int>> tail_at;  // node -> segments
   // Autograd nodes made by each top-level node (a segment's range maps to
   // its function's node).
   std::vector<std::vector<Node*>> made_by;
@@ -204,6 +205,9 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       run->segments.push_back(std::make_unique<SegmentRun>(
           &segments[s], graph.get(), interpreter.get(), &module, device));
       run->segment_starting_at[segments[s].first_node] = static_cast<int>(s);
+      for (int k : segments[s].tail) {
+        run->tail_at[k].push_back(static_cast<int>(s));
+      }
     }
     run->stashes.resize(swaps.size());
     run->offloaded.assign(swaps.size(), false);
@@ -219,7 +223,9 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       SegmentRun* seg = segment.get();
       seg->set_before_replay([r, seg]() {
         absl::flat_hash_set<const c10::StorageImpl*> needed;
-        for (const torch::Tensor& t : seg->saved_inputs()) {
+        std::vector<torch::Tensor> inputs = seg->saved_inputs();
+        for (const torch::Tensor& t : seg->tail_tensors()) inputs.push_back(t);
+        for (const torch::Tensor& t : inputs) {
           if (t.defined() && t.has_storage()) {
             needed.insert(t.storage().unsafeGetStorageImpl());
           }
@@ -231,6 +237,10 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
             }
           }
         }
+      });
+      // What it pinned in other segments can go once it replayed.
+      seg->set_after_replay([r, seg]() {
+        for (auto& other : r->segments) other->Unpin(seg);
       });
     }
     auto after = [this, r](int last) {
@@ -300,6 +310,16 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     };
     hooks.take_over = [this, r, after, register_swaps, observe](
                           int id, InterpreterEnv& env) -> int {
+      // Tail nodes of earlier segments: what they read is kept (and stays
+      // resident) until that segment's replay.
+      if (auto tail = r->tail_at.find(id); tail != r->tail_at.end()) {
+        for (int s : tail->second) {
+          SegmentRun* owner = r->segments[s].get();
+          owner->CaptureTail(id, env);
+          const std::vector<torch::Tensor> captured = owner->tail_tensors();
+          for (auto& other : r->segments) other->Pin(captured, owner);
+        }
+      }
       auto it = r->segment_starting_at.find(id);
       if (it == r->segment_starting_at.end()) return -1;
       SegmentRun* seg = r->segments[it->second].get();
@@ -311,7 +331,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         std::vector<c10::IValue> inputs;
         for (const Value* v : plan.inputs) inputs.push_back(env.at(v));
         const std::vector<torch::Tensor> tensors = TensorsOf(inputs);
-        for (auto& earlier : r->segments) earlier->Pin(tensors);
+        for (auto& earlier : r->segments) earlier->Pin(tensors, seg);
       }
       seg->Forward(env);
       std::vector<c10::IValue> outputs;

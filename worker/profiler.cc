@@ -106,6 +106,18 @@ struct IterationRecord {
   std::vector<bool> outputs_alive;
 };
 
+// Whether `node` writes one of its inputs in place (schema `(a!)`).
+bool WritesInPlace(const torch::jit::Node* node) {
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  if (schema == nullptr) return false;
+  for (const c10::Argument& arg : schema->arguments()) {
+    if (arg.alias_info() != nullptr && arg.alias_info()->isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 struct Profiler::State : TrainingState {
@@ -537,12 +549,36 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
 
   // Recompute lineage: walk back from the producer through nodes whose
   // outputs were not kept; stop at kept outputs (sources when they are
-  // activations), parameters, inputs and non-tensor values.
+  // activations), parameters, inputs and non-tensor values. In-place ops
+  // after the producer that write its storage (ResNet's `out += identity;
+  // relu_(out)` after the block's last batch norm) are replayed too:
+  // autograd saved the value after them, so the replay must apply them, and
+  // what they read (the identity) is a source held until the replay.
   for (v1::Activation* a : activations) {
-    std::set<int> replay{a->producer_node()};
+    const int producer = a->producer_node();
+    std::set<int> replay{producer};
     std::set<int> sources;
-    std::vector<int> stack(graph->nodes()[a->producer_node()].input_nodes);
-    std::set<int> seen(stack.begin(), stack.end());
+    std::vector<int> stack(graph->nodes()[producer].input_nodes);
+    for (const LiveBlock& block : by_node[producer]) {
+      auto exposers = exposed_by.find(block.address);
+      if (exposers == exposed_by.end()) continue;
+      for (int writer : exposers->second) {
+        if (writer <= producer || !WritesInPlace(graph->nodes()[writer].node)) {
+          continue;
+        }
+        replay.insert(writer);
+        const auto& inputs = graph->nodes()[writer].input_nodes;
+        stack.insert(stack.end(), inputs.begin(), inputs.end());
+      }
+    }
+    std::set<int> seen(replay);
+    {
+      std::vector<int> first;
+      for (int id : stack) {
+        if (seen.insert(id).second) first.push_back(id);
+      }
+      stack = std::move(first);
+    }
     while (!stack.empty()) {
       const int id = stack.back();
       stack.pop_back();

@@ -12,13 +12,16 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
+#include "server/planner/planner.h"
 #include "server/planner/proto_convert.h"
+#include "server/planner/simulator.h"
 #include "tests/testing/command.h"
 #include "tests/worker/test_models.h"
 #include "worker/memory.h"
@@ -71,9 +74,14 @@ TestModel Model(const std::string& name) {
 // One profile per model, shared by the tests (profiling is the slow part).
 // Profiles hold absolute allocator figures: call this before loading a
 // second copy of the model (an Executor), or the copy's parameters count.
-const v1::Profile& ProfileOf(const TestModel& model) {
+// `optimizer`: ParseOptimizerSpec's text; empty: none.
+const v1::Profile& ProfileOf(const TestModel& model,
+                             const std::string& optimizer = "") {
   static auto* cache = new std::map<std::string, v1::Profile>();
-  auto it = cache->find(model.name);
+  std::string key = absl::StrCat(model.name, " ", model.batch, " ", model.loss,
+                                 " ", optimizer);
+  for (const std::string& input : model.inputs) absl::StrAppend(&key, input);
+  auto it = cache->find(key);
   if (it != cache->end()) return it->second;
   worker::ProfilerOptions options;
   options.model_path = ModelPath(model.name);
@@ -81,6 +89,11 @@ const v1::Profile& ProfileOf(const TestModel& model) {
   auto loss = ParseLossSpec(model.loss);
   EXPECT_TRUE(loss.ok());
   options.loss = *loss;
+  if (!optimizer.empty()) {
+    auto spec = ParseOptimizerSpec(optimizer);
+    EXPECT_TRUE(spec.ok()) << optimizer;
+    options.optimizer = *spec;
+  }
   options.batch_size = model.batch;
   options.warmup_iterations = 1;
   options.measure_iterations = 1;
@@ -89,18 +102,27 @@ const v1::Profile& ProfileOf(const TestModel& model) {
   EXPECT_TRUE(profiler.ok()) << profiler.status();
   auto profile = (*profiler)->Run();
   EXPECT_TRUE(profile.ok()) << profile.status();
-  return (*cache)[model.name] = *profile;
+  return (*cache)[key] = *profile;
 }
 
-std::unique_ptr<Executor> MakeExecutor(const TestModel& model) {
+std::unique_ptr<Executor> MakeExecutor(const TestModel& model,
+                                       const std::string& optimizer = "",
+                                       bool run_baseline = true,
+                                       int warmup_iterations = 1) {
   ExecutorOptions options;
   options.model_path = ModelPath(model.name);
   options.inputs = Specs(model);
   auto loss = ParseLossSpec(model.loss);
   EXPECT_TRUE(loss.ok());
   options.loss = *loss;
+  if (!optimizer.empty()) {
+    auto spec = ParseOptimizerSpec(optimizer);
+    EXPECT_TRUE(spec.ok()) << optimizer;
+    options.optimizer = *spec;
+  }
+  options.run_baseline = run_baseline;
   options.batch_size = model.batch;
-  options.warmup_iterations = 1;
+  options.warmup_iterations = warmup_iterations;
   options.measure_iterations = 1;
   options.device = TestDevice();
   auto executor = Executor::Create(options);
@@ -282,6 +304,132 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(info.param.model.name, "_",
                           v1::Policy_Name(info.param.policy));
     });
+
+// μ-TWO's own schedules on ResNet-18 (128x128, batch 32, cross entropy,
+// SGD): activations are most of the peak, and the greedy picks scattered
+// batch norms whose outputs a later segment reads (a block's output is the
+// next block's identity) or that in-place ops write after a downsample
+// (`out += identity; relu_(out)`). Those used to stay resident while the
+// planner counted them freed (263 362 399 B measured against 254 973 791 B
+// predicted at a 255 000 000 B budget).
+TestModel ResNet18Batch32() {
+  TestModel m = Model("resnet18");
+  m.inputs = {"x:float32[B,3,128,128]"};
+  m.loss = "cross_entropy:y:int64[B]{0,1000}";
+  m.batch = 32;
+  return m;
+}
+constexpr char kSgd[] = "sgd";
+
+// The measured peak as the planner predicts it: within the budget, within
+// 10 % of the prediction, and (on the CPU's counting allocator, where the
+// model is exact) at most 1 % above it: the bug this guards against was a
+// single 8 MiB activation, 3 %.
+void ExpectPeakAsPredicted(const v1::Validation& v, int64_t budget,
+                           const std::string& what) {
+  const int64_t measured = v.scheduled().peak_bytes();
+  const double predicted = static_cast<double>(v.predicted().peak_bytes());
+  std::cout << what << ": measured " << measured << ", predicted "
+            << v.predicted().peak_bytes() << ", budget " << budget << "\n";
+  EXPECT_FALSE(v.oom()) << what << ": " << v.error();
+  EXPECT_LE(measured, budget) << what;
+  EXPECT_NEAR(static_cast<double>(measured), predicted, 0.10 * predicted)
+      << what;
+  if (TestDevice() == "cpu") {
+    EXPECT_LE(static_cast<double>(measured), 1.01 * predicted) << what;
+  }
+}
+
+TEST(MutwoResNetMemoryTest, PlannedPeakFitsBudgetAndPrediction) {
+  const TestModel model = ResNet18Batch32();
+  const v1::Profile& profile = ProfileOf(model, kSgd);
+  // Memory only (no baseline step): the gradients are checked below.
+  // (No warm-up: the first step's peak is the same on this model.)
+  auto executor = MakeExecutor(model, kSgd, /*run_baseline=*/false,
+                               /*warmup_iterations=*/0);
+  ASSERT_NE(executor, nullptr);
+  const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
+  const int64_t floor = baseline.floor_bytes();
+  const int64_t top = baseline.baseline_peak_bytes();
+  for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
+    const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
+    const v1::Schedule schedule = Plan(profile, budget);
+    const std::string what = absl::StrCat(
+        "resnet18 budget ", budget, " (floor ", floor, ", baseline ", top,
+        "), ", schedule.recomputed(), " recomputed");
+    ASSERT_TRUE(schedule.feasible()) << what;
+    if (f < 0.9) EXPECT_GT(schedule.recomputed(), 0) << what;
+    auto v = executor->Run(schedule);
+    ASSERT_TRUE(v.ok()) << what << ": " << v.status();
+    ExpectPeakAsPredicted(*v, budget, what);
+  }
+}
+
+// Recomputes the activations of the nodes named by `scopes` (nothing else,
+// one segment per planner segment), with the planner's prediction.
+v1::Schedule RecomputeScopes(const v1::Profile& profile,
+                             const std::set<std::string>& scopes) {
+  auto plan_profile = planner::ProfileFromProto(profile);
+  EXPECT_TRUE(plan_profile.ok()) << plan_profile.status();
+  if (!plan_profile.ok()) return v1::Schedule();
+  auto sim = planner::Simulator::Create(&*plan_profile);
+  EXPECT_TRUE(sim.ok()) << sim.status();
+  if (!sim.ok()) return v1::Schedule();
+  planner::PlanResult result;
+  result.decisions.resize(plan_profile->activations.size());
+  std::set<std::string> found;
+  for (size_t i = 0; i < plan_profile->activations.size(); ++i) {
+    const std::string& scope =
+        profile.nodes(plan_profile->activations[i].producer_node).scope();
+    if (scopes.count(scope) == 0) continue;
+    result.decisions[i].action = planner::Action::kRecompute;
+    found.insert(scope);
+  }
+  EXPECT_EQ(found, scopes);
+  result.sim = (*sim)->Run(result.decisions);
+  result.feasible = true;
+  result.budget_bytes = result.sim.peak_bytes;
+  result.floor_bytes = result.sim.peak_bytes;
+  result.baseline_peak_bytes = (*sim)->baseline_peak_bytes();
+  v1::MemoryBudget budget;
+  budget.set_bytes(result.sim.peak_bytes);
+  return planner::ScheduleToProto(profile, *plan_profile, result, budget,
+                                  /*max_timeline_samples=*/0);
+}
+
+// The cases behind the gap, by hand: gradients and batch-norm statistics
+// equal to the plain step, memory as predicted and below the plain step.
+TEST(MutwoResNetMemoryTest, ScatteredBlockOutputsAsPredicted) {
+  const TestModel model = ResNet18Batch32();
+  const v1::Profile& profile = ProfileOf(model, kSgd);
+  auto executor = MakeExecutor(model, kSgd, /*run_baseline=*/true,
+                               /*warmup_iterations=*/0);
+  ASSERT_NE(executor, nullptr);
+  const std::vector<std::set<std::string>> cases = {
+      // A block's output read by the next block's segment (its identity in
+      // `out += identity`, which that segment replays): kept until that
+      // segment's replay, then freed until its own.
+      {"layer1.0.bn2", "layer1.1.bn2"},
+      // `out += identity; relu_(out)` after the downsample: the replay
+      // applies them (and rebuilds the identity from the kept convolution).
+      {"layer2.0.bn2"},
+      // ... reading the identity from the same segment's replay,
+      {"layer2.0.bn2", "layer2.0.downsample.0"},
+      // ... and capturing it where another segment starts.
+      {"layer2.0.bn2", "layer2.0.downsample.1"},
+  };
+  for (const auto& scopes : cases) {
+    const v1::Schedule schedule = RecomputeScopes(profile, scopes);
+    std::string what = "resnet18 recomputing";
+    for (const std::string& scope : scopes) absl::StrAppend(&what, " ", scope);
+    ASSERT_EQ(schedule.recomputed(), static_cast<int>(scopes.size())) << what;
+    auto v = executor->Run(schedule);
+    ASSERT_TRUE(v.ok()) << what << ": " << v.status();
+    ExpectCorrect(*v, what);
+    ExpectPeakAsPredicted(*v, schedule.budget_bytes(), what);
+    EXPECT_LT(v->scheduled().peak_bytes(), v->baseline().peak_bytes()) << what;
+  }
+}
 
 // Every activation of an op node recomputed: one segment over the graph.
 v1::Schedule AllRecomputed(const v1::Profile& profile) {
