@@ -184,8 +184,8 @@ int PlanCommand(const ParsedArgs& args) {
     std::cerr << "mutwo plan: infeasible: the budget "
               << FormatBytes(schedule->budget_bytes()) << " is below the floor "
               << FormatBytes(schedule->floor_bytes())
-              << " (the lowest peak the " << absl::GetFlag(FLAGS_policy)
-              << " policy reaches; baseline peak "
+              << " (the lowest budget the " << absl::GetFlag(FLAGS_policy)
+              << " policy fits; baseline peak "
               << FormatBytes(schedule->baseline_peak_bytes()) << ")\n";
     return kExitInfeasible;
   }

@@ -29,6 +29,15 @@ int PrefetchNode(const v1::Profile& profile, int position) {
 
 }  // namespace
 
+int64_t AllocatorReserveBytes(const v1::Profile& profile,
+                              int64_t budget_bytes) {
+  if (profile.device().kind() != "cuda") return 0;
+  return kReserveFixedBytes +
+         static_cast<int64_t>(
+             kReserveFraction *
+             static_cast<double>(std::max<int64_t>(0, budget_bytes)));
+}
+
 double TimeScale(const v1::MeasuredStep& measured) {
   const double interpreted_ms = measured.iteration_ms();
   const double module_ms = measured.module_iteration_ms();
@@ -422,6 +431,18 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
 
 namespace {
 
+// The smallest budget whose reserve leaves `peak_bytes` of room.
+int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
+  if (AllocatorReserveBytes(profile, peak_bytes) == 0) return peak_bytes;
+  int64_t budget = static_cast<int64_t>(
+      std::ceil((static_cast<double>(peak_bytes) + kReserveFixedBytes) /
+                (1 - kReserveFraction)));
+  while (budget - AllocatorReserveBytes(profile, budget) < peak_bytes) {
+    ++budget;
+  }
+  return budget;
+}
+
 // Plans `plan_profile` (the model of `profile`, or of `profile`'s graph at
 // another batch size) and writes the v1::Schedule.
 absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
@@ -440,7 +461,23 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
       int64_t budget_bytes,
       ResolveBudget(request.budget, planner->simulator().baseline_peak_bytes(),
                     plan_profile.device_total_bytes));
-  const PlanResult result = planner->Plan(budget_bytes);
+  // μ-TWO plans below the budget by the allocator reserve (0 on CPU); the
+  // fixed baseline schedules are only checked against the budget.
+  const int64_t reserve = options.policy == Policy::kMutwo
+                              ? AllocatorReserveBytes(profile, budget_bytes)
+                              : 0;
+  PlanResult result =
+      planner->Plan(std::max<int64_t>(0, budget_bytes - reserve));
+  if (reserve > 0) {
+    result.budget_bytes = budget_bytes;
+    // The lowest budget that is feasible.
+    result.floor_bytes = LowestBudgetAbove(profile, result.floor_bytes);
+    result.reason = absl::StrCat(
+        result.reason, result.reason.empty() ? "" : "; ", "planned for ",
+        budget_bytes - reserve, " B: a reserve of ", reserve,
+        " B (4 MiB + 1% of the budget) for the CUDA caching allocator's "
+        "block rounding");
+  }
   v1::Schedule schedule =
       ScheduleToProto(profile, planner->profile(), result, request.budget,
                       request.max_timeline_samples);

@@ -23,6 +23,16 @@ namespace mutwo::planner {
 [[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
     const v1::Profile& profile);
 
+// What the μ-TWO policy keeps free under a budget on a CUDA device: 4 MiB +
+// 1% of the budget, for the caching allocator's block rounding (blocks are
+// rounded to 512 B and a large block is not split when the rest would be
+// under 1 MiB, so a step whose profile peaks at the budget can peak a few
+// MB above it on the card: 0.3-2.4% measured on an H200 with small
+// models). 0 on the CPU, whose counting allocator counts exact bytes.
+inline constexpr int64_t kReserveFixedBytes = int64_t{4} << 20;
+inline constexpr double kReserveFraction = 0.01;
+int64_t AllocatorReserveBytes(const v1::Profile& profile, int64_t budget_bytes);
+
 // The factor the profile's compute times are scaled by: the plain module
 // step over the interpreted step synchronised after every node, when both
 // are measured and the module step is the faster; else 1.

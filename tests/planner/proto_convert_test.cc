@@ -178,6 +178,45 @@ TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
   EXPECT_NE(s->reason().find("below the lowest peak"), std::string::npos);
 }
 
+// On a CUDA device μ-TWO keeps 4 MiB + 1% of the budget free for the caching
+// allocator's rounding; the baselines and the CPU plan to the budget itself.
+TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
+  v1::Profile cuda = DiamondProto();
+  cuda.mutable_device()->set_kind("cuda");
+  const int64_t budget = int64_t{100} << 20;
+  EXPECT_EQ(AllocatorReserveBytes(cuda, budget), (4 << 20) + budget / 100);
+  EXPECT_EQ(AllocatorReserveBytes(DiamondProto(), budget), 0);
+
+  ScheduleRequest request;
+  request.budget = *ParseBudget("100%");
+  auto cpu = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(cpu->feasible());
+  // The whole profile is a few KB: at 100% nothing is left after the
+  // reserve, and the floor is the lowest budget whose reserve leaves the
+  // lowest peak.
+  auto tight = PlanSchedule(cuda, request);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_FALSE(tight->feasible());
+  EXPECT_EQ(tight->budget_bytes(), cpu->budget_bytes());
+  const int64_t floor = tight->floor_bytes();
+  EXPECT_GE(floor - AllocatorReserveBytes(cuda, floor), cpu->floor_bytes());
+  EXPECT_LE(floor, cpu->floor_bytes() + (4 << 20) + floor / 100 + 2);
+  request.budget.set_bytes(floor);
+  auto fits = PlanSchedule(cuda, request);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_TRUE(fits->feasible());
+  EXPECT_EQ(fits->budget_bytes(), floor);
+  EXPECT_LE(fits->predicted_peak_bytes(),
+            floor - AllocatorReserveBytes(cuda, floor));
+  EXPECT_NE(fits->reason().find("reserve"), std::string::npos)
+      << fits->reason();
+  request.policy = v1::NONE;  // a fixed schedule: checked against the budget
+  auto none = PlanSchedule(cuda, request);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->reason().find("reserve"), std::string::npos);
+}
+
 TEST(ProtoConvertTest, MaxBatchFromProfiles) {
   std::vector<v1::Profile> profiles;
   for (int64_t b : {2, 4}) {

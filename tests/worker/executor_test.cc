@@ -358,7 +358,9 @@ TEST(MutwoResNetMemoryTest, PlannedPeakFitsBudgetAndPrediction) {
         "resnet18 budget ", budget, " (floor ", floor, ", baseline ", top,
         "), ", schedule.recomputed(), " recomputed");
     ASSERT_TRUE(schedule.feasible()) << what;
-    if (f < 0.9) EXPECT_GT(schedule.recomputed(), 0) << what;
+    if (f < 0.9) {  // (on a GPU the planner may swap instead)
+      EXPECT_GT(schedule.recomputed() + schedule.swapped(), 0) << what;
+    }
     auto v = executor->Run(schedule);
     ASSERT_TRUE(v.ok()) << what << ": " << v.status();
     ExpectPeakAsPredicted(*v, budget, what);
@@ -400,6 +402,10 @@ v1::Schedule RecomputeScopes(const v1::Profile& profile,
 // The cases behind the gap, by hand: gradients and batch-norm statistics
 // equal to the plain step, memory as predicted and below the plain step.
 TEST(MutwoResNetMemoryTest, ScatteredBlockOutputsAsPredicted) {
+  // Hand-made schedules whose savings are a few MB, checked against budgets
+  // equal to their predictions: byte-exact only with the CPU's counting
+  // allocator (the CUDA caching allocator rounds blocks by up to ~2 MB).
+  if (TestDevice() != "cpu") GTEST_SKIP() << "byte-exact: the CPU only";
   const TestModel model = ResNet18Batch32();
   const v1::Profile& profile = ProfileOf(model, kSgd);
   auto executor = MakeExecutor(model, kSgd, /*run_baseline=*/true,
