@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
 #include <map>
@@ -14,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "worker/autograd_hooks.h"
 #include "worker/inputs.h"
 #include "worker/swap.h"
 
@@ -191,6 +193,33 @@ class FreeConsumedGradients : public torch::autograd::FunctionPostHook {
       if (!aliased) impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
     }
     return outputs;
+  }
+
+ private:
+  std::vector<c10::StorageImpl*> owned_;
+};
+
+// Before a replayed root node runs: frees the memory of the gradients
+// TakeGradient made ours that its inputs no longer hold. A root that also
+// gets a gradient from inside the replay (a replayed output read again in the
+// range, as a ResNet block's output is by the next block's first conv) has
+// our gradient accumulated into a new tensor in its input buffer; the plain
+// step frees it there, while the engine's own references (the function's
+// inputs, the graph root) would keep it until the function returns.
+class FreeAccumulatedGradients : public torch::autograd::FunctionPreHook {
+ public:
+  explicit FreeAccumulatedGradients(std::vector<c10::StorageImpl*> owned)
+      : owned_(std::move(owned)) {}
+  variable_list operator()(const variable_list& grads) override {
+    for (c10::StorageImpl* impl : owned_) {
+      bool held = false;
+      for (const torch::Tensor& g : grads) {
+        held |= g.defined() && g.has_storage() &&
+                g.storage().unsafeGetStorageImpl() == impl;
+      }
+      if (!held) impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
+    }
+    return grads;
   }
 
  private:
@@ -775,6 +804,50 @@ void SegmentRun::FreeTensor(size_t k) {
   }
 }
 
+void SegmentRun::RunRangeWithHooks(InterpreterEnv& env) {
+  // Autograd nodes already reachable (the leaves' and earlier nodes') are
+  // not attributed to a later node.
+  absl::flat_hash_set<const torch::autograd::Node*> seen;
+  for (int id = plan_->first_node; id <= plan_->last_node; ++id) {
+    const torch::jit::Node* node = graph_->nodes()[id].node;
+    auto hooks = replay_hooks_.find(id);
+    std::vector<torch::Tensor> made;
+    // Outputs may be dropped by RunRange right after the node (dead there):
+    // nothing reads them then, and nothing needs a hook.
+    interpreter_->RunRange(id, id, env);
+    for (const Value* out : node->outputs()) {
+      auto it = env.find(out);
+      if (it != env.end()) Flatten(it->second, &made);
+    }
+    std::vector<torch::autograd::Node*> stack;
+    std::vector<torch::autograd::Node*> found;
+    for (const torch::Tensor& t : made) {
+      if (!t.defined() || t.grad_fn() == nullptr) continue;
+      torch::autograd::Node* fn = t.grad_fn().get();
+      if (seen.insert(fn).second) stack.push_back(fn);
+    }
+    while (!stack.empty()) {
+      torch::autograd::Node* fn = stack.back();
+      stack.pop_back();
+      // A parameter's accumulator outlives the step: no hook there.
+      if (dynamic_cast<torch::autograd::AccumulateGrad*>(fn) != nullptr) {
+        continue;
+      }
+      found.push_back(fn);
+      for (const auto& edge : fn->next_edges()) {
+        torch::autograd::Node* next = edge.function.get();
+        if (next != nullptr && seen.insert(next).second) stack.push_back(next);
+      }
+    }
+    if (hooks == replay_hooks_.end()) continue;
+    for (torch::autograd::Node* fn : found) {
+      for (const std::function<void()>& hook : hooks->second) {
+        fn->add_pre_hook(std::make_unique<CallbackPreHook>(hook));
+      }
+    }
+  }
+}
+
 void SegmentRun::Replay() {
   if (replayed_) return;
   replayed_ = true;
@@ -827,7 +900,11 @@ void SegmentRun::Replay() {
     for (size_t i = 0; i < plan_->inputs.size(); ++i) {
       env[plan_->inputs[i]] = Rebuild(input_shapes_[i], feeds, &next);
     }
-    interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+    if (replay_hooks_.empty()) {
+      interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+    } else {
+      RunRangeWithHooks(env);
+    }
     for (const Value* value : plan_->outputs)
       Flatten(env.at(value), &replay_outputs_);
     // Inputs the forward wrote in place are outputs too (after the range's
@@ -959,6 +1036,7 @@ variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
   }
   replay_outputs_.clear();
   for (const auto& [root, owned] : owned_by_root) {
+    root->add_pre_hook(std::make_unique<FreeAccumulatedGradients>(owned));
     root->add_post_hook(std::make_unique<FreeConsumedGradients>(owned));
   }
   variable_list result(num_input_tensors_ + params_.size() + 1);

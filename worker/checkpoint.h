@@ -151,6 +151,14 @@ class SegmentRun {
   void set_after_replay(std::function<void()> fn) {
     after_replay_ = std::move(fn);
   }
+  // `fn` runs before the backward of the autograd nodes that the replay
+  // creates for node `node_id` of the range (a node reading another
+  // segment's freed output: that segment replays there, in the middle of
+  // this one's backward, where the planner puts it, rather than before the
+  // whole of it). Call before the replay.
+  void AddReplayHook(int node_id, std::function<void()> fn) {
+    replay_hooks_[node_id].push_back(std::move(fn));
+  }
 
   // Used by the autograd function.
   torch::autograd::variable_list RunForward(
@@ -159,6 +167,9 @@ class SegmentRun {
       const torch::autograd::variable_list& grad_outputs);
 
  private:
+  // Replay(): runs the range node by node and hooks the autograd nodes each
+  // node made (replay_hooks_).
+  void RunRangeWithHooks(InterpreterEnv& env);
   c10::IValue Rebuild(const c10::IValue& shape,
                       const std::vector<torch::Tensor>& tensors,
                       size_t* next) const;
@@ -170,6 +181,7 @@ class SegmentRun {
   torch::Device device_;
   std::function<void()> before_replay_;
   std::function<void()> after_replay_;
+  absl::flat_hash_map<int, std::vector<std::function<void()>>> replay_hooks_;
   // Frees output tensor k's storage (and the other outputs sharing it).
   void FreeTensor(size_t k);
   // Inputs: one IValue per plan input (tensors in it replaced on rebuild).

@@ -387,6 +387,22 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     for (size_t s = 0; s < segments.size(); ++s) {
       SegmentRun* seg = r->segments[s].get();
       for (int reader : seg->readers()) {
+        // A reader inside another segment's range runs in that segment's
+        // replay: the hook goes on the replay's nodes it makes, so this
+        // segment replays where that backward reaches the reader (the
+        // planner's position), not before the whole of it.
+        int inside = -1;
+        for (size_t o = 0; o < segments.size(); ++o) {
+          if (o != s && segments[o].first_node <= reader &&
+              reader <= segments[o].last_node) {
+            inside = static_cast<int>(o);
+          }
+        }
+        if (inside >= 0) {
+          r->segments[inside]->AddReplayHook(reader,
+                                             [seg]() { seg->Replay(); });
+          continue;
+        }
         for (Node* fn : r->made_by[reader]) {
           fn->add_pre_hook(
               std::make_unique<CallbackPreHook>([seg]() { seg->Replay(); }));

@@ -154,6 +154,11 @@ def main():
         torch.jit.script(module).save(os.path.join(out, name + ".pt"))
         lines.append(f"{name} {args}")
     torch.jit.script(NoForward()).save(os.path.join(out, "no_forward.pt"))
+    # Bottleneck blocks with a downsample branch (not in MODELS: only the
+    # executor's policy memory test uses it, at 64x64).
+    resnet50 = torchvision.models.resnet50(weights=None)
+    resnet50.train()
+    torch.jit.script(resnet50).save(os.path.join(out, "resnet50.pt"))
     with open(os.path.join(out, "resnet18.pt"), "rb") as f:
         data = f.read()
     with open(os.path.join(out, "truncated.pt"), "wb") as f:

@@ -250,6 +250,22 @@ TestModel SmallResNet18() {
   return m;
 }
 
+// Bottleneck blocks (ResNet-50, 64x64, cross entropy): a segment's replay
+// reads an earlier segment's output (the previous block's output is its
+// conv1 input and identity), so the earlier segment replays in the middle of
+// the later one's backward, where the planner puts it; and the block output's
+// incoming gradient is accumulated with the next block's conv1 gradient
+// inside the replay. sqrt_n measured 316 849 234 B against 304 268 370 B
+// predicted at batch 32 before both were fixed.
+TestModel SmallResNet50() {
+  TestModel m;
+  m.name = "resnet50";
+  m.inputs = {"x:float32[B,3,64,64]"};
+  m.loss = "cross_entropy:y:int64[B]{0,1000}";
+  m.batch = 16;
+  return m;
+}
+
 class PolicyMemoryTest : public ::testing::TestWithParam<PolicyCase> {};
 
 TEST_P(PolicyMemoryTest, PeakAsPredictedAndBelowTheBaseline) {
@@ -275,8 +291,14 @@ TEST_P(PolicyMemoryTest, PeakAsPredictedAndBelowTheBaseline) {
             << " (baseline " << v->baseline().peak_bytes() << "), predicted "
             << v->predicted().peak_bytes() << ", budget " << v->budget_bytes()
             << "\n";
+  const double predicted = static_cast<double>(v->predicted().peak_bytes());
   if (TestDevice() == "cpu") {
     ExpectCorrect(*v, what);
+    // The counting allocator sees what the profile saw: no more than the
+    // prediction (+1 %).
+    EXPECT_LE(static_cast<double>(v->scheduled().peak_bytes()),
+              1.01 * predicted)
+        << what;
   } else {
     // On CUDA a replayed convolution may run another cuDNN algorithm than
     // the forward did (other free workspace): equal up to rounding (seen:
@@ -288,7 +310,6 @@ TEST_P(PolicyMemoryTest, PeakAsPredictedAndBelowTheBaseline) {
   }
   EXPECT_LE(v->scheduled().peak_bytes(), v->budget_bytes()) << what;
   EXPECT_LT(v->scheduled().peak_bytes(), v->baseline().peak_bytes()) << what;
-  const double predicted = static_cast<double>(v->predicted().peak_bytes());
   EXPECT_NEAR(static_cast<double>(v->scheduled().peak_bytes()), predicted,
               0.10 * predicted)
       << what;
@@ -299,7 +320,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PolicyCase{Model("cnn"), v1::SQRT_N},
                       PolicyCase{Model("cnn"), v1::PER_BLOCK},
                       PolicyCase{SmallResNet18(), v1::SQRT_N},
-                      PolicyCase{SmallResNet18(), v1::PER_BLOCK}),
+                      PolicyCase{SmallResNet18(), v1::PER_BLOCK},
+                      PolicyCase{SmallResNet50(), v1::SQRT_N}),
     [](const ::testing::TestParamInfo<PolicyCase>& info) {
       return absl::StrCat(info.param.model.name, "_",
                           v1::Policy_Name(info.param.policy));
