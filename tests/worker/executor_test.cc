@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -158,7 +159,9 @@ TEST_P(PlannedScheduleTest, MatchesBaseline) {
   ASSERT_NE(executor, nullptr);
   const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
   const int64_t floor = baseline.floor_bytes();
-  const int64_t top = baseline.baseline_peak_bytes();
+  // (On CUDA the floor includes the allocator reserve and may pass the
+  // baseline peak on small models.)
+  const int64_t top = std::max(baseline.baseline_peak_bytes(), floor);
   int recomputing_schedules = 0;
   for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
@@ -195,7 +198,9 @@ TEST_P(PlannedMemoryTest, PeakFitsBudgetAndPrediction) {
   ASSERT_NE(executor, nullptr);
   const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
   const int64_t floor = baseline.floor_bytes();
-  const int64_t top = baseline.baseline_peak_bytes();
+  // (On CUDA the floor includes the allocator reserve and may pass the
+  // baseline peak on small models.)
+  const int64_t top = std::max(baseline.baseline_peak_bytes(), floor);
   for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
     auto v = executor->Run(Plan(profile, budget));
@@ -292,21 +297,15 @@ TEST_P(PolicyMemoryTest, PeakAsPredictedAndBelowTheBaseline) {
             << v->predicted().peak_bytes() << ", budget " << v->budget_bytes()
             << "\n";
   const double predicted = static_cast<double>(v->predicted().peak_bytes());
+  // (The executor compares with deterministic cuDNN algorithms: on CUDA
+  // too the scheduled step's gradients equal the plain step's.)
+  ExpectCorrect(*v, what);
   if (TestDevice() == "cpu") {
-    ExpectCorrect(*v, what);
     // The counting allocator sees what the profile saw: no more than the
     // prediction (+1 %).
     EXPECT_LE(static_cast<double>(v->scheduled().peak_bytes()),
               1.01 * predicted)
         << what;
-  } else {
-    // On CUDA a replayed convolution may run another cuDNN algorithm than
-    // the forward did (other free workspace): equal up to rounding (seen:
-    // 1e-5 on ResNet-18), not bit for bit. A wrong replay is far off.
-    EXPECT_FALSE(v->oom()) << what << ": " << v->error();
-    EXPECT_LE(v->max_abs_grad_diff(), 1e-4) << what;
-    EXPECT_LE(v->loss_diff(), 1e-5) << what;
-    EXPECT_TRUE(v->batchnorm_stats_match()) << what;
   }
   EXPECT_LE(v->scheduled().peak_bytes(), v->budget_bytes()) << what;
   EXPECT_LT(v->scheduled().peak_bytes(), v->baseline().peak_bytes()) << what;
@@ -372,7 +371,9 @@ TEST(MutwoResNetMemoryTest, PlannedPeakFitsBudgetAndPrediction) {
   ASSERT_NE(executor, nullptr);
   const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
   const int64_t floor = baseline.floor_bytes();
-  const int64_t top = baseline.baseline_peak_bytes();
+  // (On CUDA the floor includes the allocator reserve and may pass the
+  // baseline peak on small models.)
+  const int64_t top = std::max(baseline.baseline_peak_bytes(), floor);
   for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
     const v1::Schedule schedule = Plan(profile, budget);
