@@ -15,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
@@ -148,6 +149,17 @@ void ExpectCorrect(const v1::Validation& v, const std::string& what) {
   EXPECT_TRUE(v.batchnorm_stats_match()) << what;
 }
 
+// The planner's floor (the lowest feasible budget) and the baseline peak
+// (at least the floor: on CUDA the floor includes the allocator reserve and
+// may pass the baseline peak on small models); the tests plan at these
+// fractions of the gap between them.
+std::pair<int64_t, int64_t> FloorAndTop(const v1::Profile& profile) {
+  const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
+  return {baseline.floor_bytes(),
+          std::max(baseline.baseline_peak_bytes(), baseline.floor_bytes())};
+}
+constexpr double kBudgetFractions[] = {0.0, 0.25, 0.5, 0.75, 0.95};
+
 class PlannedScheduleTest : public ::testing::TestWithParam<TestModel> {};
 
 // profile -> plan at 5 budgets from the floor to the baseline -> execute:
@@ -157,13 +169,9 @@ TEST_P(PlannedScheduleTest, MatchesBaseline) {
   const v1::Profile& profile = ProfileOf(model);
   auto executor = MakeExecutor(model);
   ASSERT_NE(executor, nullptr);
-  const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
-  const int64_t floor = baseline.floor_bytes();
-  // (On CUDA the floor includes the allocator reserve and may pass the
-  // baseline peak on small models.)
-  const int64_t top = std::max(baseline.baseline_peak_bytes(), floor);
+  const auto [floor, top] = FloorAndTop(profile);
   int recomputing_schedules = 0;
-  for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
+  for (double f : kBudgetFractions) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
     const v1::Schedule schedule = Plan(profile, budget);
     const std::string what = absl::StrCat(
@@ -196,12 +204,8 @@ TEST_P(PlannedMemoryTest, PeakFitsBudgetAndPrediction) {
   const v1::Profile& profile = ProfileOf(model);
   auto executor = MakeExecutor(model);
   ASSERT_NE(executor, nullptr);
-  const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
-  const int64_t floor = baseline.floor_bytes();
-  // (On CUDA the floor includes the allocator reserve and may pass the
-  // baseline peak on small models.)
-  const int64_t top = std::max(baseline.baseline_peak_bytes(), floor);
-  for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
+  const auto [floor, top] = FloorAndTop(profile);
+  for (double f : kBudgetFractions) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
     auto v = executor->Run(Plan(profile, budget));
     ASSERT_TRUE(v.ok()) << v.status();
@@ -369,12 +373,8 @@ TEST(MutwoResNetMemoryTest, PlannedPeakFitsBudgetAndPrediction) {
   auto executor = MakeExecutor(model, kSgd, /*run_baseline=*/false,
                                /*warmup_iterations=*/0);
   ASSERT_NE(executor, nullptr);
-  const v1::Schedule baseline = Plan(profile, int64_t{1} << 50);
-  const int64_t floor = baseline.floor_bytes();
-  // (On CUDA the floor includes the allocator reserve and may pass the
-  // baseline peak on small models.)
-  const int64_t top = std::max(baseline.baseline_peak_bytes(), floor);
-  for (double f : {0.0, 0.25, 0.5, 0.75, 0.95}) {
+  const auto [floor, top] = FloorAndTop(profile);
+  for (double f : kBudgetFractions) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
     const v1::Schedule schedule = Plan(profile, budget);
     const std::string what = absl::StrCat(
