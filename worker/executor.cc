@@ -31,24 +31,6 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 using torch::jit::Value;
 
-// Runs `fn`, turning LibTorch exceptions into a Status naming `where`.
-template <typename Fn>
-absl::Status Guard(const std::string& where, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    const std::string what =
-        dynamic_cast<const c10::Error*>(&e) != nullptr
-            ? FirstLine(static_cast<const c10::Error&>(e).msg())
-            : FirstLine(e.what());
-    if (IsOutOfMemory(e)) {
-      return absl::ResourceExhaustedError(absl::StrCat(where, ": ", what));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
-  }
-}
-
-// A SWAP decision as the executor runs it.
 // Deterministic cuDNN algorithms while in scope (the previous setting
 // restored after).
 class DeterministicCudnn {
@@ -66,6 +48,7 @@ class DeterministicCudnn {
   bool previous_;
 };
 
+// A SWAP decision as the executor runs it.
 struct SwapPlan {
   int value_id = 0;
   int producer = 0;

@@ -22,6 +22,12 @@ class InterpreterError : public std::runtime_error {
 
 }  // namespace
 
+std::string ExceptionMessage(const std::exception& e) {
+  return dynamic_cast<const c10::Error*>(&e) != nullptr
+             ? FirstLine(static_cast<const c10::Error&>(e).msg())
+             : FirstLine(e.what());
+}
+
 bool IsOutOfMemory(const std::exception& e) {
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
   return IsOutOfMemoryMessage(e.what());
@@ -257,10 +263,7 @@ absl::StatusOr<c10::IValue> Interpreter::Run(
         running_ != graph_->nodes()[current].node) {
       absl::StrAppend(&where, " in ", running_->kind().toQualString());
     }
-    const std::string what =
-        dynamic_cast<const c10::Error*>(&e) != nullptr
-            ? FirstLine(static_cast<const c10::Error&>(e).msg())
-            : FirstLine(e.what());
+    const std::string what = ExceptionMessage(e);
     if (IsOutOfMemory(e)) {
       return absl::ResourceExhaustedError(absl::StrCat(where, ": ", what));
     }

@@ -14,6 +14,7 @@
 #include <torch/script.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -79,6 +80,10 @@ class Interpreter {
 
 // True when a LibTorch error is an out-of-memory (CUDA or CPU).
 bool IsOutOfMemory(const std::exception& e);
+
+// The first line of an exception's message (a c10::Error's without its
+// C++ backtrace).
+std::string ExceptionMessage(const std::exception& e);
 
 }  // namespace mutwo::worker
 

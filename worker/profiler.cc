@@ -133,27 +133,6 @@ struct Profiler::State : TrainingState {
   void Fill(const std::vector<IterationRecord>& records, v1::Profile* profile);
 };
 
-namespace {
-
-// Runs `fn`, turning LibTorch exceptions into a Status naming `where`.
-template <typename Fn>
-absl::Status Guard(const std::string& where, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    const std::string what =
-        dynamic_cast<const c10::Error*>(&e) != nullptr
-            ? FirstLine(static_cast<const c10::Error&>(e).msg())
-            : FirstLine(e.what());
-    if (IsOutOfMemory(e)) {
-      return absl::ResourceExhaustedError(absl::StrCat(where, ": ", what));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
-  }
-}
-
-}  // namespace
-
 absl::Status Profiler::State::CheckCorrectness(v1::Profile* profile) {
   // Loss and gradients of one step with a fixed seed (dropout draws the same
   // masks). The interpreter runs first: its errors name the failing node.

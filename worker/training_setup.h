@@ -25,6 +25,21 @@
 
 namespace mutwo::worker {
 
+// Runs `fn`, turning LibTorch exceptions into a Status naming `where`:
+// ResourceExhausted for an out-of-memory, InvalidArgument otherwise.
+template <typename Fn>
+absl::Status Guard(const std::string& where, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    const std::string what = ExceptionMessage(e);
+    if (IsOutOfMemory(e)) {
+      return absl::ResourceExhaustedError(absl::StrCat(where, ": ", what));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  }
+}
+
 // What the profiler and the executor hold for their training steps (the
 // base of their State structs).
 struct TrainingState {
