@@ -36,12 +36,7 @@ namespace mutwo::worker {
 namespace {
 
 int Fail(const absl::Status& status) {
-  std::cerr << "mutwo-worker execute: "
-            << absl::StrReplaceAll(status.message(), {{"\n", " "}}) << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ||
-                 status.code() == absl::StatusCode::kNotFound
-             ? kExitBadInput
-             : kExitFailure;
+  return CommandFailure("execute", status);
 }
 
 }  // namespace

@@ -32,15 +32,19 @@ namespace mutwo::worker {
 namespace {
 
 int Fail(const absl::Status& status) {
-  std::cerr << "mutwo-worker profile: "
+  return CommandFailure("profile", status);
+}
+
+}  // namespace
+
+int CommandFailure(const std::string& command, const absl::Status& status) {
+  std::cerr << "mutwo-worker " << command << ": "
             << absl::StrReplaceAll(status.message(), {{"\n", " "}}) << "\n";
   return status.code() == absl::StatusCode::kInvalidArgument ||
                  status.code() == absl::StatusCode::kNotFound
              ? kExitBadInput
              : kExitFailure;
 }
-
-}  // namespace
 
 absl::Status ReadStepFlags(const ParsedArgs& args,
                            TrainingStepOptions* options) {

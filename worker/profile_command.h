@@ -23,6 +23,11 @@ extern const char kProfileUsage[];
 // --memory_limit), parsed into `options` (the model fields are left as
 // they are). InvalidArgument names the flag; the batch size is copied as
 // given (each command checks it).
+// Prints `mutwo-worker COMMAND: message` (one line) on stderr and returns
+// the exit code: kExitBadInput for InvalidArgument and NotFound (bad flags,
+// files, models), kExitFailure otherwise.
+int CommandFailure(const std::string& command, const absl::Status& status);
+
 [[nodiscard]] absl::Status ReadStepFlags(const ParsedArgs& args,
                                          TrainingStepOptions* options);
 

@@ -23,6 +23,7 @@
 #include "worker/daemon/daemon.h"
 #include "worker/executor.h"
 #include "worker/memory.h"
+#include "worker/profile_command.h"
 #include "worker/profiler.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
@@ -46,14 +47,6 @@ ABSL_DECLARE_FLAG(std::string, device);
 
 namespace mutwo::worker {
 namespace {
-
-int Fail(const std::string& command, const absl::Status& status) {
-  std::cerr << "mutwo-worker " << command << ": " << status.message() << "\n";
-  return status.code() == absl::StatusCode::kInvalidArgument ||
-                 status.code() == absl::StatusCode::kNotFound
-             ? kExitBadInput
-             : kExitFailure;
-}
 
 // Device memory used/total without creating a CUDA context in the daemon:
 // nvidia-smi for GPUs, /proc/meminfo for the host.
@@ -123,7 +116,7 @@ absl::StatusOr<v1::DeviceInfo> ProbeDevice(const std::string& self,
 
 int RunDeviceInfoCommand(const ParsedArgs&) {
   auto backend = CreateDeviceBackend(absl::GetFlag(FLAGS_device), 0);
-  if (!backend.ok()) return Fail("device-info", backend.status());
+  if (!backend.ok()) return CommandFailure("device-info", backend.status());
   const std::string json = ProtoToJson((*backend)->Describe());
   const std::string path = absl::GetFlag(FLAGS_result_file);
   if (path.empty()) {
@@ -131,7 +124,7 @@ int RunDeviceInfoCommand(const ParsedArgs&) {
     return kExitOk;
   }
   if (absl::Status s = WriteFileAtomically(path, json); !s.ok()) {
-    return Fail("device-info", s);
+    return CommandFailure("device-info", s);
   }
   return kExitOk;
 }
@@ -139,12 +132,13 @@ int RunDeviceInfoCommand(const ParsedArgs&) {
 int RunTaskCommand(const ParsedArgs&) {
   const std::string cmd = "run-task";
   auto bytes = ReadFile(absl::GetFlag(FLAGS_task_file));
-  if (!bytes.ok()) return Fail(cmd, bytes.status());
+  if (!bytes.ok()) return CommandFailure(cmd, bytes.status());
   v1::LeaseTaskResponse lease;
   if (!lease.ParseFromString(*bytes) || !lease.has_task()) {
-    return Fail(cmd, absl::InvalidArgumentError(absl::StrCat(
-                         "task file \"", absl::GetFlag(FLAGS_task_file),
-                         "\" does not hold a leased task")));
+    return CommandFailure(
+        cmd, absl::InvalidArgumentError(
+                 absl::StrCat("task file \"", absl::GetFlag(FLAGS_task_file),
+                              "\" does not hold a leased task")));
   }
   const v1::Task& task = lease.task();
   const v1::JobSpec& spec = lease.spec();
@@ -153,7 +147,7 @@ int RunTaskCommand(const ParsedArgs&) {
     ProfilerOptions options;
     // Errors name the model as the user uploaded it, not the cache path.
     auto model = ReadFile(absl::GetFlag(FLAGS_model_file));
-    if (!model.ok()) return Fail(cmd, model.status());
+    if (!model.ok()) return CommandFailure(cmd, model.status());
     options.model_bytes = *std::move(model);
     options.model_name = spec.model_name().empty()
                              ? absl::GetFlag(FLAGS_model_file)
@@ -171,9 +165,9 @@ int RunTaskCommand(const ParsedArgs&) {
       options.measure_iterations = spec.measure_iterations();
     }
     auto profiler = Profiler::Create(options);
-    if (!profiler.ok()) return Fail(cmd, profiler.status());
+    if (!profiler.ok()) return CommandFailure(cmd, profiler.status());
     auto profile = (*profiler)->Run();
-    if (!profile.ok()) return Fail(cmd, profile.status());
+    if (!profile.ok()) return CommandFailure(cmd, profile.status());
     result = profile->SerializeAsString();
   } else {
     // VALIDATE: the schedule executed against the unmodified step. A bad
@@ -181,7 +175,7 @@ int RunTaskCommand(const ParsedArgs&) {
     // (exit 2).
     ExecutorOptions options;
     auto model = ReadFile(absl::GetFlag(FLAGS_model_file));
-    if (!model.ok()) return Fail(cmd, model.status());
+    if (!model.ok()) return CommandFailure(cmd, model.status());
     options.model_bytes = *std::move(model);
     options.model_name = spec.model_name().empty()
                              ? absl::GetFlag(FLAGS_model_file)
@@ -199,15 +193,15 @@ int RunTaskCommand(const ParsedArgs&) {
       options.measure_iterations = spec.measure_iterations();
     }
     auto executor = Executor::Create(options);
-    if (!executor.ok()) return Fail(cmd, executor.status());
+    if (!executor.ok()) return CommandFailure(cmd, executor.status());
     auto validation = (*executor)->Run(task.schedule());
-    if (!validation.ok()) return Fail(cmd, validation.status());
+    if (!validation.ok()) return CommandFailure(cmd, validation.status());
     result = validation->SerializeAsString();
   }
   if (absl::Status s =
           WriteFileAtomically(absl::GetFlag(FLAGS_result_file), result);
       !s.ok()) {
-    return Fail(cmd, s);
+    return CommandFailure(cmd, s);
   }
   return kExitOk;
 }
@@ -215,8 +209,9 @@ int RunTaskCommand(const ParsedArgs&) {
 int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   const std::string cmd = "serve";
   if (!args.positional.empty()) {
-    return Fail(cmd, absl::InvalidArgumentError(absl::StrCat(
-                         "unexpected argument \"", args.positional[0], "\"")));
+    return CommandFailure(
+        cmd, absl::InvalidArgumentError(absl::StrCat(
+                 "unexpected argument \"", args.positional[0], "\"")));
   }
   // The daemon re-executes this binary for every task.
   char self[4096] = {0};
@@ -232,14 +227,14 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   options.max_tasks = absl::GetFlag(FLAGS_max_tasks);
   if (!absl::GetFlag(FLAGS_task_memory_limit).empty()) {
     auto limit = ParseBytes(absl::GetFlag(FLAGS_task_memory_limit));
-    if (!limit.ok()) return Fail(cmd, limit.status());
+    if (!limit.ok()) return CommandFailure(cmd, limit.status());
     options.task_memory_limit_bytes = *limit;
   }
   const std::string device = options.device;
   if (device != "cpu" && device.rfind("cuda", 0) != 0) {
-    return Fail(cmd,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "--device \"", device, "\": use cpu, cuda or cuda:N")));
+    return CommandFailure(
+        cmd, absl::InvalidArgumentError(absl::StrCat(
+                 "--device \"", device, "\": use cpu, cuda or cuda:N")));
   }
   const std::string work_dir = options.work_dir;
   options.probe_device = [self_exe, device, work_dir] {
@@ -256,12 +251,12 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto daemon = WorkerDaemon::Create(options);
-  if (!daemon.ok()) return Fail(cmd, daemon.status());
+  if (!daemon.ok()) return CommandFailure(cmd, daemon.status());
   MetricsEndpoint metrics;
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
     auto endpoint = StartMetricsEndpoint(absl::GetFlag(FLAGS_metrics_listen),
                                          (*daemon)->registry());
-    if (!endpoint.ok()) return Fail(cmd, endpoint.status());
+    if (!endpoint.ok()) return CommandFailure(cmd, endpoint.status());
     metrics = *std::move(endpoint);
     MUTWO_LOG(info, "metrics on port {}", metrics.port);
   }
@@ -277,7 +272,7 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   // Wake the signal thread if Run ended on its own (max_tasks).
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
-  if (!status.ok()) return Fail(cmd, status);
+  if (!status.ok()) return CommandFailure(cmd, status);
   MUTWO_LOG(info, "stopped");
   return kExitOk;
 }
