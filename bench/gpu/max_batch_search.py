@@ -60,9 +60,8 @@ def with_batch(args, batch):
 
 
 class Prober:
-    def __init__(self, opts, prediction, per_sample_ms, log):
+    def __init__(self, opts, per_sample_ms, log):
         self.o = opts
-        self.prediction = prediction
         self.per_sample_ms = per_sample_ms
         self.log = log
         self.worker = os.path.join(opts.bin, "mutwo-worker")
@@ -218,7 +217,7 @@ def main():
     per_sample_ms = (largest["measured"]["module_iteration_ms"] /
                      int(largest["batch_size"]))
     log = []
-    prober = Prober(o, prediction, per_sample_ms, log)
+    prober = Prober(o, per_sample_ms, log)
     result = {"prediction": prediction, "predict_s": t_predict,
               "alloc_conf": ENV.get("PYTORCH_CUDA_ALLOC_CONF", ""),
               "capacity_bytes": capacity_bytes,
