@@ -317,15 +317,32 @@ int64_t TensorBytes(const v1::TensorSpec& spec, int64_t batch_size) {
 absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
   v1::LossSpec loss;
   absl::string_view s = absl::StripAsciiWhitespace(text);
-  if (s == "mean") {
+  // KIND[@OUTPUT][:TARGET]
+  const size_t colon = s.find(':');
+  absl::string_view head = s.substr(0, colon);
+  absl::string_view rest =
+      colon == absl::string_view::npos ? absl::string_view() : s.substr(colon);
+  const size_t at = head.find('@');
+  if (at != absl::string_view::npos) {
+    absl::string_view output = head.substr(at + 1);
+    if (output.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("loss ", Quote(text),
+                       ": expected a dict key or tuple index after '@', like "
+                       "cross_entropy@out:y:int64[B,64,64]{0,21}"));
+    }
+    loss.set_output(std::string(output));
+    head = head.substr(0, at);
+  }
+  if (head == "mean" && rest.empty()) {
     loss.set_kind(v1::LossSpec::MEAN);
-  } else if (s == "sum") {
+  } else if (head == "sum" && rest.empty()) {
     loss.set_kind(v1::LossSpec::SUM);
-  } else if (s == "model") {
+  } else if (head == "model" && rest.empty()) {
     loss.set_kind(v1::LossSpec::MODEL);
-  } else if (absl::ConsumePrefix(&s, "cross_entropy:")) {
+  } else if (head == "cross_entropy" && absl::ConsumePrefix(&rest, ":")) {
     loss.set_kind(v1::LossSpec::CROSS_ENTROPY);
-    auto target = ParseTensorSpec(s);
+    auto target = ParseTensorSpec(rest);
     if (!target.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "loss ", Quote(text), ": target ", target.status().message()));
@@ -338,24 +355,28 @@ absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
     }
     *loss.mutable_target() = *std::move(target);
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("loss ", Quote(text),
-                     ": use mean, sum, model or cross_entropy:TARGET (like "
-                     "cross_entropy:y:int64[B]{0,1000})"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss ", Quote(text),
+        ": use mean, sum, model or cross_entropy:TARGET (like "
+        "cross_entropy:y:int64[B]{0,1000}), optionally KIND@OUTPUT to read "
+        "one dict entry or tuple element (like mean@out)"));
   }
   return loss;
 }
 
 std::string FormatLossSpec(const v1::LossSpec& loss) {
+  const std::string at =
+      loss.output().empty() ? "" : absl::StrCat("@", loss.output());
   switch (loss.kind()) {
     case v1::LossSpec::SUM:
-      return "sum";
+      return absl::StrCat("sum", at);
     case v1::LossSpec::MODEL:
-      return "model";
+      return absl::StrCat("model", at);
     case v1::LossSpec::CROSS_ENTROPY:
-      return absl::StrCat("cross_entropy:", FormatTensorSpec(loss.target()));
+      return absl::StrCat("cross_entropy", at, ":",
+                          FormatTensorSpec(loss.target()));
     default:
-      return "mean";
+      return absl::StrCat("mean", at);
   }
 }
 

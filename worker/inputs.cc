@@ -1,9 +1,11 @@
 #include "worker/inputs.h"
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/parse.h"
+#include "common/status_macros.h"
 #include "worker/model_loader.h"
 
 namespace mutwo::worker {
@@ -111,9 +113,63 @@ std::vector<torch::Tensor> FlattenTensors(const c10::IValue& outputs) {
   return out;
 }
 
+namespace {
+
+// The output `key` names: a dict entry (string key) or a tuple/list element
+// (an integer index, negative from the end).
+absl::StatusOr<c10::IValue> SelectOutput(const c10::IValue& outputs,
+                                         const std::string& key) {
+  if (outputs.isGenericDict()) {
+    for (const auto& entry : outputs.toGenericDict()) {
+      if (entry.key().isString() && entry.key().toStringRef() == key) {
+        return entry.value();
+      }
+    }
+    std::vector<std::string> keys;
+    for (const auto& entry : outputs.toGenericDict()) {
+      keys.push_back(entry.key().isString() ? entry.key().toStringRef()
+                                            : entry.key().tagKind());
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss @", key, ": the model's output dict has no key \"",
+                     key, "\" (keys: ", absl::StrJoin(keys, ", "), ")"));
+  }
+  std::vector<c10::IValue> elements;
+  if (outputs.isTuple()) {
+    const auto& e = outputs.toTupleRef().elements();
+    elements.assign(e.begin(), e.end());
+  } else if (outputs.isList()) {
+    for (const c10::IValue& v : outputs.toListRef()) elements.push_back(v);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss @", key, ": the model returns a single ", outputs.tagKind(),
+        ", not a dict, tuple or list to select from"));
+  }
+  int64_t index = 0;
+  if (!absl::SimpleAtoi(key, &index)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss @", key, ": the model returns a ", outputs.tagKind(),
+                     ": select an element by its index (like @0)"));
+  }
+  const int64_t size = static_cast<int64_t>(elements.size());
+  if (index < 0) index += size;
+  if (index < 0 || index >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss @", key, ": index out of range (the model returns ",
+                     size, " outputs)"));
+  }
+  return elements[index];
+}
+
+}  // namespace
+
 absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
-                                          const c10::IValue& outputs,
+                                          const c10::IValue& all_outputs,
                                           const torch::Tensor& target) {
+  c10::IValue outputs = all_outputs;
+  if (!loss.output().empty()) {
+    MUTWO_ASSIGN_OR_RETURN(outputs, SelectOutput(all_outputs, loss.output()));
+  }
   std::vector<torch::Tensor> floats;
   for (const torch::Tensor& t : FlattenTensors(outputs)) {
     if (t.defined() && t.is_floating_point()) floats.push_back(t);
@@ -139,14 +195,34 @@ absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
         return floats[0].reshape({});
       case v1::LossSpec::CROSS_ENTROPY: {
         torch::Tensor logits = floats[0];
+        // Classes in the last dimension ([B,C], [B,T,V] with target [B,T]),
+        // or in dimension 1 with a target shaped like the rest
+        // ([B,C,H,W] with target [B,H,W], as PyTorch's cross_entropy).
+        std::vector<int64_t> without_last(logits.sizes().begin(),
+                                          logits.sizes().end());
+        if (!without_last.empty()) without_last.pop_back();
+        std::vector<int64_t> without_dim1(logits.sizes().begin(),
+                                          logits.sizes().end());
+        if (without_dim1.size() >= 3)
+          without_dim1.erase(without_dim1.begin() + 1);
+        const std::vector<int64_t> target_shape(target.sizes().begin(),
+                                                target.sizes().end());
+        if (logits.dim() >= 2 && target_shape == without_last) {
+          return torch::nn::functional::cross_entropy(
+              logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+        }
+        if (logits.dim() >= 3 && target_shape == without_dim1) {
+          return torch::nn::functional::cross_entropy(logits, target);
+        }
         if (logits.dim() < 2 ||
             logits.numel() != target.numel() * logits.size(-1)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("loss cross_entropy: output shape [",
-                           absl::StrJoin(logits.sizes(), ","),
-                           "] does not fit target shape [",
-                           absl::StrJoin(target.sizes(), ","),
-                           "] (classes must be the last output dimension)"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "loss cross_entropy: output shape [",
+              absl::StrJoin(logits.sizes(), ","),
+              "] does not fit target shape [",
+              absl::StrJoin(target.sizes(), ","),
+              "] (classes must be the last output dimension, or dimension 1 "
+              "with a target shaped like the output without it)"));
         }
         return torch::nn::functional::cross_entropy(
             logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));

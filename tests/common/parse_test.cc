@@ -96,6 +96,24 @@ TEST(ParseTensorSpec, ErrorsAreExact) {
   EXPECT_FALSE(ParseTensorSpec("x:float32[B,3").ok());
 }
 
+TEST(ParseLossSpec, OutputSelector) {
+  auto seg = ParseLossSpec("cross_entropy@out:y:int64[B,64,64]{0,21}");
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  EXPECT_EQ(seg->kind(), v1::LossSpec::CROSS_ENTROPY);
+  EXPECT_EQ(seg->output(), "out");
+  EXPECT_EQ(seg->target().dims_size(), 3);
+  EXPECT_EQ(FormatLossSpec(*seg), "cross_entropy@out:y:int64[B,64,64]{0,21}");
+  auto mean = ParseLossSpec("mean@0");
+  ASSERT_TRUE(mean.ok()) << mean.status();
+  EXPECT_EQ(mean->output(), "0");
+  EXPECT_EQ(FormatLossSpec(*mean), "mean@0");
+  EXPECT_EQ(FormatLossSpec(*ParseLossSpec("mean")), "mean");
+  EXPECT_THAT(std::string(ParseLossSpec("mean@").status().message()),
+              HasSubstr("after '@'"));
+  EXPECT_THAT(std::string(ParseLossSpec("mean:y:int64[B]").status().message()),
+              HasSubstr("use mean, sum, model or cross_entropy"));
+}
+
 TEST(ParseLossSpec, Kinds) {
   EXPECT_EQ(ParseLossSpec("mean")->kind(), v1::LossSpec::MEAN);
   EXPECT_EQ(ParseLossSpec("sum")->kind(), v1::LossSpec::SUM);
