@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -69,6 +70,15 @@ bool IsTensorType(const c10::TypePtr& type) {
   return false;
 }
 
+// Tensor or a list of tensors (nn.LSTM's `_flat_weights`).
+bool HoldsTensors(const c10::TypePtr& type) {
+  if (IsTensorType(type)) return true;
+  if (auto list = type->cast<c10::ListType>()) {
+    return IsTensorType(list->getElementType());
+  }
+  return false;
+}
+
 // The attribute path of a GetAttr chain rooted at `self`; empty if the
 // chain starts anywhere else.
 std::vector<std::string> AttributePath(const Node* get_attr,
@@ -95,6 +105,68 @@ void Flatten(const c10::IValue& value, std::vector<torch::Tensor>* out) {
     for (const c10::IValue& v : value.toListRef()) Flatten(v, out);
   } else if (value.isTuple()) {
     for (const c10::IValue& v : value.toTupleRef().elements()) Flatten(v, out);
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) Flatten(entry.value(), out);
+  }
+}
+
+// A mutable container (list or dict): the graph may append to it or set an
+// entry in place, so a value of this type can change after it was read.
+bool IsMutableContainer(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::ListType ||
+         type->kind() == c10::TypeKind::DictType;
+}
+
+// A type that may hold a tensor (a container of tensors, at any depth).
+bool MayHoldTensor(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return true;
+  for (const c10::TypePtr& contained : type->containedTypes()) {
+    if (MayHoldTensor(contained)) return true;
+  }
+  return false;
+}
+
+// `value` with its lists, dicts and tuples copied (tensors shared): what a
+// container held when it was read, whatever the graph appends to it later.
+c10::IValue Snapshot(const c10::IValue& value) {
+  if (value.isList()) {
+    auto src = value.toList();
+    c10::impl::GenericList list(src.elementType());
+    list.reserve(src.size());
+    for (const c10::IValue& v : src) list.push_back(Snapshot(v));
+    return list;
+  }
+  if (value.isGenericDict()) {
+    auto src = value.toGenericDict();
+    c10::impl::GenericDict dict(src.keyType(), src.valueType());
+    for (const auto& entry : src) {
+      dict.insert(entry.key(), Snapshot(entry.value()));
+    }
+    return dict;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& v : value.toTupleRef().elements()) {
+      elements.push_back(Snapshot(v));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return value;
+}
+
+// Gives the list or dict `target` the contents of `fresh` (same type), in
+// place, so that every value aliasing `target` sees them.
+void AssignInPlace(const c10::IValue& target, const c10::IValue& fresh) {
+  if (target.isList() && fresh.isList()) {
+    auto list = target.toList();
+    list.clear();
+    for (const c10::IValue& v : fresh.toListRef()) list.push_back(v);
+  } else if (target.isGenericDict() && fresh.isGenericDict()) {
+    auto dict = target.toGenericDict();
+    dict.clear();
+    for (const auto& entry : fresh.toGenericDict()) {
+      dict.insert(entry.key(), entry.value());
+    }
   }
 }
 
@@ -281,6 +353,111 @@ const Value* AliasRoot(const Value* value) {
   }
 }
 
+namespace {
+
+// Union-find over alias roots: a tensor and the containers it may be put in
+// or taken from (prim::ListConstruct, aten::append's `t(c -> *)`,
+// aten::__getitem__'s `t(*)`) are one class. Values of other types stay
+// alone.
+class ContainerClasses {
+ public:
+  const Value* Find(const Value* v) const {
+    auto it = parent_.find(v);
+    if (it == parent_.end() || it->second == v) return v;
+    return Find(it->second);
+  }
+  void Union(const Value* a, const Value* b) {
+    a = Find(a);
+    b = Find(b);
+    if (a != b) parent_[a] = b;
+  }
+
+ private:
+  absl::flat_hash_map<const Value*, const Value*> parent_;
+};
+
+bool IsContainerHoldingTensors(const c10::TypePtr& type) {
+  return type->kind() != c10::TypeKind::TensorType && MayHoldTensor(type);
+}
+
+bool EntersOrLeavesWildcard(const c10::AliasInfo* info) {
+  if (info == nullptr) return false;
+  if (info->isWildcardBefore() || info->isWildcardAfter()) return true;
+  for (const c10::AliasInfo& contained : info->containedTypes()) {
+    if (EntersOrLeavesWildcard(&contained)) return true;
+  }
+  return false;
+}
+
+ContainerClasses ContainerAliasClasses(const Graph& graph) {
+  ContainerClasses classes;
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachNested(ir.node, [&](const Node* node) {
+      const c10::FunctionSchema* schema = node->maybeSchema();
+      // Containers this node makes or writes, and the tensors (or other
+      // containers) that go in or come out.
+      std::vector<const Value*> containers, members;
+      if (schema == nullptr) {
+        // Interpreter plumbing (list/tuple/dict construct and unpack,
+        // control flow): every output may hold or be what went in.
+        bool container_involved = false;
+        for (const Value* v : node->inputs()) {
+          container_involved |= IsContainerHoldingTensors(v->type());
+        }
+        for (const Value* v : node->outputs()) {
+          container_involved |= IsContainerHoldingTensors(v->type());
+        }
+        if (!container_involved) return;
+        for (const Value* v : node->inputs()) {
+          if (MayHoldTensor(v->type())) members.push_back(v);
+        }
+        for (const Value* v : node->outputs()) {
+          if (MayHoldTensor(v->type())) members.push_back(v);
+        }
+        for (size_t i = 1; i < members.size(); ++i) {
+          classes.Union(AliasRoot(members[0]), AliasRoot(members[i]));
+        }
+        return;
+      }
+      const auto& args = schema->arguments();
+      for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
+        const Value* v = node->input(i);
+        if (!MayHoldTensor(v->type())) continue;
+        const c10::AliasInfo* info = args[i].alias_info();
+        if (info != nullptr && info->isWrite() &&
+            IsContainerHoldingTensors(v->type())) {
+          containers.push_back(v);
+        } else if (EntersOrLeavesWildcard(info)) {
+          members.push_back(v);
+        } else if (IsContainerHoldingTensors(v->type()) && info != nullptr) {
+          containers.push_back(v);
+        }
+      }
+      const auto& returns = schema->returns();
+      for (size_t i = 0; i < returns.size() && i < node->outputs().size();
+           ++i) {
+        const Value* v = node->output(i);
+        if (!MayHoldTensor(v->type())) continue;
+        if (EntersOrLeavesWildcard(returns[i].alias_info())) {
+          members.push_back(v);
+        } else if (IsContainerHoldingTensors(v->type()) &&
+                   returns[i].alias_info() != nullptr) {
+          containers.push_back(v);  // views in a list (aten::split)
+        }
+      }
+      if (containers.empty() || members.empty()) return;
+      for (const Value* c : containers) {
+        for (const Value* m : members) {
+          classes.Union(AliasRoot(c), AliasRoot(m));
+        }
+      }
+    });
+  }
+  return classes;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     const Graph& graph, const v1::Schedule& schedule) {
   const int n = graph.num_nodes();
@@ -319,14 +496,37 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
 
   const Value* self = graph.graph()->inputs()[0];
   const Node* ret = graph.graph()->return_node();
-  // Per root value: the top-level nodes reading it (through any alias).
+  // Per root value: the top-level nodes reading it (through any alias, and
+  // through the containers it was put in: a tensor appended to a list is
+  // read by whatever reads the list).
   absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
   absl::flat_hash_set<const Value*> returned_roots;
-  for (const IrNode& ir : graph.nodes()) {
-    ForEachRead(ir.node, [&](const Value* v) {
-      auto& r = readers_of_root[AliasRoot(v)];
-      if (r.empty() || r.back() != ir.id) r.push_back(ir.id);
-    });
+  {
+    const ContainerClasses classes = ContainerAliasClasses(graph);
+    absl::flat_hash_map<const Value*, std::set<int>> readers_of_class;
+    for (const IrNode& ir : graph.nodes()) {
+      ForEachRead(ir.node, [&](const Value* v) {
+        readers_of_class[classes.Find(AliasRoot(v))].insert(ir.id);
+      });
+    }
+    for (const IrNode& ir : graph.nodes()) {
+      ForEachNested(ir.node, [&](const Node* node) {
+        for (const Value* out : node->outputs()) {
+          const Value* root = AliasRoot(out);
+          if (readers_of_root.count(root) != 0) continue;
+          auto it = readers_of_class.find(classes.Find(root));
+          if (it == readers_of_class.end()) continue;
+          readers_of_root[root].assign(it->second.begin(), it->second.end());
+        }
+      });
+    }
+    for (const Value* in : graph.graph()->inputs()) {
+      auto it = readers_of_class.find(classes.Find(AliasRoot(in)));
+      if (it != readers_of_class.end()) {
+        readers_of_root[AliasRoot(in)].assign(it->second.begin(),
+                                              it->second.end());
+      }
+    }
   }
   for (const Value* v : ret->inputs()) returned_roots.insert(AliasRoot(v));
   // Per node: roots it writes in place.
@@ -422,7 +622,7 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
       });
       ForEachNested(node, [&](const Node* inner) {
         if (inner->kind() != c10::prim::GetAttr ||
-            !IsTensorType(inner->output()->type())) {
+            !HoldsTensors(inner->output()->type())) {
           return;
         }
         std::vector<std::string> path = AttributePath(inner, self);
@@ -446,19 +646,44 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
         if (used_after) plan.outputs.push_back(out);
       }
     }
+    plan.container_output.assign(plan.outputs.size(), false);
+    // Lists and dicts from before the range that the range appends to or
+    // sets entries of: outputs too, written back into the same object.
+    {
+      absl::flat_hash_set<const Value*> written_in_range;
+      for (int k = plan.first_node; k <= plan.last_node; ++k) {
+        for (const Value* w : writes[k]) written_in_range.insert(w);
+      }
+      for (const Value* in : plan.inputs) {
+        if (!IsMutableContainer(in->type()) ||
+            written_in_range.count(AliasRoot(in)) == 0) {
+          continue;
+        }
+        bool read_after = false;
+        for (int reader : readers_of_root[AliasRoot(in)]) {
+          read_after |= reader > plan.last_node;
+        }
+        if (!read_after) continue;
+        plan.outputs.push_back(in);
+        plan.container_output.push_back(true);
+      }
+    }
     absl::flat_hash_set<const Value*> written;  // in the range or after it
     for (int k = plan.first_node; k < n; ++k) {
       for (const Value* w : writes[k]) written.insert(w);
     }
     for (const Value* in : plan.inputs) {
-      plan.copy_input.push_back(written.count(AliasRoot(in)) > 0);
+      // (A list written in place keeps its tensors: Snapshot() copies it.)
+      plan.copy_input.push_back(IsTensorType(in->type()) &&
+                                written.count(AliasRoot(in)) > 0);
     }
     for (const Value* out : plan.outputs) {
       const Value* root = AliasRoot(out);
       // The storage belongs to the node that made it (an in-place op or a
       // view after a member shares the member's storage).
       bool freeable = member_set.count(graph.ProducerOf(root)) > 0 &&
-                      returned_roots.count(root) == 0;
+                      returned_roots.count(root) == 0 &&
+                      IsTensorType(out->type());
       int last_read = plan.last_node;
       for (int reader : readers_of_root[root]) {
         last_read = std::max(last_read, reader);
@@ -508,28 +733,72 @@ SegmentRun::~SegmentRun() = default;
 c10::IValue SegmentRun::Rebuild(const c10::IValue& shape,
                                 const std::vector<torch::Tensor>& tensors,
                                 size_t* next) const {
-  if (shape.isTensor()) return tensors[(*next)++];
+  return RebuildWith(shape, [&]() { return tensors[(*next)++]; });
+}
+
+c10::IValue SegmentRun::RebuildWith(
+    const c10::IValue& shape,
+    const std::function<torch::Tensor()>& next_tensor) const {
+  if (shape.isTensor()) return next_tensor();
   if (shape.isTensorList()) {
     c10::List<torch::Tensor> list;
     for (size_t i = 0; i < shape.toTensorList().size(); ++i) {
-      list.push_back(tensors[(*next)++]);
+      list.push_back(next_tensor());
     }
     return list;
   }
   if (shape.isList()) {
     auto src = shape.toList();
     c10::impl::GenericList list(src.elementType());
-    for (const c10::IValue& v : src) list.push_back(Rebuild(v, tensors, next));
+    for (const c10::IValue& v : src) {
+      list.push_back(RebuildWith(v, next_tensor));
+    }
     return list;
+  }
+  if (shape.isGenericDict()) {
+    auto src = shape.toGenericDict();
+    c10::impl::GenericDict dict(src.keyType(), src.valueType());
+    for (const auto& entry : src) {
+      dict.insert(entry.key(), RebuildWith(entry.value(), next_tensor));
+    }
+    return dict;
   }
   if (shape.isTuple()) {
     std::vector<c10::IValue> elements;
     for (const c10::IValue& v : shape.toTupleRef().elements()) {
-      elements.push_back(Rebuild(v, tensors, next));
+      elements.push_back(RebuildWith(v, next_tensor));
     }
     return c10::ivalue::Tuple::create(std::move(elements));
   }
   return shape;
+}
+
+std::vector<torch::Tensor> SegmentRun::AddedTensors(
+    const c10::IValue& value, const std::vector<torch::Tensor>& in,
+    std::vector<int>* layout, bool fill) const {
+  std::vector<torch::Tensor> all, added;
+  Flatten(value, &all);
+  if (fill) {
+    layout->clear();
+    for (const torch::Tensor& t : all) {
+      int input = -1;
+      for (size_t j = 0; j < in.size() && input < 0; ++j) {
+        if (in[j].defined() && in[j].is_same(t)) input = static_cast<int>(j);
+      }
+      layout->push_back(input);
+      if (input < 0) added.push_back(t);
+    }
+    return added;
+  }
+  if (all.size() != layout->size()) {
+    throw std::runtime_error(absl::StrCat(
+        "segment ", plan_->segment, ": the replay left ", all.size(),
+        " tensors in a list or dict, the forward ", layout->size()));
+  }
+  for (size_t m = 0; m < all.size(); ++m) {
+    if ((*layout)[m] < 0) added.push_back(all[m]);
+  }
+  return added;
 }
 
 void SegmentRun::Forward(InterpreterEnv& env) {
@@ -539,7 +808,8 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   std::vector<torch::Tensor> tensors;
   for (size_t i = 0; i < plan_->inputs.size(); ++i) {
     const c10::IValue& value = env.at(plan_->inputs[i]);
-    input_shapes_.push_back(value);
+    // A list the graph appends to later must replay with what it held now.
+    input_shapes_.push_back(Snapshot(value));
     const size_t before = tensors.size();
     Flatten(value, &tensors);
     tensor_copied_.resize(tensors.size(), false);
@@ -570,6 +840,19 @@ void SegmentRun::Forward(InterpreterEnv& env) {
       object = object.toObject()->getAttr(path[k]);
     }
     c10::IValue value = object.toObject()->getAttr(path.back());
+    if (value.isList()) {
+      // A list attribute of parameters (nn.LSTM's `_flat_weights`): the
+      // replay differentiates with respect to each of them.
+      for (const c10::IValue& element : value.toListRef()) {
+        if (!element.isTensor()) continue;
+        const torch::Tensor& t = element.toTensor();
+        if (!t.defined() || !t.requires_grad()) continue;
+        bool seen = false;
+        for (const torch::Tensor& p : params_) seen |= p.is_same(t);
+        if (!seen) params_.push_back(t);
+      }
+      continue;
+    }
     if (!value.isTensor() || !value.toTensor().defined()) continue;
     const torch::Tensor& t = value.toTensor();
     // The same attribute may be read twice (both branches of an `if`).
@@ -592,7 +875,20 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   variable_list outputs = SegmentFunction::apply(at::TensorList(tensors), this);
   size_t next = 0;
   for (size_t i = 0; i < plan_->outputs.size(); ++i) {
-    env[plan_->outputs[i]] = Rebuild(output_shapes_[i], outputs, &next);
+    if (!plan_->container_output[i]) {
+      env[plan_->outputs[i]] = Rebuild(output_shapes_[i], outputs, &next);
+      continue;
+    }
+    // The list or dict itself gets what the range left in it: the tensors
+    // it held before (not through the function) and those it added.
+    const std::vector<int>& layout = container_layout_[i];
+    size_t m = 0;
+    const c10::IValue fresh = RebuildWith(output_shapes_[i], [&]() {
+      const int j = m < layout.size() ? layout[m] : -1;
+      ++m;
+      return j >= 0 ? tensors[j] : outputs[next++];
+    });
+    AssignInPlace(env.at(plan_->outputs[i]), fresh);
   }
   // Nothing here may keep a tensor alive for the rest of the step: the
   // outputs' storages are the replay's memory after Replay() and must go
@@ -645,6 +941,21 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     tensor_pinned_by_.emplace_back();
     tensor_free_after_.push_back(plan_->free_after[next]);
   }
+  // Storages a written-back list or dict holds are read through it (the
+  // next DenseNet layer's cat): never freed.
+  {
+    absl::flat_hash_set<const c10::StorageImpl*> held;
+    for (size_t k = 0; k < tensor_output_.size(); ++k) {
+      if (plan_->container_output[tensor_output_[k]] && tensor_impl_[k]) {
+        held.insert(tensor_impl_[k]);
+      }
+    }
+    for (size_t k = 0; k < tensor_output_.size(); ++k) {
+      if (tensor_impl_[k] != nullptr && held.count(tensor_impl_[k]) != 0) {
+        tensor_free_after_[k] = std::numeric_limits<int>::max();
+      }
+    }
+  }
   tensor_readers_.clear();
   for (size_t k = 0; k < tensor_output_.size(); ++k) {
     const std::vector<int>& r = plan_->output_readers[tensor_output_[k]];
@@ -655,6 +966,9 @@ void SegmentRun::Forward(InterpreterEnv& env) {
 std::set<int> SegmentRun::readers() const {
   std::set<int> readers;
   for (size_t k = 0; k < tensor_readers_.size(); ++k) {
+    // A storage nobody holds after the forward (not saved by autograd: it
+    // died where the plain step frees it) needs no replay for its readers.
+    if (tensor_storage_[k].expired()) continue;
     if (tensor_freed_[k] ||
         (!tensor_pinned_by_[k].empty() && plan_->freeable[tensor_output_[k]])) {
       readers.insert(tensor_readers_[k].begin(), tensor_readers_[k].end());
@@ -750,9 +1064,18 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
   output_shapes_.clear();
   output_tensor_end_.clear();
   variable_list out;
-  for (const Value* value : plan_->outputs) {
-    output_shapes_.push_back(env.at(value));
-    Flatten(env.at(value), &out);
+  container_layout_.assign(plan_->outputs.size(), {});
+  for (size_t i = 0; i < plan_->outputs.size(); ++i) {
+    const c10::IValue& value = env.at(plan_->outputs[i]);
+    output_shapes_.push_back(value);
+    if (plan_->container_output[i]) {
+      for (torch::Tensor& t :
+           AddedTensors(value, tensors, &container_layout_[i], true)) {
+        out.push_back(std::move(t));
+      }
+    } else {
+      Flatten(value, &out);
+    }
     output_tensor_end_.push_back(out.size());
   }
   variable_list non_differentiable;
@@ -905,8 +1228,17 @@ void SegmentRun::Replay() {
     } else {
       RunRangeWithHooks(env);
     }
-    for (const Value* value : plan_->outputs)
-      Flatten(env.at(value), &replay_outputs_);
+    for (size_t i = 0; i < plan_->outputs.size(); ++i) {
+      const c10::IValue& value = env.at(plan_->outputs[i]);
+      if (plan_->container_output[i]) {
+        for (torch::Tensor& t :
+             AddedTensors(value, {}, &container_layout_[i], false)) {
+          replay_outputs_.push_back(std::move(t));
+        }
+      } else {
+        Flatten(value, &replay_outputs_);
+      }
+    }
     // Inputs the forward wrote in place are outputs too (after the range's
     // outputs, as in RunForward).
     for (size_t j : dirty_index_) replay_outputs_.push_back(feeds[j]);

@@ -57,8 +57,14 @@ struct SegmentPlan {
   std::vector<bool> copy_input;
   // Attribute paths (from `self`) of tensors read by GetAttr inside the range.
   std::vector<std::vector<std::string>> attribute_paths;
-  // Values defined in the range and used after it.
+  // Values defined in the range and used after it, then the lists and dicts
+  // defined before it that it writes (appends, sets entries) and that are
+  // read after it.
   std::vector<const torch::jit::Value*> outputs;
+  // Per output: one of those lists or dicts. The forward returns the
+  // tensors it added (not the inputs it already held) and writes the
+  // container back in place.
+  std::vector<bool> container_output;
   // Output storages freed after their last forward use and replayed.
   std::vector<bool> freeable;
   // Per output: the last top-level node reading it or a view / in-place
@@ -173,6 +179,18 @@ class SegmentRun {
   c10::IValue Rebuild(const c10::IValue& shape,
                       const std::vector<torch::Tensor>& tensors,
                       size_t* next) const;
+  // `shape` with each tensor replaced by the next `next_tensor()` returns.
+  c10::IValue RebuildWith(
+      const c10::IValue& shape,
+      const std::function<torch::Tensor()>& next_tensor) const;
+  // Tensors of container output `value` (RunForward's or the replay's env)
+  // that the range added, in order; `layout` (per tensor of the container:
+  // the input tensor it is, or -1) is filled by RunForward and read by the
+  // replay.
+  std::vector<torch::Tensor> AddedTensors(const c10::IValue& value,
+                                          const std::vector<torch::Tensor>& in,
+                                          std::vector<int>* layout,
+                                          bool fill) const;
 
   const SegmentPlan* plan_;
   const Graph* graph_;
@@ -198,6 +216,9 @@ class SegmentRun {
   std::vector<size_t> dirty_index_;   // their input tensor positions
   std::vector<bool> input_requires_grad_;
   std::vector<size_t> output_tensor_end_;  // per plan output
+  // Per container output: per tensor it holds, the input tensor it is or -1
+  // (added by the range).
+  std::vector<std::vector<int>> container_layout_;
   std::vector<c10::IValue> output_shapes_;
   // Per output tensor: the plan output it belongs to, its storage (weak:
   // autograd decides how long it lives) and whether FreeAfter emptied it.

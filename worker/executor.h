@@ -37,9 +37,15 @@
 namespace mutwo::worker {
 
 struct ExecutorOptions : TrainingStepOptions {
-  // Gradients match when |scheduled - baseline| <= atol + rtol * |baseline|
-  // element-wise (the replay reorders no arithmetic, but autograd may sum
-  // a parameter's gradient contributions in another order).
+  // Gradients match when |scheduled - baseline| <= atol + rtol * S
+  // element-wise, S the largest baseline gradient element of the step (the
+  // replay reorders no arithmetic, but autograd may sum a gradient's
+  // contributions in another order: a DenseNet feature map read by every
+  // later layer of its block gets them in another order when a segment
+  // returns its gradient. The rounding of such a sum scales with its terms,
+  // not with the result: a batch-norm weight's gradient of 1.4e-5, a sum of
+  // terms of ~1e-2 that cancel, differed by 5e-7 on the CPU. Batch-norm
+  // statistics compare the same way, S per buffer.)
   double grad_rtol = 1e-5;
   double grad_atol = 1e-7;
   // false: run only the scheduled step (no baseline step, no comparisons),

@@ -161,6 +161,21 @@ void Interpreter::RunNode(Node* node, Env& env) {
     throw InterpreterError(absl::StrCat(
         "the model raised: ",
         message.isString() ? message.toStringRef() : std::string("exception")));
+  } else if (kind == c10::aten::warn) {
+    // An interpreter instruction in TorchScript (no operator): warns once
+    // per node, as TorchScript's WARN does.
+    if (warned_.insert(node).second) {
+      const IValue& message = get(node->input(0));
+      TORCH_WARN(message.isString() ? message.toStringRef()
+                                    : std::string("warning"));
+    }
+  } else if (kind == c10::prim::isinstance) {
+    const c10::TypePtr type = get(node->input(0)).type();
+    bool matches = false;
+    for (const c10::TypePtr& candidate : node->tys(c10::attr::types)) {
+      matches |= type->isSubtypeOf(*candidate);
+    }
+    env[node->output()] = IValue(matches);
   } else if (kind == c10::prim::Uninitialized) {
     env[node->output()] = IValue();
   } else if (kind == c10::prim::unchecked_cast) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "worker/graph.h"
 
@@ -74,6 +75,7 @@ class Interpreter {
   const Graph* graph_;
   absl::flat_hash_map<const torch::jit::Node*, torch::jit::Operation>
       operations_;
+  absl::flat_hash_set<const torch::jit::Node*> warned_;  // aten::warn, once
   int failed_node_ = -1;
   const torch::jit::Node* running_ = nullptr;  // innermost node running
 };
