@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "worker/autograd_hooks.h"
 #include "worker/inputs.h"
 #include "worker/swap.h"
@@ -1116,6 +1117,8 @@ void SegmentRun::FreeAfter(int node_id) {
 
 void SegmentRun::FreeTensor(size_t k) {
   c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
+  MUTWO_LOG(trace, "segment {}: free output tensor {} ({} B)", plan_->segment,
+            k, impl ? impl->nbytes() : 0);
   if (!impl || impl->data() == nullptr) return;
   freed_bytes_ += static_cast<int64_t>(impl->nbytes());
   impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));

@@ -342,6 +342,8 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       register_swaps(plan.first_node, plan.last_node, env);
       observe(plan.first_node, plan.last_node, tensors);
       after(plan.last_node);
+      MUTWO_LOG(trace, "forward node {}: {} B after (segment {})",
+                plan.last_node, backend->AllocatedBytes(), plan.segment);
       return plan.last_node;
     };
     hooks.before_node = [this](int id) {
@@ -349,8 +351,6 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     };
     hooks.after_node = [this, r, after, register_swaps, observe](
                            int id, std::vector<c10::IValue>& outputs) {
-      MUTWO_LOG(trace, "forward node {}: {} B after", id,
-                backend->AllocatedBytes());
       const std::vector<torch::Tensor> tensors = TensorsOf(outputs);
       Discover(*r, id, id, tensors);
       InterpreterEnv env;
@@ -361,6 +361,8 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       register_swaps(id, id, env);
       observe(id, id, tensors);
       after(id);
+      MUTWO_LOG(trace, "forward node {}: {} B after", id,
+                backend->AllocatedBytes());
     };
   }
 

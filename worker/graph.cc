@@ -1,5 +1,6 @@
 #include "worker/graph.h"
 
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -104,6 +105,84 @@ uint64_t Fnv1a64(const std::string& text) {
   return hash;
 }
 
+// Replaces reads of the module's constant settings (bool, int, float, str
+// and None attributes: `self.training`, `self.use_res_connect`,
+// `self.downsample is not None`) by constants, then folds the branches and
+// arithmetic that depended on them, so the IR holds the ops a training step
+// runs, not both arms of every configuration `if` (an untaken arm that
+// writes a tensor in place or reads another would otherwise count as if it
+// ran). Attributes the graph assigns (prim::SetAttr) stay reads.
+void FoldConstantAttributes(std::shared_ptr<torch::jit::Graph>& shared,
+                            const torch::jit::Module& module) {
+  torch::jit::Graph& graph = *shared;
+  std::set<std::string> assigned;
+  auto visit_all = [&](auto&& fn) {
+    std::vector<torch::jit::Block*> blocks{graph.block()};
+    while (!blocks.empty()) {
+      torch::jit::Block* block = blocks.back();
+      blocks.pop_back();
+      for (Node* node : block->nodes()) {
+        fn(node);
+        for (torch::jit::Block* inner : node->blocks()) blocks.push_back(inner);
+      }
+    }
+  };
+  visit_all([&](Node* node) {
+    if (node->kind() == c10::prim::SetAttr) {
+      assigned.insert(node->s(c10::attr::name));
+    }
+  });
+  const torch::jit::Value* self = graph.inputs()[0];
+  std::vector<Node*> reads;
+  visit_all([&](Node* node) {
+    if (node->kind() == c10::prim::GetAttr) reads.push_back(node);
+  });
+  bool folded = false;
+  for (Node* node : reads) {
+    const std::string& name = node->s(c10::attr::name);
+    if (assigned.count(name) != 0) continue;
+    const c10::TypeKind kind = node->output()->type()->kind();
+    if (kind != c10::TypeKind::BoolType && kind != c10::TypeKind::IntType &&
+        kind != c10::TypeKind::FloatType && kind != c10::TypeKind::StringType &&
+        kind != c10::TypeKind::NoneType) {
+      continue;
+    }
+    // The object: a chain of GetAttr from `self`.
+    std::vector<std::string> path{name};
+    const torch::jit::Value* object = node->input(0);
+    bool rooted = true;
+    while (object != self) {
+      if (object->node()->kind() != c10::prim::GetAttr) {
+        rooted = false;
+        break;
+      }
+      if (assigned.count(object->node()->s(c10::attr::name)) != 0) {
+        rooted = false;
+        break;
+      }
+      path.push_back(object->node()->s(c10::attr::name));
+      object = object->node()->input(0);
+    }
+    if (!rooted) continue;
+    c10::IValue value = module._ivalue();
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      if (!value.isObject()) {
+        rooted = false;
+        break;
+      }
+      value = value.toObject()->getAttr(*it);
+    }
+    if (!rooted) continue;
+    torch::jit::WithInsertPoint guard(node);
+    torch::jit::Value* constant = graph.insertConstant(value);
+    node->output()->replaceAllUsesWith(constant);
+    folded = true;
+  }
+  if (!folded) return;
+  torch::jit::ConstantPropagation(shared);
+  torch::jit::EliminateDeadCode(shared);
+}
+
 }  // namespace
 
 std::string ScopeOf(const Node* node) {
@@ -139,6 +218,7 @@ absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
     out->graph_ = method->graph()->copy();
     torch::jit::Inline(*out->graph_);
     torch::jit::EliminateDeadCode(out->graph_);
+    FoldConstantAttributes(out->graph_, module);
   } catch (const c10::Error& e) {
     torch::jit::setGraphExecutorOptimize(optimize);
     return absl::InvalidArgumentError(

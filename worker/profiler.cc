@@ -550,6 +550,25 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
         stack.insert(stack.end(), inputs.begin(), inputs.end());
       }
     }
+    // A kept storage written in place by a replayed node, or between its
+    // producer and the last replayed node (EfficientNet's `silu_(bn(x))`:
+    // the storage holds the value after silu_, not the one silu_ read and
+    // autograd saved a copy of), does not hold the value the replay reads:
+    // its producer is replayed too.
+    const int last_replayed = *replay.rbegin();
+    auto overwritten = [&](int id) {
+      for (uintptr_t address : last.output_storages[id]) {
+        auto exposers = exposed_by.find(address);
+        if (exposers == exposed_by.end()) continue;
+        for (int writer : exposers->second) {
+          if (writer > id && writer <= last_replayed &&
+              WritesInPlace(graph->nodes()[writer].node)) {
+            return true;
+          }
+        }
+      }
+      return false;
+    };
     std::set<int> seen(replay);
     {
       std::vector<int> first;
@@ -563,7 +582,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
       stack.pop_back();
       const auto& storages = last.output_storages[id];
       if (storages.empty()) continue;  // non-tensor value: kept as is
-      if (last.outputs_alive[id]) {
+      if (last.outputs_alive[id] && !overwritten(id)) {
         for (uintptr_t address : storages) {
           auto it = value_of_address.find(address);
           if (it != value_of_address.end() && it->second != a->value_id()) {
