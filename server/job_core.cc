@@ -755,9 +755,9 @@ absl::Status JobCore::ReportValidation(
       store_->CompleteTask(request.task_id(), request.fence_token(),
                            request.validation().SerializeAsString()));
   if (!stored_now) return absl::OkStatus();
-  MUTWO_RETURN_IF_ERROR(store_->PutValidation(task.job_id(), task.batch_size(),
-                                              task.schedule().budget().text(),
-                                              request.validation()));
+  MUTWO_RETURN_IF_ERROR(store_->PutValidation(
+      task.job_id(), task.batch_size(), task.schedule().budget().text(),
+      /*round=*/1, request.validation()));
   MUTWO_ASSIGN_OR_RETURN(
       v1::Job job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
         *FindOrAddResult(j, task.batch_size())->add_validations() =
