@@ -1,6 +1,7 @@
 // JobCore against a real Store (temp dir, injected clock) and the real
 // planner: the job state machine, leases, fencing, re-queueing, dead letters,
-// cancellation, the schedule cache and upload verification.
+// cancellation, the schedule cache, the closed loop of validations and upload
+// verification.
 #include "server/job_core.h"
 
 #include <atomic>
@@ -280,7 +281,8 @@ TEST_F(JobCoreTest, OverBudgetValidationIsReplannedLowerAndFitsInRoundTwo) {
 // Every round over the budget: after the last one it does not fit, with
 // the reason, and the cache never serves that schedule as fitting again,
 // to this job or to the next.
-TEST_F(JobCoreTest, PersistentOvershootEndsNotFittingAfterTheLastRound) {
+TEST_F(JobCoreTest,
+       PersistentOvershootEndsNotFittingAndIsNeverServedAsFitting) {
   std::string id;
   v1::Task task = StartValidating("80%", &id);
   const int64_t budget = task.schedule().budget_bytes();
