@@ -45,14 +45,7 @@ int Run() {
   options.listen = "127.0.0.1:0";
   options.metrics_listen = "";
   options.data_dir = dir.string();
-  options.plan = [](const v1::Profile& p, const v1::MemoryBudget& b,
-                    v1::Policy policy, bool pareto) {
-    planner::ScheduleRequest r;
-    r.budget = b;
-    r.policy = policy;
-    r.pareto_points = pareto ? 20 : 0;
-    return planner::PlanSchedule(p, r);
-  };
+  options.plan = PlannerPlanFn(20);
   options.max_batch = [](const std::vector<v1::Profile>& ps, double o) {
     return planner::PredictMaxBatchProto(ps, 0, o);
   };

@@ -16,6 +16,7 @@
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/sha256.h"
+#include "common/validation_check.h"
 
 ABSL_FLAG(std::string, batch, "",
           "submit: batch sizes (16, 8,16,32, 8:64, 8:64:x2, 8:32:+8); "
@@ -83,6 +84,27 @@ std::string Pct(double ratio) {
   return absl::StrFormat("%+.1f%%", ratio * 100);
 }
 
+// The check column for one budget: only FITS says "fits".
+std::string CheckText(const v1::BudgetOutcome& o) {
+  switch (o.state()) {
+    case v1::BudgetOutcome::FITS:
+      return o.rounds() > 1 ? absl::StrCat("fits (", o.rounds(), " rounds)")
+                            : "fits";
+    case v1::BudgetOutcome::VALIDATING:
+      return o.rounds() == 0 ? "validating"
+                             : absl::StrCat("over, re-validating (round ",
+                                            o.rounds() + 1, ")");
+    case v1::BudgetOutcome::OVER_BUDGET:
+      return "NOT FITTING";
+    case v1::BudgetOutcome::INFEASIBLE:
+      return "-";
+    case v1::BudgetOutcome::FAILED:
+      return "FAILED";
+    default:
+      return "-";
+  }
+}
+
 void PrintJobText(const v1::Job& job) {
   std::cout << "job " << job.job_id() << "  "
             << v1::Job::State_Name(job.state()) << "  model "
@@ -95,42 +117,68 @@ void PrintJobText(const v1::Job& job) {
       "%6s  %-10s  %12s  %10s  %12s  %10s  %8s  %12s  %10s  %s\n", "batch",
       "budget", "base peak", "base ms", "plan peak", "plan ms", "overhead",
       "measured", "meas ms", "check");
+  // Why budgets do not fit, printed under the table.
+  std::vector<std::string> notes;
   for (const v1::BatchResult& r : job.results()) {
     if (r.oom() || (!r.error().empty() && r.schedules().empty())) {
       std::cout << absl::StrFormat("%6d  %s\n", r.batch_size(),
                                    r.oom() ? "out of memory" : r.error());
       continue;
     }
-    for (const v1::Schedule& s : r.schedules()) {
+    for (int i = 0; i < r.schedules_size(); ++i) {
+      const v1::Schedule& s = r.schedules(i);
+      const std::string budget = s.budget().text().empty()
+                                     ? FormatBudget(s.budget())
+                                     : s.budget().text();
+      const v1::BudgetOutcome* o =
+          i < r.outcomes_size() ? &r.outcomes(i) : nullptr;
+      // The last round's validation (a job of an older server has no
+      // outcomes: its last validation for the budget).
       const v1::Validation* v = nullptr;
       for (const auto& val : r.validations()) {
-        if (val.budget_bytes() == s.budget_bytes()) v = &val;
+        if (val.budget_bytes() == s.budget_bytes() &&
+            (o == nullptr || val.round() == o->rounds())) {
+          v = &val;
+        }
       }
       std::string measured = "-", meas_ms = "-", check = "-";
       if (v != nullptr) {
         measured = FormatBytes(v->scheduled().peak_bytes());
         meas_ms = absl::StrFormat("%.1f", v->scheduled().iteration_ms());
-        check =
-            absl::StrCat(v->within_budget() ? "fits" : "OVER BUDGET", ", ",
-                         v->gradients_match() ? "grads match" : "GRADS DIFFER");
       }
+      if (o != nullptr) {
+        check = CheckText(*o);
+        if (!o->reason().empty() &&
+            o->state() != v1::BudgetOutcome::INFEASIBLE) {
+          notes.push_back(absl::StrCat("batch ", r.batch_size(), ", budget ",
+                                       budget, ": ", check, ": ", o->reason()));
+        }
+      } else if (v != nullptr) {
+        const ValidationCheck c = CheckValidation(*v);
+        check = c.ok() ? "fits" : "NOT FITTING";
+        if (!c.ok()) {
+          notes.push_back(absl::StrCat("batch ", r.batch_size(), ", budget ",
+                                       budget, ": ", c.problem));
+        }
+      }
+      // A schedule marked infeasible by a measurement still has its plan.
+      const bool planned = s.feasible() || s.measured_peak_bytes() > 0;
       const double overhead =
           s.baseline_iteration_ms() > 0
               ? s.predicted_iteration_ms() / s.baseline_iteration_ms() - 1
               : 0;
       std::cout << absl::StrFormat(
           "%6d  %-10s  %12s  %10.1f  %12s  %10.1f  %8s  %12s  %10s  %s\n",
-          r.batch_size(),
-          s.budget().text().empty() ? FormatBudget(s.budget())
-                                    : s.budget().text(),
-          FormatBytes(r.baseline_peak_bytes()), r.baseline_iteration_ms(),
-          s.feasible() ? FormatBytes(s.predicted_peak_bytes())
-                       : absl::StrCat("infeasible (floor ",
-                                      FormatBytes(s.floor_bytes()), ")"),
-          s.predicted_iteration_ms(), s.feasible() ? Pct(overhead) : "-",
-          measured, meas_ms, check);
+          r.batch_size(), budget, FormatBytes(r.baseline_peak_bytes()),
+          r.baseline_iteration_ms(),
+          planned ? FormatBytes(s.predicted_peak_bytes())
+                  : absl::StrCat("infeasible (floor ",
+                                 FormatBytes(s.floor_bytes()), ")"),
+          s.predicted_iteration_ms(), planned ? Pct(overhead) : "-", measured,
+          meas_ms, check);
     }
   }
+  for (const std::string& note : notes) std::cout << note << "\n";
   if (job.has_max_batch()) {
     const auto& m = job.max_batch();
     std::cout << "max batch (capacity " << FormatBytes(m.capacity_bytes())
@@ -407,7 +455,13 @@ int ScheduleCommand(const ParsedArgs& args) {
     }
     std::cout << "policy " << v1::Policy_Name(schedule.policy()) << ", budget "
               << FormatBytes(schedule.budget_bytes()) << ": "
-              << (schedule.feasible() ? "feasible" : "INFEASIBLE") << "\n"
+              << (schedule.feasible() ? "feasible" : "INFEASIBLE")
+              << (schedule.measured_peak_bytes() > 0
+                      ? absl::StrCat(
+                            ", measured ",
+                            FormatBytes(schedule.measured_peak_bytes()))
+                      : "")
+              << "\n"
               << "  baseline  " << FormatBytes(schedule.baseline_peak_bytes())
               << ", "
               << absl::StrFormat("%.2f ms", schedule.baseline_iteration_ms())
@@ -415,6 +469,15 @@ int ScheduleCommand(const ParsedArgs& args) {
               << FormatBytes(schedule.predicted_peak_bytes()) << ", "
               << absl::StrFormat("%.2f ms", schedule.predicted_iteration_ms())
               << "\n  floor     " << FormatBytes(schedule.floor_bytes()) << "\n"
+              << (schedule.correction_bytes() > 0
+                      ? absl::StrCat("  planned   ",
+                                     FormatBytes(schedule.correction_bytes()),
+                                     " below the budget (learned from "
+                                     "validations)\n")
+                      : "")
+              << (!schedule.feasible() && !schedule.reason().empty()
+                      ? absl::StrCat("  reason    ", schedule.reason(), "\n")
+                      : "")
               << "  " << recompute << " recomputed, " << swap << " swapped of "
               << schedule.decisions_size() << " activations\n";
     for (const auto& pt : schedule.pareto()) {

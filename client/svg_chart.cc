@@ -193,11 +193,16 @@ LineChart BatchChart(const v1::Job& job) {
       }
     }
     if (best > 0) planned.points.emplace_back(b, static_cast<double>(best));
+    // The last round's measurement (the closed loop may run several).
+    const v1::Validation* last = nullptr;
     for (const auto& v : r.validations()) {
       if (v.budget_bytes() == best_budget && v.scheduled().peak_bytes() > 0) {
-        measured.points.emplace_back(
-            b, static_cast<double>(v.scheduled().peak_bytes()));
+        last = &v;
       }
+    }
+    if (last != nullptr) {
+      measured.points.emplace_back(
+          b, static_cast<double>(last->scheduled().peak_bytes()));
     }
   }
   chart.series = {baseline, planned, measured};

@@ -107,6 +107,18 @@ v1::BatchResult* FindOrAddResult(v1::Job& job, int64_t batch_size) {
 
 }  // namespace
 
+PlanFn PlannerPlanFn(int pareto_points) {
+  return
+      [pareto_points](const v1::Profile& profile, const PlanRequest& request) {
+        planner::ScheduleRequest r;
+        r.budget = request.budget;
+        r.policy = request.policy;
+        r.pareto_points = request.include_pareto ? pareto_points : 0;
+        r.correction_bytes = request.correction_bytes;
+        return planner::PlanSchedule(profile, r);
+      };
+}
+
 // ---------------------------------------------------------------------------
 // UploadSession
 
@@ -180,10 +192,13 @@ absl::Status UploadSession::Finish() {
 JobCore::JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
                  PlanFn plan, MaxBatchFn max_batch)
     : options_(options),
+      loop_options_{options.max_validation_rounds,
+                    options.replan_margin_fraction},
       store_(store),
       metrics_(metrics),
       plan_(std::move(plan)),
-      max_batch_(std::move(max_batch)) {}
+      max_batch_(std::move(max_batch)),
+      cache_(store, metrics) {}
 
 absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
                                                          storage::Store* store,
@@ -199,6 +214,15 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
   }
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError("max attempts must be at least 1");
+  }
+  if (options.max_validation_rounds < 1) {
+    return absl::InvalidArgumentError(
+        "max validation rounds must be at least 1");
+  }
+  if (!(options.replan_margin_fraction >= 0 &&
+        options.replan_margin_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        "the re-plan margin must be a fraction of the budget in [0, 1)");
   }
   if (options.worker_lost_after_ms <= 0) {
     options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
@@ -378,6 +402,7 @@ absl::StatusOr<v1::Job> JobCore::CancelJob(const std::string& job_id) {
         return absl::OkStatus();
       }));
   MUTWO_RETURN_IF_ERROR(store_->CancelJobTasks(job_id).status());
+  MUTWO_RETURN_IF_ERROR(Settle(job_id));
   MUTWO_LOG(info, "job {} cancelled", job_id);
   RefreshGauges();
   NotifyChange();
@@ -390,65 +415,47 @@ absl::StatusOr<v1::Profile> JobCore::GetProfile(
   return store_->GetProfile(request.job_id(), request.batch_size());
 }
 
+absl::StatusOr<v1::Schedule> JobCore::Plan(const v1::Profile& profile,
+                                           const v1::MemoryBudget& budget,
+                                           v1::Policy policy,
+                                           int64_t correction_bytes) {
+  if (profile.oom()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("batch size ", profile.batch_size(),
+                     " ran out of memory while profiling (", profile.oom_step(),
+                     "); no schedule can be planned from it"));
+  }
+  PlanRequest request;
+  request.budget = budget;
+  request.policy = policy;
+  // Cached schedules always carry the Pareto curve so that one entry serves
+  // requests with and without it.
+  request.include_pareto = true;
+  request.correction_bytes = correction_bytes;
+  const auto start = std::chrono::steady_clock::now();
+  auto schedule = plan_(profile, request);
+  metrics_->ObservePlanner(ElapsedSeconds(start));
+  return schedule;
+}
+
 absl::StatusOr<v1::Schedule> JobCore::PlanCached(
     const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
     const v1::DeviceInfo& device,
     const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
     const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
     bool include_timeline) {
-  // Two copies are kept: everything, and neither the Pareto curve nor the
-  // timeline (what most requests want, and the cheapest to send).
-  auto answer = [&](const HotSchedule& hot) -> v1::Schedule {
-    if (include_pareto && include_timeline) return *hot.full;
-    if (!include_pareto && !include_timeline) return *hot.bare;
-    v1::Schedule s = *hot.full;
-    if (!include_pareto) s.clear_pareto();
-    if (!include_timeline) s.clear_timeline();
-    return s;
-  };
   const storage::ScheduleCacheKey key =
       storage::MakeScheduleCacheKey(spec, batch_size, device, budget, policy);
-  const std::string key_text = storage::CanonicalKeyString(key);
-  {
-    absl::MutexLock lock(&hot_mu_);
-    auto it = hot_schedules_.find(key_text);
-    if (it != hot_schedules_.end()) {
-      metrics_->CountCache(true);
-      return answer(it->second);
-    }
-  }
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
-                         store_->GetCachedSchedule(key));
-  metrics_->CountCache(cached.has_value());
-  v1::Schedule schedule;
-  if (cached.has_value()) {
-    schedule = *std::move(cached);
-  } else {
-    // Only a miss needs the whole profile.
-    MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
-    if (profile.oom()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "batch size ", batch_size, " ran out of memory while profiling (",
-          profile.oom_step(), "); no schedule can be planned from it"));
-    }
-    const auto start = std::chrono::steady_clock::now();
-    // The cached copy always carries the Pareto curve so that one entry
-    // serves requests with and without it.
-    MUTWO_ASSIGN_OR_RETURN(schedule, plan_(profile, budget, policy, true));
-    metrics_->ObservePlanner(ElapsedSeconds(start));
-    MUTWO_RETURN_IF_ERROR(store_->PutSchedule(key, job_id, schedule));
-  }
-  HotSchedule hot;
-  hot.full = std::make_shared<const v1::Schedule>(schedule);
-  schedule.clear_pareto();
-  schedule.clear_timeline();
-  hot.bare = std::make_shared<const v1::Schedule>(std::move(schedule));
-  {
-    absl::MutexLock lock(&hot_mu_);
-    if (hot_schedules_.size() >= kHotCacheEntries) hot_schedules_.clear();
-    hot_schedules_[key_text] = hot;
-  }
-  return answer(hot);
+                         cache_.Get(key, include_pareto, include_timeline));
+  if (cached.has_value()) return *std::move(cached);
+  // Only a miss needs the whole profile.
+  MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
+  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
+                         Plan(profile, budget, policy, /*correction_bytes=*/0));
+  MUTWO_RETURN_IF_ERROR(cache_.Put(key, job_id, schedule));
+  return ScheduleCache::Trim(std::move(schedule), include_pareto,
+                             include_timeline);
 }
 
 absl::StatusOr<std::shared_ptr<const v1::JobSpec>> JobCore::JobSpecOf(
@@ -703,6 +710,8 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
                                       schedule.status().message()));
         break;
       }
+      // Feasible is a prediction: only a validation round makes it fit.
+      *result.add_outcomes() = PlannedOutcome(*schedule);
       if (schedule->feasible()) {
         MUTWO_RETURN_IF_ERROR(store_
                                   ->AddTask(task.job_id(), v1::Task::VALIDATE,
@@ -755,19 +764,147 @@ absl::Status JobCore::ReportValidation(
       store_->CompleteTask(request.task_id(), request.fence_token(),
                            request.validation().SerializeAsString()));
   if (!stored_now) return absl::OkStatus();
-  MUTWO_RETURN_IF_ERROR(store_->PutValidation(task.job_id(), task.batch_size(),
-                                              task.schedule().budget().text(),
-                                              request.validation()));
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
+  const v1::MemoryBudget& budget = task.schedule().budget();
+  // The outcome so far; a job of an older server has none yet.
+  v1::BudgetOutcome outcome = PlannedOutcome(task.schedule());
+  if (const v1::BudgetOutcome* known =
+          FindOutcome(*FindOrAddResult(job, task.batch_size()), budget)) {
+    outcome = *known;
+  }
+  const int round = outcome.rounds() + 1;
+  v1::Validation validation = request.validation();
+  validation.set_round(round);
+  MUTWO_RETURN_IF_ERROR(store_->PutValidation(
+      task.job_id(), task.batch_size(),
+      budget.text().empty() ? FormatBudget(budget) : budget.text(), round,
+      validation));
   MUTWO_ASSIGN_OR_RETURN(
-      v1::Job job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
-        *FindOrAddResult(j, task.batch_size())->add_validations() =
-            request.validation();
-        return absl::OkStatus();
-      }));
+      RoundResult next,
+      CloseRound(job, task, validation, round, std::move(outcome)));
+  MUTWO_ASSIGN_OR_RETURN(job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+    v1::BatchResult& r = *FindOrAddResult(j, task.batch_size());
+    *r.add_validations() = validation;
+    bool shown = false;
+    for (v1::Schedule& s : *r.mutable_schedules()) {
+      if (s.budget().SerializeAsString() == budget.SerializeAsString()) {
+        s = next.schedule;
+        shown = true;
+      }
+    }
+    if (!shown) *r.add_schedules() = next.schedule;
+    if (v1::BudgetOutcome* o = FindOutcome(r, budget)) {
+      *o = next.outcome;
+    } else {
+      *r.add_outcomes() = next.outcome;
+    }
+    return absl::OkStatus();
+  }));
+  MUTWO_LOG(info, "job {} batch {} budget {}: round {} measured {}: {}{}",
+            task.job_id(), task.batch_size(), FormatBudget(budget), round,
+            FormatBytes(validation.scheduled().peak_bytes()),
+            v1::BudgetOutcome::State_Name(next.outcome.state()),
+            next.outcome.state() == v1::BudgetOutcome::VALIDATING
+                ? absl::StrCat(" (round ", round + 1, " planned ",
+                               FormatBytes(next.outcome.correction_bytes()),
+                               " below the budget)")
+            : next.outcome.reason().empty()
+                ? ""
+                : absl::StrCat(" (", next.outcome.reason(), ")"));
   PublishModelMetrics(job);
   MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
   NotifyChange();
   return absl::OkStatus();
+}
+
+absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
+    const v1::Job& job, const v1::Task& task, const v1::Validation& validation,
+    int round, v1::BudgetOutcome outcome) {
+  const v1::Schedule& ran = task.schedule();
+  const RoundDecision decision =
+      JudgeRound(ran, validation, round, loop_options_);
+  metrics_->CountValidation(decision.metric_result);
+  const int64_t measured = validation.scheduled().peak_bytes();
+  const bool measured_over = !validation.oom() && measured > ran.budget_bytes();
+  outcome.set_rounds(round);
+  outcome.set_measured_peak_bytes(validation.oom() ? 0 : measured);
+  outcome.set_fits(false);
+  outcome.clear_reason();
+  RoundResult result;
+  std::string reason = decision.reason;
+  switch (decision.next) {
+    case RoundDecision::Next::kFits:
+      outcome.set_state(v1::BudgetOutcome::FITS);
+      outcome.set_fits(true);
+      break;
+    case RoundDecision::Next::kFailed:
+      outcome.set_state(v1::BudgetOutcome::FAILED);
+      break;
+    case RoundDecision::Next::kOverBudget:
+      outcome.set_state(v1::BudgetOutcome::OVER_BUDGET);
+      break;
+    case RoundDecision::Next::kReplan: {
+      MUTWO_ASSIGN_OR_RETURN(
+          v1::Profile profile,
+          store_->GetProfile(job.job_id(), task.batch_size()));
+      MUTWO_ASSIGN_OR_RETURN(
+          v1::Schedule replanned,
+          Plan(profile, ran.budget(), ran.policy(), decision.correction_bytes));
+      if (replanned.feasible()) {
+        // The corrected plan replaces the one that overshot, for this job's
+        // next round and for every later job with the same key.
+        MUTWO_RETURN_IF_ERROR(cache_.Put(
+            storage::MakeScheduleCacheKey(job.spec(), task.batch_size(),
+                                          profile.device(), ran.budget(),
+                                          ran.policy()),
+            job.job_id(), replanned));
+        result.schedule = ScheduleCache::Trim(std::move(replanned),
+                                              /*include_pareto=*/false,
+                                              /*include_timeline=*/false);
+        MUTWO_RETURN_IF_ERROR(store_
+                                  ->AddTask(job.job_id(), v1::Task::VALIDATE,
+                                            task.batch_size(), result.schedule)
+                                  .status());
+        outcome.set_state(v1::BudgetOutcome::VALIDATING);
+        outcome.set_predicted_peak_bytes(
+            result.schedule.predicted_peak_bytes());
+        outcome.set_correction_bytes(result.schedule.correction_bytes());
+        result.outcome = std::move(outcome);
+        return result;
+      }
+      reason = NoRoomReason(replanned, measured, round);
+      outcome.set_state(v1::BudgetOutcome::OVER_BUDGET);
+      break;
+    }
+  }
+  outcome.set_reason(reason);
+  // Whatever else went wrong, a peak over the budget is a fact about the
+  // plan that ran: the cache must not serve it as fitting again.
+  if (decision.next == RoundDecision::Next::kFits || measured_over) {
+    MUTWO_RETURN_IF_ERROR(RecordMeasurement(job, task, measured, reason));
+  }
+  result.schedule =
+      validation.oom() ? ran : MarkMeasured(ran, measured, reason);
+  result.outcome = std::move(outcome);
+  return result;
+}
+
+absl::Status JobCore::RecordMeasurement(const v1::Job& job,
+                                        const v1::Task& task,
+                                        int64_t measured_bytes,
+                                        const std::string& reason) {
+  const v1::Schedule& ran = task.schedule();
+  MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::DeviceInfo> device,
+                         ProfileDeviceOf(job.job_id(), task.batch_size()));
+  const storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
+      job.spec(), task.batch_size(), *device, ran.budget(), ran.policy());
+  MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> entry, cache_.Peek(key));
+  if (entry.has_value() && !SamePlan(*entry, ran)) {
+    return absl::OkStatus();  // re-planned or marked since this round began
+  }
+  return cache_.Put(key, job.job_id(),
+                    MarkMeasured(entry.has_value() ? *std::move(entry) : ran,
+                                 measured_bytes, reason));
 }
 
 absl::Status JobCore::FailTask(const v1::FailTaskRequest& request) {
@@ -814,6 +951,25 @@ absl::Status JobCore::Settle(const std::string& job_id) {
       v1::Job job, store_->UpdateJob(job_id, [&](v1::Job& j) {
         j.set_tasks_total(static_cast<int32_t>(tasks.size()));
         j.set_tasks_done(finished);
+        // A round that will never report ends its budget's loop.
+        for (const v1::Task& t : tasks) {
+          if (t.kind() != v1::Task::VALIDATE ||
+              (t.state() != v1::Task::FAILED &&
+               t.state() != v1::Task::CANCELLED)) {
+            continue;
+          }
+          v1::BudgetOutcome* o = FindOutcome(
+              *FindOrAddResult(j, t.batch_size()), t.schedule().budget());
+          if (o == nullptr || o->state() != v1::BudgetOutcome::VALIDATING) {
+            continue;
+          }
+          o->set_state(v1::BudgetOutcome::FAILED);
+          o->set_reason(t.state() == v1::Task::FAILED
+                            ? absl::StrCat("validation round ", o->rounds() + 1,
+                                           " failed: ", t.last_error())
+                            : "the job was cancelled before the validation "
+                              "ended");
+        }
         if (IsFinal(j.state())) return absl::OkStatus();
         if (pending_profile > 0) {
           j.set_state(started > 0 ? v1::Job::PROFILING : v1::Job::QUEUED);
@@ -838,6 +994,11 @@ absl::Status JobCore::Settle(const std::string& job_id) {
 
 void JobCore::PublishModelMetrics(const v1::Job& job) {
   const std::string& model = job.spec().model_name();
+  auto planned = [&](int64_t peak_bytes, double iteration_ms) {
+    metrics_->SetModelPeakBytes(model, "planned",
+                                static_cast<double>(peak_bytes));
+    metrics_->SetModelIterationSeconds(model, "planned", iteration_ms / 1000.0);
+  };
   for (const v1::BatchResult& r : job.results()) {
     if (r.baseline_peak_bytes() > 0) {
       metrics_->SetModelPeakBytes(model, "baseline",
@@ -845,19 +1006,19 @@ void JobCore::PublishModelMetrics(const v1::Job& job) {
       metrics_->SetModelIterationSeconds(model, "baseline",
                                          r.baseline_iteration_ms() / 1000.0);
     }
-    for (const v1::Validation& v : r.validations()) {
-      metrics_->SetModelPeakBytes(
-          model, "planned", static_cast<double>(v.scheduled().peak_bytes()));
-      metrics_->SetModelIterationSeconds(model, "planned",
-                                         v.scheduled().iteration_ms() / 1000.0);
-    }
-    if (r.validations().empty()) {
-      for (const v1::Schedule& s : r.schedules()) {
-        if (!s.feasible()) continue;
-        metrics_->SetModelPeakBytes(
-            model, "planned", static_cast<double>(s.predicted_peak_bytes()));
-        metrics_->SetModelIterationSeconds(model, "planned",
-                                           s.predicted_iteration_ms() / 1000.0);
+    // Measured figures only from a round that fits; predicted ones while a
+    // round runs; nothing for a budget that does not fit.
+    for (int i = 0; i < r.outcomes_size() && i < r.schedules_size(); ++i) {
+      const v1::BudgetOutcome& o = r.outcomes(i);
+      const v1::Schedule& s = r.schedules(i);
+      if (o.state() == v1::BudgetOutcome::VALIDATING) {
+        planned(s.predicted_peak_bytes(), s.predicted_iteration_ms());
+      } else if (o.fits()) {
+        for (const v1::Validation& v : r.validations()) {
+          if (v.budget_bytes() == o.budget_bytes() && v.round() == o.rounds()) {
+            planned(v.scheduled().peak_bytes(), v.scheduled().iteration_ms());
+          }
+        }
       }
     }
   }

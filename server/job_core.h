@@ -5,7 +5,12 @@
 // on top of the Store (all state durable there, so a restarted server picks
 // every job up where it was), task leasing with long polls, heartbeats,
 // fencing and re-queueing (a reaper thread re-queues expired leases and marks
-// silent workers LOST), the schedule cache, and the metrics.
+// silent workers LOST), the closed loop of validations (closed_loop.h: a
+// budget fits only once a worker measured it within the budget; a round
+// over the budget is re-planned and validated again, at most
+// `max_validation_rounds` rounds; the verdict per batch size and budget is
+// BatchResult.outcomes), the schedule cache (schedule_cache.h) and the
+// metrics.
 //
 // Planning is injected (PlanFn, MaxBatchFn) so the core can be tested with
 // the real planner or a fake.
@@ -28,16 +33,29 @@
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
+#include "server/closed_loop.h"
 #include "server/metrics.h"
+#include "server/schedule_cache.h"
 #include "storage/store.h"
 
 namespace mutwo {
 
+// What JobCore asks the planner for.
+struct PlanRequest {
+  v1::MemoryBudget budget;
+  v1::Policy policy = v1::MUTWO;
+  bool include_pareto = false;
+  // Plan this many bytes below the budget (Schedule.correction_bytes),
+  // learned by the closed loop.
+  int64_t correction_bytes = 0;
+};
 // Plans one schedule for a profile (server/planner through its proto
 // conversion).
 using PlanFn = std::function<absl::StatusOr<v1::Schedule>(
-    const v1::Profile& profile, const v1::MemoryBudget& budget,
-    v1::Policy policy, bool include_pareto)>;
+    const v1::Profile& profile, const PlanRequest& request)>;
+// The real planner (planner::PlanSchedule), with `pareto_points` budgets in
+// the Pareto sweep when the request includes it.
+PlanFn PlannerPlanFn(int pareto_points);
 // Predicts the largest batch from profiles at several batch sizes.
 using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
     const std::vector<v1::Profile>& profiles, double max_overhead)>;
@@ -73,6 +91,11 @@ class JobCore {
     int64_t worker_lost_after_ms = 0;  // 0: 3 x lease timeout
     int64_t reaper_interval_ms = 500;
     int64_t max_lease_wait_ms = 30000;
+    // Validation rounds per batch size and budget, the first included.
+    int max_validation_rounds = 3;
+    // Added to a round's measured overshoot when re-planning, as a fraction
+    // of the budget.
+    double replan_margin_fraction = 0.01;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -122,6 +145,12 @@ class JobCore {
  private:
   JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
           PlanFn plan, MaxBatchFn max_batch);
+  // Plans `profile` (the whole schedule, with the Pareto curve), timing the
+  // planner. FailedPrecondition for a profile that ran out of memory.
+  absl::StatusOr<v1::Schedule> Plan(const v1::Profile& profile,
+                                    const v1::MemoryBudget& budget,
+                                    v1::Policy policy,
+                                    int64_t correction_bytes);
   // The schedule for (job spec, batch, device, budget, policy) from the
   // cache, or planned from the profile `load_profile` returns (only called on
   // a miss) and cached.
@@ -131,31 +160,48 @@ class JobCore {
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
       bool include_timeline);
+  // The closed loop after round `round` of VALIDATE `task` measured
+  // `validation`: the outcome for its (batch, budget), settled or with the
+  // next round queued (re-planned with the correction learned), and the
+  // schedule the job result shows for it (the re-planned one, or the one
+  // that ran marked with its measurement). Keeps the schedule cache in step.
+  struct RoundResult {
+    v1::BudgetOutcome outcome;
+    v1::Schedule schedule;
+  };
+  absl::StatusOr<RoundResult> CloseRound(const v1::Job& job,
+                                         const v1::Task& task,
+                                         const v1::Validation& validation,
+                                         int round, v1::BudgetOutcome outcome);
+  // Marks the cache entry of the schedule `task` ran with `measured_bytes`
+  // (over the budget: infeasible with `reason`), unless the entry is
+  // another plan by now.
+  absl::Status RecordMeasurement(const v1::Job& job, const v1::Task& task,
+                                 int64_t measured_bytes,
+                                 const std::string& reason);
   // Recomputes the job's state and counters from its tasks after any task
-  // change, and finishes the job when no task is left to run.
+  // change (a failed or cancelled VALIDATE task fails its budget's
+  // outcome), and finishes the job when no task is left to run.
   absl::Status Settle(const std::string& job_id);
   void NotifyChange();
   void RefreshGauges();
   void PublishModelMetrics(const v1::Job& job);
 
   // Immutable facts kept in memory for the GetSchedule hot path (a job's
-  // spec, the device of a stored profile, planned schedules): bounded maps,
-  // cleared when full.
+  // spec, the device of a stored profile): bounded maps, cleared when full.
   absl::StatusOr<std::shared_ptr<const v1::JobSpec>> JobSpecOf(
       const std::string& job_id);
   absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> ProfileDeviceOf(
       const std::string& job_id, int64_t batch_size);
   static constexpr size_t kHotCacheEntries = 4096;
-  struct HotSchedule {
-    std::shared_ptr<const v1::Schedule> full;
-    std::shared_ptr<const v1::Schedule> bare;  // no Pareto curve, no timeline
-  };
 
   Options options_;
+  ClosedLoopOptions loop_options_;
   storage::Store* store_;
   ServerMetrics* metrics_;
   PlanFn plan_;
   MaxBatchFn max_batch_;
+  ScheduleCache cache_;
 
   absl::Mutex mu_;
   absl::CondVar changed_;
@@ -168,8 +214,6 @@ class JobCore {
       hot_specs_ ABSL_GUARDED_BY(hot_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::DeviceInfo>>
       hot_devices_ ABSL_GUARDED_BY(hot_mu_);
-  absl::flat_hash_map<std::string, HotSchedule> hot_schedules_
-      ABSL_GUARDED_BY(hot_mu_);
 };
 
 }  // namespace mutwo

@@ -27,6 +27,13 @@ ABSL_FLAG(int32_t, max_concurrent_jobs, 0,
           "refuse new jobs while this many are unfinished (0: no limit)");
 ABSL_FLAG(int32_t, pareto_points, 20,
           "budgets in each schedule's Pareto sweep");
+ABSL_FLAG(int32_t, validation_rounds, 3,
+          "validation rounds per batch size and budget: a schedule measured "
+          "over its budget is re-planned below it by the overshoot and "
+          "validated again, at most this many rounds in all");
+ABSL_FLAG(double, replan_margin, 0.01,
+          "re-planning after an overshoot: margin added to the measured "
+          "overshoot, as a fraction of the budget");
 ABSL_FLAG(int32_t, drain_timeout_ms, 10000,
           "on SIGTERM, how long in-flight RPCs may take before cancellation");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
@@ -81,17 +88,9 @@ int main(int argc, char** argv) {
   options.core.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.core.max_model_bytes = *max_model_bytes;
   options.core.max_concurrent_jobs = absl::GetFlag(FLAGS_max_concurrent_jobs);
-  const int pareto_points = absl::GetFlag(FLAGS_pareto_points);
-  options.plan = [pareto_points](const mutwo::v1::Profile& profile,
-                                 const mutwo::v1::MemoryBudget& budget,
-                                 mutwo::v1::Policy policy,
-                                 bool include_pareto) {
-    mutwo::planner::ScheduleRequest request;
-    request.budget = budget;
-    request.policy = policy;
-    request.pareto_points = include_pareto ? pareto_points : 0;
-    return mutwo::planner::PlanSchedule(profile, request);
-  };
+  options.core.max_validation_rounds = absl::GetFlag(FLAGS_validation_rounds);
+  options.core.replan_margin_fraction = absl::GetFlag(FLAGS_replan_margin);
+  options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
   options.max_batch = [](const std::vector<mutwo::v1::Profile>& profiles,
                          double max_overhead) {
     return mutwo::planner::PredictMaxBatchProto(profiles, 0, max_overhead);

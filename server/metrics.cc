@@ -76,6 +76,12 @@ ServerMetrics::ServerMetrics()
                  .Name("mutwo_schedule_cache_requests_total")
                  .Help("Schedule cache lookups by result (hit, miss)")
                  .Register(*registry_)),
+      validations_(BuildCounter()
+                       .Name("mutwo_validations_total")
+                       .Help("Validation rounds reported, by result: fits "
+                             "(within the budget, matching the unmodified "
+                             "step), over_budget, failed")
+                       .Register(*registry_)),
       uploads_(BuildCounter()
                    .Name("mutwo_model_uploads_total")
                    .Help("Model uploads by result (stored, deduplicated)")
@@ -104,6 +110,9 @@ ServerMetrics::ServerMetrics()
       .Set(1);
   cache_.Add({{"result", "hit"}});
   cache_.Add({{"result", "miss"}});
+  for (const char* result : {"fits", "over_budget", "failed"}) {
+    validations_.Add({{"result", result}});
+  }
   uploads_.Add({{"result", "stored"}});
   uploads_.Add({{"result", "deduplicated"}});
   SetJobs({});
@@ -155,6 +164,10 @@ void ServerMetrics::ObservePlanner(double seconds) {
 
 void ServerMetrics::CountCache(bool hit) {
   cache_.Add({{"result", hit ? "hit" : "miss"}}).Increment();
+}
+
+void ServerMetrics::CountValidation(const std::string& result) {
+  validations_.Add({{"result", result}}).Increment();
 }
 
 void ServerMetrics::CountUpload(bool stored) {

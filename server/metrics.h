@@ -39,10 +39,13 @@ class ServerMetrics {
                   double seconds);
   void ObservePlanner(double seconds);
   void CountCache(bool hit);
+  // One validation round: "fits", "over_budget" or "failed".
+  void CountValidation(const std::string& result);
   void CountUpload(bool stored);
 
-  // Per model: "baseline" or "planned" peak bytes / iteration seconds, and
-  // max batch "without" / "with" checkpointing.
+  // Per model: "baseline" or "planned" peak bytes / iteration seconds (the
+  // planned figures are measured only by a validation that fits; predicted
+  // while one runs), and max batch "without" / "with" checkpointing.
   void SetModelPeakBytes(const std::string& model, const std::string& kind,
                          double bytes);
   void SetModelIterationSeconds(const std::string& model,
@@ -66,6 +69,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
   prometheus::Histogram& planner_seconds_;
   prometheus::Family<prometheus::Counter>& cache_;
+  prometheus::Family<prometheus::Counter>& validations_;
   prometheus::Family<prometheus::Counter>& uploads_;
   prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;

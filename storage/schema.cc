@@ -113,6 +113,27 @@ constexpr char kSchemaV2[] = R"sql(
 ALTER TABLE profiles ADD COLUMN device BLOB;
 )sql";
 
+// Version 3: every round of mutwo-server's closed loop keeps its validation
+// (a schedule measured over its budget is re-planned and validated again),
+// so the round joins the key. Rows of version 2 become round 1. SQLite
+// cannot change a primary key in place: the table is rebuilt.
+constexpr char kSchemaV3[] = R"sql(
+CREATE TABLE validations_v3 (
+  job_id TEXT NOT NULL REFERENCES jobs (job_id),
+  batch_size INTEGER NOT NULL,
+  budget_text TEXT NOT NULL,
+  round INTEGER NOT NULL,
+  validation BLOB NOT NULL,
+  updated_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, batch_size, budget_text, round)
+);
+INSERT INTO validations_v3
+  SELECT job_id, batch_size, budget_text, 1, validation, updated_unix_ms
+  FROM validations ORDER BY rowid;
+DROP TABLE validations;
+ALTER TABLE validations_v3 RENAME TO validations;
+)sql";
+
 }  // namespace
 
 static absl::Status NewerSchemaError(const Db& db, int64_t version) {
@@ -125,7 +146,8 @@ static absl::Status NewerSchemaError(const Db& db, int64_t version) {
 
 const std::vector<Migration>& Migrations() {
   static const std::vector<Migration>* const kMigrations =
-      new std::vector<Migration>{{1, kSchemaV1}, {2, kSchemaV2}};
+      new std::vector<Migration>{
+          {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}};
   return *kMigrations;
 }
 

@@ -1071,10 +1071,14 @@ absl::Status Store::PutSchedule(const ScheduleCacheKey& key,
 }
 
 absl::Status Store::PutValidation(absl::string_view job_id, int64_t batch_size,
-                                  absl::string_view budget_text,
+                                  absl::string_view budget_text, int round,
                                   const v1::Validation& validation) {
   MUTWO_RETURN_IF_ERROR(ValidateBatchSize(batch_size));
   MUTWO_RETURN_IF_ERROR(RequireNonEmpty(budget_text, "budget text"));
+  if (round < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("validation round ", round, ": must be >= 1"));
+  }
   absl::MutexLock lock(&mutex_);
   Transaction txn(db_.get());
   MUTWO_RETURN_IF_ERROR(txn.Begin());
@@ -1082,15 +1086,17 @@ absl::Status Store::PutValidation(absl::string_view job_id, int64_t batch_size,
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * upsert,
       db_->Prepare("INSERT INTO validations (job_id, batch_size, budget_text, "
-                   "validation, updated_unix_ms) VALUES (?1, ?2, ?3, ?4, ?5) "
-                   "ON CONFLICT (job_id, batch_size, budget_text) DO UPDATE "
-                   "SET validation = excluded.validation, "
+                   "round, validation, updated_unix_ms) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
+                   "ON CONFLICT (job_id, batch_size, budget_text, round) DO "
+                   "UPDATE SET validation = excluded.validation, "
                    "updated_unix_ms = excluded.updated_unix_ms"));
   upsert->BindText(1, job_id);
   upsert->BindInt(2, batch_size);
   upsert->BindText(3, budget_text);
-  upsert->BindBlob(4, validation.SerializeAsString());
-  upsert->BindInt(5, NowMs());
+  upsert->BindInt(4, round);
+  upsert->BindBlob(5, validation.SerializeAsString());
+  upsert->BindInt(6, NowMs());
   MUTWO_RETURN_IF_ERROR(upsert->Run());
   return txn.Commit();
 }
@@ -1100,9 +1106,10 @@ absl::StatusOr<std::vector<ValidationRecord>> Store::ListValidations(
   absl::MutexLock lock(&mutex_);
   MUTWO_RETURN_IF_ERROR(RequireJob(job_id).status());
   MUTWO_ASSIGN_OR_RETURN(
-      Stmt * stmt, db_->Prepare("SELECT batch_size, budget_text, validation "
-                                "FROM validations WHERE job_id = ?1 "
-                                "ORDER BY batch_size, rowid"));
+      Stmt * stmt,
+      db_->Prepare("SELECT batch_size, budget_text, round, validation "
+                   "FROM validations WHERE job_id = ?1 "
+                   "ORDER BY batch_size, rowid"));
   stmt->BindText(1, job_id);
   std::vector<ValidationRecord> records;
   while (true) {
@@ -1113,10 +1120,11 @@ absl::StatusOr<std::vector<ValidationRecord>> Store::ListValidations(
     ValidationRecord record;
     record.batch_size = stmt->ColumnInt(0);
     record.budget_text = stmt->ColumnText(1);
+    record.round = static_cast<int>(stmt->ColumnInt(2));
     absl::StatusOr<v1::Validation> validation = ParseRow<v1::Validation>(
-        stmt->ColumnBlob(2),
+        stmt->ColumnBlob(3),
         absl::StrCat("validation of job ", job_id, " batch ", record.batch_size,
-                     " budget ", record.budget_text));
+                     " budget ", record.budget_text, " round ", record.round));
     if (!validation.ok()) {
       stmt->Reset();
       return validation.status();

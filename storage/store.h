@@ -75,6 +75,7 @@ struct JobPage {
 struct ValidationRecord {
   int64_t batch_size = 0;
   std::string budget_text;
+  int round = 1;  // of mutwo-server's closed loop, from 1
   v1::Validation validation;
 };
 
@@ -217,10 +218,12 @@ class Store {
                                          const v1::Schedule& schedule);
 
   // ---- Validations ----
-  // Replaces any validation stored for (job, batch size, budget text).
+  // Replaces any validation stored for (job, batch size, budget text,
+  // round); each round of the closed loop (round >= 1) keeps its own.
   [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
                                            int64_t batch_size,
                                            absl::string_view budget_text,
+                                           int round,
                                            const v1::Validation& validation);
   // By batch size, then in the order they were first stored.
   [[nodiscard]] absl::StatusOr<std::vector<ValidationRecord>> ListValidations(

@@ -33,7 +33,9 @@ constexpr char kUsage[] =
     "            in a child process with limits, report the results\n"
     "  run-task  (used by serve) run one leased task file\n"
     "  device-info [--device=...]   the device facts as JSON\n"
-    "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible.";
+    "Exit codes: 0 ok, 1 failed (execute: measured over the budget, out of\n"
+    "memory or not matching the unmodified step), 2 bad input, 3 infeasible\n"
+    "(execute: a schedule marked infeasible, without --force).";
 
 int Version(const ParsedArgs&) {
   std::cout << "libtorch " << TORCH_VERSION << "\n";

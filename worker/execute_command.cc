@@ -10,6 +10,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
+#include "common/validation_check.h"
 #include "worker/executor.h"
 #include "worker/profile_command.h"
 
@@ -31,6 +32,9 @@ ABSL_FLAG(bool, baseline, true,
           "execute: also run the unmodified step and compare gradients, loss "
           "and batch-norm statistics with it; --baseline=false runs only the "
           "scheduled step (batch sizes where only a schedule fits)");
+ABSL_FLAG(bool, force, false,
+          "execute: run a schedule the planner marked infeasible "
+          "(\"feasible\": false) instead of refusing it with exit code 3");
 
 namespace mutwo::worker {
 namespace {
@@ -39,16 +43,39 @@ int Fail(const absl::Status& status) {
   return CommandFailure("execute", status);
 }
 
+// Why the planner marked `schedule` infeasible, naming the budget and the
+// floor.
+std::string InfeasibleMessage(const v1::Schedule& schedule) {
+  const std::string budget = FormatBytes(schedule.budget_bytes());
+  const std::string floor = FormatBytes(schedule.floor_bytes());
+  if (schedule.budget_bytes() < schedule.floor_bytes()) {
+    return absl::StrCat("infeasible: the budget ", budget,
+                        " is below the floor ", floor,
+                        " (the lowest budget the planner fits)");
+  }
+  // Above the floor: infeasible for another reason (mutwo-server's closed
+  // loop marks schedules that measured over their budget).
+  return absl::StrCat("infeasible for the budget ", budget, " (floor ", floor,
+                      ")", schedule.reason().empty() ? "" : ": ",
+                      absl::StrReplaceAll(schedule.reason(), {{"\n", " "}}));
+}
+
 }  // namespace
 
 const char kExecuteUsage[] =
     "  execute   MODEL.pt --schedule SCHEDULE.json --input ... --batch N\n"
     "            [--loss ...] [--optimizer ...] [--device cpu|cuda:0] "
     "[--warmup 1] [--iterations 3]\n"
-    "            [--baseline=false] [--output json|text]   runs baseline and "
-    "scheduled\n"
-    "            training steps: peaks, time, gradients and batch-norm "
-    "statistics compared\n";
+    "            [--baseline=false] [--force] [--output json|text]   runs "
+    "baseline and\n"
+    "            scheduled training steps: peaks, time, gradients and "
+    "batch-norm statistics\n"
+    "            compared. Exit 1 (after the result) when the measured peak "
+    "exceeds the\n"
+    "            budget, the step ran out of memory or gradients, loss or "
+    "batch-norm statistics\n"
+    "            differ; exit 3 for an infeasible schedule (run it with "
+    "--force)\n";
 
 std::string FormatValidationText(const v1::Validation& v) {
   std::string out;
@@ -129,6 +156,12 @@ int RunExecuteCommand(const ParsedArgs& args) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--output: expected json or text, got \"", output, "\"")));
   }
+  if (!schedule.feasible() && !absl::GetFlag(FLAGS_force)) {
+    std::cerr << "mutwo-worker execute: " << schedule_path << " is "
+              << InfeasibleMessage(schedule)
+              << "; nothing run, --force runs it anyway\n";
+    return kExitInfeasible;
+  }
   auto executor = Executor::Create(std::move(options));
   if (!executor.ok()) return Fail(executor.status());
   auto validation = (*executor)->Run(schedule);
@@ -137,6 +170,13 @@ int RunExecuteCommand(const ParsedArgs& args) {
     std::cout << ProtoToJson(*validation) << "\n";
   } else {
     std::cout << FormatValidationText(*validation);
+  }
+  // The result is printed either way; the exit code says whether it proves
+  // the schedule, so that scripts cannot take an over-budget run for a fit.
+  const ValidationCheck check = CheckValidation(*validation);
+  if (!check.ok()) {
+    std::cerr << "mutwo-worker execute: " << check.problem << "\n";
+    return kExitFailure;
   }
   return kExitOk;
 }

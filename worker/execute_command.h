@@ -2,8 +2,13 @@
 // --batch N [...]`: runs baseline and scheduled training steps and prints
 // the v1::Validation as JSON (proto field names) or text on stdout.
 // Bad arguments, a bad model or schedule, or a schedule of another graph:
-// exit 2 and one line on stderr. An out-of-memory is a result (oom: true),
-// exit 0.
+// exit 2 and one line on stderr. A schedule the planner marked infeasible is
+// refused with exit 3 (naming the budget and the floor) unless --force.
+// After the result is printed, exit 1 and one line on stderr when it does
+// not prove the schedule (common/validation_check.h): the measured peak
+// exceeds the budget, the step ran out of memory (oom: true), or gradients,
+// loss or batch-norm statistics differ from the unmodified step (not
+// compared with --baseline=false).
 #ifndef MUTWO_WORKER_EXECUTE_COMMAND_H_
 #define MUTWO_WORKER_EXECUTE_COMMAND_H_
 

@@ -65,9 +65,12 @@ def print_job(job):
         print("  batch %d: baseline peak %s, %.2f ms/iteration" % (
             r.batch_size, mc.format_bytes(r.baseline_peak_bytes),
             r.baseline_iteration_ms))
-        # A validation proves one schedule: the one planned for its budget.
+        # A validation proves one schedule: the one planned for its budget
+        # (the last round's, when the server re-planned it).
         by_budget = {v.budget_bytes: v for v in r.validations}
-        for s in r.schedules:
+        # Whether each budget is proved to fit (same order as schedules).
+        outcomes = list(r.outcomes)
+        for i, s in enumerate(r.schedules):
             print("    budget %-8s %s: %s" % (
                 s.budget.text or mc.format_bytes(s.budget_bytes),
                 mc.types_pb2.Policy.Name(s.policy),
@@ -90,6 +93,13 @@ def print_job(job):
                           "yes" if v.within_budget else "no",
                           "yes" if v.gradients_match else "no",
                           ", error: " + v.error if v.error else ""))
+            if i < len(outcomes):
+                o = outcomes[i]
+                print("      fits: %s" % (
+                    "yes, after %d round(s)" % o.rounds if o.fits else
+                    "no (%s)%s" % (
+                        mc.types_pb2.BudgetOutcome.State.Name(o.state),
+                        ": " + o.reason if o.reason else "")))
     if job.HasField("max_batch") and job.max_batch.capacity_bytes > 0:
         m = job.max_batch
         print("  max batch on %s: %d without checkpointing, %d with a "

@@ -461,26 +461,40 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
       int64_t budget_bytes,
       ResolveBudget(request.budget, planner->simulator().baseline_peak_bytes(),
                     plan_profile.device_total_bytes));
+  if (request.correction_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "correction_bytes = ", request.correction_bytes, ": must be >= 0"));
+  }
   // μ-TWO plans below the budget by the allocator reserve (0 on CPU); the
-  // fixed baseline schedules are only checked against the budget.
+  // fixed baseline schedules are only checked against the budget. Both are
+  // planned below it by the correction measurements taught.
   const int64_t reserve = options.policy == Policy::kMutwo
                               ? AllocatorReserveBytes(profile, budget_bytes)
                               : 0;
+  const int64_t correction = request.correction_bytes;
   PlanResult result =
-      planner->Plan(std::max<int64_t>(0, budget_bytes - reserve));
+      planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
+  if (reserve > 0 || correction > 0) result.budget_bytes = budget_bytes;
   if (reserve > 0) {
-    result.budget_bytes = budget_bytes;
     // The lowest budget that is feasible.
     result.floor_bytes = LowestBudgetAbove(profile, result.floor_bytes);
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned for ",
-        budget_bytes - reserve, " B: a reserve of ", reserve,
+        budget_bytes - reserve - correction, " B: a reserve of ", reserve,
         " B (4 MiB + 1% of the budget) for the CUDA caching allocator's "
         "block rounding");
+  }
+  if (correction > 0) {
+    result.reason = absl::StrCat(
+        result.reason, result.reason.empty() ? "" : "; ", "planned ",
+        correction, " B below the budget",
+        reserve > 0 ? " (and the reserve)" : "",
+        ": what validations measured above the prediction, plus a margin");
   }
   v1::Schedule schedule =
       ScheduleToProto(profile, planner->profile(), result, request.budget,
                       request.max_timeline_samples);
+  schedule.set_correction_bytes(correction);
   if (request.pareto_points >= 2) {
     for (const ParetoPoint& pt : planner->Pareto(request.pareto_points)) {
       v1::ParetoPoint* out = schedule.add_pareto();

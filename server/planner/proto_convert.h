@@ -61,6 +61,11 @@ struct ScheduleRequest {
   bool allow_swap = true;
   int pareto_points = 0;  // 0: no Pareto sweep; otherwise >= 2 budgets
   int max_timeline_samples = 2048;  // 0: no timeline
+  // Plan this many bytes below the budget on top of the allocator reserve
+  // (Schedule.correction_bytes): what a validation measured above the
+  // prediction. The schedule keeps the budget it was asked for; the Pareto
+  // curve is not corrected.
+  int64_t correction_bytes = 0;
 };
 
 // Plans one profile for one budget: the whole v1::Schedule.

@@ -273,6 +273,13 @@ class LiveStackTest(unittest.TestCase):
         self.assertEqual(len(measured), len(feasible), out)
         for line in measured:
             self.assertIn("gradients match: yes", line)
+        # The server's verdict per budget: a feasible schedule measured
+        # within its budget fits (CPU predictions are exact).
+        verdicts = re.findall(r"fits: (.*)", out)
+        self.assertEqual(len(verdicts), len(schedule_lines), out)
+        self.assertEqual(
+            len([v for v in verdicts if v == "yes, after 1 round(s)"]),
+            len(feasible), out)
         self.assertRegex(out, r"max batch on [\d.]+ [KMG]iB: \d+ without "
                               r"checkpointing, \d+ with a schedule")
 

@@ -217,6 +217,40 @@ TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
   EXPECT_EQ(none->reason().find("reserve"), std::string::npos);
 }
 
+// A correction learned from a validation plans that many bytes lower but
+// keeps the budget the user asked for (what the worker measures against).
+TEST(ProtoConvertTest, CorrectionPlansBelowTheBudgetItKeeps) {
+  ScheduleRequest request;
+  request.budget = *ParseBudget("100%");
+  auto plain = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(plain->feasible());
+  EXPECT_EQ(plain->correction_bytes(), 0);
+  const int64_t budget = plain->budget_bytes();
+  const int64_t floor = plain->floor_bytes();
+  ASSERT_LT(floor, budget);
+  // Leaves exactly the floor.
+  request.correction_bytes = budget - floor;
+  auto corrected = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(corrected.ok()) << corrected.status();
+  EXPECT_TRUE(corrected->feasible()) << corrected->reason();
+  EXPECT_EQ(corrected->budget_bytes(), budget);
+  EXPECT_EQ(corrected->correction_bytes(), budget - floor);
+  EXPECT_LE(corrected->predicted_peak_bytes(), floor);
+  EXPECT_LT(corrected->predicted_peak_bytes(), plain->predicted_peak_bytes());
+  EXPECT_NE(corrected->reason().find("below the budget"), std::string::npos);
+  // One byte more: below the floor.
+  request.correction_bytes = budget - floor + 1;
+  auto infeasible = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(infeasible.ok()) << infeasible.status();
+  EXPECT_FALSE(infeasible->feasible());
+  EXPECT_EQ(infeasible->budget_bytes(), budget);
+  EXPECT_EQ(infeasible->floor_bytes(), floor);
+  request.correction_bytes = -1;
+  EXPECT_EQ(PlanSchedule(DiamondProto(), request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ProtoConvertTest, MaxBatchFromProfiles) {
   std::vector<v1::Profile> profiles;
   for (int64_t b : {2, 4}) {

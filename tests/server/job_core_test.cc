@@ -1,6 +1,7 @@
 // JobCore against a real Store (temp dir, injected clock) and the real
 // planner: the job state machine, leases, fencing, re-queueing, dead letters,
-// cancellation, the schedule cache and upload verification.
+// cancellation, the schedule cache, the closed loop of validations and upload
+// verification.
 #include "server/job_core.h"
 
 #include <atomic>
@@ -47,15 +48,7 @@ class JobCoreTest : public ::testing::Test {
     o.max_attempts = 2;
     o.max_model_bytes = 1 << 20;
     core_ = *JobCore::Create(
-        o, store_.get(), &metrics_,
-        [](const v1::Profile& p, const v1::MemoryBudget& b, v1::Policy policy,
-           bool pareto) {
-          planner::ScheduleRequest r;
-          r.budget = b;
-          r.policy = policy;
-          r.pareto_points = pareto ? 20 : 0;
-          return planner::PlanSchedule(p, r);
-        },
+        o, store_.get(), &metrics_, PlannerPlanFn(20),
         [](const std::vector<v1::Profile>& ps, double overhead) {
           return planner::PredictMaxBatchProto(ps, 0, overhead);
         });
@@ -101,18 +94,54 @@ class JobCoreTest : public ::testing::Test {
     return core_->ReportProfile(r);
   }
 
-  absl::Status ReportValidation(const v1::Task& task) {
+  // A worker's validation of `task` that measured `peak_bytes` (-1: the
+  // schedule's prediction), as the executor fills it in.
+  absl::Status ReportValidation(const v1::Task& task, int64_t peak_bytes = -1,
+                                bool gradients_match = true) {
     v1::ReportValidationRequest r;
     r.set_worker_id(worker_);
     r.set_task_id(task.task_id());
     r.set_fence_token(task.fence_token());
     auto* v = r.mutable_validation();
+    const int64_t peak =
+        peak_bytes < 0 ? task.schedule().predicted_peak_bytes() : peak_bytes;
     v->set_budget_bytes(task.schedule().budget_bytes());
-    v->mutable_scheduled()->set_peak_bytes(
+    v->mutable_scheduled()->set_peak_bytes(peak);
+    v->mutable_predicted()->set_peak_bytes(
         task.schedule().predicted_peak_bytes());
-    v->set_within_budget(true);
-    v->set_gradients_match(true);
+    v->set_within_budget(peak <= task.schedule().budget_bytes());
+    v->set_gradients_match(gradients_match);
+    v->set_max_abs_grad_diff(gradients_match ? 0 : 0.25);
+    v->set_batchnorm_stats_match(true);
     return core_->ReportValidation(r);
+  }
+
+  // Submits one batch size and budget, reports its profile and leases the
+  // first VALIDATE task.
+  v1::Task StartValidating(const std::string& budget, std::string* job_id) {
+    auto submitted = core_->SubmitJob(Request({2}, {budget}));
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    *job_id = submitted->job().job_id();
+    EXPECT_TRUE(ReportProfile(Lease().task()).ok());
+    auto lease = Lease();
+    EXPECT_TRUE(lease.has_task());
+    EXPECT_EQ(lease.task().kind(), v1::Task::VALIDATE);
+    return lease.task();
+  }
+
+  const v1::BudgetOutcome& Outcome(const v1::Job& job) {
+    EXPECT_EQ(job.results_size(), 1);
+    EXPECT_EQ(job.results(0).outcomes_size(), 1);
+    return job.results(0).outcomes(0);
+  }
+
+  absl::StatusOr<v1::Schedule> CachedSchedule(const std::string& job_id,
+                                              const std::string& budget) {
+    v1::GetScheduleRequest r;
+    r.set_job_id(job_id);
+    r.set_batch_size(2);
+    *r.mutable_budget() = *ParseBudget(budget);
+    return core_->GetSchedule(r);
   }
 
   std::filesystem::path dir_;
@@ -163,7 +192,213 @@ TEST_F(JobCoreTest, JobRunsThroughEveryStateToSucceeded) {
   EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
   EXPECT_EQ(job.tasks_done(), 4);
   EXPECT_EQ(job.results(0).validations_size(), 1);
+  EXPECT_EQ(job.results(0).validations(0).round(), 1);
   EXPECT_FALSE(Lease().has_task());
+  // Per budget: 60% measured within the budget in one round; 1 byte never
+  // ran.
+  for (const auto& r : job.results()) {
+    ASSERT_EQ(r.outcomes_size(), 2);
+    EXPECT_EQ(r.outcomes(0).state(), v1::BudgetOutcome::FITS);
+    EXPECT_TRUE(r.outcomes(0).fits());
+    EXPECT_EQ(r.outcomes(0).rounds(), 1);
+    EXPECT_EQ(r.outcomes(0).reason(), "");
+    EXPECT_EQ(r.outcomes(1).state(), v1::BudgetOutcome::INFEASIBLE);
+    EXPECT_FALSE(r.outcomes(1).fits());
+    EXPECT_EQ(r.outcomes(1).rounds(), 0);
+    EXPECT_THAT(r.outcomes(1).reason(), HasSubstr("below the floor"));
+  }
+}
+
+// The closed loop: a round measured over the budget is planned again below
+// the budget by the overshoot plus a margin, and the second round, within
+// the budget, makes it fit.
+TEST_F(JobCoreTest, OverBudgetValidationIsReplannedLowerAndFitsInRoundTwo) {
+  std::string id;
+  const v1::Task first = StartValidating("80%", &id);
+  const v1::Schedule& s1 = first.schedule();
+  ASSERT_TRUE(s1.feasible());
+  EXPECT_EQ(s1.correction_bytes(), 0);
+  EXPECT_EQ(Outcome(*core_->GetJob(id)).state(), v1::BudgetOutcome::VALIDATING);
+  const int64_t budget = s1.budget_bytes();
+  const int64_t measured = budget + (256 << 10);
+  ASSERT_TRUE(ReportValidation(first, measured).ok());
+
+  v1::Job job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::VALIDATING);
+  const v1::BudgetOutcome& o1 = Outcome(job);
+  EXPECT_EQ(o1.state(), v1::BudgetOutcome::VALIDATING);
+  EXPECT_FALSE(o1.fits());
+  EXPECT_EQ(o1.rounds(), 1);
+  EXPECT_EQ(o1.measured_peak_bytes(), measured);
+  // The overshoot over the prediction plus 1% of the budget.
+  const int64_t correction =
+      measured - s1.predicted_peak_bytes() + (budget + 99) / 100;
+  EXPECT_EQ(o1.correction_bytes(), correction);
+  ASSERT_EQ(job.results(0).validations_size(), 1);
+  EXPECT_EQ(job.results(0).validations(0).round(), 1);
+
+  // Round two runs the re-planned schedule: the same budget, planned lower.
+  auto lease = Lease();
+  ASSERT_TRUE(lease.has_task());
+  EXPECT_EQ(lease.task().kind(), v1::Task::VALIDATE);
+  const v1::Schedule& s2 = lease.task().schedule();
+  EXPECT_TRUE(s2.feasible());
+  EXPECT_EQ(s2.budget_bytes(), budget);
+  EXPECT_EQ(s2.correction_bytes(), correction);
+  EXPECT_LE(s2.predicted_peak_bytes(), budget - correction);
+  EXPECT_LT(s2.predicted_peak_bytes(), s1.predicted_peak_bytes());
+  EXPECT_EQ(job.results(0).schedules(0).correction_bytes(), correction);
+  // Meanwhile the cache serves the corrected plan, not the one that
+  // overshot.
+  auto mid = CachedSchedule(id, "80%");
+  ASSERT_TRUE(mid.ok()) << mid.status();
+  EXPECT_EQ(mid->correction_bytes(), correction);
+  EXPECT_EQ(mid->measured_peak_bytes(), 0);
+
+  ASSERT_TRUE(ReportValidation(lease.task()).ok());
+  job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  const v1::BudgetOutcome& o2 = Outcome(job);
+  EXPECT_EQ(o2.state(), v1::BudgetOutcome::FITS);
+  EXPECT_TRUE(o2.fits());
+  EXPECT_EQ(o2.rounds(), 2);
+  EXPECT_EQ(o2.measured_peak_bytes(), s2.predicted_peak_bytes());
+  EXPECT_EQ(o2.reason(), "");
+  ASSERT_EQ(job.results(0).validations_size(), 2);
+  EXPECT_EQ(job.results(0).validations(1).round(), 2);
+  EXPECT_EQ(store_->ListValidations(id)->size(), 2u);
+  EXPECT_EQ(CounterValue(metrics_, "mutwo_validations_total", "over_budget"),
+            1);
+  EXPECT_EQ(CounterValue(metrics_, "mutwo_validations_total", "fits"), 1);
+  // The cache keeps what it learned, with the measurement.
+  auto cached = CachedSchedule(id, "80%");
+  ASSERT_TRUE(cached.ok());
+  EXPECT_TRUE(cached->feasible());
+  EXPECT_EQ(cached->correction_bytes(), correction);
+  EXPECT_EQ(cached->measured_peak_bytes(), s2.predicted_peak_bytes());
+}
+
+// Every round over the budget: after the last one it does not fit, with
+// the reason, and the cache never serves that schedule as fitting again,
+// to this job or to the next.
+TEST_F(JobCoreTest,
+       PersistentOvershootEndsNotFittingAndIsNeverServedAsFitting) {
+  std::string id;
+  v1::Task task = StartValidating("80%", &id);
+  const int64_t budget = task.schedule().budget_bytes();
+  int64_t previous_correction = -1;
+  int64_t measured = 0;
+  for (int round = 1; round <= 3; ++round) {
+    ASSERT_EQ(task.kind(), v1::Task::VALIDATE) << round;
+    EXPECT_GT(task.schedule().correction_bytes(), previous_correction);
+    previous_correction = task.schedule().correction_bytes();
+    measured = budget + (64 << 10);
+    ASSERT_TRUE(ReportValidation(task, measured).ok());
+    if (round < 3) {
+      auto lease = Lease();
+      ASSERT_TRUE(lease.has_task()) << "round " << round + 1;
+      task = lease.task();
+    }
+  }
+  EXPECT_FALSE(Lease().has_task());
+  v1::Job job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  const v1::BudgetOutcome& o = Outcome(job);
+  EXPECT_EQ(o.state(), v1::BudgetOutcome::OVER_BUDGET);
+  EXPECT_FALSE(o.fits());
+  EXPECT_EQ(o.rounds(), 3);
+  EXPECT_EQ(o.reason(),
+            absl::StrCat("measured ", FormatBytes(measured), " > budget ",
+                         FormatBytes(budget), " after 3 rounds; floor ",
+                         FormatBytes(task.schedule().floor_bytes())));
+  EXPECT_EQ(job.results(0).validations_size(), 3);
+  // The job result's schedule is the last one, marked with what it
+  // measured.
+  const v1::Schedule& shown = job.results(0).schedules(0);
+  EXPECT_FALSE(shown.feasible());
+  EXPECT_EQ(shown.measured_peak_bytes(), measured);
+  EXPECT_EQ(CounterValue(metrics_, "mutwo_validations_total", "over_budget"),
+            3);
+  EXPECT_EQ(CounterValue(metrics_, "mutwo_validations_total", "fits"), 0);
+
+  auto cached = CachedSchedule(id, "80%");
+  ASSERT_TRUE(cached.ok());
+  EXPECT_FALSE(cached->feasible());
+  EXPECT_EQ(cached->measured_peak_bytes(), measured);
+  EXPECT_THAT(cached->reason(), HasSubstr("after 3 rounds"));
+  // A second job of the same model and spec hits that entry: not fitting at
+  // once, nothing to run.
+  std::string second;
+  auto submitted = core_->SubmitJob(Request({2}, {"80%"}));
+  second = submitted->job().job_id();
+  ASSERT_TRUE(ReportProfile(Lease().task()).ok());
+  EXPECT_FALSE(Lease().has_task());
+  job = *core_->GetJob(second);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(Outcome(job).state(), v1::BudgetOutcome::OVER_BUDGET);
+  EXPECT_FALSE(Outcome(job).fits());
+  EXPECT_EQ(Outcome(job).rounds(), 0);
+  EXPECT_THAT(Outcome(job).reason(), HasSubstr("after 3 rounds"));
+  EXPECT_FALSE(job.results(0).schedules(0).feasible());
+}
+
+// An overshoot so large that the budget less the correction is below the
+// planner's floor ends the loop at once.
+TEST_F(JobCoreTest, CorrectionBelowTheFloorEndsNotFitting) {
+  std::string id;
+  const v1::Task task = StartValidating("80%", &id);
+  const int64_t budget = task.schedule().budget_bytes();
+  ASSERT_TRUE(ReportValidation(task, 2 * budget).ok());
+  EXPECT_FALSE(Lease().has_task());
+  const v1::Job job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  const v1::BudgetOutcome& o = Outcome(job);
+  EXPECT_EQ(o.state(), v1::BudgetOutcome::OVER_BUDGET);
+  EXPECT_EQ(o.rounds(), 1);
+  EXPECT_THAT(
+      o.reason(),
+      HasSubstr(absl::StrCat("measured ", FormatBytes(2 * budget), " > budget ",
+                             FormatBytes(budget), " after 1 round")));
+  EXPECT_THAT(o.reason(), HasSubstr("no schedule is predicted to fit"));
+  EXPECT_THAT(o.reason(), HasSubstr("floor"));
+  auto cached = CachedSchedule(id, "80%");
+  ASSERT_TRUE(cached.ok());
+  EXPECT_FALSE(cached->feasible());
+}
+
+// Gradients that differ fail the budget whatever the peak: not a fit, not
+// re-planned.
+TEST_F(JobCoreTest, ValidationWithDifferentGradientsFailsAndDoesNotFit) {
+  std::string id;
+  const v1::Task task = StartValidating("80%", &id);
+  ASSERT_TRUE(ReportValidation(task, -1, /*gradients_match=*/false).ok());
+  EXPECT_FALSE(Lease().has_task());
+  const v1::Job job = *core_->GetJob(id);
+  const v1::BudgetOutcome& o = Outcome(job);
+  EXPECT_EQ(o.state(), v1::BudgetOutcome::FAILED);
+  EXPECT_FALSE(o.fits());
+  EXPECT_EQ(o.rounds(), 1);
+  EXPECT_THAT(o.reason(), HasSubstr("gradients (max |diff| 0.25) differ"));
+  EXPECT_EQ(CounterValue(metrics_, "mutwo_validations_total", "failed"), 1);
+}
+
+// A VALIDATE task that dead-letters ends its budget's loop as failed.
+TEST_F(JobCoreTest, FailedValidateTaskFailsTheOutcome) {
+  std::string id;
+  const v1::Task task = StartValidating("80%", &id);
+  v1::FailTaskRequest fail;
+  fail.set_worker_id(worker_);
+  fail.set_task_id(task.task_id());
+  fail.set_fence_token(task.fence_token());
+  fail.set_reason("task process killed by signal 9");
+  fail.set_retryable(false);
+  ASSERT_TRUE(core_->FailTask(fail).ok());
+  const v1::Job job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  const v1::BudgetOutcome& o = Outcome(job);
+  EXPECT_EQ(o.state(), v1::BudgetOutcome::FAILED);
+  EXPECT_FALSE(o.fits());
+  EXPECT_THAT(o.reason(), HasSubstr("killed by signal 9"));
 }
 
 TEST_F(JobCoreTest, RepeatedRequestIdReturnsTheFirstJob) {

@@ -189,9 +189,36 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
     EXPECT_TRUE(v.gradients_match()) << ProtoToJson(v);
     EXPECT_TRUE(v.within_budget()) << ProtoToJson(v);
     EXPECT_LE(v.scheduled().peak_bytes(), v.budget_bytes());
+    EXPECT_EQ(v.round(), 1);
+    // The verdict per budget: 90% measured within the budget by the worker
+    // in the first round (CPU predictions are exact); 1 byte never ran.
+    ASSERT_EQ(result.outcomes_size(), 2);
+    const auto& fits = result.outcomes(0);
+    EXPECT_EQ(fits.state(), v1::BudgetOutcome::FITS) << ProtoToJson(fits);
+    EXPECT_TRUE(fits.fits());
+    EXPECT_EQ(fits.rounds(), 1);
+    EXPECT_EQ(fits.budget_bytes(), result.schedules(0).budget_bytes());
+    EXPECT_EQ(fits.measured_peak_bytes(), v.scheduled().peak_bytes());
+    EXPECT_LE(fits.measured_peak_bytes(), fits.budget_bytes());
+    EXPECT_EQ(fits.correction_bytes(), 0);
+    EXPECT_EQ(fits.reason(), "");
+    EXPECT_EQ(result.schedules(0).measured_peak_bytes(),
+              v.scheduled().peak_bytes());
+    const auto& never = result.outcomes(1);
+    EXPECT_EQ(never.state(), v1::BudgetOutcome::INFEASIBLE);
+    EXPECT_FALSE(never.fits());
+    EXPECT_EQ(never.rounds(), 0);
+    EXPECT_THAT(never.reason(), HasSubstr("below the floor"));
   }
   EXPECT_TRUE(job.has_max_batch());
   EXPECT_GT(job.max_batch().max_batch_without_checkpointing(), 0);
+  // The table says so; the metric counts the rounds.
+  auto table = RunCommand(Cli("job " + job.job_id()));
+  EXPECT_EQ(table.exit_code, 0);
+  EXPECT_THAT(table.output, HasSubstr("  fits\n")) << table.output;
+  EXPECT_THAT(table.output, ::testing::Not(HasSubstr("NOT FITTING")));
+  EXPECT_THAT(HttpGet(metrics_port_, "/metrics"),
+              HasSubstr("mutwo_validations_total{result=\"fits\"} 2"));
 
   // The CLI's other views of the finished job.
   EXPECT_EQ(RunCommand(Cli("jobs")).exit_code, 0);

@@ -56,6 +56,34 @@ TEST(SchemaTest, UpgradesAVersion1FileKeepingItsRows) {
   EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM models"), 1);
 }
 
+// Version 2 kept one validation per (job, batch, budget); version 3 keys
+// them by round too, and the old rows become round 1.
+TEST(SchemaTest, UpgradesVersion2ValidationsToRound1) {
+  testing::TempDir dir;
+  auto db = OpenDb(dir);
+  ASSERT_TRUE(db->Exec(Migrations()[0].sql).ok());
+  ASSERT_TRUE(db->Exec(Migrations()[1].sql).ok());
+  ASSERT_TRUE(db->Exec("PRAGMA user_version = 2").ok());
+  ASSERT_TRUE(db->Exec("INSERT INTO models VALUES ('s', 'n', 1, 2);"
+                       "INSERT INTO jobs (job_id, state, model_sha256, "
+                       "client_request_id, created_unix_ms, updated_unix_ms, "
+                       "job) VALUES ('job-1', 1, 's', '', 0, 0, x'');"
+                       "INSERT INTO validations VALUES "
+                       "('job-1', 8, '60%', x'2801', 7)")
+                  .ok());
+  ASSERT_TRUE(Migrate(db.get()).ok());
+  EXPECT_EQ(*db->QueryInt("PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(*db->QueryInt("SELECT round FROM validations WHERE job_id = "
+                          "'job-1' AND batch_size = 8 AND budget_text = '60%' "
+                          "AND updated_unix_ms = 7"),
+            1);
+  // A second round of the same budget now has a row of its own.
+  ASSERT_TRUE(db->Exec("INSERT INTO validations VALUES "
+                       "('job-1', 8, '60%', 2, x'', 8)")
+                  .ok());
+  EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM validations"), 2);
+}
+
 TEST(SchemaTest, RefusesNewerVersionAndLeavesItUntouched) {
   testing::TempDir dir;
   auto db = OpenDb(dir);

@@ -154,7 +154,7 @@ TEST_F(StoreTest, ReopenKeepsEveryKindOfRecord) {
     ASSERT_TRUE(store->PutSchedule(key, job_id, schedule).ok());
     v1::Validation validation;
     validation.set_within_budget(true);
-    ASSERT_TRUE(store->PutValidation(job_id, 8, "60%", validation).ok());
+    ASSERT_TRUE(store->PutValidation(job_id, 8, "60%", 1, validation).ok());
     worker_id = store->UpsertWorker(v1::WorkerInfo())->worker_id();
   }
   auto store = OpenStore();
@@ -823,19 +823,28 @@ TEST_F(StoreTest, ValidationsAreListedByBatchSize) {
   const std::string job_id = NewJob(*store).job_id();
   v1::Validation v;
   v.set_within_budget(true);
-  ASSERT_TRUE(store->PutValidation(job_id, 16, "60%", v).ok());
-  ASSERT_TRUE(store->PutValidation(job_id, 8, "4GiB", v).ok());
+  ASSERT_TRUE(store->PutValidation(job_id, 16, "60%", 1, v).ok());
+  ASSERT_TRUE(store->PutValidation(job_id, 8, "4GiB", 1, v).ok());
   v.set_within_budget(false);
-  ASSERT_TRUE(store->PutValidation(job_id, 8, "60%", v).ok());
-  ASSERT_TRUE(store->PutValidation(job_id, 8, "4GiB", v).ok());  // replaces
+  ASSERT_TRUE(store->PutValidation(job_id, 8, "60%", 1, v).ok());
+  ASSERT_TRUE(store->PutValidation(job_id, 8, "4GiB", 1, v).ok());  // replaces
+  // A second round of the closed loop is kept next to the first.
+  v.set_within_budget(true);
+  ASSERT_TRUE(store->PutValidation(job_id, 8, "4GiB", 2, v).ok());
+  EXPECT_EQ(store->PutValidation(job_id, 8, "4GiB", 0, v).code(),
+            absl::StatusCode::kInvalidArgument);
   auto records = store->ListValidations(job_id);
-  ASSERT_THAT(*records, SizeIs(3));
+  ASSERT_THAT(*records, SizeIs(4));
   EXPECT_EQ((*records)[0].batch_size, 8);
   EXPECT_EQ((*records)[0].budget_text, "4GiB");
+  EXPECT_EQ((*records)[0].round, 1);
   EXPECT_FALSE((*records)[0].validation.within_budget());
   EXPECT_EQ((*records)[1].budget_text, "60%");
-  EXPECT_EQ((*records)[2].batch_size, 16);
+  EXPECT_EQ((*records)[2].budget_text, "4GiB");
+  EXPECT_EQ((*records)[2].round, 2);
   EXPECT_TRUE((*records)[2].validation.within_budget());
+  EXPECT_EQ((*records)[3].batch_size, 16);
+  EXPECT_TRUE((*records)[3].validation.within_budget());
 }
 
 // ---------------------------------------------------------------------------

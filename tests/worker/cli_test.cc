@@ -1,4 +1,5 @@
-// End-to-end tests of `mutwo-worker profile` (the binary).
+// End-to-end tests of `mutwo-worker profile` and `mutwo-worker execute` (the
+// binaries).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
 #include "tests/testing/command.h"
@@ -163,6 +165,131 @@ TEST(WorkerProfileCliTest, ResNet18Batch8UnderOneMinute) {
             << profile.measured().tracked_activation_bytes() << " B, step "
             << profile.measured().iteration_ms() << " ms, module step "
             << profile.measured().module_iteration_ms() << " ms\n";
+}
+
+// `execute` on schedules that `mutwo plan` made from a profile of the MLP:
+// one that fits (100% of the baseline), one the planner marks infeasible
+// (1 byte), written once for the suite.
+class WorkerExecuteCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(
+        absl::StrCat(::testing::TempDir(), "/execute_cli_", getpid()));
+    ASSERT_EQ(RunCommand("mkdir -p " + *dir_).exit_code, 0);
+    const CommandResult profile = RunCommand(
+        absl::StrCat("{ ", Worker(), " profile ", ModelPath("mlp"), " ", kArgs,
+                     " > ", *dir_, "/p.json 2>/dev/null; }"));
+    ASSERT_EQ(profile.exit_code, 0) << profile.output;
+    const std::string plan = absl::StrCat(BinPath("mutwo"), " plan ", *dir_,
+                                          "/p.json --output json --budget ");
+    const CommandResult fits =
+        RunCommand(absl::StrCat("{ ", plan, "100% > ", *dir_, "/fits.json; }"));
+    ASSERT_EQ(fits.exit_code, 0) << fits.output;
+    // `mutwo plan` prints the infeasible schedule and exits 3.
+    const CommandResult infeasible = RunCommand(
+        absl::StrCat("{ ", plan, "1 > ", *dir_, "/infeasible.json; }"));
+    ASSERT_EQ(infeasible.exit_code, 3) << infeasible.output;
+  }
+  static void TearDownTestSuite() {
+    RunCommand("rm -rf " + *dir_);
+    delete dir_;
+  }
+
+  static v1::Schedule ReadSchedule(const std::string& name) {
+    v1::Schedule s;
+    EXPECT_TRUE(ReadProtoJsonFile(absl::StrCat(*dir_, "/", name), &s).ok());
+    return s;
+  }
+  // `execute` of a schedule file of the suite's dir; stdout and stderr kept
+  // apart (RunCommand appends 2>&1 to the whole group).
+  struct Run {
+    int exit_code;
+    std::string out, err;
+  };
+  static Run Execute(const std::string& schedule, const std::string& extra) {
+    const std::string err = absl::StrCat(*dir_, "/stderr.txt");
+    const CommandResult r = RunCommand(
+        absl::StrCat("{ ", Worker(), " execute ", ModelPath("mlp"), " ", kArgs,
+                     " --warmup 0 --iterations 1 --schedule ", *dir_, "/",
+                     schedule, " ", extra, " 2>", err, "; }"));
+    const CommandResult e = RunCommand("cat " + err);
+    return {r.exit_code, r.output,
+            std::string(absl::StripTrailingAsciiWhitespace(e.output))};
+  }
+
+  static constexpr char kArgs[] = "--input x:float32[B,32] --batch 4";
+  static std::string* dir_;
+};
+std::string* WorkerExecuteCliTest::dir_ = nullptr;
+
+TEST_F(WorkerExecuteCliTest, InfeasibleScheduleIsRefusedWithExit3) {
+  const v1::Schedule s = ReadSchedule("infeasible.json");
+  ASSERT_FALSE(s.feasible());
+  const Run r = Execute("infeasible.json", "");
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_EQ(r.out, "");  // nothing ran
+  EXPECT_EQ(r.err.find('\n'), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(absl::StrCat("budget ", FormatBytes(s.budget_bytes()))),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(absl::StrCat("floor ", FormatBytes(s.floor_bytes()))),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerExecuteCliTest, ForceRunsAnInfeasibleScheduleAndReportsIt) {
+  const Run r = Execute("infeasible.json", "--force");
+  v1::Validation v;
+  ASSERT_TRUE(ProtoFromJson(r.out, "stdout", &v).ok()) << r.out << r.err;
+  EXPECT_GT(v.scheduled().peak_bytes(), 0);
+  EXPECT_TRUE(v.gradients_match());
+  // It ran, and 1 byte is not what it measured: still not a success.
+  EXPECT_FALSE(v.within_budget());
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("exceeds the budget 1 B"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerExecuteCliTest, FittingScheduleExits0) {
+  const Run r = Execute("fits.json", "--output text");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(within)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("gradients       match"), std::string::npos) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(WorkerExecuteCliTest, MeasuredOverTheBudgetExits1AfterTheResult) {
+  // A schedule whose budget was edited to 3/4 of the peak it measures.
+  const Run fits = Execute("fits.json", "");
+  v1::Validation measured;
+  ASSERT_TRUE(ProtoFromJson(fits.out, "stdout", &measured).ok()) << fits.out;
+  const int64_t peak = measured.scheduled().peak_bytes();
+  ASSERT_GT(peak, 0);
+  v1::Schedule edited = ReadSchedule("fits.json");
+  edited.set_budget_bytes(peak * 3 / 4);
+  ASSERT_TRUE(edited.feasible());
+  ASSERT_TRUE(WriteFileAtomically(absl::StrCat(*dir_, "/edited.json"),
+                                  ProtoToJson(edited))
+                  .ok());
+  for (const char* output : {"json", "text"}) {
+    const Run r = Execute("edited.json", absl::StrCat("--output ", output));
+    EXPECT_EQ(r.exit_code, 1) << output << "\n" << r.err;
+    // The result is printed as before.
+    EXPECT_NE(r.out.find(output == std::string("json") ? "\"within_budget\""
+                                                       : "(EXCEEDED)"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.err, absl::StrCat("mutwo-worker execute: measured peak ",
+                                  FormatBytes(peak), " exceeds the budget ",
+                                  FormatBytes(peak * 3 / 4), " by 33.3%"))
+        << output;
+  }
+  // --baseline=false skips the gradient comparison, not the budget check.
+  const Run only = Execute("edited.json", "--baseline=false");
+  EXPECT_EQ(only.exit_code, 1) << only.err;
+  EXPECT_NE(only.err.find("exceeds the budget"), std::string::npos) << only.err;
+  const Run only_fits = Execute("fits.json", "--baseline=false");
+  EXPECT_EQ(only_fits.exit_code, 0) << only_fits.err;
 }
 
 }  // namespace
