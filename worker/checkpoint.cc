@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "worker/alias.h"
 #include "worker/autograd_hooks.h"
 #include "worker/inputs.h"
 #include "worker/swap.h"
@@ -29,56 +30,6 @@ using torch::autograd::variable_list;
 using torch::jit::Block;
 using torch::jit::Node;
 using torch::jit::Value;
-
-// Calls `fn` for every value `node` and its nested blocks read.
-template <typename Fn>
-void ForEachRead(const Node* node, const Fn& fn) {
-  for (const Value* value : node->inputs()) fn(value);
-  for (const Block* block : node->blocks()) {
-    for (const Node* inner : block->nodes()) ForEachRead(inner, fn);
-    for (const Value* value : block->outputs()) fn(value);
-  }
-}
-
-// Calls `fn` for every node in `node`'s nested blocks and `node` itself.
-template <typename Fn>
-void ForEachNested(const Node* node, const Fn& fn) {
-  fn(node);
-  for (const Block* block : node->blocks()) {
-    for (const Node* inner : block->nodes()) ForEachNested(inner, fn);
-  }
-}
-
-// Values `node` (or a node nested in it) writes in place (schema `(a!)`).
-template <typename Fn>
-void ForEachWritten(const Node* node, const Fn& fn) {
-  ForEachNested(node, [&](const Node* n) {
-    const c10::FunctionSchema* schema = n->maybeSchema();
-    if (schema == nullptr) return;
-    const auto& args = schema->arguments();
-    for (size_t i = 0; i < args.size() && i < n->inputs().size(); ++i) {
-      const c10::AliasInfo* alias = args[i].alias_info();
-      if (alias != nullptr && alias->isWrite()) fn(n->input(i));
-    }
-  });
-}
-
-bool IsTensorType(const c10::TypePtr& type) {
-  if (type->kind() == c10::TypeKind::TensorType) return true;
-  if (auto opt = type->cast<c10::OptionalType>()) {
-    return opt->getElementType()->kind() == c10::TypeKind::TensorType;
-  }
-  return false;
-}
-
-// Tensor or a list of tensors (nn.LSTM's `_flat_weights`).
-bool HoldsTensors(const c10::TypePtr& type) {
-  if (IsTensorType(type)) return true;
-  if (auto list = type->cast<c10::ListType>()) {
-    return IsTensorType(list->getElementType());
-  }
-  return false;
-}
 
 // The attribute path of a GetAttr chain rooted at `self`; empty if the
 // chain starts anywhere else.
@@ -109,22 +60,6 @@ void Flatten(const c10::IValue& value, std::vector<torch::Tensor>* out) {
   } else if (value.isGenericDict()) {
     for (const auto& entry : value.toGenericDict()) Flatten(entry.value(), out);
   }
-}
-
-// A mutable container (list or dict): the graph may append to it or set an
-// entry in place, so a value of this type can change after it was read.
-bool IsMutableContainer(const c10::TypePtr& type) {
-  return type->kind() == c10::TypeKind::ListType ||
-         type->kind() == c10::TypeKind::DictType;
-}
-
-// A type that may hold a tensor (a container of tensors, at any depth).
-bool MayHoldTensor(const c10::TypePtr& type) {
-  if (type->kind() == c10::TypeKind::TensorType) return true;
-  for (const c10::TypePtr& contained : type->containedTypes()) {
-    if (MayHoldTensor(contained)) return true;
-  }
-  return false;
 }
 
 // `value` with its lists, dicts and tuples copied (tensors shared): what a
@@ -169,13 +104,6 @@ void AssignInPlace(const c10::IValue& target, const c10::IValue& fresh) {
       dict.insert(entry.key(), entry.value());
     }
   }
-}
-
-bool SameSets(const c10::AliasInfo& a, const c10::AliasInfo& b) {
-  for (const c10::Symbol& s : a.beforeSets()) {
-    if (b.beforeSets().count(s) != 0) return true;
-  }
-  return false;
 }
 
 // A DataPtr onto `owner`'s memory that keeps `owner` alive: a freed storage
@@ -331,134 +259,6 @@ struct SegmentFunction : public torch::autograd::Function<SegmentFunction> {
 
 }  // namespace
 
-const Value* AliasRoot(const Value* value) {
-  while (true) {
-    const Node* node = value->node();
-    const c10::FunctionSchema* schema = node->maybeSchema();
-    if (schema == nullptr || value->offset() >= schema->returns().size()) {
-      return value;
-    }
-    const c10::AliasInfo* out = schema->returns()[value->offset()].alias_info();
-    if (out == nullptr) return value;
-    const Value* next = nullptr;
-    const auto& args = schema->arguments();
-    for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
-      const c10::AliasInfo* in = args[i].alias_info();
-      if (in != nullptr && SameSets(*in, *out)) {
-        next = node->input(i);
-        break;
-      }
-    }
-    if (next == nullptr) return value;
-    value = next;
-  }
-}
-
-namespace {
-
-// Union-find over alias roots: a tensor and the containers it may be put in
-// or taken from (prim::ListConstruct, aten::append's `t(c -> *)`,
-// aten::__getitem__'s `t(*)`) are one class. Values of other types stay
-// alone.
-class ContainerClasses {
- public:
-  const Value* Find(const Value* v) const {
-    auto it = parent_.find(v);
-    if (it == parent_.end() || it->second == v) return v;
-    return Find(it->second);
-  }
-  void Union(const Value* a, const Value* b) {
-    a = Find(a);
-    b = Find(b);
-    if (a != b) parent_[a] = b;
-  }
-
- private:
-  absl::flat_hash_map<const Value*, const Value*> parent_;
-};
-
-bool IsContainerHoldingTensors(const c10::TypePtr& type) {
-  return type->kind() != c10::TypeKind::TensorType && MayHoldTensor(type);
-}
-
-bool EntersOrLeavesWildcard(const c10::AliasInfo* info) {
-  if (info == nullptr) return false;
-  if (info->isWildcardBefore() || info->isWildcardAfter()) return true;
-  for (const c10::AliasInfo& contained : info->containedTypes()) {
-    if (EntersOrLeavesWildcard(&contained)) return true;
-  }
-  return false;
-}
-
-ContainerClasses ContainerAliasClasses(const Graph& graph) {
-  ContainerClasses classes;
-  for (const IrNode& ir : graph.nodes()) {
-    ForEachNested(ir.node, [&](const Node* node) {
-      const c10::FunctionSchema* schema = node->maybeSchema();
-      // Containers this node makes or writes, and the tensors (or other
-      // containers) that go in or come out.
-      std::vector<const Value*> containers, members;
-      if (schema == nullptr) {
-        // Interpreter plumbing (list/tuple/dict construct and unpack,
-        // control flow): every output may hold or be what went in.
-        bool container_involved = false;
-        for (const Value* v : node->inputs()) {
-          container_involved |= IsContainerHoldingTensors(v->type());
-        }
-        for (const Value* v : node->outputs()) {
-          container_involved |= IsContainerHoldingTensors(v->type());
-        }
-        if (!container_involved) return;
-        for (const Value* v : node->inputs()) {
-          if (MayHoldTensor(v->type())) members.push_back(v);
-        }
-        for (const Value* v : node->outputs()) {
-          if (MayHoldTensor(v->type())) members.push_back(v);
-        }
-        for (size_t i = 1; i < members.size(); ++i) {
-          classes.Union(AliasRoot(members[0]), AliasRoot(members[i]));
-        }
-        return;
-      }
-      const auto& args = schema->arguments();
-      for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
-        const Value* v = node->input(i);
-        if (!MayHoldTensor(v->type())) continue;
-        const c10::AliasInfo* info = args[i].alias_info();
-        if (info != nullptr && info->isWrite() &&
-            IsContainerHoldingTensors(v->type())) {
-          containers.push_back(v);
-        } else if (EntersOrLeavesWildcard(info)) {
-          members.push_back(v);
-        } else if (IsContainerHoldingTensors(v->type()) && info != nullptr) {
-          containers.push_back(v);
-        }
-      }
-      const auto& returns = schema->returns();
-      for (size_t i = 0; i < returns.size() && i < node->outputs().size();
-           ++i) {
-        const Value* v = node->output(i);
-        if (!MayHoldTensor(v->type())) continue;
-        if (EntersOrLeavesWildcard(returns[i].alias_info())) {
-          members.push_back(v);
-        } else if (IsContainerHoldingTensors(v->type()) &&
-                   returns[i].alias_info() != nullptr) {
-          containers.push_back(v);  // views in a list (aten::split)
-        }
-      }
-      if (containers.empty() || members.empty()) return;
-      for (const Value* c : containers) {
-        for (const Value* m : members) {
-          classes.Union(AliasRoot(c), AliasRoot(m));
-        }
-      }
-    });
-  }
-  return classes;
-}
-
-}  // namespace
-
 absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     const Graph& graph, const v1::Schedule& schedule) {
   const int n = graph.num_nodes();
@@ -498,37 +298,10 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
   const Value* self = graph.graph()->inputs()[0];
   const Node* ret = graph.graph()->return_node();
   // Per root value: the top-level nodes reading it (through any alias, and
-  // through the containers it was put in: a tensor appended to a list is
-  // read by whatever reads the list).
-  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
+  // through the containers it was put in).
+  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root =
+      ReadersByRoot(graph);
   absl::flat_hash_set<const Value*> returned_roots;
-  {
-    const ContainerClasses classes = ContainerAliasClasses(graph);
-    absl::flat_hash_map<const Value*, std::set<int>> readers_of_class;
-    for (const IrNode& ir : graph.nodes()) {
-      ForEachRead(ir.node, [&](const Value* v) {
-        readers_of_class[classes.Find(AliasRoot(v))].insert(ir.id);
-      });
-    }
-    for (const IrNode& ir : graph.nodes()) {
-      ForEachNested(ir.node, [&](const Node* node) {
-        for (const Value* out : node->outputs()) {
-          const Value* root = AliasRoot(out);
-          if (readers_of_root.count(root) != 0) continue;
-          auto it = readers_of_class.find(classes.Find(root));
-          if (it == readers_of_class.end()) continue;
-          readers_of_root[root].assign(it->second.begin(), it->second.end());
-        }
-      });
-    }
-    for (const Value* in : graph.graph()->inputs()) {
-      auto it = readers_of_class.find(classes.Find(AliasRoot(in)));
-      if (it != readers_of_class.end()) {
-        readers_of_root[AliasRoot(in)].assign(it->second.begin(),
-                                              it->second.end());
-      }
-    }
-  }
   for (const Value* v : ret->inputs()) returned_roots.insert(AliasRoot(v));
   // Per node: roots it writes in place.
   std::vector<std::vector<const Value*>> writes(n);

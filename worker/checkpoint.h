@@ -94,9 +94,6 @@ struct SegmentPlan {
 [[nodiscard]] absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     const Graph& graph, const v1::Schedule& schedule);
 
-// The value whose storage `value` uses: follows view and in-place results
-// (schema alias annotations) back to the value that owns the storage.
-const torch::jit::Value* AliasRoot(const torch::jit::Value* value);
 
 // One training step's run of one segment. Owned by the executor for the
 // whole step (forward to the end of backward).

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/alias.h"
 #include "worker/autograd_hooks.h"
 #include "worker/checkpoint.h"
 #include "worker/graph.h"
@@ -128,25 +129,9 @@ struct Executor::State : TrainingState {
 absl::Status Executor::State::PlanSwaps(const v1::Schedule& schedule) {
   swaps.clear();
   const int n = graph->num_nodes();
-  // Readers and returned roots through aliases.
-  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
-  for (const IrNode& ir : graph->nodes()) {
-    std::function<void(const torch::jit::Node*)> visit =
-        [&](const torch::jit::Node* node) {
-          for (const Value* v : node->inputs()) {
-            auto& r = readers_of_root[AliasRoot(v)];
-            if (r.empty() || r.back() != ir.id) r.push_back(ir.id);
-          }
-          for (const torch::jit::Block* b : node->blocks()) {
-            for (const torch::jit::Node* inner : b->nodes()) visit(inner);
-            for (const Value* v : b->outputs()) {
-              auto& r = readers_of_root[AliasRoot(v)];
-              if (r.empty() || r.back() != ir.id) r.push_back(ir.id);
-            }
-          }
-        };
-    visit(ir.node);
-  }
+  // Readers and returned roots through aliases (and containers).
+  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root =
+      ReadersByRoot(*graph);
   absl::flat_hash_set<const Value*> returned;
   for (const Value* v : graph->graph()->return_node()->inputs()) {
     returned.insert(AliasRoot(v));

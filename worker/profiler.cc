@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/alias.h"
 #include "worker/autograd_hooks.h"
 #include "worker/graph.h"
 #include "worker/inputs.h"
@@ -533,6 +534,20 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   // relu_(out)` after the block's last batch norm) are replayed too:
   // autograd saved the value after them, so the replay must apply them, and
   // what they read (the identity) is a source held until the replay.
+  // Per node: a list or dict it reads that some node writes in place (a
+  // DenseNet block's `features`): a replay of it would read the container
+  // as it is when the replay runs, not as it was in forward.
+  std::vector<std::string> reads_mutated(n);
+  {
+    const auto mutated = MutatedContainers(*graph);
+    for (int id = 0; id < n; ++id) {
+      ForEachRead(graph->nodes()[id].node, [&](const torch::jit::Value* v) {
+        if (reads_mutated[id].empty() && mutated.count(AliasRoot(v)) != 0) {
+          reads_mutated[id] = v->debugName();
+        }
+      });
+    }
+  }
   for (v1::Activation* a : activations) {
     const int producer = a->producer_node();
     std::set<int> replay{producer};
@@ -600,6 +615,12 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     for (int id : replay) {
       a->add_recompute_nodes(id);
       ms += node_ms[id];
+      if (a->not_recomputable().empty() && !reads_mutated[id].empty()) {
+        a->set_not_recomputable(
+            absl::StrCat("its replay would run node ", graph->Describe(id),
+                         ", which reads the list or dict %", reads_mutated[id],
+                         " that the graph writes in place"));
+      }
     }
     for (int source : sources) a->add_recompute_sources(source);
     a->set_recompute_ms(ms);

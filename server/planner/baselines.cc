@@ -22,6 +22,10 @@ std::vector<std::vector<int>> ProducerGroups(const PlanProfile& profile,
   std::vector<std::vector<int>> groups;
   for (size_t n = 0; n < by_node.size(); ++n) {
     if (by_node[n].empty() || !profile.nodes[n].is_op) continue;
+    bool recomputable = true;
+    for (int a : by_node[n])
+      recomputable &= profile.activations[a].recomputable;
+    if (!recomputable) continue;
     groups.push_back(by_node[n]);
     nodes->push_back(static_cast<int>(n));
   }

@@ -47,6 +47,8 @@ struct PlanActivation {
   // A SWAP can move (nearly) all of it: it is held by the producer's output
   // storages (Activation.unswappable_bytes <= 1% of the size).
   bool swappable = true;
+  // A replay can rebuild it (Activation.not_recomputable is empty).
+  bool recomputable = true;
   // Indices into PlanProfile::activations (not value ids) of the activations
   // needed to rebuild this one.
   std::vector<int> recompute_sources;

@@ -171,7 +171,8 @@ class Lineage {
       time_[c] = t;
       total_[c] = t;
       // Only op nodes are replayed by the executor's segments.
-      if (a.size_bytes <= 0 || !prof.nodes[a.producer_node].is_op) {
+      if (a.size_bytes <= 0 || !a.recomputable ||
+          !prof.nodes[a.producer_node].is_op) {
         state_[c] = State::kNever;
       }
     }
@@ -781,8 +782,8 @@ int MutwoPolicy::ResidentSwap(int pp,
   double best_key = -1;
   for (int c : swapped_) {
     const PlanActivation& a = prof.activations[c];
-    if (no_recompute_[c] || !prof.nodes[a.producer_node].is_op ||
-        a.size_bytes <= 0 ||
+    if (no_recompute_[c] || !a.recomputable ||
+        !prof.nodes[a.producer_node].is_op || a.size_bytes <= 0 ||
         !(a.last_forward_use < pp && pp < a.first_backward_use) ||
         offload_done_at(c) <= pp) {
       continue;

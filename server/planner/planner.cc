@@ -217,7 +217,8 @@ void Planner::Improve(int64_t budget_bytes, Candidate& c) {
     improved = false;
     retained_by_cost.clear();
     for (size_t a = 0; a < d.size(); ++a) {
-      if (d[a].action == Action::kRetain && acts[a].size_bytes > 0) {
+      if (d[a].action == Action::kRetain && acts[a].size_bytes > 0 &&
+          acts[a].recomputable) {
         retained_by_cost.push_back(static_cast<int>(a));
       }
     }

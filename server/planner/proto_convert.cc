@@ -182,6 +182,7 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
           absl::StrCat("must be in [0, size_bytes ", a.size_bytes(), "]"));
     }
     pa.swappable = a.unswappable_bytes() * 100 <= a.size_bytes();
+    pa.recomputable = a.not_recomputable().empty();
     for (int src : a.recompute_sources()) {
       auto it = index_of.find(src);
       if (it == index_of.end() || it->second == i) {

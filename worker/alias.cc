@@ -1,0 +1,192 @@
+#include "worker/alias.h"
+
+namespace mutwo::worker {
+namespace {
+
+using torch::jit::Node;
+using torch::jit::Value;
+
+bool SameSets(const c10::AliasInfo& a, const c10::AliasInfo& b) {
+  for (const c10::Symbol& s : a.beforeSets()) {
+    if (b.beforeSets().count(s) != 0) return true;
+  }
+  return false;
+}
+
+bool IsContainerHoldingTensors(const c10::TypePtr& type) {
+  return type->kind() != c10::TypeKind::TensorType && MayHoldTensor(type);
+}
+
+bool EntersOrLeavesWildcard(const c10::AliasInfo* info) {
+  if (info == nullptr) return false;
+  if (info->isWildcardBefore() || info->isWildcardAfter()) return true;
+  for (const c10::AliasInfo& contained : info->containedTypes()) {
+    if (EntersOrLeavesWildcard(&contained)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool IsTensorType(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return true;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
+  return false;
+}
+
+bool HoldsTensors(const c10::TypePtr& type) {
+  if (IsTensorType(type)) return true;
+  if (auto list = type->cast<c10::ListType>()) {
+    return IsTensorType(list->getElementType());
+  }
+  return false;
+}
+
+bool IsMutableContainer(const c10::TypePtr& type) {
+  return type->kind() == c10::TypeKind::ListType ||
+         type->kind() == c10::TypeKind::DictType;
+}
+
+bool MayHoldTensor(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return true;
+  for (const c10::TypePtr& contained : type->containedTypes()) {
+    if (MayHoldTensor(contained)) return true;
+  }
+  return false;
+}
+
+const Value* AliasRoot(const Value* value) {
+  while (true) {
+    const Node* node = value->node();
+    const c10::FunctionSchema* schema = node->maybeSchema();
+    if (schema == nullptr || value->offset() >= schema->returns().size()) {
+      return value;
+    }
+    const c10::AliasInfo* out = schema->returns()[value->offset()].alias_info();
+    if (out == nullptr) return value;
+    const Value* next = nullptr;
+    const auto& args = schema->arguments();
+    for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
+      const c10::AliasInfo* in = args[i].alias_info();
+      if (in != nullptr && SameSets(*in, *out)) {
+        next = node->input(i);
+        break;
+      }
+    }
+    if (next == nullptr) return value;
+    value = next;
+  }
+}
+
+ContainerClasses ContainerAliasClasses(const Graph& graph) {
+  ContainerClasses classes;
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachNested(ir.node, [&](const Node* node) {
+      const c10::FunctionSchema* schema = node->maybeSchema();
+      // Containers this node makes or writes, and the tensors (or other
+      // containers) that go in or come out.
+      std::vector<const Value*> containers, members;
+      if (schema == nullptr) {
+        // Interpreter plumbing (list/tuple/dict construct and unpack,
+        // control flow): every output may hold or be what went in.
+        bool container_involved = false;
+        for (const Value* v : node->inputs()) {
+          container_involved |= IsContainerHoldingTensors(v->type());
+        }
+        for (const Value* v : node->outputs()) {
+          container_involved |= IsContainerHoldingTensors(v->type());
+        }
+        if (!container_involved) return;
+        for (const Value* v : node->inputs()) {
+          if (MayHoldTensor(v->type())) members.push_back(v);
+        }
+        for (const Value* v : node->outputs()) {
+          if (MayHoldTensor(v->type())) members.push_back(v);
+        }
+        for (size_t i = 1; i < members.size(); ++i) {
+          classes.Union(AliasRoot(members[0]), AliasRoot(members[i]));
+        }
+        return;
+      }
+      const auto& args = schema->arguments();
+      for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
+        const Value* v = node->input(i);
+        if (!MayHoldTensor(v->type())) continue;
+        const c10::AliasInfo* info = args[i].alias_info();
+        if (info != nullptr && info->isWrite() &&
+            IsContainerHoldingTensors(v->type())) {
+          containers.push_back(v);
+        } else if (EntersOrLeavesWildcard(info)) {
+          members.push_back(v);
+        } else if (IsContainerHoldingTensors(v->type()) && info != nullptr) {
+          containers.push_back(v);
+        }
+      }
+      const auto& returns = schema->returns();
+      for (size_t i = 0; i < returns.size() && i < node->outputs().size();
+           ++i) {
+        const Value* v = node->output(i);
+        if (!MayHoldTensor(v->type())) continue;
+        if (EntersOrLeavesWildcard(returns[i].alias_info())) {
+          members.push_back(v);
+        } else if (IsContainerHoldingTensors(v->type()) &&
+                   returns[i].alias_info() != nullptr) {
+          containers.push_back(v);  // views in a list (aten::split)
+        }
+      }
+      if (containers.empty() || members.empty()) return;
+      for (const Value* c : containers) {
+        for (const Value* m : members) {
+          classes.Union(AliasRoot(c), AliasRoot(m));
+        }
+      }
+    });
+  }
+  return classes;
+}
+
+absl::flat_hash_set<const Value*> MutatedContainers(const Graph& graph) {
+  absl::flat_hash_set<const Value*> out;
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachWritten(ir.node, [&](const Value* v) {
+      if (IsMutableContainer(v->type())) out.insert(AliasRoot(v));
+    });
+  }
+  return out;
+}
+
+absl::flat_hash_map<const Value*, std::vector<int>> ReadersByRoot(
+    const Graph& graph) {
+  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
+
+  const ContainerClasses classes = ContainerAliasClasses(graph);
+  absl::flat_hash_map<const Value*, std::set<int>> readers_of_class;
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachRead(ir.node, [&](const Value* v) {
+      readers_of_class[classes.Find(AliasRoot(v))].insert(ir.id);
+    });
+  }
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachNested(ir.node, [&](const Node* node) {
+      for (const Value* out : node->outputs()) {
+        const Value* root = AliasRoot(out);
+        if (readers_of_root.count(root) != 0) continue;
+        auto it = readers_of_class.find(classes.Find(root));
+        if (it == readers_of_class.end()) continue;
+        readers_of_root[root].assign(it->second.begin(), it->second.end());
+      }
+    });
+  }
+  for (const Value* in : graph.graph()->inputs()) {
+    auto it = readers_of_class.find(classes.Find(AliasRoot(in)));
+    if (it != readers_of_class.end()) {
+      readers_of_root[AliasRoot(in)].assign(it->second.begin(),
+                                            it->second.end());
+    }
+  }
+  return readers_of_root;
+}
+
+}  // namespace mutwo::worker
