@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The zoo suite's CPU tier end to end (ctest -L zoo):
+#   bench/zoo/ctest_cpu.sh PYTHON BIN_DIR [RESULTS_DIR]
+# Scripts the CPU-tier models into a temp dir (models.py), runs run_zoo.py
+# against BIN_DIR and fails when a bar fails. RESULTS_DIR (default: the
+# temp dir, removed; or $ZOO_RESULTS_DIR) receives zoo_results.json.
+# $ZOO_FLAGS: extra run_zoo.py flags (e.g. --no-fail).
+set -euo pipefail
+PYTHON=${1:?usage: ctest_cpu.sh PYTHON BIN_DIR [RESULTS_DIR]}
+BIN=${2:?usage: ctest_cpu.sh PYTHON BIN_DIR [RESULTS_DIR]}
+HERE=$(cd "$(dirname "$0")" && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/mutwo-zoo-cpu.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+OUT=${3:-${ZOO_RESULTS_DIR:-$TMP/results}}
+"$PYTHON" "$HERE/models.py" --tier cpu --out "$TMP/models"
+"$PYTHON" "$HERE/run_zoo.py" --manifest "$TMP/models/manifest.json" \
+  --bin "$BIN" --device cpu --out "$OUT" ${ZOO_FLAGS:-} \
+  --reproduce "bench/zoo/ctest_cpu.sh $PYTHON $BIN RESULTS_DIR (ctest -R zoo in the build dir)"

@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""mutwo's model-zoo conformance suite (issue 12): runs every model of a
+models.py manifest through profile -> plan (budgets from the floor to the
+baseline) -> execute and checks the bars.
+
+    run_zoo.py --manifest DIR/manifest.json --bin build/bin --out RESULTS_DIR
+               [--device cpu|cuda:0] [--tier cpu|gpu] [--models a,b]
+               [--fractions 0,0.25,0.5,0.75] [--no-fail]
+
+Per model: `mutwo-worker profile` (adam), one `mutwo plan --budget 100%` to
+read floor_bytes and baseline_peak_bytes, then one plan per fraction f of
+the way floor -> baseline (f = 0 is the floor itself, as a byte budget), and
+`mutwo-worker execute` of every schedule. A failure at any stage is recorded
+with its one-line reason and the suite goes on.
+
+Bars, per point: executed; gradients equal the unmodified step's; measured
+peak <= budget. Per run: predicted peak within +-5% of the measured peak at
+>= 95% of the executed points. A model that is not scripted, not profiled or
+has a point that fails to plan counts as failing. Exit status 1 when a bar
+fails (0 with --no-fail), 2 on bad arguments.
+
+stdout: one JSON line per point (and per model that has no points), then one
+summary line. RESULTS_DIR/zoo_results.json holds everything (compact).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+PRED_TOLERANCE = 0.05
+PRED_SHARE = 0.95
+
+
+def one_line(stderr, rc=None):
+    """The last meaningful stderr line (the CLIs print their failure as one
+    line starting with the program name; prefer that)."""
+    lines = [l.strip() for l in (stderr or "").splitlines() if l.strip()]
+    mine = [l for l in lines if l.startswith(("mutwo-worker", "mutwo "))]
+    pick = (mine or lines or [f"exit code {rc}"])[-1]
+    return pick[:400]
+
+
+def run(cmd, timeout):
+    t0 = time.time()
+    # A binary being rebuilt disappears for a moment: wait for it.
+    while not os.access(cmd[0], os.X_OK) and time.time() - t0 < 120:
+        time.sleep(5)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=timeout)
+        return p.returncode, p.stdout, p.stderr, time.time() - t0
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return None, "", err + f"\ntimeout after {timeout}s", time.time() - t0
+    except OSError as e:
+        return None, "", f"cannot run {cmd[0]}: {e}", time.time() - t0
+
+
+def model_args(m, device, warmup, iterations):
+    args = []
+    for i in m["inputs"]:
+        args += ["--input", i]
+    return args + ["--loss", m["loss"], "--optimizer", "adam",
+                   "--batch", str(m["batch"]), "--device", device,
+                   "--warmup", str(warmup), "--iterations", str(iterations)]
+
+
+def git_commit(repo):
+    try:
+        out = subprocess.run(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain",
+                                "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except Exception:
+        return ""
+
+
+def emit(obj):
+    print(json.dumps(obj, separators=(",", ":")), flush=True)
+
+
+def run_model(m, args, work):
+    """Profile, plan and execute one manifest model; returns its record."""
+    rec = {k: m[k] for k in ("name", "family", "source", "params", "batch",
+                             "inputs", "loss", "image_size", "config",
+                             "num_classes") if m.get(k) is not None}
+    rec.update(scripted=bool(m.get("path")), profiled=False, points=[],
+               failures=[])
+    if m.get("excluded"):
+        rec["excluded"] = m["excluded"]
+        return rec
+    if not m.get("path"):
+        rec["failures"].append({"stage": "script", "error": m.get("script_error")})
+        return rec
+    worker = os.path.join(args.bin, "mutwo-worker")
+    cli = os.path.join(args.bin, "mutwo")
+    common = model_args(m, args.device, args.warmup, args.iterations)
+    base = os.path.join(work, m["name"])
+    prof_path = base + ".profile.json"
+
+    rc, out, err, secs = run([worker, "profile", m["path"]] + common +
+                             ["--output", "json"], args.profile_timeout)
+    rec["profile_s"] = round(secs, 2)
+    if rc != 0:
+        rec["failures"].append({"stage": "profile", "error": one_line(err, rc)})
+        return rec
+    try:
+        profile = json.loads(out)
+    except ValueError as e:
+        rec["failures"].append({"stage": "profile", "error": f"bad JSON: {e}"})
+        return rec
+    with open(prof_path, "w") as f:
+        f.write(out)
+    meas = profile.get("measured", {})
+    rec.update(profiled=True,
+               device_name=profile.get("device", {}).get("name"),
+               libtorch=profile.get("device", {}).get("libtorch_version"),
+               profile_oom=profile.get("oom", False),
+               profile_peak_bytes=int(meas.get("peak_bytes", 0)),
+               profile_iteration_ms=meas.get("iteration_ms"),
+               module_peak_bytes=int(meas.get("module_peak_bytes", 0)),
+               loss_matches_module=profile.get("loss_matches_module"),
+               nodes=len(profile.get("nodes", [])),
+               activations=len(profile.get("activations", [])))
+    if profile.get("oom"):
+        rec["failures"].append({"stage": "profile",
+                                "error": f"out of memory at {profile.get('oom_step')}"})
+        return rec
+
+    # Floor and (simulated) baseline peak from one plan at 100%.
+    rc, out, err, _ = run([cli, "plan", prof_path, "--budget", "100%",
+                           "--output", "json"], args.plan_timeout)
+    try:
+        s100 = json.loads(out) if out.strip() else None
+    except ValueError:
+        s100 = None
+    if s100 is None or "floor_bytes" not in s100:
+        rec["failures"].append({"stage": "plan", "budget": "100%",
+                                "error": one_line(err, rc)})
+        return rec
+    floor = int(s100["floor_bytes"])
+    baseline = int(s100["baseline_peak_bytes"])
+    rec.update(floor_bytes=floor, simulated_baseline_bytes=baseline)
+
+    budgets = []
+    for frac in args.fractions:
+        b = floor if frac == 0 else int(round(floor + (baseline - floor) * frac))
+        if budgets and b == budgets[-1][1]:
+            continue  # floor == baseline: one distinct budget
+        budgets.append((frac, b))
+    for frac, budget in budgets:
+        pt = {"model": m["name"], "fraction": frac, "budget_bytes": budget}
+        sched_path = f"{base}.{int(frac * 100)}.schedule.json"
+        rc, out, err, psecs = run([cli, "plan", prof_path, "--budget",
+                                   f"{budget}B", "--output", "json"],
+                                  args.plan_timeout)
+        pt["plan_s"] = round(psecs, 3)
+        sched = None
+        if out.strip():
+            try:
+                sched = json.loads(out)
+            except ValueError:
+                sched = None
+        if rc != 0 or sched is None:
+            pt.update(stage_failed="plan", error=one_line(err, rc))
+            if sched is not None:
+                pt["feasible"] = sched.get("feasible")
+                pt["predicted_peak_bytes"] = int(sched.get("predicted_peak_bytes", 0))
+            rec["points"].append(pt)
+            emit(pt)
+            continue
+        with open(sched_path, "w") as f:
+            f.write(out)
+        pt.update(feasible=sched.get("feasible"),
+                  predicted_peak_bytes=int(sched["predicted_peak_bytes"]),
+                  predicted_iteration_ms=sched.get("predicted_iteration_ms"),
+                  recomputed=int(sched.get("recomputed", 0)),
+                  swapped=int(sched.get("swapped", 0)))
+        rc, out, err, esecs = run([worker, "execute", m["path"], "--schedule",
+                                   sched_path] + common + ["--output", "json"],
+                                  args.execute_timeout)
+        pt["execute_s"] = round(esecs, 2)
+        # The worker exits non-zero on an over-budget peak but still prints
+        # its measurements: keep them whenever stdout parses.
+        v = None
+        if out.strip():
+            try:
+                v = json.loads(out)
+                if "scheduled" not in v:
+                    v = None
+            except ValueError as e:
+                if rc == 0:
+                    err = f"bad JSON: {e}"
+        pt["exit_code"] = rc
+        if rc != 0 and v is not None:
+            pt["error"] = one_line(err, rc)
+        if v is None:
+            pt.update(stage_failed="execute", executed=False,
+                      error=one_line(err, rc))
+        else:
+            mp = int(v["scheduled"]["peak_bytes"])
+            pt.update(executed=True,
+                      measured_peak_bytes=mp,
+                      measured_iteration_ms=v["scheduled"].get("iteration_ms"),
+                      baseline_peak_bytes=int(v["baseline"]["peak_bytes"]),
+                      baseline_iteration_ms=v["baseline"].get("iteration_ms"),
+                      gradients_match=bool(v.get("gradients_match")),
+                      max_abs_grad_diff=v.get("max_abs_grad_diff"),
+                      batchnorm_stats_match=v.get("batchnorm_stats_match"),
+                      within_budget=mp <= budget,
+                      executor_within_budget=v.get("within_budget"),
+                      measured_over_budget=round(mp / budget, 4) if budget else None,
+                      predicted_over_measured=(round(pt["predicted_peak_bytes"] / mp, 4)
+                                               if mp else None))
+            if v.get("error"):
+                pt["executor_error"] = v["error"][:300]
+        rec["points"].append(pt)
+        emit(pt)
+    return rec
+
+
+def point_failures(pt):
+    """The bars this point fails, as short strings."""
+    if pt.get("stage_failed"):
+        return [pt["stage_failed"]]
+    out = []
+    if not pt.get("gradients_match"):
+        out.append("gradients")
+    if not pt.get("within_budget"):
+        out.append("over_budget")
+    return out
+
+
+def predicted_ok(pt):
+    r = pt.get("predicted_over_measured")
+    return r is not None and abs(r - 1) <= PRED_TOLERANCE
+
+
+def summarize(records):
+    s = {"models": len(records),
+         "excluded_by_size": sum(1 for r in records if r.get("excluded")),
+         "scripted": sum(1 for r in records if r["scripted"]),
+         "profiled": sum(1 for r in records if r["profiled"])}
+    s["in_tier"] = s["models"] - s["excluded_by_size"]
+    pts = [p for r in records for p in r["points"]]
+    ex = [p for p in pts if p.get("executed")]
+    s.update(points=len(pts), executed=len(ex),
+             gradients_match=sum(1 for p in ex if p["gradients_match"]),
+             within_budget=sum(1 for p in ex if p["within_budget"]),
+             predicted_within_5pct=sum(1 for p in ex if predicted_ok(p)))
+    s["predicted_share"] = round(s["predicted_within_5pct"] / len(ex), 4) if ex else 0.0
+    failing = [r["name"] for r in records if not r.get("excluded") and
+               (r["failures"] or not r["points"] or
+                any(point_failures(p) for p in r["points"]))]
+    s["failing_models"] = failing
+    bars = {
+        "all_in_tier_scripted_and_profiled":
+            s["profiled"] == s["in_tier"],
+        "every_point_executed": s["executed"] == s["points"] and s["points"] > 0,
+        "every_point_gradients_equal": s["gradients_match"] == s["executed"],
+        "every_point_within_budget": s["within_budget"] == s["executed"],
+        "predicted_peak_within_5pct_at_95pct":
+            s["predicted_share"] >= PRED_SHARE,
+    }
+    s["bars"] = bars
+    s["green"] = all(bars.values()) and not failing
+    return s
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--manifest", required=True,
+                    help="manifest.json written by models.py")
+    ap.add_argument("--bin", default=os.path.join(repo, "build", "bin"))
+    ap.add_argument("--out", required=True, help="writes OUT/zoo_results.json")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tier", choices=["cpu", "gpu"], default=None,
+                    help="default: the manifest's")
+    ap.add_argument("--models", default="", help="comma-separated filter")
+    ap.add_argument("--fractions", default="0,0.25,0.5,0.75",
+                    help="budgets as fractions of the way floor -> baseline")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--iterations", type=int, default=None,
+                    help="measured iterations (default: 1 on cpu, 3 on cuda)")
+    ap.add_argument("--profile-timeout", type=float, default=None)
+    ap.add_argument("--plan-timeout", type=float, default=120)
+    ap.add_argument("--execute-timeout", type=float, default=None)
+    ap.add_argument("--work", default="",
+                    help="keep profiles and schedules here (default: a temp dir)")
+    ap.add_argument("--reproduce", default="",
+                    help="the command line that reproduces this run, for the "
+                         "report (default: models.py's and this one)")
+    ap.add_argument("--no-fail", action="store_true",
+                    help="exit 0 even when a bar fails")
+    args = ap.parse_args()
+    try:
+        with open(args.manifest) as f:
+            manifest = json.load(f)
+        args.fractions = [float(x) for x in args.fractions.split(",")]
+    except (OSError, ValueError) as e:
+        print(f"run_zoo: {e}", file=sys.stderr)
+        return 2
+    tier = args.tier or manifest.get("tier", "cpu")
+    gpu = args.device.startswith("cuda")
+    if args.iterations is None:
+        args.iterations = 3 if gpu else 1
+    if args.profile_timeout is None:
+        args.profile_timeout = 900 if tier == "gpu" else 300
+    if args.execute_timeout is None:
+        args.execute_timeout = 900 if tier == "gpu" else 300
+    for b in ("mutwo", "mutwo-worker"):
+        if not os.access(os.path.join(args.bin, b), os.X_OK):
+            print(f"run_zoo: {args.bin}/{b} is missing", file=sys.stderr)
+            return 2
+    only = set(filter(None, args.models.split(",")))
+    os.makedirs(args.out, exist_ok=True)
+    work = args.work or tempfile.mkdtemp(prefix="mutwo-zoo-")
+    os.makedirs(work, exist_ok=True)
+    t0 = time.time()
+    records = []
+    try:
+        for m in manifest["models"]:
+            if only and m["name"] not in only:
+                continue
+            tm = time.time()
+            rec = run_model(m, args, work)
+            rec["seconds"] = round(time.time() - tm, 1)
+            records.append(rec)
+            if not rec["points"]:
+                emit({"model": rec["name"],
+                      "excluded": rec.get("excluded"),
+                      "failures": rec["failures"]})
+            if rec.get("excluded"):
+                continue
+            print(f"zoo: {rec['name']}: {len(rec['points'])} points, "
+                  f"{len(rec['failures'])} model failures ({rec['seconds']}s)",
+                  file=sys.stderr, flush=True)
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    summary = summarize(records)
+    summary["seconds"] = round(time.time() - t0, 1)
+    device_name = next((r["device_name"] for r in records if r.get("device_name")), None)
+    libtorch = next((r["libtorch"] for r in records if r.get("libtorch")), None)
+    results = {
+        "suite": "mutwo-zoo",
+        "tier": tier,
+        "device": args.device,
+        "device_name": device_name,
+        "libtorch": libtorch,
+        "torch_python": manifest.get("torch"),
+        "torchvision": manifest.get("torchvision"),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(repo),
+        "command": args.reproduce or " && ".join(filter(None, [
+            manifest.get("command"),
+            " ".join(["bench/zoo/run_zoo.py"] + sys.argv[1:])])),
+        "size_rule": manifest.get("size_rule"),
+        "fractions": args.fractions,
+        "warmup": args.warmup,
+        "iterations": args.iterations,
+        "bars": {"per_point": ["executed", "gradients_match",
+                               "measured_peak <= budget"],
+                 "per_run": f"|predicted/measured - 1| <= {PRED_TOLERANCE} "
+                            f"at >= {PRED_SHARE:.0%} of executed points"},
+        "summary": summary,
+        "models": records,
+    }
+    path = os.path.join(args.out, "zoo_results.json")
+    with open(path, "w") as f:
+        json.dump(results, f, separators=(",", ":"))
+        f.write("\n")
+    emit({"summary": summary})
+    print(f"zoo: wrote {path} ({summary['seconds']}s); "
+          f"{'GREEN' if summary['green'] else 'NOT green'}", file=sys.stderr)
+    return 0 if summary["green"] or args.no_fail else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
