@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -68,9 +69,11 @@ struct StepRun {
   absl::flat_hash_map<int, int> segment_starting_at;   // node -> segment
   absl::flat_hash_map<int, std::vector<int>> tail_at;  // node -> segments
   // Autograd nodes made by each top-level node (a segment's range maps to
-  // its function's node).
-  std::vector<std::vector<Node*>> made_by;
-  absl::flat_hash_set<Node*> seen;
+  // its function's node). Weak: the graph of an output the loss does not
+  // read (GoogLeNet's auxiliary heads) is freed when the outputs are
+  // dropped, before backward; hooks go on the nodes still alive.
+  std::vector<std::vector<std::weak_ptr<Node>>> made_by;
+  std::set<std::weak_ptr<Node>, std::owner_less<std::weak_ptr<Node>>> seen;
   std::vector<std::vector<std::unique_ptr<HostStash>>> stashes;  // per swap
   std::vector<bool> offloaded;
   std::vector<int> swap_free_after;         // per swap, observed at run time
@@ -80,27 +83,34 @@ struct StepRun {
 
 void Discover(StepRun& run, int first, int last,
               const std::vector<torch::Tensor>& tensors) {
-  std::vector<Node*> found;
-  std::vector<Node*> stack;
+  std::vector<std::weak_ptr<Node>> found;
+  std::vector<std::shared_ptr<Node>> stack;
   for (const torch::Tensor& t : tensors) {
     if (!t.defined() || t.grad_fn() == nullptr) continue;
-    Node* fn = t.grad_fn().get();
-    if (run.seen.insert(fn).second) stack.push_back(fn);
+    if (run.seen.insert(t.grad_fn()).second) stack.push_back(t.grad_fn());
   }
   while (!stack.empty()) {
-    Node* fn = stack.back();
+    std::shared_ptr<Node> fn = std::move(stack.back());
     stack.pop_back();
     found.push_back(fn);
     for (const auto& edge : fn->next_edges()) {
-      Node* next = edge.function.get();
-      if (next != nullptr && run.seen.insert(next).second) {
-        stack.push_back(next);
+      if (edge.function != nullptr && run.seen.insert(edge.function).second) {
+        stack.push_back(edge.function);
       }
     }
   }
   for (int id = first; id <= last; ++id) {
     run.made_by[id].insert(run.made_by[id].end(), found.begin(), found.end());
   }
+}
+
+std::vector<std::shared_ptr<Node>> Alive(
+    const std::vector<std::weak_ptr<Node>>& nodes) {
+  std::vector<std::shared_ptr<Node>> out;
+  for (const std::weak_ptr<Node>& weak : nodes) {
+    if (std::shared_ptr<Node> fn = weak.lock()) out.push_back(std::move(fn));
+  }
+  return out;
 }
 
 std::vector<torch::Tensor> TensorsOf(const std::vector<c10::IValue>& values) {
@@ -393,7 +403,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
                                              [seg]() { seg->Replay(); });
           continue;
         }
-        for (Node* fn : r->made_by[reader]) {
+        for (const std::shared_ptr<Node>& fn : Alive(r->made_by[reader])) {
           fn->add_pre_hook(
               std::make_unique<CallbackPreHook>([seg]() { seg->Replay(); }));
         }
@@ -405,8 +415,8 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       nodes.push_back(swaps[i].producer);
       absl::flat_hash_set<Node*> hooked;
       for (int node : nodes) {
-        for (Node* fn : r->made_by[node]) {
-          if (!hooked.insert(fn).second) continue;
+        for (const std::shared_ptr<Node>& fn : Alive(r->made_by[node])) {
+          if (!hooked.insert(fn.get()).second) continue;
           fn->add_pre_hook(std::make_unique<CallbackPreHook>([r, i]() {
             for (auto& stash : r->stashes[i]) stash->Restore();
           }));
@@ -416,8 +426,8 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       // stream, overlapping the steps until the first use waits for it).
       const int p = swaps[i].prefetch_node;
       if (p >= 0) {
-        for (Node* fn : r->made_by[p]) {
-          if (hooked.count(fn) != 0) continue;
+        for (const std::shared_ptr<Node>& fn : Alive(r->made_by[p])) {
+          if (hooked.count(fn.get()) != 0) continue;
           fn->add_pre_hook(std::make_unique<CallbackPreHook>([r, i]() {
             for (auto& stash : r->stashes[i]) stash->Prefetch();
           }));
@@ -430,10 +440,11 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     // scheduled step, to compare with the planner's timeline.
     absl::flat_hash_set<Node*> traced;
     for (int id = 0; id < n; ++id) {
-      for (Node* fn : run->made_by[id]) {
-        if (!traced.insert(fn).second) continue;
-        fn->add_pre_hook(std::make_unique<CallbackPreHook>([this, fn, id]() {
-          MUTWO_LOG(trace, "backward {} (node {}): {} B before", fn->name(), id,
+      for (const std::shared_ptr<Node>& fn : Alive(run->made_by[id])) {
+        if (!traced.insert(fn.get()).second) continue;
+        const std::string name = fn->name();
+        fn->add_pre_hook(std::make_unique<CallbackPreHook>([this, name, id]() {
+          MUTWO_LOG(trace, "backward {} (node {}): {} B before", name, id,
                     backend->AllocatedBytes());
         }));
       }
