@@ -23,6 +23,11 @@ ABSL_FLAG(std::string, policy, "mutwo",
 ABSL_FLAG(bool, pareto, false,
           "plan, schedule: add the Pareto curve (20 budgets from the floor "
           "to the baseline peak)");
+ABSL_FLAG(bool, reserve, true,
+          "plan: μ-TWO plans below the budget by the device reserve (CUDA: "
+          "4 MiB + 1% for the caching allocator; CPU: 64 KiB + 1% for what "
+          "the memory model leaves out of replays); --reserve=false plans to "
+          "the budget itself");
 ABSL_DECLARE_FLAG(std::string, output);
 ABSL_DECLARE_FLAG(std::string, batch);
 
@@ -169,6 +174,7 @@ int PlanCommand(const ParsedArgs& args) {
   request.budget = *budget;
   request.policy = planner::PolicyToProto(*policy);
   request.pareto_points = absl::GetFlag(FLAGS_pareto) ? kParetoPoints : 0;
+  request.device_reserve = absl::GetFlag(FLAGS_reserve);
   auto schedule =
       at_batch > 0 ? planner::PlanScheduleAtBatch(profiles, at_batch, request)
                    : planner::PlanSchedule(profiles.front(), request);

@@ -311,6 +311,29 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     });
   }
 
+  // Groups whose replays overlap (a later group rebuilds its activations
+  // from nodes inside an earlier group's range: GPT's attention output from
+  // the q/k/v a previous group replays) run as one segment. Clipping the
+  // later range instead would make it read the earlier group's outputs,
+  // which then stay pinned until its replay, while the planner holds only
+  // the sources it named.
+  {
+    std::vector<std::pair<int, int>> merged;
+    for (const auto& [first_member, segment] : order) {
+      Group& g = groups[segment];
+      if (!merged.empty()) {
+        Group& last = groups[merged.back().second];
+        if (*g.nodes.begin() <= *last.members.rbegin()) {
+          last.members.insert(g.members.begin(), g.members.end());
+          last.nodes.insert(g.nodes.begin(), g.nodes.end());
+          last.recomputed += g.recomputed;
+          continue;
+        }
+      }
+      merged.push_back({first_member, segment});
+    }
+    order = std::move(merged);
+  }
   std::vector<SegmentPlan> plans;
   int previous_last = -1;
   for (const auto& [first_member, segment] : order) {

@@ -150,7 +150,13 @@ def run_model(m, args, work):
     rec.update(floor_bytes=floor, simulated_baseline_bytes=baseline)
 
     budgets = []
-    for frac in args.fractions:
+    if baseline <= floor:
+        # Nothing to save (the planner's reserve can put the floor above
+        # the simulated baseline): the floor is the one budget.
+        args_fractions = [0.0]
+    else:
+        args_fractions = args.fractions
+    for frac in args_fractions:
         b = floor if frac == 0 else int(round(floor + (baseline - floor) * frac))
         if budgets and b == budgets[-1][1]:
             continue  # floor == baseline: one distinct budget

@@ -31,11 +31,12 @@ int PrefetchNode(const v1::Profile& profile, int position) {
 
 int64_t AllocatorReserveBytes(const v1::Profile& profile,
                               int64_t budget_bytes) {
-  if (profile.device().kind() != "cuda") return 0;
-  return kReserveFixedBytes +
-         static_cast<int64_t>(
-             kReserveFraction *
-             static_cast<double>(std::max<int64_t>(0, budget_bytes)));
+  const int64_t fixed = profile.device().kind() == "cuda"
+                            ? kReserveFixedBytes
+                            : kCpuReserveFixedBytes;
+  return fixed + static_cast<int64_t>(
+                     kReserveFraction *
+                     static_cast<double>(std::max<int64_t>(0, budget_bytes)));
 }
 
 double TimeScale(const v1::MeasuredStep& measured) {
@@ -434,10 +435,9 @@ namespace {
 
 // The smallest budget whose reserve leaves `peak_bytes` of room.
 int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
-  if (AllocatorReserveBytes(profile, peak_bytes) == 0) return peak_bytes;
-  int64_t budget = static_cast<int64_t>(
-      std::ceil((static_cast<double>(peak_bytes) + kReserveFixedBytes) /
-                (1 - kReserveFraction)));
+  int64_t budget = static_cast<int64_t>(std::ceil(
+      (static_cast<double>(peak_bytes) + AllocatorReserveBytes(profile, 0)) /
+      (1 - kReserveFraction)));
   while (budget - AllocatorReserveBytes(profile, budget) < peak_bytes) {
     ++budget;
   }
@@ -466,12 +466,13 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     return absl::InvalidArgumentError(absl::StrCat(
         "correction_bytes = ", request.correction_bytes, ": must be >= 0"));
   }
-  // μ-TWO plans below the budget by the allocator reserve (0 on CPU); the
+  // μ-TWO plans below the budget by the device reserve; the
   // fixed baseline schedules are only checked against the budget. Both are
   // planned below it by the correction measurements taught.
-  const int64_t reserve = options.policy == Policy::kMutwo
-                              ? AllocatorReserveBytes(profile, budget_bytes)
-                              : 0;
+  const int64_t reserve =
+      options.policy == Policy::kMutwo && request.device_reserve
+          ? AllocatorReserveBytes(profile, budget_bytes)
+          : 0;
   const int64_t correction = request.correction_bytes;
   PlanResult result =
       planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
@@ -482,8 +483,11 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned for ",
         budget_bytes - reserve - correction, " B: a reserve of ", reserve,
-        " B (4 MiB + 1% of the budget) for the CUDA caching allocator's "
-        "block rounding");
+        profile.device().kind() == "cuda"
+            ? " B (4 MiB + 1% of the budget) for the CUDA caching "
+              "allocator's block rounding"
+            : " B (64 KiB + 1% of the budget) for what the memory model "
+              "leaves out of replays");
   }
   if (correction > 0) {
     result.reason = absl::StrCat(

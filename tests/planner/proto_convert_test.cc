@@ -127,6 +127,7 @@ TEST(ProtoConvertTest, ResolvesEveryBudgetKind) {
 TEST(ProtoConvertTest, ScheduleRoundTrip) {
   const v1::Profile proto = DiamondProto();
   ScheduleRequest request;
+  request.device_reserve = false;  // a 1 KB graph: 64 KiB would leave nothing
   request.budget = *ParseBudget("70%");
   request.pareto_points = 20;
   auto s = PlanSchedule(proto, request);
@@ -169,6 +170,7 @@ TEST(ProtoConvertTest, ScheduleRoundTrip) {
 
 TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
   ScheduleRequest request;
+  request.device_reserve = false;
   request.budget = *ParseBudget("100B");
   auto s = PlanSchedule(DiamondProto(), request);
   ASSERT_TRUE(s.ok());
@@ -179,17 +181,21 @@ TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
 }
 
 // On a CUDA device μ-TWO keeps 4 MiB + 1% of the budget free for the caching
-// allocator's rounding; the baselines and the CPU plan to the budget itself.
+// allocator's rounding, on the CPU 64 KiB + 1%; the baselines, and a request
+// without the reserve, plan to the budget itself.
 TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
   v1::Profile cuda = DiamondProto();
   cuda.mutable_device()->set_kind("cuda");
   const int64_t budget = int64_t{100} << 20;
   EXPECT_EQ(AllocatorReserveBytes(cuda, budget), (4 << 20) + budget / 100);
-  EXPECT_EQ(AllocatorReserveBytes(DiamondProto(), budget), 0);
+  EXPECT_EQ(AllocatorReserveBytes(DiamondProto(), budget),
+            (64 << 10) + budget / 100);
 
   ScheduleRequest request;
   request.budget = *ParseBudget("100%");
-  auto cpu = PlanSchedule(DiamondProto(), request);
+  ScheduleRequest no_reserve = request;
+  no_reserve.device_reserve = false;
+  auto cpu = PlanSchedule(DiamondProto(), no_reserve);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_TRUE(cpu->feasible());
   // The whole profile is a few KB: at 100% nothing is left after the
@@ -221,6 +227,7 @@ TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
 // keeps the budget the user asked for (what the worker measures against).
 TEST(ProtoConvertTest, CorrectionPlansBelowTheBudgetItKeeps) {
   ScheduleRequest request;
+  request.device_reserve = false;
   request.budget = *ParseBudget("100%");
   auto plain = PlanSchedule(DiamondProto(), request);
   ASSERT_TRUE(plain.ok()) << plain.status();
