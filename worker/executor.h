@@ -45,7 +45,10 @@ struct ExecutorOptions : TrainingStepOptions {
   // returns its gradient. The rounding of such a sum scales with its terms,
   // not with the result: a batch-norm weight's gradient of 1.4e-5, a sum of
   // terms of ~1e-2 that cancel, differed by 5e-7 on the CPU. Batch-norm
-  // statistics compare the same way, S per buffer.)
+  // statistics compare the same way, S per buffer.) On a GPU the steps run
+  // with deterministic kernels where PyTorch has them, and a parameter may
+  // also differ by twice what two plain steps differ by (ops with atomic
+  // adds in backward, such as upsampling, have no deterministic kernel).
   double grad_rtol = 1e-5;
   double grad_atol = 1e-7;
   // false: run only the scheduled step (no baseline step, no comparisons),

@@ -28,12 +28,12 @@ namespace mutwo::planner {
 // rounded to 512 B and a large block is not split when the rest would be
 // under 1 MiB, so a step whose profile peaks at the budget can peak a few
 // MB above it on the card: 0.3-2.4% measured on an H200 with small
-// models). On the CPU, whose counting allocator counts exact bytes, 64 KiB
+// models). On the CPU, whose counting allocator counts exact bytes, 16 KiB
 // + 1%: what the memory model leaves out of replays (small tensors a
 // segment's replay holds for a moment: 0.1-0.9% above the prediction at
 // the floor on the CPU zoo suite, 24 KiB on a 1 MiB GPT).
 inline constexpr int64_t kReserveFixedBytes = int64_t{4} << 20;
-inline constexpr int64_t kCpuReserveFixedBytes = int64_t{64} << 10;
+inline constexpr int64_t kCpuReserveFixedBytes = int64_t{16} << 10;
 inline constexpr double kReserveFraction = 0.01;
 int64_t AllocatorReserveBytes(const v1::Profile& profile, int64_t budget_bytes);
 
@@ -73,7 +73,7 @@ struct ScheduleRequest {
   // μ-TWO plans below the budget by the device reserve
   // (AllocatorReserveBytes); false plans to the budget itself (`mutwo plan
   // --reserve=false`, and the planner's tests on synthetic profiles of a
-  // few KB, where 64 KiB would leave nothing).
+  // few KB, where 16 KiB would leave nothing).
   bool device_reserve = true;
 };
 

@@ -28,7 +28,7 @@ class PlanCommandTest : public ::testing::Test {
   void TearDown() override { RunCommand("rm -rf " + dir_); }
 
   testing::CommandResult Plan(const std::string& args) {
-    // The Diamond profile is 1 KB: the CPU reserve (64 KiB) would leave
+    // The Diamond profile is 1 KB: the CPU reserve (16 KiB) would leave
     // nothing of any budget.
     return RunCommand(BinPath("mutwo") + " plan --reserve=false " + args);
   }

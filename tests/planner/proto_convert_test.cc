@@ -127,7 +127,7 @@ TEST(ProtoConvertTest, ResolvesEveryBudgetKind) {
 TEST(ProtoConvertTest, ScheduleRoundTrip) {
   const v1::Profile proto = DiamondProto();
   ScheduleRequest request;
-  request.device_reserve = false;  // a 1 KB graph: 64 KiB would leave nothing
+  request.device_reserve = false;  // a 1 KB graph: 16 KiB would leave nothing
   request.budget = *ParseBudget("70%");
   request.pareto_points = 20;
   auto s = PlanSchedule(proto, request);
@@ -181,7 +181,7 @@ TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
 }
 
 // On a CUDA device μ-TWO keeps 4 MiB + 1% of the budget free for the caching
-// allocator's rounding, on the CPU 64 KiB + 1%; the baselines, and a request
+// allocator's rounding, on the CPU 16 KiB + 1%; the baselines, and a request
 // without the reserve, plan to the budget itself.
 TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
   v1::Profile cuda = DiamondProto();
@@ -189,7 +189,7 @@ TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
   const int64_t budget = int64_t{100} << 20;
   EXPECT_EQ(AllocatorReserveBytes(cuda, budget), (4 << 20) + budget / 100);
   EXPECT_EQ(AllocatorReserveBytes(DiamondProto(), budget),
-            (64 << 10) + budget / 100);
+            (16 << 10) + budget / 100);
 
   ScheduleRequest request;
   request.budget = *ParseBudget("100%");
