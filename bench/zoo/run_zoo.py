@@ -7,7 +7,7 @@ baseline) -> execute and checks the bars.
                [--device cpu|cuda:0] [--tier cpu|gpu] [--models a,b]
                [--fractions 0,0.25,0.5,0.75] [--no-fail]
 
-Per model: `mutwo-worker profile` (adam), one `mutwo plan --budget 100%` to
+Per model: `mutwo-worker profile` (--optimizer), one `mutwo plan --budget 100%` to
 read floor_bytes and baseline_peak_bytes, then one plan per fraction f of
 the way floor -> baseline (f = 0 is the floor itself, as a byte budget), and
 `mutwo-worker execute` of every schedule. A failure at any stage is recorded
@@ -417,6 +417,9 @@ def main():
             " ".join(["bench/zoo/run_zoo.py"] + sys.argv[1:])])),
         "size_rule": manifest.get("size_rule"),
         "fractions": args.fractions,
+        "optimizer": args.optimizer,
+        "rounds": args.rounds,
+        "replan_margin": args.replan_margin,
         "warmup": args.warmup,
         "iterations": args.iterations,
         "bars": {"per_point": ["executed", "gradients_match",
