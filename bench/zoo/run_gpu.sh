@@ -17,4 +17,4 @@ mkdir -p "$OUT" "$MODELS_DIR"
 python3 bench/zoo/models.py --tier gpu --out "$MODELS_DIR" ${ZOO_MODELS:+--models "$ZOO_MODELS"}
 python3 bench/zoo/run_zoo.py --manifest "$MODELS_DIR/manifest.json" \
   --bin build-gpu/bin --device cuda:0 --out "$OUT" \
-  --reproduce "bench/zoo/run_gpu.sh $OUT $*" "$@"
+  --reproduce "${ZOO_MODELS:+ZOO_MODELS=$ZOO_MODELS }bench/zoo/run_gpu.sh $OUT $*" "$@"

@@ -38,7 +38,11 @@ PRED_SHARE = 0.95
 def one_line(stderr, rc=None):
     """The last meaningful stderr line (the CLIs print their failure as one
     line starting with the program name; prefer that)."""
-    lines = [l.strip() for l in (stderr or "").splitlines() if l.strip()]
+    # (A C++ backtrace's frames and "Exception raised from" lines say
+    # nothing of what went wrong: the message stands before them.)
+    lines = [l.strip() for l in (stderr or "").splitlines()
+             if l.strip() and not l.strip().startswith(("frame #",
+                                                       "Exception raised from"))]
     mine = [l for l in lines if l.startswith(("mutwo-worker", "mutwo "))]
     pick = (mine or lines or [f"exit code {rc}"])[-1]
     return pick[:400]
@@ -193,6 +197,16 @@ def run_model(m, args, work):
     return rec
 
 
+def parse_json(text):
+    """The JSON object `text` holds, or None."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def run_point(m, args, base, frac, round_no, prof_path, common, budget,
               plan_budget):
     """One round of one point: plan at `plan_budget`, execute, judge the
@@ -205,12 +219,7 @@ def run_point(m, args, base, frac, round_no, prof_path, common, budget,
                                f"{plan_budget}B", "--output", "json"],
                               args.plan_timeout)
     pt["plan_s"] = round(psecs, 3)
-    sched = None
-    if out.strip():
-        try:
-            sched = json.loads(out)
-        except ValueError:
-            sched = None
+    sched = parse_json(out)
     if rc != 0 or sched is None:
         pt.update(stage_failed="plan", error=one_line(err, rc))
         if sched is not None:
@@ -230,15 +239,11 @@ def run_point(m, args, base, frac, round_no, prof_path, common, budget,
     pt["execute_s"] = round(esecs, 2)
     # The worker exits non-zero on an over-budget peak but still prints
     # its measurements: keep them whenever stdout parses.
-    v = None
-    if out.strip():
-        try:
-            v = json.loads(out)
-            if "scheduled" not in v:
-                v = None
-        except ValueError as e:
-            if rc == 0:
-                err = f"bad JSON: {e}"
+    v = parse_json(out)
+    if v is not None and "scheduled" not in v:
+        v = None
+    if v is None and rc == 0:
+        err = "bad JSON on stdout"
     pt["exit_code"] = rc
     if rc != 0 and v is not None:
         pt["error"] = one_line(err, rc)
