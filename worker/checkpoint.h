@@ -94,7 +94,6 @@ struct SegmentPlan {
 [[nodiscard]] absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     const Graph& graph, const v1::Schedule& schedule);
 
-
 // One training step's run of one segment. Owned by the executor for the
 // whole step (forward to the end of backward).
 class SegmentRun {
