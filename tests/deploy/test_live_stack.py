@@ -211,7 +211,13 @@ class LiveStackTest(unittest.TestCase):
             self.assertEqual(len(workers), 1 if self.has_worker else 0)
             if self.has_worker:
                 self.assertEqual(workers[0].device.kind, "cpu")
-                final = c.wait_job(a.job.job_id, timeout_s=300)
+                try:
+                    final = c.wait_job(a.job.job_id, timeout_s=300)
+                except TimeoutError as e:
+                    # The processes' logs say where it stopped (a CI run saw
+                    # this job not final after 300 s once, and not again).
+                    self.fail("%s: %s\n%s" % (e, c.get_job(a.job.job_id),
+                                               self.logs()))
                 self.assertEqual(final.state, mc.types_pb2.Job.SUCCEEDED,
                                  final.error + self.logs())
 
