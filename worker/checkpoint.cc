@@ -913,9 +913,9 @@ void SegmentRun::FreeAfter(int node_id) {
 
 void SegmentRun::FreeTensor(size_t k) {
   c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
-  MUTWO_LOG(trace, "segment {}: free output tensor {} ({} B)", plan_->segment,
-            k, impl ? impl->nbytes() : 0);
   if (!impl || impl->data() == nullptr) return;
+  MUTWO_LOG(trace, "segment {}: free output tensor {} ({} B)", plan_->segment,
+            k, impl->nbytes());
   freed_bytes_ += static_cast<int64_t>(impl->nbytes());
   impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
   tensor_freed_[k] = true;

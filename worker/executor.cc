@@ -34,11 +34,11 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 using torch::jit::Value;
 
-// Deterministic cuDNN algorithms while in scope (the previous setting
-// restored after).
-class DeterministicCudnn {
+// Deterministic cuDNN algorithms and deterministic kernels of the other ops
+// that have them while in scope (the previous settings restored after).
+class DeterministicKernels {
  public:
-  DeterministicCudnn()
+  DeterministicKernels()
       : previous_(at::globalContext().deterministicCuDNN()),
         previous_algorithms_(at::globalContext().deterministicAlgorithms()),
         previous_warn_only_(
@@ -50,13 +50,13 @@ class DeterministicCudnn {
     // noise with a second plain step.
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   }
-  ~DeterministicCudnn() {
+  ~DeterministicKernels() {
     at::globalContext().setDeterministicCuDNN(previous_);
     at::globalContext().setDeterministicAlgorithms(previous_algorithms_,
                                                    previous_warn_only_);
   }
-  DeterministicCudnn(const DeterministicCudnn&) = delete;
-  DeterministicCudnn& operator=(const DeterministicCudnn&) = delete;
+  DeterministicKernels(const DeterministicKernels&) = delete;
+  DeterministicKernels& operator=(const DeterministicKernels&) = delete;
 
  private:
   bool previous_;
@@ -617,7 +617,7 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
         // of a ResNet-50 differ by 0.03 of 26.7 on an H200): the comparison
         // steps use deterministic ones, so a difference is the schedule's.
         // The timed steps below keep the default.
-        DeterministicCudnn deterministic;
+        DeterministicKernels deterministic;
         MUTWO_RETURN_IF_ERROR(one_step(false, &base));
         // On a GPU some ops have no deterministic kernel (atomic adds in
         // upsample and pooling backward): a second plain step measures how
