@@ -40,7 +40,12 @@ ValidationCheck CheckValidation(const v1::Validation& v) {
     std::vector<std::string> differ;
     if (!v.gradients_match()) {
       differ.push_back(
-          absl::StrFormat("gradients (max |diff| %g)", v.max_abs_grad_diff()));
+          v.worst_gradient_parameter().empty()
+              ? absl::StrFormat("gradients (max |diff| %g)",
+                                v.max_abs_grad_diff())
+              : absl::StrFormat("gradients (max |diff| %g, worst at %s)",
+                                v.max_abs_grad_diff(),
+                                v.worst_gradient_parameter()));
     }
     // Written so that a NaN difference counts as differing.
     if (!(v.loss_diff() <= kMaxLossDiff)) {

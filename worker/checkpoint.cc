@@ -849,6 +849,10 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
   for (size_t j = 0; j < tensors.size(); ++j) {
     const torch::Tensor& t = tensors[j];
     saved_inputs_.push_back(tensor_copied_[j] && t.defined() ? t.clone() : t);
+    MUTWO_LOG(trace, "segment {}: saves input tensor {} ({} B{})",
+              plan_->segment, j,
+              t.defined() && t.has_storage() ? t.storage().nbytes() : 0,
+              tensor_copied_[j] && t.defined() ? ", a copy" : "");
     input_requires_grad_.push_back(t.defined() && t.requires_grad());
     versions.push_back(t.defined() ? t._version() : 0);
   }

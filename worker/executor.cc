@@ -73,6 +73,10 @@ struct SwapPlan {
   // the copy starts at the first backward use.
   int prefetch_node = -1;
   std::vector<int> readers;  // top-level nodes reading the output (aliases)
+  // Values that hold the swapped storages: the producer's outputs, then the
+  // views and in-place results on them up to `offload_after` (a recompute
+  // segment keeps its inner values to itself and exposes only those).
+  std::vector<const Value*> values;
 };
 
 // What one training step ran (the schedule's runtime state). Lives until
@@ -186,18 +190,26 @@ absl::Status Executor::State::PlanSwaps(const v1::Schedule& schedule) {
     }
     bool is_returned = false;
     std::set<int> readers;
+    absl::flat_hash_set<const Value*> roots;
     for (const Value* out : graph->nodes()[plan.producer].node->outputs()) {
       const Value* root = AliasRoot(out);
       is_returned |= returned.count(root) > 0;
       for (int r : readers_of_root[root]) {
         if (r > plan.producer) readers.insert(r);
       }
+      roots.insert(root);
+      plan.values.push_back(out);
     }
     // Returned outputs feed the loss: they cannot leave during forward.
     if (is_returned) continue;
     plan.readers.assign(readers.begin(), readers.end());
     if (!plan.readers.empty()) {
       plan.offload_after = std::max(plan.offload_after, plan.readers.back());
+    }
+    for (int id = plan.producer + 1; id <= plan.offload_after; ++id) {
+      for (const Value* out : graph->nodes()[id].node->outputs()) {
+        if (roots.count(AliasRoot(out)) > 0) plan.values.push_back(out);
+      }
     }
     swaps.push_back(std::move(plan));
   }
@@ -208,6 +220,10 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
   const int n = graph->num_nodes();
   auto run = std::make_unique<StepRun>();
   InterpreterHooks hooks;
+  // `--log_level trace`: allocations are tagged with the forward node that
+  // made them, and what is resident after the loss is listed by node.
+  const bool tracing = scheduled && spdlog::should_log(spdlog::level::trace) &&
+                       backend->SupportsTracking();
   if (scheduled) {
     run->made_by.assign(n, {});
     for (size_t s = 0; s < segments.size(); ++s) {
@@ -257,10 +273,16 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       for (size_t i = 0; i < swaps.size(); ++i) {
         if (r->offloaded[i] || r->swap_free_after[i] > last) continue;
         r->offloaded[i] = true;
+        int64_t offloaded_bytes = 0;
         for (auto& stash : r->stashes[i]) {
           stash->Offload();
-          if (stash->offloaded()) r->swapped_bytes += stash->nbytes();
+          if (stash->offloaded()) offloaded_bytes += stash->nbytes();
         }
+        r->swapped_bytes += offloaded_bytes;
+        MUTWO_LOG(trace,
+                  "swap value {}: offloaded after node {}: {} B of {} storages",
+                  swaps[i].value_id, last, offloaded_bytes,
+                  r->stashes[i].size());
       }
     };
     auto register_swaps = [this, r](int first, int last,
@@ -269,7 +291,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         const int p = swaps[i].producer;
         if (p < first || p > last) continue;
         std::vector<c10::IValue> values;
-        for (const Value* out : graph->nodes()[p].node->outputs()) {
+        for (const Value* out : swaps[i].values) {
           auto it = env.find(out);
           if (it != env.end()) values.push_back(it->second);
         }
@@ -317,7 +339,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         }
       }
     };
-    hooks.take_over = [this, r, after, register_swaps, observe](
+    hooks.take_over = [this, r, after, register_swaps, observe, tracing](
                           int id, InterpreterEnv& env) -> int {
       // Tail nodes of earlier segments: what they read is kept (and stays
       // resident) until that segment's replay.
@@ -342,6 +364,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         const std::vector<torch::Tensor> tensors = TensorsOf(inputs);
         for (auto& earlier : r->segments) earlier->Pin(tensors, seg);
       }
+      if (tracing) backend->SetTag(plan.first_node);
       seg->Forward(env);
       std::vector<c10::IValue> outputs;
       for (const Value* v : plan.outputs) outputs.push_back(env.at(v));
@@ -350,12 +373,14 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       register_swaps(plan.first_node, plan.last_node, env);
       observe(plan.first_node, plan.last_node, tensors);
       after(plan.last_node);
-      MUTWO_LOG(trace, "forward node {}: {} B after (segment {})",
-                plan.last_node, backend->AllocatedBytes(), plan.segment);
+      MUTWO_LOG(trace, "forward node {}: {} B after (segment {}; peak {} B)",
+                plan.last_node, backend->AllocatedBytes(), plan.segment,
+                backend->PeakBytes());
       return plan.last_node;
     };
-    hooks.before_node = [this](int id) {
+    hooks.before_node = [this, tracing](int id) {
       current_step = absl::StrCat("forward node ", graph->Describe(id));
+      if (tracing) backend->SetTag(id);
     };
     hooks.after_node = [this, r, after, register_swaps, observe](
                            int id, std::vector<c10::IValue>& outputs) {
@@ -369,8 +394,8 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       register_swaps(id, id, env);
       observe(id, id, tensors);
       after(id);
-      MUTWO_LOG(trace, "forward node {}: {} B after", id,
-                backend->AllocatedBytes());
+      MUTWO_LOG(trace, "forward node {}: {} B after (peak {} B)", id,
+                backend->AllocatedBytes(), backend->PeakBytes());
     };
   }
 
@@ -457,12 +482,28 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         if (!traced.insert(fn.get()).second) continue;
         const std::string name = fn->name();
         fn->add_pre_hook(std::make_unique<CallbackPreHook>([this, name, id]() {
-          MUTWO_LOG(trace, "backward {} (node {}): {} B before", name, id,
-                    backend->AllocatedBytes());
+          // The step's peak so far: where it rises, the peak was reached
+          // since the previous line (inside a replay, say).
+          MUTWO_LOG(trace, "backward {} (node {}): {} B before (peak {} B)",
+                    name, id, backend->AllocatedBytes(), backend->PeakBytes());
         }));
       }
     }
-    MUTWO_LOG(trace, "loss: {} B", backend->AllocatedBytes());
+    MUTWO_LOG(trace, "loss: {} B (peak {} B)", backend->AllocatedBytes(),
+              backend->PeakBytes());
+    if (tracing) {
+      // What is resident now, by the forward node (or segment's first
+      // node) that allocated it, to compare with the planner's residents.
+      std::map<int64_t, int64_t> live;
+      for (const LiveBlock& b : backend->LiveBlocks()) {
+        live[b.tag] += b.size_bytes;
+      }
+      for (const auto& [tag, bytes] : live) {
+        MUTWO_LOG(trace, "resident after the loss: {} B from node {}", bytes,
+                  tag);
+      }
+      backend->SetTag(kIdleTag);
+    }
   }
   current_step = "backward";
   MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
@@ -630,6 +671,7 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
       }
       restore();
       s.ZeroGrads();
+      double worst_excess = 0;
       double scale = 0;  // the largest gradient element of the step
       for (const torch::Tensor& g : base.grads) {
         if (g.numel() > 0)
@@ -644,12 +686,19 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
             again.grads.empty()
                 ? 0.0
                 : (again.grads[i] - base.grads[i]).abs().max().item<double>();
-        if (worst > o.grad_atol + o.grad_rtol * scale + 2 * noise) {
+        const double excess =
+            worst - (o.grad_atol + o.grad_rtol * scale + 2 * noise);
+        if (excess > 0) {
           match = false;
+          if (excess > worst_excess) {
+            worst_excess = excess;
+            validation.set_worst_gradient_parameter(s.parameter_names[i]);
+          }
           MUTWO_LOG(warn,
                     "gradient of parameter {} differs by up to {} (largest "
-                    "gradient element of the step: {})",
-                    i, worst, scale);
+                    "gradient element of the step: {}; two plain steps "
+                    "differ by {})",
+                    s.parameter_names[i], worst, scale, noise);
         }
       }
       for (size_t i = 0; i < base.buffers.size(); ++i) {

@@ -49,6 +49,7 @@ struct TrainingState {
   std::unique_ptr<Graph> graph;
   std::unique_ptr<Interpreter> interpreter;
   std::vector<torch::Tensor> parameters;  // trainable
+  std::vector<std::string> parameter_names;  // module paths, as `parameters`
   std::vector<c10::IValue> inputs;
   torch::Tensor target;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -120,8 +121,10 @@ struct TrainingState {
                      options.inputs.size(), " --input specs"));
   }
   state->interpreter = std::make_unique<Interpreter>(state->graph.get());
-  for (const torch::Tensor& p : state->module.parameters()) {
-    if (p.requires_grad()) state->parameters.push_back(p);
+  for (const auto& p : state->module.named_parameters()) {
+    if (!p.value.requires_grad()) continue;
+    state->parameters.push_back(p.value);
+    state->parameter_names.push_back(p.name);
   }
   return absl::OkStatus();
 }

@@ -120,6 +120,13 @@ def run_model(m, args, work):
     except ValueError as e:
         rec["failures"].append({"stage": "profile", "error": f"bad JSON: {e}"})
         return rec
+    if args.emulate_link_gbps and profile.get("device", {}).get("kind") == "cpu":
+        # The CPU has no copy engine, so its profile offers no swaps; with a
+        # modeled host link the planner mixes swaps into the schedules and the
+        # CPU executor's swaps (host buffers) are judged like any others.
+        emulate_link(profile, args.emulate_link_gbps * 1e9)
+        out = json.dumps(profile)
+        rec["emulated_link_gbps"] = args.emulate_link_gbps
     with open(prof_path, "w") as f:
         f.write(out)
     meas = profile.get("measured", {})
@@ -197,6 +204,18 @@ def run_model(m, args, work):
     return rec
 
 
+def emulate_link(profile, bytes_per_second):
+    """Gives a profile a host link of `bytes_per_second` each way, the way
+    the CUDA profiler fills it in (worker/profiler.cc: swap_ms is the round
+    trip of the activation's bytes)."""
+    dev = profile.setdefault("device", {})
+    dev["host_to_device_bytes_per_second"] = bytes_per_second
+    dev["device_to_host_bytes_per_second"] = bytes_per_second
+    for a in profile.get("activations", []):
+        size = int(a.get("size_bytes", 0))
+        a["swap_ms"] = 1000.0 * (2 * size / bytes_per_second)
+
+
 def parse_json(text):
     """The JSON object `text` holds, or None."""
     if not text.strip():
@@ -237,6 +256,11 @@ def run_point(m, args, base, frac, round_no, prof_path, common, budget,
                                sched_path] + common + ["--output", "json"],
                               args.execute_timeout)
     pt["execute_s"] = round(esecs, 2)
+    if rc != 0:
+        # The whole stderr (a C++ backtrace, the worker's log) for a look
+        # later; the record keeps one line.
+        with open(f"{base}.{int(frac * 100)}.r{round_no}.execute.err", "w") as f:
+            f.write(err or "")
     # The worker exits non-zero on an over-budget peak but still prints
     # its measurements: keep them whenever stdout parses.
     v = parse_json(out)
@@ -259,6 +283,7 @@ def run_point(m, args, base, frac, round_no, prof_path, common, budget,
               baseline_iteration_ms=v["baseline"].get("iteration_ms"),
               gradients_match=bool(v.get("gradients_match")),
               max_abs_grad_diff=v.get("max_abs_grad_diff"),
+              worst_gradient_parameter=v.get("worst_gradient_parameter"),
               batchnorm_stats_match=v.get("batchnorm_stats_match"),
               within_budget=mp <= budget,
               executor_within_budget=v.get("within_budget"),
@@ -344,6 +369,10 @@ def main():
     ap.add_argument("--replan-margin", type=float, default=0.01,
                     help="margin of a re-plan, a fraction of the budget "
                          "(mutwo-server's --replan_margin)")
+    ap.add_argument("--emulate-link-gbps", type=float, default=0,
+                    help="on a CPU device, model a host link of this many GB/s "
+                    "each way in the profile, so that schedules swap (the CPU "
+                    "profile has none)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=None,
                     help="measured iterations (default: 1 on cpu, 3 on cuda)")

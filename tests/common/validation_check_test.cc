@@ -46,6 +46,10 @@ TEST(ValidationCheckTest, GradientsLossAndBatchNormAreEachJudged) {
   v.set_max_abs_grad_diff(0.5);
   EXPECT_EQ(CheckValidation(v).problem,
             "gradients (max |diff| 0.5) differ from the unmodified step");
+  v.set_worst_gradient_parameter("layer3.4.conv2.weight");
+  EXPECT_EQ(CheckValidation(v).problem,
+            "gradients (max |diff| 0.5, worst at layer3.4.conv2.weight) "
+            "differ from the unmodified step");
   v = Good();
   v.set_loss_diff(NAN);
   EXPECT_THAT(CheckValidation(v).problem, HasSubstr("loss (diff nan)"));
