@@ -107,18 +107,6 @@ struct IterationRecord {
   std::vector<bool> outputs_alive;
 };
 
-// Whether `node` writes one of its inputs in place (schema `(a!)`).
-bool WritesInPlace(const torch::jit::Node* node) {
-  const c10::FunctionSchema* schema = node->maybeSchema();
-  if (schema == nullptr) return false;
-  for (const c10::Argument& arg : schema->arguments()) {
-    if (arg.alias_info() != nullptr && arg.alias_info()->isWrite()) {
-      return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 struct Profiler::State : TrainingState {
