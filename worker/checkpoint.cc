@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -19,6 +18,7 @@
 #include "common/logging.h"
 #include "worker/alias.h"
 #include "worker/autograd_hooks.h"
+#include "worker/gradient_memory.h"
 #include "worker/inputs.h"
 #include "worker/swap.h"
 
@@ -115,117 +115,6 @@ c10::DataPtr SharedDataPtr(const c10::Storage& owner) {
       [](void* context) { delete static_cast<c10::Storage*>(context); },
       owner.device());
 }
-
-// How many references an autograd engine holds on the gradients it passes
-// to a custom function's backward (the engine's input list, CppNode's copy,
-// the by-value argument): measured once with a probe function, since it
-// depends on the LibTorch version. A gradient with no more references than
-// this is owned by the engine call alone.
-int64_t g_probe_use_count = -1;  // set once (std::call_once), then read
-
-struct ProbeFunction : public torch::autograd::Function<ProbeFunction> {
-  static variable_list forward(AutogradContext* ctx, torch::Tensor x) {
-    ctx->set_materialize_grads(false);
-    return {x.clone()};
-  }
-  static variable_list backward(AutogradContext* /*ctx*/,
-                                variable_list grad_outputs) {
-    g_probe_use_count = static_cast<int64_t>(grad_outputs[0].use_count());
-    return {grad_outputs[0]};
-  }
-};
-
-int64_t ExclusiveGradientUseCount() {
-  static std::once_flag once;
-  std::call_once(once, []() {
-    torch::AutoGradMode grad_mode(true);
-    torch::Tensor x = torch::zeros({1}, torch::requires_grad());
-    torch::Tensor y = ProbeFunction::apply(x)[0];
-    // MulBackward hands the function a fresh gradient nobody else holds.
-    (y * 2).sum().backward();
-  });
-  return g_probe_use_count;
-}
-
-// Moves the memory of an incoming gradient that only the engine call holds
-// into a tensor of its own (the engine's copies keep an empty storage), so
-// that the memory can be freed as soon as the replay's backward consumed
-// it, as the plain step frees it after its first backward node. Returns
-// `grad` itself when anything else may read it (another branch's buffer, a
-// view): then it stays until the function returns.
-torch::Tensor TakeGradient(const torch::Tensor& grad) {
-  if (!grad.defined() || !grad.has_storage() || grad.is_sparse() ||
-      grad.layout() != c10::kStrided || grad.is_quantized() ||
-      grad.storage().nbytes() == 0 || grad.storage().data() == nullptr ||
-      grad.storage().use_count() != 1 ||
-      static_cast<int64_t>(grad.use_count()) > ExclusiveGradientUseCount()) {
-    return grad;
-  }
-  c10::StorageImpl* impl = grad.storage().unsafeGetStorageImpl();
-  const size_t nbytes = impl->nbytes();
-  c10::DataPtr data = impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
-  c10::Storage own(c10::Storage::use_byte_size_t(), nbytes, std::move(data),
-                   impl->allocator(), /*resizable=*/false);
-  torch::NoGradGuard no_grad;
-  torch::Tensor out = at::empty({0}, grad.options());
-  out.set_(own, grad.storage_offset(), grad.sizes(), grad.strides());
-  return out;
-}
-
-// After a replayed root node ran: frees the memory of the gradients it
-// consumed that TakeGradient made ours, unless an output aliases them.
-class FreeConsumedGradients : public torch::autograd::FunctionPostHook {
- public:
-  explicit FreeConsumedGradients(std::vector<c10::StorageImpl*> owned)
-      : owned_(std::move(owned)) {}
-  variable_list operator()(const variable_list& outputs,
-                           const variable_list& inputs) override {
-    for (const torch::Tensor& in : inputs) {
-      if (!in.defined() || !in.has_storage()) continue;
-      c10::StorageImpl* impl = in.storage().unsafeGetStorageImpl();
-      if (std::find(owned_.begin(), owned_.end(), impl) == owned_.end()) {
-        continue;
-      }
-      bool aliased = false;
-      for (const torch::Tensor& out : outputs) {
-        aliased |= out.defined() && out.has_storage() &&
-                   out.storage().unsafeGetStorageImpl() == impl;
-      }
-      if (!aliased) impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
-    }
-    return outputs;
-  }
-
- private:
-  std::vector<c10::StorageImpl*> owned_;
-};
-
-// Before a replayed root node runs: frees the memory of the gradients
-// TakeGradient made ours that its inputs no longer hold. A root that also
-// gets a gradient from inside the replay (a replayed output read again in the
-// range, as a ResNet block's output is by the next block's first conv) has
-// our gradient accumulated into a new tensor in its input buffer; the plain
-// step frees it there, while the engine's own references (the function's
-// inputs, the graph root) would keep it until the function returns.
-class FreeAccumulatedGradients : public torch::autograd::FunctionPreHook {
- public:
-  explicit FreeAccumulatedGradients(std::vector<c10::StorageImpl*> owned)
-      : owned_(std::move(owned)) {}
-  variable_list operator()(const variable_list& grads) override {
-    for (c10::StorageImpl* impl : owned_) {
-      bool held = false;
-      for (const torch::Tensor& g : grads) {
-        held |= g.defined() && g.has_storage() &&
-                g.storage().unsafeGetStorageImpl() == impl;
-      }
-      if (!held) impl->set_data_ptr(c10::DataPtr(nullptr, impl->device()));
-    }
-    return grads;
-  }
-
- private:
-  std::vector<c10::StorageImpl*> owned_;
-};
 
 // Gives `copy` (a clone of `original`, same layout) `original`'s memory:
 // its own is freed, and whoever saved `copy` reads `original`'s values.
