@@ -57,6 +57,12 @@ bool MayHoldTensor(const c10::TypePtr& type) {
   return false;
 }
 
+bool WritesInPlace(const Node* node) {
+  bool writes = false;
+  ForEachWrittenByOp(node, [&](const Value* /*value*/) { writes = true; });
+  return writes;
+}
+
 const Value* AliasRoot(const Value* value) {
   while (true) {
     const Node* node = value->node();

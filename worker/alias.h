@@ -38,18 +38,31 @@ inline void ForEachNested(const torch::jit::Node* node, const Fn& fn) {
   }
 }
 
+// Values `node` itself writes in place (schema `(a!)`), not the nodes nested
+// in its blocks: an operator's own writes. Control flow (no schema) writes
+// nothing here.
+template <typename Fn>
+inline void ForEachWrittenByOp(const torch::jit::Node* node, const Fn& fn) {
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  if (schema == nullptr) return;
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
+    const c10::AliasInfo* alias = args[i].alias_info();
+    if (alias != nullptr && alias->isWrite()) fn(node->input(i));
+  }
+}
+
+// Whether `node` itself writes one of its inputs in place (ForEachWrittenByOp
+// finds one). The profiler's lineage asks this of the top-level nodes that
+// expose a storage: a control-flow node whose blocks write in place does not
+// count there, while ForEachWritten (the executor's segments) counts it.
+bool WritesInPlace(const torch::jit::Node* node);
+
 // Values `node` (or a node nested in it) writes in place (schema `(a!)`).
 template <typename Fn>
 inline void ForEachWritten(const torch::jit::Node* node, const Fn& fn) {
-  ForEachNested(node, [&](const torch::jit::Node* n) {
-    const c10::FunctionSchema* schema = n->maybeSchema();
-    if (schema == nullptr) return;
-    const auto& args = schema->arguments();
-    for (size_t i = 0; i < args.size() && i < n->inputs().size(); ++i) {
-      const c10::AliasInfo* alias = args[i].alias_info();
-      if (alias != nullptr && alias->isWrite()) fn(n->input(i));
-    }
-  });
+  ForEachNested(node,
+                [&](const torch::jit::Node* n) { ForEachWrittenByOp(n, fn); });
 }
 
 bool IsTensorType(const c10::TypePtr& type);

@@ -1,14 +1,9 @@
 // RECOMPUTE: the schedule's recompute segments run inside a custom autograd
 // function that keeps only the segment's inputs and replays the segment
-// before its activations are needed in backward.
-//
-// A segment (the planner's Decision.segment) covers the contiguous IR node
-// range from the earliest node its members' activations are rebuilt from
-// (their `recompute_nodes`, which may start before the first member: nodes
-// whose outputs died in forward) to its last member, extended over in-place
-// ops that write a member's output right after it (`out += x; relu_(out)`),
-// so that what is replayed is the value autograd saved. The range is clipped
-// so that segments never overlap.
+// before its activations are needed in backward. What a segment covers (its
+// node range, inputs, outputs, tail) is compiled once per schedule
+// (execution_plan.h, SegmentPlan); this file runs it, once per step. The
+// memory of the gradients its backward receives is gradient_memory.h's.
 //
 // Forward: the range runs under NoGradGuard (nothing inside is saved); its
 // tensor inputs (values defined before the range and read in it, graph
@@ -37,62 +32,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/status/statusor.h"
-#include "mutwo/v1/types.pb.h"
+#include "worker/execution_plan.h"
 #include "worker/graph.h"
 #include "worker/interpreter.h"
 
 namespace mutwo::worker {
-
-// A segment as the executor runs it (static; built once per schedule).
-struct SegmentPlan {
-  int segment = 0;  // Decision.segment
-  int first_node = 0;
-  int last_node = 0;
-  std::vector<int> members;  // producer nodes of its RECOMPUTE decisions
-  int recomputed = 0;        // its RECOMPUTE decisions
-  // Values read in the range and defined before it (graph inputs included).
-  std::vector<const torch::jit::Value*> inputs;
-  // Inputs written in place inside the range or after it: kept as a copy.
-  std::vector<bool> copy_input;
-  // Attribute paths (from `self`) of tensors read by GetAttr inside the range.
-  std::vector<std::vector<std::string>> attribute_paths;
-  // Values defined in the range and used after it, then the lists and dicts
-  // defined before it that it writes (appends, sets entries) and that are
-  // read after it.
-  std::vector<const torch::jit::Value*> outputs;
-  // Per output: one of those lists or dicts. The forward returns the
-  // tensors it added (not the inputs it already held) and writes the
-  // container back in place.
-  std::vector<bool> container_output;
-  // Output storages freed after their last forward use and replayed.
-  std::vector<bool> freeable;
-  // Per output: the last top-level node reading it or a view / in-place
-  // result of it (when its storage can be freed).
-  std::vector<int> free_after;
-  // Per output: top-level nodes after the range that read it (or a view or
-  // in-place result of it); when its storage was freed, their backward
-  // needs the replay. Empty for outputs that are not freeable.
-  std::vector<std::vector<int>> output_readers;
-  // Per output: written in place after the range by a node that is not in
-  // `tail` (its forward value is not the one the replay computes).
-  std::vector<bool> written_after;
-  // Nodes after the range that the replay applies to its outputs, under
-  // NoGradGuard, from values captured when they ran in forward: the in-place
-  // ops writing a member's output that the range could not be extended over
-  // (a node holding an activation comes first: ResNet's downsample before
-  // `out += identity; relu_(out)`), and the nodes their other inputs are
-  // rebuilt from (the members' `recompute_nodes` after the range). They run
-  // normally in forward (autograd records them); the replay only rebuilds the
-  // value autograd saved after them.
-  std::vector<int> tail;
-};
-
-// Groups the schedule's RECOMPUTE decisions into segments (by
-// Decision.segment). InvalidArgument names a decision whose producer or
-// recompute node is not a node of `graph`.
-[[nodiscard]] absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
-    const Graph& graph, const v1::Schedule& schedule);
 
 // One training step's run of one segment. Owned by the executor for the
 // whole step (forward to the end of backward).

@@ -16,9 +16,9 @@
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
-#include "worker/alias.h"
 #include "worker/autograd_hooks.h"
 #include "worker/checkpoint.h"
+#include "worker/execution_plan.h"
 #include "worker/graph.h"
 #include "worker/inputs.h"
 #include "worker/interpreter.h"
@@ -62,21 +62,6 @@ class DeterministicKernels {
   bool previous_;
   bool previous_algorithms_;
   bool previous_warn_only_;
-};
-
-// A SWAP decision as the executor runs it.
-struct SwapPlan {
-  int value_id = 0;
-  int producer = 0;
-  int offload_after = 0;  // node after which the storages leave
-  // Node whose backward starts the copy back (Decision.prefetch_node); -1:
-  // the copy starts at the first backward use.
-  int prefetch_node = -1;
-  std::vector<int> readers;  // top-level nodes reading the output (aliases)
-  // Values that hold the swapped storages: the producer's outputs, then the
-  // views and in-place results on them up to `offload_after` (a recompute
-  // segment keeps its inner values to itself and exposes only those).
-  std::vector<const Value*> values;
 };
 
 // What one training step ran (the schedule's runtime state). Lives until
@@ -142,79 +127,14 @@ std::vector<torch::Tensor> TensorsOf(const std::vector<c10::IValue>& values) {
 
 struct Executor::State : TrainingState {
   ExecutorOptions options;
-  // The schedule being run.
-  std::vector<SegmentPlan> segments;
-  std::vector<SwapPlan> swaps;
+  // The schedule being run, compiled (execution_plan.h).
+  ExecutionPlan compiled;
 
-  absl::Status PlanSwaps(const v1::Schedule& schedule);
   // One forward + loss + backward; `scheduled` applies the schedule.
   // Returns the loss.
   absl::StatusOr<torch::Tensor> Step(bool scheduled);
   absl::Status TimedSteps(bool scheduled, v1::StepStats* stats);
 };
-
-absl::Status Executor::State::PlanSwaps(const v1::Schedule& schedule) {
-  swaps.clear();
-  const int n = graph->num_nodes();
-  // Readers and returned roots through aliases (and containers).
-  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root =
-      ReadersByRoot(*graph);
-  absl::flat_hash_set<const Value*> returned;
-  for (const Value* v : graph->graph()->return_node()->inputs()) {
-    returned.insert(AliasRoot(v));
-  }
-  for (int i = 0; i < schedule.decisions_size(); ++i) {
-    const v1::Decision& d = schedule.decisions(i);
-    if (d.action() != v1::Decision::SWAP) continue;
-    if (d.producer_node() < 0 || d.producer_node() >= n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decisions[", i, "] (value_id ", d.value_id(),
-                       "): producer_node ", d.producer_node(),
-                       " is not a node of the model's graph (", n, " nodes)"));
-    }
-    if (d.offload_after() < d.producer_node() || d.offload_after() >= n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "decisions[", i, "] (value_id ", d.value_id(), "): offload_after ",
-          d.offload_after(), " must be a forward position in [",
-          d.producer_node(), ", ", n, ")"));
-    }
-    SwapPlan plan;
-    plan.value_id = d.value_id();
-    plan.producer = d.producer_node();
-    plan.offload_after = d.offload_after();
-    // The prefetch point is a backward step of a node that ran before the
-    // producer's readers (later in backward means too late to overlap).
-    if (d.prefetch_at() >= n && d.prefetch_node() >= 0 &&
-        d.prefetch_node() < n) {
-      plan.prefetch_node = d.prefetch_node();
-    }
-    bool is_returned = false;
-    std::set<int> readers;
-    absl::flat_hash_set<const Value*> roots;
-    for (const Value* out : graph->nodes()[plan.producer].node->outputs()) {
-      const Value* root = AliasRoot(out);
-      is_returned |= returned.count(root) > 0;
-      for (int r : readers_of_root[root]) {
-        if (r > plan.producer) readers.insert(r);
-      }
-      roots.insert(root);
-      plan.values.push_back(out);
-    }
-    // Returned outputs feed the loss: they cannot leave during forward.
-    if (is_returned) continue;
-    plan.readers.assign(readers.begin(), readers.end());
-    if (!plan.readers.empty()) {
-      plan.offload_after = std::max(plan.offload_after, plan.readers.back());
-    }
-    for (int id = plan.producer + 1; id <= plan.offload_after; ++id) {
-      for (const Value* out : graph->nodes()[id].node->outputs()) {
-        if (roots.count(AliasRoot(out)) > 0) plan.values.push_back(out);
-      }
-    }
-    swaps.push_back(std::move(plan));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
   const int n = graph->num_nodes();
@@ -226,18 +146,20 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
                        backend->SupportsTracking();
   if (scheduled) {
     run->made_by.assign(n, {});
-    for (size_t s = 0; s < segments.size(); ++s) {
-      run->segments.push_back(std::make_unique<SegmentRun>(
-          &segments[s], graph.get(), interpreter.get(), &module, device));
-      run->segment_starting_at[segments[s].first_node] = static_cast<int>(s);
-      for (int k : segments[s].tail) {
+    for (size_t s = 0; s < compiled.segments.size(); ++s) {
+      run->segments.push_back(
+          std::make_unique<SegmentRun>(&compiled.segments[s], graph.get(),
+                                       interpreter.get(), &module, device));
+      run->segment_starting_at[compiled.segments[s].first_node] =
+          static_cast<int>(s);
+      for (int k : compiled.segments[s].tail) {
         run->tail_at[k].push_back(static_cast<int>(s));
       }
     }
-    run->stashes.resize(swaps.size());
-    run->offloaded.assign(swaps.size(), false);
-    run->swap_readers.resize(swaps.size());
-    for (const SwapPlan& swap : swaps) {
+    run->stashes.resize(compiled.swaps.size());
+    run->offloaded.assign(compiled.swaps.size(), false);
+    run->swap_readers.resize(compiled.swaps.size());
+    for (const SwapPlan& swap : compiled.swaps) {
       run->swap_free_after.push_back(swap.offload_after);
       run->swap_readers[run->swap_free_after.size() - 1].insert(
           swap.readers.begin(), swap.readers.end());
@@ -270,7 +192,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     }
     auto after = [this, r](int last) {
       for (auto& segment : r->segments) segment->FreeAfter(last);
-      for (size_t i = 0; i < swaps.size(); ++i) {
+      for (size_t i = 0; i < compiled.swaps.size(); ++i) {
         if (r->offloaded[i] || r->swap_free_after[i] > last) continue;
         r->offloaded[i] = true;
         int64_t offloaded_bytes = 0;
@@ -281,17 +203,17 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         r->swapped_bytes += offloaded_bytes;
         MUTWO_LOG(trace,
                   "swap value {}: offloaded after node {}: {} B of {} storages",
-                  swaps[i].value_id, last, offloaded_bytes,
+                  compiled.swaps[i].value_id, last, offloaded_bytes,
                   r->stashes[i].size());
       }
     };
     auto register_swaps = [this, r](int first, int last,
                                     const InterpreterEnv& env) {
-      for (size_t i = 0; i < swaps.size(); ++i) {
-        const int p = swaps[i].producer;
+      for (size_t i = 0; i < compiled.swaps.size(); ++i) {
+        const int p = compiled.swaps[i].producer;
         if (p < first || p > last) continue;
         std::vector<c10::IValue> values;
-        for (const Value* out : swaps[i].values) {
+        for (const Value* out : compiled.swaps[i].values) {
           auto it = env.find(out);
           if (it != env.end()) values.push_back(it->second);
         }
@@ -322,11 +244,11 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       }
       const std::vector<int> readers(consumers.begin(), consumers.end());
       for (size_t s = 0; s < r->segments.size(); ++s) {
-        if (segments[s].last_node < first) {
+        if (compiled.segments[s].last_node < first) {
           r->segments[s]->Observe(tensors, last_use, readers);
         }
       }
-      for (size_t i = 0; i < swaps.size(); ++i) {
+      for (size_t i = 0; i < compiled.swaps.size(); ++i) {
         if (r->offloaded[i] || r->stashes[i].empty()) continue;
         for (const torch::Tensor& t : tensors) {
           if (!t.defined() || !t.has_storage()) continue;
@@ -354,7 +276,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       auto it = r->segment_starting_at.find(id);
       if (it == r->segment_starting_at.end()) return -1;
       SegmentRun* seg = r->segments[it->second].get();
-      const SegmentPlan& plan = segments[it->second];
+      const SegmentPlan& plan = compiled.segments[it->second];
       current_step =
           absl::StrCat("recompute segment ", plan.segment, " (nodes ",
                        plan.first_node, "..", plan.last_node, ")");
@@ -422,7 +344,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
 
   if (scheduled) {
     StepRun* r = run.get();
-    for (size_t s = 0; s < segments.size(); ++s) {
+    for (size_t s = 0; s < compiled.segments.size(); ++s) {
       SegmentRun* seg = r->segments[s].get();
       for (int reader : seg->readers()) {
         // A reader inside another segment's range runs in that segment's
@@ -430,9 +352,9 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         // segment replays where that backward reaches the reader (the
         // planner's position), not before the whole of it.
         int inside = -1;
-        for (size_t o = 0; o < segments.size(); ++o) {
-          if (o != s && segments[o].first_node <= reader &&
-              reader <= segments[o].last_node) {
+        for (size_t o = 0; o < compiled.segments.size(); ++o) {
+          if (o != s && compiled.segments[o].first_node <= reader &&
+              reader <= compiled.segments[o].last_node) {
             inside = static_cast<int>(o);
           }
         }
@@ -447,10 +369,10 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         }
       }
     }
-    for (size_t i = 0; i < swaps.size(); ++i) {
+    for (size_t i = 0; i < compiled.swaps.size(); ++i) {
       std::vector<int> nodes(r->swap_readers[i].begin(),
                              r->swap_readers[i].end());
-      nodes.push_back(swaps[i].producer);
+      nodes.push_back(compiled.swaps[i].producer);
       absl::flat_hash_set<Node*> hooked;
       for (int node : nodes) {
         for (const std::shared_ptr<Node>& fn : Alive(r->made_by[node])) {
@@ -462,7 +384,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       }
       // The copy back starts at the planned backward step (CUDA: on a side
       // stream, overlapping the steps until the first use waits for it).
-      const int p = swaps[i].prefetch_node;
+      const int p = compiled.swaps[i].prefetch_node;
       if (p >= 0) {
         for (const std::shared_ptr<Node>& fn : Alive(r->made_by[p])) {
           if (hooked.count(fn.get()) != 0) continue;
@@ -572,8 +494,7 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
         absl::StrCat("the schedule is for batch size ", schedule.batch_size(),
                      ", the executor runs batch size ", o.batch_size));
   }
-  MUTWO_ASSIGN_OR_RETURN(s.segments, PlanSegments(*s.graph, schedule));
-  MUTWO_RETURN_IF_ERROR(s.PlanSwaps(schedule));
+  MUTWO_ASSIGN_OR_RETURN(s.compiled, CompileSchedule(*s.graph, schedule));
 
   v1::Validation validation;
   validation.set_graph_fingerprint(s.graph->fingerprint());

@@ -6,15 +6,13 @@
 
 #include <algorithm>
 #include <functional>
-#include <limits>
-#include <map>
-#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/activation_analysis.h"
 #include "worker/alias.h"
 #include "worker/autograd_hooks.h"
 #include "worker/graph.h"
@@ -106,18 +104,6 @@ struct IterationRecord {
   std::vector<std::vector<uintptr_t>> output_storages;
   std::vector<bool> outputs_alive;
 };
-
-// Whether `node` writes one of its inputs in place (schema `(a!)`).
-bool WritesInPlace(const torch::jit::Node* node) {
-  const c10::FunctionSchema* schema = node->maybeSchema();
-  if (schema == nullptr) return false;
-  for (const c10::Argument& arg : schema->arguments()) {
-    if (arg.alias_info() != nullptr && arg.alias_info()->isWrite()) {
-      return true;
-    }
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -424,40 +410,6 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     node->set_peak_bytes_during(last.node_peak[ir.id]);
   }
 
-  // Activations: live allocations at the end of forward, by producer node.
-  std::map<int, std::vector<LiveBlock>> by_node;
-  int64_t loss_bytes = 0;
-  for (const LiveBlock& block : last.live_at_end_of_forward) {
-    if (block.tag >= 0 && block.tag < n) {
-      by_node[static_cast<int>(block.tag)].push_back(block);
-    } else if (block.tag == kLossTag) {
-      loss_bytes += block.size_bytes;
-    }
-  }
-  // Position after which each block was freed (first free after the
-  // snapshot; frees after backward count as the last step).
-  const int last_position = n + std::max(num_steps, 1) - 1;
-  absl::flat_hash_map<uintptr_t, int> freed_at;
-  for (const FreeEvent& event : last.frees) {
-    const int position = event.tag >= n && event.tag <= last_position
-                             ? static_cast<int>(event.tag)
-                             : last_position;
-    freed_at.emplace(event.address, position);
-  }
-  // Which nodes expose a storage (outputs sharing it: in-place ops, views).
-  absl::flat_hash_map<uintptr_t, std::vector<int>> exposed_by;
-  for (int id = 0; id < n; ++id) {
-    for (uintptr_t address : last.output_storages[id]) {
-      auto& list = exposed_by[address];
-      if (list.empty() || list.back() != id) list.push_back(id);
-    }
-  }
-  // First backward position of the steps mapped to each node.
-  std::vector<int> first_step_of(n, std::numeric_limits<int>::max());
-  for (int k = 0; k < num_steps; ++k) {
-    const int node = last.steps[k].forward_node;
-    if (node >= 0) first_step_of[node] = std::min(first_step_of[node], n + k);
-  }
   // Forward time from after position p to the end of forward (+ loss), and
   // backward time before step k.
   std::vector<double> forward_after(n + 1, 0);
@@ -472,157 +424,69 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   const double h2d = profile->device().host_to_device_bytes_per_second();
   const double d2h = profile->device().device_to_host_bytes_per_second();
 
-  absl::flat_hash_map<uintptr_t, int> value_of_address;
-  int next_value = 0;
-  std::vector<v1::Activation*> activations;
-  int64_t tracked = 0;
-  for (const auto& [producer, blocks] : by_node) {
-    v1::Activation* a = profile->add_activations();
-    a->set_value_id(next_value++);
-    a->set_producer_node(producer);
-    a->set_occurrence(0);
-    int64_t size = 0, unswappable = 0;
-    const std::vector<uintptr_t>& outputs = last.output_storages[producer];
-    int last_forward = graph->nodes()[producer].last_use;
-    int first_backward = std::numeric_limits<int>::max();
-    int last_backward = n;
-    std::set<int> users{producer};
-    for (const LiveBlock& block : blocks) {
-      size += block.size_bytes;
-      // A swap moves the producer's output storages only.
-      if (std::find(outputs.begin(), outputs.end(), block.address) ==
-          outputs.end()) {
-        unswappable += block.size_bytes;
-      }
-      value_of_address[block.address] = a->value_id();
-      auto freed = freed_at.find(block.address);
-      last_backward =
-          std::max(last_backward,
-                   freed == freed_at.end() ? last_position : freed->second);
-      auto exposers = exposed_by.find(block.address);
-      if (exposers != exposed_by.end()) {
-        users.insert(exposers->second.begin(), exposers->second.end());
-      }
-    }
-    for (int user : std::set<int>(users)) {
-      last_forward = std::max(last_forward, graph->nodes()[user].last_use);
-      for (int consumer : graph->nodes()[user].consumers)
-        users.insert(consumer);
-    }
-    for (int user : users)
-      first_backward = std::min(first_backward, first_step_of[user]);
-    if (first_backward > last_backward) first_backward = last_backward;
-    a->set_size_bytes(size);
-    a->set_unswappable_bytes(unswappable);
-    a->set_storages(static_cast<int>(blocks.size()));
-    a->set_last_forward_use(last_forward);
-    a->set_first_backward_use(first_backward);
-    a->set_last_backward_use(last_backward);
-    a->set_inactive_ms(forward_after[last_forward + 1] + loss_ms +
-                       backward_before[first_backward - n]);
-    if (h2d > 0 && d2h > 0) {
-      a->set_swap_ms(1000.0 * (size / h2d + size / d2h));
-    }
-    tracked += size;
-    activations.push_back(a);
-  }
-
-  // Recompute lineage: walk back from the producer through nodes whose
-  // outputs were not kept; stop at kept outputs (sources when they are
-  // activations), parameters, inputs and non-tensor values. In-place ops
-  // after the producer that write its storage (ResNet's `out += identity;
-  // relu_(out)` after the block's last batch norm) are replayed too:
-  // autograd saved the value after them, so the replay must apply them, and
-  // what they read (the identity) is a source held until the replay.
-  // Per node: a list or dict it reads that some node writes in place (a
-  // DenseNet block's `features`): a replay of it would read the container
-  // as it is when the replay runs, not as it was in forward.
+  // Liveness and recompute lineage of the activations (activation_analysis.h)
+  // over what the last measured step recorded. Per node: a list or dict it
+  // reads that some node writes in place (a DenseNet block's `features`): a
+  // replay of it would read the container as it is when the replay runs,
+  // not as it was in forward.
   std::vector<std::string> reads_mutated(n);
+  std::vector<LineageNode> lineage_nodes(n);
   {
     const auto mutated = MutatedContainers(*graph);
-    for (int id = 0; id < n; ++id) {
-      ForEachRead(graph->nodes()[id].node, [&](const torch::jit::Value* v) {
-        if (reads_mutated[id].empty() && mutated.count(AliasRoot(v)) != 0) {
-          reads_mutated[id] = v->debugName();
+    for (const IrNode& ir : graph->nodes()) {
+      ForEachRead(ir.node, [&](const torch::jit::Value* v) {
+        if (reads_mutated[ir.id].empty() && mutated.count(AliasRoot(v)) != 0) {
+          reads_mutated[ir.id] = v->debugName();
         }
       });
+      LineageNode& node = lineage_nodes[ir.id];
+      node.input_nodes = ir.input_nodes;
+      node.consumers = ir.consumers;
+      node.last_use = ir.last_use;
+      node.writes_in_place = WritesInPlace(ir.node);
+      node.reads_mutated_container = !reads_mutated[ir.id].empty();
     }
   }
-  for (v1::Activation* a : activations) {
-    const int producer = a->producer_node();
-    std::set<int> replay{producer};
-    std::set<int> sources;
-    std::vector<int> stack(graph->nodes()[producer].input_nodes);
-    for (const LiveBlock& block : by_node[producer]) {
-      auto exposers = exposed_by.find(block.address);
-      if (exposers == exposed_by.end()) continue;
-      for (int writer : exposers->second) {
-        if (writer <= producer || !WritesInPlace(graph->nodes()[writer].node)) {
-          continue;
-        }
-        replay.insert(writer);
-        const auto& inputs = graph->nodes()[writer].input_nodes;
-        stack.insert(stack.end(), inputs.begin(), inputs.end());
-      }
-    }
-    // A kept storage written in place by a replayed node, or between its
-    // producer and the last replayed node (EfficientNet's `silu_(bn(x))`:
-    // the storage holds the value after silu_, not the one silu_ read and
-    // autograd saved a copy of), does not hold the value the replay reads:
-    // its producer is replayed too.
-    const int last_replayed = *replay.rbegin();
-    auto overwritten = [&](int id) {
-      for (uintptr_t address : last.output_storages[id]) {
-        auto exposers = exposed_by.find(address);
-        if (exposers == exposed_by.end()) continue;
-        for (int writer : exposers->second) {
-          if (writer > id && writer <= last_replayed &&
-              WritesInPlace(graph->nodes()[writer].node)) {
-            return true;
-          }
-        }
-      }
-      return false;
-    };
-    std::set<int> seen(replay);
-    {
-      std::vector<int> first;
-      for (int id : stack) {
-        if (seen.insert(id).second) first.push_back(id);
-      }
-      stack = std::move(first);
-    }
-    while (!stack.empty()) {
-      const int id = stack.back();
-      stack.pop_back();
-      const auto& storages = last.output_storages[id];
-      if (storages.empty()) continue;  // non-tensor value: kept as is
-      if (last.outputs_alive[id] && !overwritten(id)) {
-        for (uintptr_t address : storages) {
-          auto it = value_of_address.find(address);
-          if (it != value_of_address.end() && it->second != a->value_id()) {
-            sources.insert(it->second);
-          }
-        }
-        continue;
-      }
-      replay.insert(id);
-      for (int input : graph->nodes()[id].input_nodes) {
-        if (seen.insert(input).second) stack.push_back(input);
-      }
+  StepMemoryRecord memory;
+  memory.live_at_end_of_forward = last.live_at_end_of_forward;
+  memory.frees = last.frees;
+  memory.output_storages = last.output_storages;
+  memory.outputs_alive = last.outputs_alive;
+  for (const StepRecord& step : last.steps) {
+    memory.step_forward_node.push_back(step.forward_node);
+  }
+  const ActivationAnalysis analysis = AnalyzeActivations(lineage_nodes, memory);
+  for (const ActivationRecord& record : analysis.activations) {
+    v1::Activation* a = profile->add_activations();
+    a->set_value_id(record.value_id);
+    a->set_producer_node(record.producer_node);
+    a->set_occurrence(0);
+    a->set_size_bytes(record.size_bytes);
+    a->set_unswappable_bytes(record.unswappable_bytes);
+    a->set_storages(record.storages);
+    a->set_last_forward_use(record.last_forward_use);
+    a->set_first_backward_use(record.first_backward_use);
+    a->set_last_backward_use(record.last_backward_use);
+    a->set_inactive_ms(forward_after[record.last_forward_use + 1] + loss_ms +
+                       backward_before[record.first_backward_use - n]);
+    if (h2d > 0 && d2h > 0) {
+      const double size = static_cast<double>(record.size_bytes);
+      a->set_swap_ms(1000.0 * (size / h2d + size / d2h));
     }
     double ms = 0;
-    for (int id : replay) {
+    for (int id : record.recompute_nodes) {
       a->add_recompute_nodes(id);
       ms += node_ms[id];
-      if (a->not_recomputable().empty() && !reads_mutated[id].empty()) {
-        a->set_not_recomputable(
-            absl::StrCat("its replay would run node ", graph->Describe(id),
-                         ", which reads the list or dict %", reads_mutated[id],
-                         " that the graph writes in place"));
-      }
     }
-    for (int source : sources) a->add_recompute_sources(source);
+    if (record.mutated_container_reader >= 0) {
+      const int id = record.mutated_container_reader;
+      a->set_not_recomputable(
+          absl::StrCat("its replay would run node ", graph->Describe(id),
+                       ", which reads the list or dict %", reads_mutated[id],
+                       " that the graph writes in place"));
+    }
+    for (int source : record.recompute_sources)
+      a->add_recompute_sources(source);
     a->set_recompute_ms(ms);
   }
 
@@ -642,9 +506,9 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   measured->set_loss_ms(loss_ms);
   measured->set_backward_ms(median_of(&IterationRecord::backward_ms));
   measured->set_optimizer_ms(median_of(&IterationRecord::optimizer_ms));
-  measured->set_tracked_activation_bytes(tracked);
+  measured->set_tracked_activation_bytes(analysis.tracked_bytes);
   measured->set_end_of_forward_bytes(last.end_of_forward_bytes);
-  measured->set_loss_bytes(loss_bytes);
+  measured->set_loss_bytes(analysis.loss_bytes);
   // What the process held when the step began beyond the named categories
   // (e.g. archive records LibTorch keeps for the loaded model's code).
   v1::FixedMemory* fixed = profile->mutable_fixed();

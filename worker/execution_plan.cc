@@ -1,0 +1,393 @@
+#include "worker/execution_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/alias.h"
+#include "worker/graph.h"
+
+namespace mutwo::worker {
+namespace {
+
+using torch::jit::Node;
+using torch::jit::Value;
+
+// What segments and swaps both read of the graph's aliasing, computed once
+// per schedule.
+struct GraphAliasing {
+  // Per alias root: the top-level nodes reading it (through any alias, and
+  // through the containers it was put in).
+  absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
+  // Roots of the values forward returns (read by the loss).
+  absl::flat_hash_set<const Value*> returned_roots;
+
+  const std::vector<int>& ReadersOf(const Value* root) const {
+    static const std::vector<int> kNone;
+    auto it = readers_of_root.find(root);
+    return it == readers_of_root.end() ? kNone : it->second;
+  }
+};
+
+GraphAliasing AnalyzeAliasing(const Graph& graph) {
+  GraphAliasing aliasing;
+  aliasing.readers_of_root = ReadersByRoot(graph);
+  for (const Value* v : graph.graph()->return_node()->inputs()) {
+    aliasing.returned_roots.insert(AliasRoot(v));
+  }
+  return aliasing;
+}
+
+// The attribute path of a GetAttr chain rooted at `self`; empty if the
+// chain starts anywhere else.
+std::vector<std::string> AttributePath(const Node* get_attr,
+                                       const Value* self) {
+  std::vector<std::string> path;
+  const Node* node = get_attr;
+  while (true) {
+    path.push_back(node->s(c10::attr::name));
+    const Value* object = node->input(0);
+    if (object == self) break;
+    if (object->node()->kind() != c10::prim::GetAttr) return {};
+    node = object->node();
+  }
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+// Groups the schedule's RECOMPUTE decisions into segments (by
+// Decision.segment). InvalidArgument names a decision whose producer or
+// recompute node is not a node of `graph`.
+absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
+    const Graph& graph, const GraphAliasing& aliasing,
+    const v1::Schedule& schedule) {
+  const int n = graph.num_nodes();
+  struct Group {
+    std::set<int> members, nodes;
+    int recomputed = 0;
+  };
+  std::map<int, Group> groups;
+  std::set<int> producers;  // nodes holding an activation (any action)
+  for (int i = 0; i < schedule.decisions_size(); ++i) {
+    const v1::Decision& d = schedule.decisions(i);
+    auto bad_node = [&](int node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decisions[", i, "] (value_id ", d.value_id(), "): node ", node,
+          " is not a node of the model's graph (", n, " nodes)"));
+    };
+    if (d.producer_node() < 0 || d.producer_node() >= n) {
+      return bad_node(d.producer_node());
+    }
+    producers.insert(d.producer_node());
+    if (d.action() != v1::Decision::RECOMPUTE) continue;
+    Group& g = groups[d.segment()];
+    g.members.insert(d.producer_node());
+    g.nodes.insert(d.producer_node());
+    ++g.recomputed;
+    for (int rn : d.recompute_nodes()) {
+      if (rn < 0 || rn >= n) return bad_node(rn);
+      g.nodes.insert(rn);
+    }
+  }
+  std::vector<std::pair<int, int>> order;  // (first member, segment)
+  for (const auto& [segment, g] : groups) {
+    order.push_back({*g.members.begin(), segment});
+  }
+  std::sort(order.begin(), order.end());
+
+  const Value* self = graph.graph()->inputs()[0];
+  const Node* ret = graph.graph()->return_node();
+  // Per node: roots it writes in place.
+  std::vector<std::vector<const Value*>> writes(n);
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachWritten(ir.node, [&](const Value* v) {
+      writes[ir.id].push_back(AliasRoot(v));
+    });
+  }
+
+  // Groups whose replays overlap (a later group rebuilds its activations
+  // from nodes inside an earlier group's range: GPT's attention output from
+  // the q/k/v a previous group replays) run as one segment. Clipping the
+  // later range instead would make it read the earlier group's outputs,
+  // which then stay pinned until its replay, while the planner holds only
+  // the sources it named.
+  {
+    std::vector<std::pair<int, int>> merged;
+    for (const auto& [first_member, segment] : order) {
+      Group& g = groups[segment];
+      if (!merged.empty()) {
+        Group& last = groups[merged.back().second];
+        if (*g.nodes.begin() <= *last.members.rbegin()) {
+          last.members.insert(g.members.begin(), g.members.end());
+          last.nodes.insert(g.nodes.begin(), g.nodes.end());
+          last.recomputed += g.recomputed;
+          continue;
+        }
+      }
+      merged.push_back({first_member, segment});
+    }
+    order = std::move(merged);
+  }
+  std::vector<SegmentPlan> plans;
+  int previous_last = -1;
+  for (const auto& [first_member, segment] : order) {
+    const Group& g = groups[segment];
+    SegmentPlan plan;
+    plan.segment = segment;
+    plan.members.assign(g.members.begin(), g.members.end());
+    plan.recomputed = g.recomputed;
+    plan.first_node = std::max(*g.nodes.begin(), previous_last + 1);
+    plan.last_node = *g.members.rbegin();
+
+    // Extends the range over in-place writes to member outputs that follow
+    // it, as long as the nodes passed hold no activation of their own.
+    auto member_roots = [&]() {
+      absl::flat_hash_set<const Value*> roots;
+      for (int m : plan.members) {
+        for (const Value* out : graph.nodes()[m].node->outputs()) {
+          roots.insert(AliasRoot(out));
+        }
+      }
+      return roots;
+    };
+    const auto roots = member_roots();
+    for (int k = plan.last_node + 1; k < n; ++k) {
+      if (producers.count(k) != 0) break;  // a node holding an activation
+      bool writes_member = false;
+      for (const Value* w : writes[k]) writes_member |= roots.count(w) > 0;
+      if (writes_member) plan.last_node = k;
+    }
+    previous_last = plan.last_node;
+    // Recompute nodes after the range (in-place writes of a member's output
+    // past a node holding an activation, and their inputs' lineage) form
+    // the tail, if it is self-contained: it writes only member outputs and
+    // its own values, and nothing it captures is written after it ran.
+    for (int rn : g.nodes) {
+      if (rn > plan.last_node) plan.tail.push_back(rn);
+    }
+    bool tail_ok = true;
+    absl::flat_hash_set<const Value*> tail_roots;
+    for (int k : plan.tail) {
+      for (const Value* w : writes[k]) {
+        tail_ok &= roots.count(w) > 0 || tail_roots.count(w) > 0;
+      }
+      for (const Value* out : graph.nodes()[k].node->outputs()) {
+        tail_roots.insert(AliasRoot(out));
+      }
+      ForEachRead(graph.nodes()[k].node, [&](const Value* v) {
+        const int producer = graph.ProducerOf(v);
+        if (producer >= plan.first_node && producer <= plan.last_node) return;
+        const Value* root = AliasRoot(v);
+        if (roots.count(root) > 0 || tail_roots.count(root) > 0) return;
+        for (int later = k; later < n; ++later) {
+          for (const Value* w : writes[later]) tail_ok &= w != root;
+        }
+      });
+    }
+    if (!tail_ok) plan.tail.clear();
+    plans.push_back(std::move(plan));
+  }
+  // A tail node inside another segment's range is not run by the
+  // interpreter on its own (it cannot be captured there): no tail.
+  for (SegmentPlan& plan : plans) {
+    bool inside = false;
+    for (const SegmentPlan& other : plans) {
+      for (int k : plan.tail) {
+        inside |= k > other.first_node && k <= other.last_node;
+      }
+    }
+    if (inside) plan.tail.clear();
+  }
+
+  for (SegmentPlan& plan : plans) {
+    const std::set<int> member_set(plan.members.begin(), plan.members.end());
+    const std::set<int> tail_set(plan.tail.begin(), plan.tail.end());
+    // Inputs, attribute reads, outputs.
+    absl::flat_hash_set<const Value*> seen;
+    for (int id = plan.first_node; id <= plan.last_node; ++id) {
+      const Node* node = graph.nodes()[id].node;
+      ForEachRead(node, [&](const Value* v) {
+        const int producer = graph.ProducerOf(v);
+        if (producer >= plan.first_node) return;
+        if (seen.insert(v).second) plan.inputs.push_back(v);
+      });
+      ForEachNested(node, [&](const Node* inner) {
+        if (inner->kind() != c10::prim::GetAttr ||
+            !HoldsTensors(inner->output()->type())) {
+          return;
+        }
+        std::vector<std::string> path = AttributePath(inner, self);
+        if (!path.empty()) plan.attribute_paths.push_back(std::move(path));
+      });
+      for (const Value* out : node->outputs()) {
+        bool used_after = false;
+        for (const torch::jit::Use& use : out->uses()) {
+          if (use.user == ret) {
+            used_after = true;
+            continue;
+          }
+          const Node* owner = use.user;
+          while (owner->owningBlock() != graph.graph()->block()) {
+            owner = owner->owningBlock()->owningNode();
+          }
+          for (const IrNode& ir : graph.nodes()) {
+            if (ir.node == owner && ir.id > plan.last_node) used_after = true;
+          }
+        }
+        if (used_after) plan.outputs.push_back(out);
+      }
+    }
+    plan.container_output.assign(plan.outputs.size(), false);
+    // Lists and dicts from before the range that the range appends to or
+    // sets entries of: outputs too, written back into the same object.
+    {
+      absl::flat_hash_set<const Value*> written_in_range;
+      for (int k = plan.first_node; k <= plan.last_node; ++k) {
+        for (const Value* w : writes[k]) written_in_range.insert(w);
+      }
+      for (const Value* in : plan.inputs) {
+        if (!IsMutableContainer(in->type()) ||
+            written_in_range.count(AliasRoot(in)) == 0) {
+          continue;
+        }
+        bool read_after = false;
+        for (int reader : aliasing.ReadersOf(AliasRoot(in))) {
+          read_after |= reader > plan.last_node;
+        }
+        if (!read_after) continue;
+        plan.outputs.push_back(in);
+        plan.container_output.push_back(true);
+      }
+    }
+    absl::flat_hash_set<const Value*> written;  // in the range or after it
+    for (int k = plan.first_node; k < n; ++k) {
+      for (const Value* w : writes[k]) written.insert(w);
+    }
+    for (const Value* in : plan.inputs) {
+      // (A list written in place keeps its tensors: Snapshot() copies it.)
+      plan.copy_input.push_back(IsTensorType(in->type()) &&
+                                written.count(AliasRoot(in)) > 0);
+    }
+    for (const Value* out : plan.outputs) {
+      const Value* root = AliasRoot(out);
+      // The storage belongs to the node that made it (an in-place op or a
+      // view after a member shares the member's storage).
+      bool freeable = member_set.count(graph.ProducerOf(root)) > 0 &&
+                      aliasing.returned_roots.count(root) == 0 &&
+                      IsTensorType(out->type());
+      int last_read = plan.last_node;
+      for (int reader : aliasing.ReadersOf(root)) {
+        last_read = std::max(last_read, reader);
+      }
+      // A later write would change what autograd saved: not replayable,
+      // unless the replay applies it (a tail node).
+      bool written_after = false;
+      for (int k = plan.last_node + 1; k < n; ++k) {
+        if (tail_set.count(k) != 0) continue;
+        for (const Value* w : writes[k]) written_after |= w == root;
+      }
+      freeable &= !written_after;
+      plan.written_after.push_back(written_after);
+      plan.freeable.push_back(freeable);
+      plan.free_after.push_back(last_read);
+    }
+  }
+
+  // Readers of a freeable output trigger the replay. Storages read by a
+  // later segment (its inputs) are pinned at run time until that segment
+  // replayed (as the planner holds a segment's sources until its replay),
+  // then freed; its range's nodes are readers too (its function's node).
+  for (SegmentPlan& plan : plans) {
+    plan.output_readers.assign(plan.outputs.size(), {});
+    for (size_t i = 0; i < plan.outputs.size(); ++i) {
+      if (!plan.freeable[i]) continue;
+      for (int reader : aliasing.ReadersOf(AliasRoot(plan.outputs[i]))) {
+        if (reader > plan.last_node) plan.output_readers[i].push_back(reader);
+      }
+    }
+  }
+  return plans;
+}
+
+// The schedule's SWAP decisions, in decision order. InvalidArgument names a
+// decision whose producer or offload point is not a forward position.
+absl::StatusOr<std::vector<SwapPlan>> PlanSwaps(const Graph& graph,
+                                                const GraphAliasing& aliasing,
+                                                const v1::Schedule& schedule) {
+  std::vector<SwapPlan> swaps;
+  const int n = graph.num_nodes();
+  for (int i = 0; i < schedule.decisions_size(); ++i) {
+    const v1::Decision& d = schedule.decisions(i);
+    if (d.action() != v1::Decision::SWAP) continue;
+    if (d.producer_node() < 0 || d.producer_node() >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decisions[", i, "] (value_id ", d.value_id(),
+                       "): producer_node ", d.producer_node(),
+                       " is not a node of the model's graph (", n, " nodes)"));
+    }
+    if (d.offload_after() < d.producer_node() || d.offload_after() >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decisions[", i, "] (value_id ", d.value_id(), "): offload_after ",
+          d.offload_after(), " must be a forward position in [",
+          d.producer_node(), ", ", n, ")"));
+    }
+    SwapPlan plan;
+    plan.value_id = d.value_id();
+    plan.producer = d.producer_node();
+    plan.offload_after = d.offload_after();
+    // The prefetch point is a backward step of a node that ran before the
+    // producer's readers (later in backward means too late to overlap).
+    if (d.prefetch_at() >= n && d.prefetch_node() >= 0 &&
+        d.prefetch_node() < n) {
+      plan.prefetch_node = d.prefetch_node();
+    }
+    bool is_returned = false;
+    std::set<int> readers;
+    absl::flat_hash_set<const Value*> roots;
+    for (const Value* out : graph.nodes()[plan.producer].node->outputs()) {
+      const Value* root = AliasRoot(out);
+      is_returned |= aliasing.returned_roots.count(root) > 0;
+      for (int r : aliasing.ReadersOf(root)) {
+        if (r > plan.producer) readers.insert(r);
+      }
+      roots.insert(root);
+      plan.values.push_back(out);
+    }
+    // Returned outputs feed the loss: they cannot leave during forward.
+    if (is_returned) continue;
+    plan.readers.assign(readers.begin(), readers.end());
+    if (!plan.readers.empty()) {
+      plan.offload_after = std::max(plan.offload_after, plan.readers.back());
+    }
+    for (int id = plan.producer + 1; id <= plan.offload_after; ++id) {
+      for (const Value* out : graph.nodes()[id].node->outputs()) {
+        if (roots.count(AliasRoot(out)) > 0) plan.values.push_back(out);
+      }
+    }
+    swaps.push_back(std::move(plan));
+  }
+  return swaps;
+}
+
+}  // namespace
+
+absl::StatusOr<ExecutionPlan> CompileSchedule(const Graph& graph,
+                                              const v1::Schedule& schedule) {
+  const GraphAliasing aliasing = AnalyzeAliasing(graph);
+  ExecutionPlan plan;
+  // Segments first: their errors (a decision of any action naming a node
+  // the graph does not have) come before the swaps' own.
+  MUTWO_ASSIGN_OR_RETURN(plan.segments,
+                         PlanSegments(graph, aliasing, schedule));
+  MUTWO_ASSIGN_OR_RETURN(plan.swaps, PlanSwaps(graph, aliasing, schedule));
+  return plan;
+}
+
+}  // namespace mutwo::worker
