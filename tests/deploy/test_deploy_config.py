@@ -448,7 +448,7 @@ class RuntimeLibsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         pkgs = r.stdout.split()
         for want in ("libgrpc++1.51", "libprotobuf32", "libsqlite3-0",
-                     "libprometheus-cpp-pull1.0", "libabsl20220623"):
+                     "libprometheus-cpp-core1.0", "libabsl20220623"):
             self.assertIn(want, pkgs)
         for unwanted in ("libc6", "libstdc++6", "libgcc-s1"):
             self.assertNotIn(unwanted, pkgs)
