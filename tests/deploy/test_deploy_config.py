@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Static checks of the deployment files (issue 8), no Docker engine needed:
 
-- promtool accepts deploy/prometheus/prometheus.yml (and its alert rules);
+- promtool accepts deploy/prometheus/prometheus.yml (and its alert rules),
+  and the rules pass the unit tests in tests/deploy/alerts_test.yml;
 - every PromQL expression of the Grafana dashboard is valid PromQL (promtool
   checks it as a rule) and reads only metrics mutwo's code defines;
 - the dashboard JSON and Grafana provisioning YAML parse and agree with
@@ -94,6 +95,19 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("SUCCESS", r.stdout + r.stderr)
         self.assertIn("rules found", r.stdout + r.stderr)  # alerts.yml loaded
+
+    def test_alert_rule_unit_tests(self):
+        """promtool's unit tests of the alert rules (tests/deploy/alerts_test.yml)."""
+        r = subprocess.run(["promtool", "test", "rules",
+                            os.path.join(ROOT, "tests", "deploy", "alerts_test.yml")],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("SUCCESS", r.stdout + r.stderr)
+
+    def test_jobs_waiting_for_device_alert(self):
+        rules = {name: expr for name, expr in dl.alert_exprs()}
+        self.assertIn("mutwo_jobs_waiting_for_device",
+                      rules["MutwoJobsWaitingForDevice"])
 
     def test_scrape_targets_match_compose(self):
         prom = load_yaml("deploy", "prometheus", "prometheus.yml")

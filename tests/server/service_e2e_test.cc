@@ -406,6 +406,22 @@ TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
   prometheus.Kill(SIGKILL);
 }
 
+// Issue 17: a job for a device kind no worker has says so in `mutwo job`
+// and in the server's metrics.
+TEST_F(ServiceTest, JobForAMissingDeviceKindSaysItWaits) {
+  const std::string id = Submit(SubmitArgs("mlp.pt", "--device_kind=cuda"));
+  ASSERT_FALSE(id.empty());
+  auto r = RunCommand(Cli("job " + id));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("waiting: no cuda worker registered"));
+  EXPECT_EQ(GetJob(id).waiting(), "no cuda worker registered");
+  EXPECT_THAT(
+      HttpGet(metrics_port_, "/metrics"),
+      HasSubstr("mutwo_jobs_waiting_for_device{device_kind=\"cuda\"} 1"));
+  EXPECT_THAT(server_->Log(),
+              HasSubstr("job " + id + " waits: no cuda worker registered"));
+}
+
 // Issue 17: in a LibTorch 2.11 + CUDA process the static TLS no longer fits
 // a 100 KiB thread stack, and the civetweb-based endpoint of `serve` could
 // not start. Here the worker gets 128 KiB more static TLS (LD_PRELOAD), and
