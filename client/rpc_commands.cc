@@ -112,6 +112,9 @@ void PrintJobText(const v1::Job& job) {
             << job.spec().model_sha256().substr(0, 12) << ")  tasks "
             << job.tasks_done() << "/" << job.tasks_total() << "\n";
   if (!job.error().empty()) std::cout << "error: " << job.error() << "\n";
+  if (!job.waiting().empty()) {
+    std::cout << "waiting: " << job.waiting() << "\n";
+  }
   if (job.results().empty()) return;
   std::cout << absl::StrFormat(
       "%6s  %-10s  %12s  %10s  %12s  %10s  %8s  %12s  %10s  %s\n", "batch",
@@ -223,7 +226,8 @@ absl::StatusOr<v1::Job> WaitForJob(v1::Planner::Stub& stub,
                 << absl::StrFormat("%-10s %d/%d tasks",
                                    v1::Job::State_Name(event.state()),
                                    event.tasks_done(), event.tasks_total())
-                << std::flush;
+                << (event.waiting().empty() ? "" : "  waiting: ")
+                << event.waiting() << "\x1b[K" << std::flush;
     } else {
       std::cerr << "job " << job_id << ": " << event.message() << "\n";
     }

@@ -9,6 +9,7 @@
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "server/device_wait.h"
 #include "server/planner/proto_convert.h"
 
 namespace mutwo {
@@ -281,6 +282,11 @@ void JobCore::RefreshGauges() {
     std::map<std::string, int64_t> m;
     for (const auto& w : *workers) m[v1::WorkerInfo::State_Name(w.state())]++;
     metrics_->SetWorkers(m);
+    if (auto queued = store_->CountJobsWithQueuedTasksByDeviceKind();
+        queued.ok()) {
+      metrics_->SetJobsWaitingForDevice(
+          JobsWaitingForDevice(*queued, *workers));
+    }
   }
   if (auto bytes = store_->TotalModelBytes(); bytes.ok()) {
     metrics_->SetModelStoreBytes(*bytes);
@@ -365,15 +371,34 @@ absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
               created.job.job_id(), spec.model_name(), spec.model_sha256(),
               spec.batch_sizes_size(), spec.budgets_size());
   }
-  MUTWO_ASSIGN_OR_RETURN(*response.mutable_job(),
-                         store_->GetJob(created.job.job_id()));
+  MUTWO_ASSIGN_OR_RETURN(*response.mutable_job(), GetJob(created.job.job_id()));
+  if (!created.deduplicated && !response.job().waiting().empty()) {
+    MUTWO_LOG(warn, "job {} waits: {}", response.job().job_id(),
+              response.job().waiting());
+  }
   RefreshGauges();
   NotifyChange();
   return response;
 }
 
 absl::StatusOr<v1::Job> JobCore::GetJob(const std::string& job_id) {
-  return store_->GetJob(job_id);
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(job_id));
+  AnnotateWaiting(job);
+  return job;
+}
+
+void JobCore::AnnotateWaiting(v1::Job& job) {
+  job.clear_waiting();
+  if (IsFinal(job.state())) return;
+  auto tasks = store_->ListTasks(job.job_id());
+  if (!tasks.ok()) return;
+  const bool queued = std::any_of(
+      tasks->begin(), tasks->end(),
+      [](const v1::Task& t) { return t.state() == v1::Task::QUEUED; });
+  if (!queued) return;
+  auto workers = store_->ListWorkers();
+  if (!workers.ok()) return;
+  job.set_waiting(DeviceWaitReason(job.spec().device_kind(), *workers));
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobCore::ListJobs(
@@ -540,13 +565,19 @@ absl::StatusOr<v1::Job> JobCore::WaitForJobChange(const std::string& job_id,
     }
     MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(job_id));
     if (job.updated_unix_ms() != seen_updated_ms || IsFinal(job.state())) {
+      AnnotateWaiting(job);
       return job;
     }
-    absl::MutexLock lock(&mu_);
-    while (!stopping_ && generation_ == generation && absl::Now() < deadline) {
-      changed_.WaitWithDeadline(&mu_, deadline);
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && generation_ == generation &&
+             absl::Now() < deadline) {
+        changed_.WaitWithDeadline(&mu_, deadline);
+      }
+      if (!stopping_ && absl::Now() < deadline) continue;
     }
-    if (stopping_ || absl::Now() >= deadline) return job;
+    AnnotateWaiting(job);
+    return job;
   }
 }
 

@@ -185,6 +185,10 @@ class JobCore {
   absl::Status Settle(const std::string& job_id);
   void NotifyChange();
   void RefreshGauges();
+  // Sets job.waiting (see types.proto) for an unfinished job with queued
+  // tasks that no live worker can run; best effort (a store error leaves it
+  // empty).
+  void AnnotateWaiting(v1::Job& job);
   void PublishModelMetrics(const v1::Job& job);
 
   // Immutable facts kept in memory for the GetSchedule hot path (a job's

@@ -63,6 +63,12 @@ ServerMetrics::ServerMetrics()
                              .Help("Bytes of stored model files")
                              .Register(*registry_)
                              .Add({})),
+      jobs_waiting_for_device_(
+          BuildGauge()
+              .Name("mutwo_jobs_waiting_for_device")
+              .Help("Unfinished jobs with queued tasks that no live worker "
+                    "can run, by the device kind they ask for")
+              .Register(*registry_)),
       rpc_seconds_(BuildHistogram()
                        .Name("mutwo_rpc_duration_seconds")
                        .Help("RPC handling time by method and status code")
@@ -118,6 +124,7 @@ ServerMetrics::ServerMetrics()
   SetJobs({});
   SetTasks({});
   SetWorkers({});
+  SetJobsWaitingForDevice({});
 }
 
 void ServerMetrics::SetByState(prometheus::Family<prometheus::Gauge>& family,
@@ -150,6 +157,19 @@ void ServerMetrics::SetWorkers(const std::map<std::string, int64_t>& by_state) {
 
 void ServerMetrics::SetModelStoreBytes(int64_t bytes) {
   model_store_bytes_.Set(static_cast<double>(bytes));
+}
+
+void ServerMetrics::SetJobsWaitingForDevice(
+    const std::map<std::string, int64_t>& by_kind) {
+  static const auto* const kKinds =
+      new std::set<std::string>{"cpu", "cuda", "any"};
+  std::set<std::string> kinds = *kKinds;
+  for (const auto& [kind, n] : by_kind) kinds.insert(kind);
+  for (const std::string& kind : kinds) {
+    auto it = by_kind.find(kind);
+    jobs_waiting_for_device_.Add({{"device_kind", kind}})
+        .Set(it == by_kind.end() ? 0 : static_cast<double>(it->second));
+  }
 }
 
 void ServerMetrics::ObserveRpc(const std::string& method,

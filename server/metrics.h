@@ -34,6 +34,9 @@ class ServerMetrics {
   void SetTasks(const std::map<std::string, int64_t>& by_state);
   void SetWorkers(const std::map<std::string, int64_t>& by_state);
   void SetModelStoreBytes(int64_t bytes);
+  // Unfinished jobs whose queued tasks no live worker can run, by device
+  // kind label (cpu, cuda, any): JobsWaitingForDevice().
+  void SetJobsWaitingForDevice(const std::map<std::string, int64_t>& by_kind);
 
   void ObserveRpc(const std::string& method, const std::string& code,
                   double seconds);
@@ -66,6 +69,7 @@ class ServerMetrics {
   prometheus::Gauge& queue_depth_;
   prometheus::Gauge& tasks_in_flight_;
   prometheus::Gauge& model_store_bytes_;
+  prometheus::Family<prometheus::Gauge>& jobs_waiting_for_device_;
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
   prometheus::Histogram& planner_seconds_;
   prometheus::Family<prometheus::Counter>& cache_;

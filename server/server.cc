@@ -66,7 +66,8 @@ absl::Status MutwoServer::Start() {
   core_->Start();
   server_->GetHealthCheckService()->SetServingStatus(true);
   MUTWO_LOG(info, "listening on {} (port {}), metrics on port {}, data in {}",
-            options_.listen, port_, metrics_.port, options_.data_dir);
+            options_.listen, port_, metrics_ != nullptr ? metrics_->port() : 0,
+            options_.data_dir);
   return absl::OkStatus();
 }
 
@@ -85,7 +86,8 @@ void MutwoServer::Shutdown(absl::Duration drain_timeout) {
     server_->Wait();
   }
   if (core_ != nullptr) core_->Shutdown();
-  metrics_.exposer.reset();
+  if (metrics_ != nullptr) metrics_->Shutdown();
+  metrics_.reset();
   server_.reset();
   core_.reset();
   store_.reset();

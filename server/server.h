@@ -42,7 +42,9 @@ class MutwoServer {
   // bound (useful with port 0).
   [[nodiscard]] absl::Status Start();
   int port() const { return port_; }
-  int metrics_port() const { return metrics_.port; }
+  int metrics_port() const {
+    return metrics_ != nullptr ? metrics_->port() : 0;
+  }
   void Shutdown(absl::Duration drain_timeout);
   ~MutwoServer();
 
@@ -56,7 +58,7 @@ class MutwoServer {
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;
-  MetricsEndpoint metrics_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

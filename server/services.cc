@@ -127,17 +127,21 @@ grpc::Status PlannerService::WatchJob(
   auto job = core_->GetJob(request->job_id());
   if (!job.ok()) return timer.Done(job.status());
   int64_t seen = -1;
+  std::string seen_waiting;
   while (!context->IsCancelled()) {
-    if (job->updated_unix_ms() != seen) {
+    if (job->updated_unix_ms() != seen || job->waiting() != seen_waiting) {
       seen = job->updated_unix_ms();
+      seen_waiting = job->waiting();
       v1::JobEvent event;
       event.set_state(job->state());
       event.set_tasks_total(job->tasks_total());
       event.set_tasks_done(job->tasks_done());
       event.set_unix_ms(job->updated_unix_ms());
-      event.set_message(absl::StrCat(v1::Job::State_Name(job->state()), " ",
-                                     job->tasks_done(), "/", job->tasks_total(),
-                                     " tasks"));
+      event.set_waiting(job->waiting());
+      event.set_message(absl::StrCat(
+          v1::Job::State_Name(job->state()), " ", job->tasks_done(), "/",
+          job->tasks_total(), " tasks",
+          job->waiting().empty() ? "" : "; waiting: ", job->waiting()));
       const bool final = IsFinal(job->state());
       if (final) *event.mutable_job() = *job;
       if (!writer->Write(event)) break;

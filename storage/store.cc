@@ -920,6 +920,29 @@ absl::StatusOr<std::map<v1::Task::State, int64_t>> Store::CountTasksByState() {
                                       v1::Task::State_MIN, v1::Task::State_MAX);
 }
 
+absl::StatusOr<std::map<std::string, int64_t>>
+Store::CountJobsWithQueuedTasksByDeviceKind() {
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(
+      Stmt * stmt,
+      db_->Prepare(absl::StrFormat(
+          "SELECT t.device_kind, COUNT(DISTINCT t.job_id) FROM tasks t "
+          "JOIN jobs j ON j.job_id = t.job_id "
+          "WHERE t.state = %d AND j.state NOT IN (%d, %d, %d) "
+          "GROUP BY t.device_kind",
+          v1::Task::QUEUED, v1::Job::SUCCEEDED, v1::Job::FAILED,
+          v1::Job::CANCELLED)));
+  std::map<std::string, int64_t> counts;
+  while (true) {
+    MUTWO_ASSIGN_OR_RETURN(bool row, stmt->Step());
+    if (!row) {
+      break;
+    }
+    counts[stmt->ColumnText(0)] = stmt->ColumnInt(1);
+  }
+  return counts;
+}
+
 absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> Store::CountStates(
     absl::string_view table) {
   absl::MutexLock lock(&mutex_);

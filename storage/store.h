@@ -190,6 +190,10 @@ class Store {
       absl::string_view job_id);
   [[nodiscard]] absl::StatusOr<std::map<v1::Task::State, int64_t>>
   CountTasksByState();
+  // Unfinished jobs with at least one QUEUED task, by the device kind they
+  // ask for ("" for any device). Kinds without such a job are absent.
+  [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>>
+  CountJobsWithQueuedTasksByDeviceKind();
   // QUEUED and LEASED tasks of the job become CANCELLED (a worker holding
   // one learns it at its next heartbeat). Returns how many.
   [[nodiscard]] absl::StatusOr<int64_t> CancelJobTasks(

@@ -252,13 +252,13 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
 
   auto daemon = WorkerDaemon::Create(options);
   if (!daemon.ok()) return CommandFailure(cmd, daemon.status());
-  MetricsEndpoint metrics;
+  std::unique_ptr<MetricsEndpoint> metrics;
   if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
     auto endpoint = StartMetricsEndpoint(absl::GetFlag(FLAGS_metrics_listen),
                                          (*daemon)->registry());
     if (!endpoint.ok()) return CommandFailure(cmd, endpoint.status());
     metrics = *std::move(endpoint);
-    MUTWO_LOG(info, "metrics on port {}", metrics.port);
+    MUTWO_LOG(info, "metrics on port {}", metrics->port());
   }
   WorkerDaemon* d = daemon->get();
   std::thread signal_thread([d, &signals] {

@@ -118,3 +118,46 @@ def parse_scrape(text):
                                  m.group(3) or ""))
         samples.setdefault(m.group(1), []).append(labels)
     return samples
+
+
+# ---------------------------------------------------------------------------
+# The GPU worker's command line: one source of truth. The deployment files
+# (deploy/k8s/worker-gpu.yaml, deploy/compose.yaml, the Dockerfile's
+# worker-gpu stage) run `mutwo-worker serve` with exactly these flags in this
+# order (test_deploy_config.py checks it), and the GPU service test
+# (test_gpu_service.py) starts its workers with them, with values for the
+# test machine.
+# ---------------------------------------------------------------------------
+GPU_WORKER_FLAGS = ("server", "device", "metrics_listen", "work_dir")
+# The values the deployment files use (the server's address differs: the
+# Kubernetes Service is mutwo-server, the compose service is server).
+GPU_WORKER_DEPLOYED = {
+    "device": "cuda:0",  # one GPU per container (the runtime maps it to 0)
+    "metrics_listen": "0.0.0.0:9465",
+    "work_dir": "/var/lib/mutwo-worker",
+}
+
+
+def gpu_worker_args(server, device, metrics_listen, work_dir):
+    """The arguments after `mutwo-worker serve`."""
+    values = {"server": server, "device": device,
+              "metrics_listen": metrics_listen, "work_dir": work_dir}
+    return ["--%s=%s" % (flag, values[flag]) for flag in GPU_WORKER_FLAGS]
+
+
+def gpu_worker_argv(worker_binary, server, device, metrics_listen, work_dir):
+    """The whole command line of one GPU worker process."""
+    return [worker_binary, "serve"] + gpu_worker_args(
+        server, device, metrics_listen, work_dir)
+
+
+def parse_flag_args(args):
+    """["--a=1", "--b=2"] -> {"a": "1", "b": "2"}; ValueError for anything
+    else (a positional argument, a flag without `=`, a repeated flag)."""
+    flags = {}
+    for a in args:
+        m = re.fullmatch(r"--([A-Za-z0-9_]+)=(.*)", a)
+        if not m or m.group(1) in flags:
+            raise ValueError("unexpected worker argument %r in %r" % (a, args))
+        flags[m.group(1)] = m.group(2)
+    return flags

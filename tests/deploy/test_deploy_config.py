@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Static checks of the deployment files (issue 8), no Docker engine needed:
 
-- promtool accepts deploy/prometheus/prometheus.yml (and its alert rules);
+- promtool accepts deploy/prometheus/prometheus.yml (and its alert rules),
+  and the rules pass the unit tests in tests/deploy/alerts_test.yml;
 - every PromQL expression of the Grafana dashboard is valid PromQL (promtool
   checks it as a rule) and reads only metrics mutwo's code defines;
 - the dashboard JSON and Grafana provisioning YAML parse and agree with
@@ -94,6 +95,19 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("SUCCESS", r.stdout + r.stderr)
         self.assertIn("rules found", r.stdout + r.stderr)  # alerts.yml loaded
+
+    def test_alert_rule_unit_tests(self):
+        """promtool's unit tests of the alert rules (tests/deploy/alerts_test.yml)."""
+        r = subprocess.run(["promtool", "test", "rules",
+                            os.path.join(ROOT, "tests", "deploy", "alerts_test.yml")],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("SUCCESS", r.stdout + r.stderr)
+
+    def test_jobs_waiting_for_device_alert(self):
+        rules = {name: expr for name, expr in dl.alert_exprs()}
+        self.assertIn("mutwo_jobs_waiting_for_device",
+                      rules["MutwoJobsWaitingForDevice"])
 
     def test_scrape_targets_match_compose(self):
         prom = load_yaml("deploy", "prometheus", "prometheus.yml")
@@ -433,6 +447,65 @@ class DockerfileTest(unittest.TestCase):
             self.assertIn(path, ignored)
 
 
+class GpuWorkerCommandLineTest(unittest.TestCase):
+    """The GPU worker runs with the command line the GPU service test starts
+    (deploy_lib.gpu_worker_args, issue 17): same flags, same order, no
+    others, and the deployed values."""
+
+    def check(self, where, args, server):
+        flags = dl.parse_flag_args(args)
+        self.assertEqual(tuple(flags), dl.GPU_WORKER_FLAGS, where)
+        self.assertEqual(args, dl.gpu_worker_args(**flags), where)
+        self.assertEqual(flags["server"], server, where)
+        for name, value in dl.GPU_WORKER_DEPLOYED.items():
+            self.assertEqual(flags[name], value, "%s: --%s" % (where, name))
+
+    def test_kubernetes(self):
+        with open(os.path.join(dl.DEPLOY, "k8s", "worker-gpu.yaml")) as f:
+            (deployment,) = [d for d in yaml.safe_load_all(f) if d]
+        (c,) = deployment["spec"]["template"]["spec"]["containers"]
+        self.assertNotIn("command", c, "the image's ENTRYPOINT runs serve")
+        self.check("deploy/k8s/worker-gpu.yaml", c["args"], "mutwo-server:50051")
+        self.assertEqual(c["image"].split(":")[0], "mutwo-worker-gpu")
+
+    def test_compose(self):
+        svc = load_yaml("deploy", "compose.yaml")["services"]["worker-gpu"]
+        self.assertNotIn("entrypoint", svc, "the image's ENTRYPOINT runs serve")
+        self.assertEqual(svc["build"]["target"], "worker-gpu")
+        self.check("deploy/compose.yaml", svc["command"], "server:50051")
+
+    def test_dockerfile(self):
+        text = re.sub(r"\\\n", " ", read("Dockerfile"))
+        stage = text.split("AS worker-gpu", 1)[1].split("\nFROM ", 1)[0]
+        (entry,) = re.findall(r"^ENTRYPOINT\s+(\[.*\])\s*$", stage, re.M)
+        self.assertEqual(json.loads(entry)[2:], ["mutwo-worker", "serve"])
+        (cmd,) = re.findall(r"^CMD\s+(\[.*\])\s*$", stage, re.M)
+        self.check("Dockerfile worker-gpu", json.loads(cmd), "mutwo-server:50051")
+        (health,) = re.findall(r"^HEALTHCHECK.*$", stage, re.M)
+        self.assertIn("http://127.0.0.1:%s/metrics"
+                      % dl.GPU_WORKER_DEPLOYED["metrics_listen"].split(":")[1],
+                      health)
+
+    def test_gpu_test_uses_the_same_args(self):
+        """test_gpu_service.py builds its workers' argv with
+        deploy_lib.gpu_worker_argv (and nothing else starts a worker there)."""
+        text = read("tests", "deploy", "test_gpu_service.py")
+        self.assertIn("dl.gpu_worker_argv(", text)
+        self.assertNotIn('"serve"', text)
+        argv = dl.gpu_worker_argv("/bin/mutwo-worker", "127.0.0.1:1", "cuda:1",
+                                  "127.0.0.1:2", "/tmp/w")
+        self.assertEqual(argv[:2], ["/bin/mutwo-worker", "serve"])
+        self.assertEqual(tuple(dl.parse_flag_args(argv[2:])), dl.GPU_WORKER_FLAGS)
+
+    def test_a_drifted_line_is_caught(self):
+        good = dl.gpu_worker_args("s:1", "cuda:0", "0.0.0.0:9465",
+                                  "/var/lib/mutwo-worker")
+        for bad in (good[:-1], good + ["--task_memory_limit=8GiB"],
+                    [good[1], good[0]] + good[2:], good[:2] + ["serve"] + good[2:]):
+            with self.assertRaises((AssertionError, ValueError)):
+                self.check("drift", bad, "s:1")
+
+
 class RuntimeLibsTest(unittest.TestCase):
     SCRIPT = os.path.join(ROOT, "deploy", "docker", "runtime-libs.sh")
 
@@ -448,7 +521,7 @@ class RuntimeLibsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         pkgs = r.stdout.split()
         for want in ("libgrpc++1.51", "libprotobuf32", "libsqlite3-0",
-                     "libprometheus-cpp-pull1.0", "libabsl20220623"):
+                     "libprometheus-cpp-core1.0", "libabsl20220623"):
             self.assertIn(want, pkgs)
         for unwanted in ("libc6", "libstdc++6", "libgcc-s1"):
             self.assertNotIn(unwanted, pkgs)

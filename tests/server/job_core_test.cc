@@ -32,6 +32,19 @@ double CounterValue(ServerMetrics& metrics, const std::string& name,
   return -1;
 }
 
+double GaugeValue(ServerMetrics& metrics, const std::string& name,
+                  const std::string& label_value) {
+  for (const auto& family : metrics.registry()->Collect()) {
+    if (family.name != name) continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) {
+        if (l.value == label_value) return m.gauge.value;
+      }
+    }
+  }
+  return -1;
+}
+
 class JobCoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -571,6 +584,50 @@ TEST(UploadSessionTest, VerifiesSizeHashAndLimit) {
     EXPECT_EQ(no_header.Chunk("abc").code(),
               absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Issue 17: a job for a device kind no live worker has says so, and the
+// gauge counts it, until such a worker registers.
+TEST_F(JobCoreTest, JobWaitingForADeviceNoLiveWorkerHasSaysWhy) {
+  const std::string gauge = "mutwo_jobs_waiting_for_device";
+  auto cuda_request = Request({2, 4}, {"50%"});
+  cuda_request.mutable_spec()->set_device_kind("cuda");
+  auto cuda_job = core_->SubmitJob(cuda_request);
+  ASSERT_TRUE(cuda_job.ok()) << cuda_job.status();
+  const std::string cuda_id = cuda_job->job().job_id();
+  EXPECT_EQ(cuda_job->job().waiting(), "no cuda worker registered");
+  EXPECT_EQ(core_->GetJob(cuda_id)->waiting(), "no cuda worker registered");
+  auto cpu_request = Request({2}, {"50%"});
+  cpu_request.mutable_spec()->set_device_kind("cpu");
+  const std::string cpu_id = core_->SubmitJob(cpu_request)->job().job_id();
+  EXPECT_EQ(core_->GetJob(cpu_id)->waiting(), "");  // the cpu worker can
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "cuda"), 1);
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "cpu"), 0);
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "any"), 0);
+  // WatchJob's long poll carries it too.
+  auto watched = core_->WaitForJobChange(
+      cuda_id, core_->GetJob(cuda_id)->updated_unix_ms(), 10);
+  EXPECT_EQ(watched->waiting(), "no cuda worker registered");
+
+  // Every worker misses its heartbeats: both jobs wait, and say why.
+  now_ms_ += 10'000;
+  core_->Reap();
+  EXPECT_EQ(core_->GetJob(cpu_id)->waiting(),
+            "no live cpu worker (1 registered, all lost: missed heartbeats)");
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "cpu"), 1);
+
+  // A cuda worker registers: the cuda job waits no more.
+  v1::RegisterWorkerRequest reg;
+  reg.mutable_worker()->mutable_device()->set_kind("cuda");
+  reg.mutable_worker()->mutable_device()->set_name("H100");
+  ASSERT_TRUE(core_->RegisterWorker(reg).ok());
+  EXPECT_EQ(core_->GetJob(cuda_id)->waiting(), "");
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "cuda"), 0);
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "cpu"), 1);
+  // Finished jobs never wait.
+  ASSERT_TRUE(core_->CancelJob(cpu_id).ok());
+  EXPECT_EQ(core_->GetJob(cpu_id)->waiting(), "");
+  EXPECT_EQ(GaugeValue(metrics_, gauge, "cpu"), 0);
 }
 
 }  // namespace

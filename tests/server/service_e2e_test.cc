@@ -24,6 +24,7 @@ using testing::BinPath;
 using testing::FreePort;
 using ::testing::HasSubstr;
 using testing::HttpGet;
+using testing::OccupiedPort;
 using testing::RunCommand;
 using testing::Subprocess;
 
@@ -92,16 +93,20 @@ class ServiceTest : public ::testing::Test {
     FAIL() << "server did not become healthy: " << server_->Log();
   }
 
-  Subprocess& StartWorker(int metrics_port = 0) {
+  // `preload`: a library for LD_PRELOAD (the worker runs under env(1)).
+  Subprocess& StartWorker(int metrics_port = 0,
+                          const std::string& preload = "") {
     auto w = std::make_unique<Subprocess>();
     const int n = static_cast<int>(workers_.size());
-    std::vector<std::string> argv = {
-        BinPath("mutwo-worker"),
-        "serve",
-        "--server=" + Address(),
-        "--device=cpu",
-        "--work_dir=" + (dir_ / absl::StrCat("worker", n)).string(),
-        "--task_memory_limit=16GiB"};
+    std::vector<std::string> argv;
+    if (!preload.empty()) {
+      argv = {"/usr/bin/env", "LD_PRELOAD=" + preload};
+    }
+    argv.insert(argv.end(),
+                {BinPath("mutwo-worker"), "serve", "--server=" + Address(),
+                 "--device=cpu",
+                 "--work_dir=" + (dir_ / absl::StrCat("worker", n)).string(),
+                 "--task_memory_limit=16GiB"});
     if (metrics_port > 0) {
       argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
     }
@@ -399,6 +404,61 @@ TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
   EXPECT_THAT(result, HasSubstr(absl::StrCat("127.0.0.1:", worker_metrics)));
   EXPECT_THAT(result, ::testing::Not(HasSubstr(",\"0\"]"))) << result;
   prometheus.Kill(SIGKILL);
+}
+
+// Issue 17: a job for a device kind no worker has says so in `mutwo job`
+// and in the server's metrics.
+TEST_F(ServiceTest, JobForAMissingDeviceKindSaysItWaits) {
+  const std::string id = Submit(SubmitArgs("mlp.pt", "--device_kind=cuda"));
+  ASSERT_FALSE(id.empty());
+  auto r = RunCommand(Cli("job " + id));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("waiting: no cuda worker registered"));
+  EXPECT_EQ(GetJob(id).waiting(), "no cuda worker registered");
+  EXPECT_THAT(
+      HttpGet(metrics_port_, "/metrics"),
+      HasSubstr("mutwo_jobs_waiting_for_device{device_kind=\"cuda\"} 1"));
+  EXPECT_THAT(server_->Log(),
+              HasSubstr("job " + id + " waits: no cuda worker registered"));
+}
+
+// Issue 17: in a LibTorch 2.11 + CUDA process the static TLS no longer fits
+// a 100 KiB thread stack, and the civetweb-based endpoint of `serve` could
+// not start. Here the worker gets 128 KiB more static TLS (LD_PRELOAD), and
+// `serve` starts its endpoint as always (after the daemon's setup: device
+// probe, signal mask), which must serve the worker's own metrics.
+TEST_F(ServiceTest, WorkerMetricsServeInAProcessWithLargeStaticTls) {
+  const int worker_metrics = FreePort();
+  Subprocess& worker = StartWorker(worker_metrics, MUTWO_BIG_TLS_LIB);
+  std::string body;
+  for (int i = 0; i < 100 && body.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    body = HttpGet(worker_metrics, "/metrics");
+  }
+  ASSERT_THAT(body, HasSubstr("mutwo_worker_busy 0")) << worker.Log();
+  EXPECT_THAT(body, HasSubstr("mutwo_worker_device_memory_total_bytes "));
+  auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(
+      HttpGet(worker_metrics, "/metrics"),
+      HasSubstr(
+          "mutwo_worker_tasks_total{kind=\"PROFILE\",result=\"succeeded\"} 2"));
+  EXPECT_TRUE(worker.running()) << worker.Log();
+}
+
+// A metrics port that cannot be bound stops `serve` at once with the port
+// and the OS's reason.
+TEST_F(ServiceTest, WorkerMetricsOnAnOccupiedPortNamesTheCause) {
+  OccupiedPort taken;
+  Subprocess& worker = StartWorker(taken.port());
+  const int code = worker.Wait(std::chrono::seconds(60));
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -1) << "still running: " << worker.Log();
+  EXPECT_THAT(worker.Log(),
+              HasSubstr(absl::StrCat(
+                  "mutwo-worker serve: metrics: cannot listen on "
+                  "\"127.0.0.1:",
+                  taken.port(), "\": bind: Address already in use")));
 }
 
 }  // namespace

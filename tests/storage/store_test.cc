@@ -10,6 +10,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -564,6 +565,37 @@ TEST_F(StoreTest, DeadLetterAfterMaxAttemptsKeepsTheLastReason) {
   auto counts = store->CountTasksByState();
   EXPECT_EQ((*counts)[v1::Task::FAILED], 3);
   EXPECT_EQ((*counts)[v1::Task::QUEUED], 0);
+}
+
+TEST_F(StoreTest, CountsJobsWithQueuedTasksByDeviceKind) {
+  auto store = OpenStore();
+  PutModel(*store);
+  EXPECT_TRUE(store->CountJobsWithQueuedTasksByDeviceKind()->empty());
+  const std::string cuda_a = NewJob(*store, "cuda").job_id();
+  const std::string cuda_b = NewJob(*store, "cuda").job_id();
+  const std::string any = NewJob(*store).job_id();
+  const std::string cancelled = NewJob(*store, "cuda").job_id();
+  NewTask(*store, cuda_a, 8);
+  NewTask(*store, cuda_a, 16);  // one job, two queued tasks
+  NewTask(*store, cuda_b);
+  NewTask(*store, any);
+  NewTask(*store, cancelled);
+  ASSERT_TRUE(store
+                  ->UpdateJob(cancelled,
+                              [](v1::Job& j) {
+                                j.set_state(v1::Job::CANCELLED);
+                                return absl::OkStatus();
+                              })
+                  .ok());
+  auto counts = store->CountJobsWithQueuedTasksByDeviceKind();
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(*counts, (std::map<std::string, int64_t>{{"", 1}, {"cuda", 2}}));
+  // Leased tasks are not waiting: cuda_a has none queued any more.
+  ASSERT_TRUE(store->LeaseTask("w", "cpu", 1000)->has_value());   // any's
+  ASSERT_TRUE(store->LeaseTask("w", "cuda", 1000)->has_value());  // cuda_a's
+  ASSERT_TRUE(store->LeaseTask("w", "cuda", 1000)->has_value());  // cuda_a's
+  EXPECT_EQ(*store->CountJobsWithQueuedTasksByDeviceKind(),
+            (std::map<std::string, int64_t>{{"cuda", 1}}));
 }
 
 TEST_F(StoreTest, CancelledJobsTasksAreNeverLeased) {

@@ -104,8 +104,9 @@ inline int FreePort() {
   return port;
 }
 
-// GET http://127.0.0.1:port/path; returns the body ("" on failure).
-inline std::string HttpGet(int port, const std::string& path) {
+// Sends `request` as is to 127.0.0.1:port; returns the whole response
+// (status line, headers, body), "" when nothing answers.
+inline std::string HttpExchange(int port, const std::string& request) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -115,18 +116,47 @@ inline std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "";
   }
-  const std::string request = "GET " + path +
-                              " HTTP/1.0\r\nHost: 127.0.0.1\r\n"
-                              "Connection: close\r\n\r\n";
   (void)!write(fd, request.data(), request.size());
   std::string response;
   char buf[8192];
   ssize_t n;
   while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
   close(fd);
+  return response;
+}
+
+// GET http://127.0.0.1:port/path; returns the body ("" on failure).
+inline std::string HttpGet(int port, const std::string& path) {
+  const std::string response = HttpExchange(
+      port, "GET " + path +
+                " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
+
+// A socket listening on a loopback port (the port is taken while it lives).
+class OccupiedPort {
+ public:
+  OccupiedPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    listen(fd_, 1);
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~OccupiedPort() { close(fd_); }
+  OccupiedPort(const OccupiedPort&) = delete;
+  OccupiedPort& operator=(const OccupiedPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 }  // namespace mutwo::testing
 
