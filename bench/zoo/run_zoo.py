@@ -253,7 +253,8 @@ def run_point(m, args, base, frac, round_no, prof_path, common, budget,
               recomputed=int(sched.get("recomputed", 0)),
               swapped=int(sched.get("swapped", 0)))
     rc, out, err, esecs = run([worker, "execute", m["path"], "--schedule",
-                               sched_path] + common + ["--output", "json"],
+                               sched_path] + common + ["--output", "json"] +
+                              args.execute_flags.split(),
                               args.execute_timeout)
     pt["execute_s"] = round(esecs, 2)
     if rc != 0:
@@ -373,6 +374,10 @@ def main():
                     help="on a CPU device, model a host link of this many GB/s "
                     "each way in the profile, so that schedules swap (the CPU "
                     "profile has none)")
+    ap.add_argument("--execute-flags", default="",
+                    help="extra mutwo-worker execute flags, e.g. "
+                    "'--log_level trace' (a failed point's stderr is kept in "
+                    "the work dir)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=None,
                     help="measured iterations (default: 1 on cpu, 3 on cuda)")

@@ -73,6 +73,7 @@ void IncrementalSimulator::Reset() {
   run_end_.assign(k_count, -1);
   run_replay_.assign(k_count, -1);
   run_ms_.assign(k_count, 0);
+  run_transient_.assign(k_count, 0);
   replay_runs_.assign(positions_, {});
   replay_ms_.assign(positions_, 0);
   seg_key_.assign(a_count, -1);
@@ -194,6 +195,8 @@ void IncrementalSimulator::DetachRun(int start) {
   std::vector<int>& runs = replay_runs_[at];
   runs.erase(std::find(runs.begin(), runs.end(), start));
   UpdateReplayMs(at);
+  if (at < positions_) TreeAdd(at, at, -run_transient_[start]);
+  run_transient_[start] = 0;
 }
 
 void IncrementalSimulator::AttachRun(int start, int end) {
@@ -206,6 +209,7 @@ void IncrementalSimulator::AttachRun(int start, int end) {
   const uint32_t stamp = node_stamp_counter_;
   int replay_at = std::numeric_limits<int>::max();
   double ms = 0;
+  int64_t transient = 0;
   for (int k = start; k <= end; ++k) {
     for (int a : sim_->produced_by(node_of_k_[k])) {
       if (decisions_[a].action != Action::kRecompute) continue;
@@ -215,11 +219,14 @@ void IncrementalSimulator::AttachRun(int start, int end) {
       if (node_stamp_[act.producer_node] != stamp) {
         node_stamp_[act.producer_node] = stamp;
         ms += prof_->nodes[act.producer_node].forward_ms;
+        transient = std::max(transient,
+                             sim_->replay_transient_bytes(act.producer_node));
       }
       for (int rn : act.recompute_nodes) {
         if (node_stamp_[rn] != stamp) {
           node_stamp_[rn] = stamp;
           ms += prof_->nodes[rn].forward_ms;
+          transient = std::max(transient, sim_->replay_transient_bytes(rn));
         }
       }
       MarkDirty(a);
@@ -233,6 +240,8 @@ void IncrementalSimulator::AttachRun(int start, int end) {
   run_end_[start] = end;
   run_replay_[start] = replay_at;
   run_ms_[start] = ms;
+  run_transient_[start] = transient;
+  if (replay_at < positions_) TreeAdd(replay_at, replay_at, transient);
   std::vector<int>& runs = replay_runs_[replay_at];
   runs.insert(std::lower_bound(runs.begin(), runs.end(), start), start);
   UpdateReplayMs(replay_at);

@@ -121,6 +121,7 @@ class IncrementalSimulator {
   mutable bool recompute_ms_valid_ = false;
   std::vector<int> run_end_, run_replay_;
   std::vector<double> run_ms_;
+  std::vector<int64_t> run_transient_;         // in the tree at run_replay_
   std::vector<std::vector<int>> replay_runs_;  // position -> run starts
   std::vector<double> replay_ms_;
   std::vector<int> seg_key_;  // activation -> run start, -1

@@ -176,6 +176,17 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
   }
   sim->baseline_peak_bytes_ =
       *std::max_element(sim->base_during_.begin(), sim->base_during_.end());
+  sim->node_transient_.assign(n, 0);
+  if (profile->HasAllocatorFigures()) {
+    for (int i = 0; i < n; ++i) {
+      const PlanNode& node = profile->nodes[i];
+      if (node.peak_bytes_during <= 0) continue;
+      const int64_t before = i > 0 ? sim->base_after_[i - 1] : 0;
+      sim->node_transient_[i] = std::max<int64_t>(
+          0, node.peak_bytes_during -
+                 std::max(before, node.allocated_bytes_after));
+    }
+  }
 
   sim->produced_by_.resize(n);
   for (int i = 0; i < a_count; ++i) {
@@ -259,7 +270,7 @@ void Simulator::Run(const Decisions& decisions, Options options,
     }
     if (current < 0) {
       current = static_cast<int>(segments.size());
-      segments.push_back(Segment{std::numeric_limits<int>::max(), 0});
+      segments.push_back(Segment{std::numeric_limits<int>::max(), 0, 0});
       stamp = stamp_base_ + current;
     }
     Segment& seg = segments[current];
@@ -272,11 +283,15 @@ void Simulator::Run(const Decisions& decisions, Options options,
       if (scratch_node_stamp_[act.producer_node] != stamp) {
         scratch_node_stamp_[act.producer_node] = stamp;
         seg.ms += prof.nodes[act.producer_node].forward_ms;
+        seg.transient_bytes =
+            std::max(seg.transient_bytes, node_transient_[act.producer_node]);
       }
       for (int rn : act.recompute_nodes) {
         if (scratch_node_stamp_[rn] != stamp) {
           scratch_node_stamp_[rn] = stamp;
           seg.ms += prof.nodes[rn].forward_ms;
+          seg.transient_bytes =
+              std::max(seg.transient_bytes, node_transient_[rn]);
         }
       }
     }
@@ -368,6 +383,13 @@ void Simulator::Run(const Decisions& decisions, Options options,
     } else {
       AddInterval(act.producer_node, end, s, last, da, dd);
     }
+  }
+  // A replay's ops run again at its position, their transients on top of
+  // what the segment rebuilt so far (bounded by all of it, counted above).
+  for (const Segment& seg : segments) {
+    if (seg.transient_bytes <= 0 || seg.replay_at > last) continue;
+    dd[seg.replay_at] += seg.transient_bytes;
+    dd[seg.replay_at + 1] -= seg.transient_bytes;
   }
   int64_t delta_during = 0, delta_after = 0;
   r.peak_bytes = std::numeric_limits<int64_t>::min();

@@ -104,6 +104,14 @@ class Simulator {
   const std::vector<int64_t>& baseline_during_bytes() const {
     return base_during_;
   }
+  // Bytes an op allocates only while it runs (a cuDNN workspace, a
+  // temporary), above the larger of the memory before and after it in the
+  // baseline forward; 0 without allocator figures. A replay runs the op
+  // again with the segment's outputs so far resident: its transient adds
+  // there.
+  int64_t replay_transient_bytes(int node) const {
+    return node_transient_[node];
+  }
   // Op nodes in id order, and the activations each node produced.
   const std::vector<int>& op_nodes() const { return op_nodes_; }
   const std::vector<int>& produced_by(int node) const {
@@ -124,6 +132,7 @@ class Simulator {
   std::vector<double> step_ms_;
   std::vector<double> end_ms_;
   std::vector<int> op_nodes_;
+  std::vector<int64_t> node_transient_;
   std::vector<std::vector<int>> produced_by_;  // node -> activations
   std::vector<int> by_last_forward_use_;       // activation order
   int64_t baseline_peak_bytes_ = 0;
@@ -142,6 +151,7 @@ class Simulator {
   struct Segment {
     int replay_at = 0;
     double ms = 0;
+    int64_t transient_bytes = 0;  // the largest replay_transient_bytes
   };
   mutable std::vector<Segment> scratch_segments_;
   mutable int stamp_base_ = 0;

@@ -125,6 +125,39 @@ TEST(SimulatorTest, UsesMeasuredAllocatorCurve) {
   EXPECT_EQ(r.planned_after_bytes[4], 1000);  // A returns before step 5
 }
 
+TEST(SimulatorTest, AReplayRunsItsOpsTransientsAgain) {
+  // Node 0 (A's producer) takes a 70-byte workspace while it runs (a cuDNN
+  // convolution's, say): the replay of A in backward needs it again, on
+  // top of the memory there.
+  const int64_t after[] = {1100, 1300, 1600, 1300, 1100, 1000};
+  auto profile = [&](int64_t workspace) {
+    PlanProfile p = Chain();
+    for (int t = 0; t < 6; ++t) {
+      if (t < 3) {
+        p.nodes[t].allocated_bytes_after = after[t];
+        p.nodes[t].peak_bytes_during = after[t] + (t == 0 ? workspace : 0);
+      } else {
+        p.backward_steps[t - 3].allocated_bytes_after = after[t];
+      }
+    }
+    return p;
+  };
+  const PlanProfile plain = profile(0), with_workspace = profile(70);
+  auto sim_plain = Sim(plain);
+  auto sim = Sim(with_workspace);
+  EXPECT_EQ(sim->replay_transient_bytes(0), 70);
+  EXPECT_EQ(sim->replay_transient_bytes(1), 0);
+  const SimResult r0 = sim_plain->Run(Recompute(3, {0}));
+  const SimResult r = sim->Run(Recompute(3, {0}));
+  const int replay = r.needed_at[0];
+  ASSERT_GE(replay, 3);
+  for (int t = 3; t < 6; ++t) {
+    EXPECT_EQ(r.planned_peak_bytes[t] - r0.planned_peak_bytes[t],
+              t == replay ? 70 : 0)
+        << "position " << t;
+  }
+}
+
 TEST(SimulatorTest, SwapFreesAfterOffloadAndStallsWhenNotHidden) {
   // One big activation, 1000 bytes at 1000 B/s each way: 1000 ms transfers.
   PlanProfile p =
