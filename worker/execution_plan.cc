@@ -74,7 +74,8 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     int recomputed = 0;
   };
   std::map<int, Group> groups;
-  std::set<int> producers;  // nodes holding an activation (any action)
+  std::set<int> producers;          // nodes holding an activation (any action)
+  std::map<int, int> decisions_of;  // node -> its RECOMPUTE decisions
   for (int i = 0; i < schedule.decisions_size(); ++i) {
     const v1::Decision& d = schedule.decisions(i);
     auto bad_node = [&](int node) {
@@ -88,6 +89,7 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     producers.insert(d.producer_node());
     if (d.action() != v1::Decision::RECOMPUTE) continue;
     Group& g = groups[d.segment()];
+    ++decisions_of[d.producer_node()];
     g.members.insert(d.producer_node());
     g.nodes.insert(d.producer_node());
     ++g.recomputed;
@@ -135,10 +137,53 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     }
     order = std::move(merged);
   }
+  // A node in a group's range that is no member and writes in place into
+  // a value made before the range (ResNet's `out += identity` into bn3's
+  // output, when the downsample branch is recomputed with the next block)
+  // would make the segment keep a copy of that value for its replay, which
+  // the planner does not count. The group runs as two segments instead,
+  // split at that node, which runs as an ordinary op between them; each
+  // part replays where its own members are first needed, not earlier than
+  // the planner's replay of the whole.
+  std::vector<std::pair<int, Group>> parts;  // (segment, group)
+  for (const auto& [first_member, segment] : order) {
+    Group rest = groups[segment];
+    while (true) {
+      const int first = *rest.nodes.begin();
+      const int last = *rest.members.rbegin();
+      int cut = -1;
+      for (int k = first + 1; k < last && cut < 0; ++k) {
+        if (rest.nodes.count(k) != 0) continue;
+        for (const Value* w : writes[k]) {
+          // (Buffers a module updates in place, BatchNorm's counter, are
+          // restored around replays by the segment itself.)
+          const int producer = graph.ProducerOf(w);
+          if (producer >= 0 && producer < first &&
+              w->node()->kind() != c10::prim::GetAttr) {
+            cut = k;
+          }
+        }
+      }
+      if (cut < 0) break;
+      Group before, after;
+      for (int m : rest.members) (m < cut ? before : after).members.insert(m);
+      for (int k : rest.nodes) (k < cut ? before : after).nodes.insert(k);
+      if (after.members.empty()) break;  // (cut < last: cannot happen)
+      // A member's lineage before the cut stays in the first part (the
+      // second reads its outputs); with no member there, it runs plainly.
+      for (int m : before.members) before.recomputed += decisions_of[m];
+      after.recomputed = rest.recomputed - before.recomputed;
+      if (!before.members.empty()) {
+        parts.push_back({segment, std::move(before)});
+      }
+      rest = std::move(after);
+    }
+    parts.push_back({segment, std::move(rest)});
+  }
+
   std::vector<SegmentPlan> plans;
   int previous_last = -1;
-  for (const auto& [first_member, segment] : order) {
-    const Group& g = groups[segment];
+  for (const auto& [segment, g] : parts) {
     SegmentPlan plan;
     plan.segment = segment;
     plan.members.assign(g.members.begin(), g.members.end());

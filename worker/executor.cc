@@ -556,7 +556,19 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
       MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, s.Step(scheduled));
       return Guard("comparing", [&]() {
         out->loss = loss.item<double>();
-        for (const torch::Tensor& p : s.parameters) {
+        for (size_t i = 0; i < s.parameters.size(); ++i) {
+          const torch::Tensor& p = s.parameters[i];
+          const torch::Tensor& g = p.grad();
+          // A gradient whose memory a schedule's hook released would read
+          // freed memory (on CUDA an illegal address, reported much later).
+          if (g.defined() && g.numel() > 0 &&
+              (!g.has_storage() || g.storage().data() == nullptr)) {
+            return absl::InternalError(absl::StrCat(
+                "the ", scheduled ? "scheduled" : "unmodified",
+                " step left the gradient of parameter ", s.parameter_names[i],
+                " without memory (released while still the parameter's "
+                ".grad)"));
+          }
           out->grads.push_back(p.grad().defined()
                                    ? p.grad().to(torch::kFloat64)
                                    : torch::zeros_like(p, torch::kFloat64));

@@ -69,10 +69,13 @@ torch.jit.script(m).save(out)
 GPT_SIZE = (256, 32, 64, 2, 2) if CPU_DRY_RUN else (8192, 256, 512, 6, 8)
 
 # name -> (how to make it, submit arguments)
+# The demo CNN's floor on an H100 is 90-92% of its baseline peak (measured:
+# 255.8 of 278.2 MiB at batch 64, 438.4 of 484.5 at 128; its cuDNN
+# workspaces come back in every replay): 95% fits.
 JOBS = {
     "gpu-cnn": ("demo", ["--input=x:float32[B,3,32,32]",
                          "--loss=cross_entropy:y:int64[B]{0,10}",
-                         "--batch=64,128", "--budget=60%",
+                         "--batch=64,128", "--budget=95%",
                          "--optimizer=sgd_momentum"]),
     "gpu-transformer": ("transformer", [
         "--input=idx:int64[B,%d]{0,%d}" % (GPT_SIZE[1], GPT_SIZE[0]),
