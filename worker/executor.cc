@@ -166,8 +166,18 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     }
     StepRun* r = run.get();
     // Swapped storages a replay reads come back first.
-    for (auto& segment : run->segments) {
-      SegmentRun* seg = segment.get();
+    for (size_t s = 0; s < run->segments.size(); ++s) {
+      SegmentRun* seg = run->segments[s].get();
+      // The parts of one planner segment (execution_plan.h: a group split
+      // at an in-place write) replay together, where the planner replays
+      // the whole: at its members' first need.
+      std::vector<SegmentRun*> siblings;
+      for (size_t o = 0; o < run->segments.size(); ++o) {
+        if (o != s &&
+            compiled.segments[o].segment == compiled.segments[s].segment) {
+          siblings.push_back(run->segments[o].get());
+        }
+      }
       seg->set_before_replay([r, seg]() {
         absl::flat_hash_set<const c10::StorageImpl*> needed;
         std::vector<torch::Tensor> inputs = seg->saved_inputs();
@@ -186,8 +196,9 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         }
       });
       // What it pinned in other segments can go once it replayed.
-      seg->set_after_replay([r, seg]() {
+      seg->set_after_replay([r, seg, siblings]() {
         for (auto& other : r->segments) other->Unpin(seg);
+        for (SegmentRun* sibling : siblings) sibling->Replay();
       });
     }
     auto after = [this, r](int last) {

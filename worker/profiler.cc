@@ -89,6 +89,7 @@ struct IterationRecord {
   std::vector<double> node_ms;
   std::vector<int64_t> node_allocated_after;
   std::vector<int64_t> node_peak;
+  std::vector<int64_t> node_before, node_transient;
   std::vector<StepRecord> steps;
   double forward_ms = 0, loss_ms = 0, backward_ms = 0, optimizer_ms = 0,
          iteration_ms = 0;
@@ -217,6 +218,8 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   record->node_ms.assign(n, 0);
   record->node_allocated_after.assign(n, 0);
   record->node_peak.assign(n, 0);
+  record->node_before.assign(n, 0);
+  record->node_transient.assign(n, 0);
   record->output_storages.assign(n, {});
   record->outputs_alive.assign(n, true);
   std::vector<int> node_start(n, 0), node_end(n, 0);
@@ -236,6 +239,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   InterpreterHooks hooks;
   hooks.before_node = [&](int id) {
     windows.Open([record, id](int64_t peak) { record->node_peak[id] = peak; });
+    record->node_before[id] = backend->AllocatedBytes();
     backend->SetTag(id);
     current_step = absl::StrCat("forward node ", graph->Describe(id));
     node_start[id] = backend->Mark();
@@ -243,6 +247,24 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   hooks.after_node = [&](int id, std::vector<c10::IValue>& outputs) {
     node_end[id] = backend->Mark();
     record->node_allocated_after[id] = backend->AllocatedBytes();
+    {
+      // Storages the outputs own (an output aliasing an input owns none).
+      int64_t owned = 0;
+      absl::flat_hash_set<const void*> seen;
+      const auto& values = graph->nodes()[id].node->outputs();
+      for (size_t i = 0; i < outputs.size() && i < values.size(); ++i) {
+        if (AliasRoot(values[i]) != values[i]) continue;
+        for (const torch::Tensor& t : FlattenTensors(outputs[i])) {
+          if (t.defined() && t.has_storage() &&
+              seen.insert(t.storage().data()).second) {
+            owned += static_cast<int64_t>(t.storage().nbytes());
+          }
+        }
+      }
+      record->node_transient[id] = std::max<int64_t>(
+          0, backend->PeakBytes() - std::max(record->node_before[id] + owned,
+                                             record->node_allocated_after[id]));
+    }
     for (const c10::IValue& output : outputs) {
       for (const torch::Tensor& t : FlattenTensors(output)) {
         if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) {
@@ -408,6 +430,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     node->set_backward_ms(node_backward_ms[ir.id]);
     node->set_allocated_bytes_after(last.node_allocated_after[ir.id]);
     node->set_peak_bytes_during(last.node_peak[ir.id]);
+    node->set_transient_bytes(last.node_transient[ir.id]);
   }
 
   // Forward time from after position p to the end of forward (+ loss), and

@@ -209,24 +209,25 @@ void IncrementalSimulator::AttachRun(int start, int end) {
   const uint32_t stamp = node_stamp_counter_;
   int replay_at = std::numeric_limits<int>::max();
   double ms = 0;
-  int64_t transient = 0;
+  std::vector<std::pair<int, int64_t>> members;
+  std::vector<int> nodes;
   for (int k = start; k <= end; ++k) {
     for (int a : sim_->produced_by(node_of_k_[k])) {
       if (decisions_[a].action != Action::kRecompute) continue;
       const PlanActivation& act = prof_->activations[a];
       seg_key_[a] = start;
+      members.push_back({act.producer_node, act.size_bytes});
       replay_at = std::min(replay_at, act.first_backward_use);
       if (node_stamp_[act.producer_node] != stamp) {
         node_stamp_[act.producer_node] = stamp;
         ms += prof_->nodes[act.producer_node].forward_ms;
-        transient = std::max(transient,
-                             sim_->replay_transient_bytes(act.producer_node));
+        nodes.push_back(act.producer_node);
       }
       for (int rn : act.recompute_nodes) {
         if (node_stamp_[rn] != stamp) {
           node_stamp_[rn] = stamp;
           ms += prof_->nodes[rn].forward_ms;
-          transient = std::max(transient, sim_->replay_transient_bytes(rn));
+          nodes.push_back(rn);
         }
       }
       MarkDirty(a);
@@ -240,8 +241,14 @@ void IncrementalSimulator::AttachRun(int start, int end) {
   run_end_[start] = end;
   run_replay_[start] = replay_at;
   run_ms_[start] = ms;
-  run_transient_[start] = transient;
-  if (replay_at < positions_) TreeAdd(replay_at, replay_at, transient);
+  run_transient_[start] =
+      replay_at < positions_
+          ? sim_->replay_transient_excess(sim_->ReplayTransient(members, nodes),
+                                          replay_at)
+          : 0;
+  if (replay_at < positions_) {
+    TreeAdd(replay_at, replay_at, run_transient_[start]);
+  }
   std::vector<int>& runs = replay_runs_[replay_at];
   runs.insert(std::lower_bound(runs.begin(), runs.end(), start), start);
   UpdateReplayMs(replay_at);

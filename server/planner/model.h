@@ -21,6 +21,9 @@ struct PlanNode {
   // activations' lifetimes).
   int64_t allocated_bytes_after = 0;
   int64_t peak_bytes_during = 0;
+  // Bytes the op needs only while it runs (ProfileNode.transient_bytes):
+  // a replay of the node needs them again.
+  int64_t transient_bytes = 0;
   // Tensor operator (not a constant, attribute read or list construction):
   // only op nodes split recompute segments.
   bool is_op = true;

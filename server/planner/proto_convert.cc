@@ -98,6 +98,7 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     pn.forward_ms = node.forward_ms();
     pn.allocated_bytes_after = node.allocated_bytes_after();
     pn.peak_bytes_during = node.peak_bytes_during();
+    pn.transient_bytes = std::max<int64_t>(0, node.transient_bytes());
     pn.is_op = node.is_op();
     pn.scope = node.scope();
   }

@@ -25,6 +25,24 @@ void AddInterval(int begin, int end, int64_t bytes, int last,
 
 }  // namespace
 
+int64_t Simulator::ReplayTransient(
+    std::vector<std::pair<int, int64_t>>& members,
+    std::vector<int>& nodes) const {
+  std::sort(members.begin(), members.end());
+  std::sort(nodes.begin(), nodes.end());
+  int64_t total = 0;
+  for (const auto& m : members) total += m.second;
+  int64_t made = 0, most = 0;
+  size_t next = 0;
+  for (int node : nodes) {
+    while (next < members.size() && members[next].first <= node) {
+      made += members[next++].second;
+    }
+    most = std::max(most, made + node_transient_[node] - total);
+  }
+  return most;
+}
+
 const char* ActionName(Action action) {
   switch (action) {
     case Action::kRetain:
@@ -177,15 +195,8 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
   sim->baseline_peak_bytes_ =
       *std::max_element(sim->base_during_.begin(), sim->base_during_.end());
   sim->node_transient_.assign(n, 0);
-  if (profile->HasAllocatorFigures()) {
-    for (int i = 0; i < n; ++i) {
-      const PlanNode& node = profile->nodes[i];
-      if (node.peak_bytes_during <= 0) continue;
-      const int64_t before = i > 0 ? sim->base_after_[i - 1] : 0;
-      sim->node_transient_[i] = std::max<int64_t>(
-          0, node.peak_bytes_during -
-                 std::max(before, node.allocated_bytes_after));
-    }
+  for (int i = 0; i < n; ++i) {
+    sim->node_transient_[i] = profile->nodes[i].transient_bytes;
   }
 
   sim->produced_by_.resize(n);
@@ -270,7 +281,7 @@ void Simulator::Run(const Decisions& decisions, Options options,
     }
     if (current < 0) {
       current = static_cast<int>(segments.size());
-      segments.push_back(Segment{std::numeric_limits<int>::max(), 0, 0});
+      segments.push_back(Segment{std::numeric_limits<int>::max(), 0, {}, {}});
       stamp = stamp_base_ + current;
     }
     Segment& seg = segments[current];
@@ -279,19 +290,18 @@ void Simulator::Run(const Decisions& decisions, Options options,
       const PlanActivation& act = prof.activations[a];
       r.segment_of[a] = current;
       ++r.recomputed;
+      seg.members.push_back({act.producer_node, act.size_bytes});
       seg.replay_at = std::min(seg.replay_at, act.first_backward_use);
       if (scratch_node_stamp_[act.producer_node] != stamp) {
         scratch_node_stamp_[act.producer_node] = stamp;
         seg.ms += prof.nodes[act.producer_node].forward_ms;
-        seg.transient_bytes =
-            std::max(seg.transient_bytes, node_transient_[act.producer_node]);
+        seg.nodes.push_back(act.producer_node);
       }
       for (int rn : act.recompute_nodes) {
         if (scratch_node_stamp_[rn] != stamp) {
           scratch_node_stamp_[rn] = stamp;
           seg.ms += prof.nodes[rn].forward_ms;
-          seg.transient_bytes =
-              std::max(seg.transient_bytes, node_transient_[rn]);
+          seg.nodes.push_back(rn);
         }
       }
     }
@@ -386,10 +396,13 @@ void Simulator::Run(const Decisions& decisions, Options options,
   }
   // A replay's ops run again at its position, their transients on top of
   // what the segment rebuilt so far (bounded by all of it, counted above).
-  for (const Segment& seg : segments) {
-    if (seg.transient_bytes <= 0 || seg.replay_at > last) continue;
-    dd[seg.replay_at] += seg.transient_bytes;
-    dd[seg.replay_at + 1] -= seg.transient_bytes;
+  for (Segment& seg : segments) {
+    if (seg.replay_at > last) continue;
+    const int64_t excess = replay_transient_excess(
+        ReplayTransient(seg.members, seg.nodes), seg.replay_at);
+    if (excess <= 0) continue;
+    dd[seg.replay_at] += excess;
+    dd[seg.replay_at + 1] -= excess;
   }
   int64_t delta_during = 0, delta_after = 0;
   r.peak_bytes = std::numeric_limits<int64_t>::min();

@@ -27,6 +27,7 @@
 #ifndef MUTWO_SERVER_PLANNER_SIMULATOR_H_
 #define MUTWO_SERVER_PLANNER_SIMULATOR_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -104,13 +105,25 @@ class Simulator {
   const std::vector<int64_t>& baseline_during_bytes() const {
     return base_during_;
   }
-  // Bytes an op allocates only while it runs (a cuDNN workspace, a
-  // temporary), above the larger of the memory before and after it in the
-  // baseline forward; 0 without allocator figures. A replay runs the op
-  // again with the segment's outputs so far resident: its transient adds
-  // there.
+  // Bytes an op allocates only while it runs (PlanNode.transient_bytes: a
+  // cuDNN workspace, a temporary). A replay runs the op again with the
+  // segment's outputs so far resident: its transient adds there.
   int64_t replay_transient_bytes(int node) const {
     return node_transient_[node];
+  }
+  // The most a replay's op transients reach above all its members'
+  // bytes: an op runs with the members made before it (and its own)
+  // resident. `members`: (producer node, bytes) of the RECOMPUTE
+  // activations; `nodes`: the nodes replayed. Sorts both.
+  int64_t ReplayTransient(std::vector<std::pair<int, int64_t>>& members,
+                          std::vector<int>& nodes) const;
+  // What a replay's transient adds at `position`: the replay runs before
+  // the backward step there, so the step's own transient (above the memory
+  // before it) is not on top of it; the excess is.
+  int64_t replay_transient_excess(int64_t transient, int position) const {
+    const int64_t headroom =
+        position > 0 ? base_during_[position] - base_after_[position - 1] : 0;
+    return std::max<int64_t>(0, transient - std::max<int64_t>(0, headroom));
   }
   // Op nodes in id order, and the activations each node produced.
   const std::vector<int>& op_nodes() const { return op_nodes_; }
@@ -151,7 +164,8 @@ class Simulator {
   struct Segment {
     int replay_at = 0;
     double ms = 0;
-    int64_t transient_bytes = 0;  // the largest replay_transient_bytes
+    std::vector<std::pair<int, int64_t>> members;  // (producer, bytes)
+    std::vector<int> nodes;                        // replayed
   };
   mutable std::vector<Segment> scratch_segments_;
   mutable int stamp_base_ = 0;

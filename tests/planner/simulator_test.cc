@@ -136,6 +136,7 @@ TEST(SimulatorTest, AReplayRunsItsOpsTransientsAgain) {
       if (t < 3) {
         p.nodes[t].allocated_bytes_after = after[t];
         p.nodes[t].peak_bytes_during = after[t] + (t == 0 ? workspace : 0);
+        p.nodes[t].transient_bytes = t == 0 ? workspace : 0;
       } else {
         p.backward_steps[t - 3].allocated_bytes_after = after[t];
       }

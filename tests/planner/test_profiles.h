@@ -167,6 +167,7 @@ inline PlanProfile RichRandomProfile(std::mt19937& rng, int n) {
       after += extra(rng) / 4;
       node.allocated_bytes_after = after;
       node.peak_bytes_during = after + extra(rng);
+      node.transient_bytes = extra(rng);
     }
     for (PlanBackwardStep& step : p.backward_steps) {
       after = std::max<int64_t>(p.fixed_bytes, after - extra(rng) / 4);
