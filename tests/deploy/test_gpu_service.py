@@ -68,7 +68,8 @@ torch.jit.script(m).save(out)
 # (vocab, sequence, width, layers, heads); small on the CPU rehearsal.
 GPT_SIZE = (256, 32, 64, 2, 2) if CPU_DRY_RUN else (8192, 256, 512, 6, 8)
 
-# The CNN: torchvision's ResNet-18 (the demo CNN's floor on an H100 is 96%
+# The CNN: torchvision's ResNet-18 at 90% (its floor on an H100 is 84% of
+# its baseline at batch 32; the demo CNN's is 96%
 # of its baseline: its cuDNN workspaces come back in every replay, and its
 # activations are small beside them). argv: OUT.
 RESNET_PY = r'''
@@ -86,7 +87,7 @@ CNN_PX = 64 if CPU_DRY_RUN else 128
 JOBS = {
     "gpu-cnn": ("resnet18", ["--input=x:float32[B,3,%d,%d]" % (CNN_PX, CNN_PX),
                              "--loss=cross_entropy:y:int64[B]{0,10}",
-                             "--batch=32,64", "--budget=75%",
+                             "--batch=32,64", "--budget=90%",
                              "--optimizer=sgd_momentum"]),
     "gpu-transformer": ("transformer", [
         "--input=idx:int64[B,%d]{0,%d}" % (GPT_SIZE[1], GPT_SIZE[0]),
@@ -319,7 +320,7 @@ def run(bin_dir, results):
             if CPU_DRY_RUN:  # CPU-sized batches and budgets that fit there
                 args = [a for a in args
                         if not a.startswith(("--batch=", "--budget="))]
-                args += (["--batch=32", "--budget=85%"] if "cnn" in name
+                args += (["--batch=32", "--budget=95%"] if "cnn" in name
                          else ["--batch=2", "--budget=90%"])
             submits[name] = subprocess.Popen(
                 [bin_mutwo, "submit", models[name], "--name=" + name,
