@@ -755,10 +755,14 @@ variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
     }
     roots.push_back(torch::autograd::impl::gradient_edge(t));
     // (The engine copies the gradients of a node with post hooks: the
-    // probe's count does not hold for it.)
-    torch::Tensor grad = grad_fn_ != nullptr && grad_fn_->post_hooks().empty()
-                             ? TakeGradient(grad_outputs[k])
-                             : grad_outputs[k];
+    // probe's count does not hold for it. An output that is a leaf, a
+    // parameter or an input the segment passes through, has its gradient
+    // captured as the result: it must not be freed once consumed.)
+    const bool leaf = t.grad_fn() == nullptr;
+    torch::Tensor grad =
+        !leaf && grad_fn_ != nullptr && grad_fn_->post_hooks().empty()
+            ? TakeGradient(grad_outputs[k])
+            : grad_outputs[k];
     if (!grad.is_same(grad_outputs[k])) {
       owned_by_root[roots.back().function.get()].push_back(
           grad.storage().unsafeGetStorageImpl());
