@@ -48,7 +48,7 @@ struct TrainingState {
   torch::jit::Module module;
   std::unique_ptr<Graph> graph;
   std::unique_ptr<Interpreter> interpreter;
-  std::vector<torch::Tensor> parameters;  // trainable
+  std::vector<torch::Tensor> parameters;     // trainable
   std::vector<std::string> parameter_names;  // module paths, as `parameters`
   std::vector<c10::IValue> inputs;
   torch::Tensor target;
