@@ -31,11 +31,11 @@ int PrefetchNode(const v1::Profile& profile, int position) {
 
 int64_t AllocatorReserveBytes(const v1::Profile& profile,
                               int64_t budget_bytes) {
-  const int64_t fixed = profile.device().kind() == "cuda"
-                            ? kReserveFixedBytes
-                            : kCpuReserveFixedBytes;
+  const bool cuda = profile.device().kind() == "cuda";
+  const int64_t fixed = cuda ? kReserveFixedBytes : kCpuReserveFixedBytes;
+  const double fraction = cuda ? kReserveFraction : kCpuReserveFraction;
   return fixed + static_cast<int64_t>(
-                     kReserveFraction *
+                     fraction *
                      static_cast<double>(std::max<int64_t>(0, budget_bytes)));
 }
 

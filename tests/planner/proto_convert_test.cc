@@ -189,7 +189,7 @@ TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
   const int64_t budget = int64_t{100} << 20;
   EXPECT_EQ(AllocatorReserveBytes(cuda, budget), (4 << 20) + budget / 100);
   EXPECT_EQ(AllocatorReserveBytes(DiamondProto(), budget),
-            (16 << 10) + budget / 100);
+            (16 << 10) + budget * 15 / 1000);
 
   ScheduleRequest request;
   request.budget = *ParseBudget("100%");
