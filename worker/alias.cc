@@ -1,5 +1,7 @@
 #include "worker/alias.h"
 
+#include <set>
+
 namespace mutwo::worker {
 namespace {
 
@@ -117,6 +119,10 @@ ContainerClasses ContainerAliasClasses(const Graph& graph) {
         return;
       }
       const auto& args = schema->arguments();
+      // Containers read without an annotation: what leaves as a wildcard
+      // came out of them (aten::__getitem__.Dict_str(Dict(str, t) self,
+      // str key) -> t(*)).
+      std::vector<const Value*> read_containers;
       for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
         const Value* v = node->input(i);
         if (!MayHoldTensor(v->type())) continue;
@@ -126,8 +132,8 @@ ContainerClasses ContainerAliasClasses(const Graph& graph) {
           containers.push_back(v);
         } else if (EntersOrLeavesWildcard(info)) {
           members.push_back(v);
-        } else if (IsContainerHoldingTensors(v->type()) && info != nullptr) {
-          containers.push_back(v);
+        } else if (IsContainerHoldingTensors(v->type())) {
+          (info != nullptr ? containers : read_containers).push_back(v);
         }
       }
       const auto& returns = schema->returns();
@@ -137,6 +143,9 @@ ContainerClasses ContainerAliasClasses(const Graph& graph) {
         if (!MayHoldTensor(v->type())) continue;
         if (EntersOrLeavesWildcard(returns[i].alias_info())) {
           members.push_back(v);
+          containers.insert(containers.end(), read_containers.begin(),
+                            read_containers.end());
+          read_containers.clear();
         } else if (IsContainerHoldingTensors(v->type()) &&
                    returns[i].alias_info() != nullptr) {
           containers.push_back(v);  // views in a list (aten::split)
@@ -163,34 +172,93 @@ absl::flat_hash_set<const Value*> MutatedContainers(const Graph& graph) {
   return out;
 }
 
+absl::flat_hash_set<const Value*> OpaqueRoots(const Graph& graph) {
+  absl::flat_hash_set<const Value*> opaque;
+  for (const Value* in : graph.graph()->inputs()) {
+    if (IsContainerHoldingTensors(in->type())) opaque.insert(AliasRoot(in));
+  }
+  for (const IrNode& ir : graph.nodes()) {
+    ForEachNested(ir.node, [&](const Node* node) {
+      const c10::FunctionSchema* schema = node->maybeSchema();
+      bool plumbing = false;
+      if (schema == nullptr) {
+        for (const Value* v : node->inputs()) {
+          plumbing |= IsContainerHoldingTensors(v->type());
+        }
+        for (const Value* v : node->outputs()) {
+          plumbing |= IsContainerHoldingTensors(v->type());
+        }
+      }
+      for (size_t i = 0; i < node->outputs().size(); ++i) {
+        const Value* v = node->output(i);
+        if (!MayHoldTensor(v->type())) continue;
+        const bool from_container =
+            schema == nullptr
+                ? plumbing
+                : i < schema->returns().size() &&
+                      EntersOrLeavesWildcard(schema->returns()[i].alias_info());
+        if (IsContainerHoldingTensors(v->type()) || from_container) {
+          opaque.insert(AliasRoot(v));
+        }
+      }
+    });
+  }
+  return opaque;
+}
+
 absl::flat_hash_map<const Value*, std::vector<int>> ReadersByRoot(
     const Graph& graph) {
   absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
 
   const ContainerClasses classes = ContainerAliasClasses(graph);
+  const absl::flat_hash_set<const Value*> opaque = OpaqueRoots(graph);
+  // Per root, the nodes reading it (through its aliases); per class, the
+  // nodes reading any of its values, and those reading one that may be any
+  // of its tensors (a container, or what came out of one).
+  absl::flat_hash_map<const Value*, std::set<int>> direct;
   absl::flat_hash_map<const Value*, std::set<int>> readers_of_class;
+  absl::flat_hash_map<const Value*, std::set<int>> opaque_readers_of_class;
   for (const IrNode& ir : graph.nodes()) {
     ForEachRead(ir.node, [&](const Value* v) {
-      readers_of_class[classes.Find(AliasRoot(v))].insert(ir.id);
+      const Value* root = AliasRoot(v);
+      const Value* cls = classes.Find(root);
+      direct[root].insert(ir.id);
+      readers_of_class[cls].insert(ir.id);
+      if (opaque.count(root) != 0) opaque_readers_of_class[cls].insert(ir.id);
     });
   }
+  // A container (or a value taken out of one) may be any tensor of its
+  // class: every reader of the class reads it. A tensor that went into a
+  // container is read by its own readers and by those of the class's
+  // containers, not by the readers of the other tensors put there.
+  auto readers = [&](const Value* root) {
+    const Value* cls = classes.Find(root);
+    std::set<int> out;
+    if (opaque.count(root) != 0) {
+      auto it = readers_of_class.find(cls);
+      if (it != readers_of_class.end()) out = it->second;
+    } else {
+      if (auto it = direct.find(root); it != direct.end()) out = it->second;
+      if (auto it = opaque_readers_of_class.find(cls);
+          it != opaque_readers_of_class.end()) {
+        out.insert(it->second.begin(), it->second.end());
+      }
+    }
+    return std::vector<int>(out.begin(), out.end());
+  };
   for (const IrNode& ir : graph.nodes()) {
     ForEachNested(ir.node, [&](const Node* node) {
       for (const Value* out : node->outputs()) {
         const Value* root = AliasRoot(out);
         if (readers_of_root.count(root) != 0) continue;
-        auto it = readers_of_class.find(classes.Find(root));
-        if (it == readers_of_class.end()) continue;
-        readers_of_root[root].assign(it->second.begin(), it->second.end());
+        std::vector<int> r = readers(root);
+        if (!r.empty()) readers_of_root[root] = std::move(r);
       }
     });
   }
   for (const Value* in : graph.graph()->inputs()) {
-    auto it = readers_of_class.find(classes.Find(AliasRoot(in)));
-    if (it != readers_of_class.end()) {
-      readers_of_root[AliasRoot(in)].assign(it->second.begin(),
-                                            it->second.end());
-    }
+    std::vector<int> r = readers(AliasRoot(in));
+    if (!r.empty()) readers_of_root[AliasRoot(in)] = std::move(r);
   }
   return readers_of_root;
 }

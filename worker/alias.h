@@ -108,9 +108,16 @@ ContainerClasses ContainerAliasClasses(const Graph& graph);
 absl::flat_hash_set<const torch::jit::Value*> MutatedContainers(
     const Graph& graph);
 
+// Roots that may stand for any tensor of their class (ContainerClasses):
+// containers holding tensors, and values taken out of one (aten::__getitem__'s
+// `t(*)`, prim::ListUnpack, control flow over containers).
+absl::flat_hash_set<const torch::jit::Value*> OpaqueRoots(const Graph& graph);
+
 // Per alias root: the top-level nodes (ids, increasing) that read it,
 // through any alias and through the containers it may have been put in (a
-// tensor appended to a list is read by whatever reads the list).
+// tensor appended to a list is read by whatever reads the list, or what was
+// taken out of it; not by the readers of the other tensors put there).
+// An opaque root is read by every reader of its class.
 absl::flat_hash_map<const torch::jit::Value*, std::vector<int>> ReadersByRoot(
     const Graph& graph);
 

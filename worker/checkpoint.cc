@@ -373,7 +373,8 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   }
 }
 
-std::set<int> SegmentRun::readers() const {
+std::set<int> SegmentRun::readers(
+    const std::function<bool(int, const c10::StorageImpl*)>& may_read) const {
   std::set<int> readers;
   for (size_t k = 0; k < tensor_readers_.size(); ++k) {
     // A storage nobody holds after the forward (not saved by autograd: it
@@ -381,7 +382,9 @@ std::set<int> SegmentRun::readers() const {
     if (tensor_storage_[k].expired()) continue;
     if (tensor_freed_[k] ||
         (!tensor_pinned_by_[k].empty() && plan_->freeable[tensor_output_[k]])) {
-      readers.insert(tensor_readers_[k].begin(), tensor_readers_[k].end());
+      for (int reader : tensor_readers_[k]) {
+        if (may_read(reader, tensor_impl_[k])) readers.insert(reader);
+      }
     }
   }
   return readers;

@@ -26,6 +26,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -76,8 +77,10 @@ class SegmentRun {
   std::vector<torch::Tensor> tail_tensors() const;
   // Top-level nodes whose backward needs the replay: the readers of the
   // storages FreeAfter freed or that stay pinned (freed once the pinning
-  // segment replayed); call after the forward.
-  std::set<int> readers() const;
+  // segment replayed), where `may_read(node, storage)` (what the forward
+  // observed); call after the forward.
+  std::set<int> readers(
+      const std::function<bool(int, const c10::StorageImpl*)>& may_read) const;
   // Bytes freed by FreeAfter and not yet given back.
   int64_t freed_bytes() const { return freed_bytes_; }
   // Replays the range (once) and gives the freed storages their memory back.

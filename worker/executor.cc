@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/alias.h"
 #include "worker/autograd_hooks.h"
 #include "worker/checkpoint.h"
 #include "worker/execution_plan.h"
@@ -81,6 +82,19 @@ struct StepRun {
   std::vector<int> swap_free_after;         // per swap, observed at run time
   std::vector<std::set<int>> swap_readers;  // per swap
   int64_t swapped_bytes = 0;
+  // Per top-level node run outside every segment: the storages it read in
+  // this forward (identity only). The static readers (alias.h) hold every
+  // reader of a container's entries for each entry (a dict of feature maps
+  // makes the reader of one map a reader of all); a replay or a restore
+  // waits only for the nodes that read the storage.
+  absl::flat_hash_map<int, absl::flat_hash_set<const c10::StorageImpl*>> reads;
+
+  // Whether node `reader`'s backward may need `storage`: it read it in
+  // forward, or it ran inside a segment (its reads are not observed).
+  bool MayRead(int reader, const c10::StorageImpl* storage) const {
+    auto it = reads.find(reader);
+    return it == reads.end() || it->second.count(storage) != 0;
+  }
 };
 
 void Discover(StepRun& run, int first, int last,
@@ -274,6 +288,18 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     };
     hooks.take_over = [this, r, after, register_swaps, observe, tracing](
                           int id, InterpreterEnv& env) -> int {
+      if (r->segment_starting_at.count(id) == 0) {
+        absl::flat_hash_set<const c10::StorageImpl*>& read = r->reads[id];
+        ForEachRead(graph->nodes()[id].node, [&](const Value* v) {
+          auto it = env.find(v);
+          if (it == env.end()) return;
+          for (const torch::Tensor& t : FlattenTensors(it->second)) {
+            if (t.defined() && t.has_storage()) {
+              read.insert(t.storage().unsafeGetStorageImpl());
+            }
+          }
+        });
+      }
       // Tail nodes of earlier segments: what they read is kept (and stays
       // resident) until that segment's replay.
       if (auto tail = r->tail_at.find(id); tail != r->tail_at.end()) {
@@ -357,7 +383,10 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     StepRun* r = run.get();
     for (size_t s = 0; s < compiled.segments.size(); ++s) {
       SegmentRun* seg = r->segments[s].get();
-      for (int reader : seg->readers()) {
+      for (int reader :
+           seg->readers([r](int reader, const c10::StorageImpl*storage) {
+             return r->MayRead(reader, storage);
+           })) {
         // A reader inside another segment's range runs in that segment's
         // replay: the hook goes on the replay's nodes it makes, so this
         // segment replays where that backward reaches the reader (the
@@ -369,20 +398,35 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
             inside = static_cast<int>(o);
           }
         }
+        // (`--log_level trace`: the memory around each replay.)
+        const int id = compiled.segments[s].segment;
+        auto replay = [this, seg, id, reader]() {
+          if (seg->replayed()) return;
+          MUTWO_LOG(trace, "replay segment {} for node {}: {} B before", id,
+                    reader, backend->AllocatedBytes());
+          seg->Replay();
+          MUTWO_LOG(trace, "replay segment {}: {} B after (peak {} B)", id,
+                    backend->AllocatedBytes(), backend->PeakBytes());
+        };
         if (inside >= 0) {
-          r->segments[inside]->AddReplayHook(reader,
-                                             [seg]() { seg->Replay(); });
+          r->segments[inside]->AddReplayHook(reader, replay);
           continue;
         }
         for (const std::shared_ptr<Node>& fn : Alive(r->made_by[reader])) {
-          fn->add_pre_hook(
-              std::make_unique<CallbackPreHook>([seg]() { seg->Replay(); }));
+          fn->add_pre_hook(std::make_unique<CallbackPreHook>(replay));
         }
       }
     }
     for (size_t i = 0; i < compiled.swaps.size(); ++i) {
-      std::vector<int> nodes(r->swap_readers[i].begin(),
-                             r->swap_readers[i].end());
+      std::vector<int> nodes;
+      for (int reader : r->swap_readers[i]) {
+        for (const auto& stash : r->stashes[i]) {
+          if (r->MayRead(reader, stash->storage())) {
+            nodes.push_back(reader);
+            break;
+          }
+        }
+      }
       nodes.push_back(compiled.swaps[i].producer);
       absl::flat_hash_set<Node*> hooked;
       for (int node : nodes) {

@@ -11,7 +11,7 @@ Nothing is downloaded: torchvision models are built with weights=None.
 """
 import os
 import sys
-from typing import Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -118,6 +118,29 @@ class TwoInputs(nn.Module):
         return z, u.sum(dim=1)
 
 
+class FeatureDict(nn.Module):
+    """torchvision's IntermediateLayerGetter (segmentation backbones): each
+    stage's output may go into a dict, and the head reads one entry."""
+
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.ModuleDict({
+            "a": nn.Linear(16, 16),
+            "b": nn.Linear(16, 16),
+            "c": nn.Linear(16, 16),
+        })
+        self.return_layers: Dict[str, str] = {"a": "aux", "c": "out"}
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        out: Dict[str, torch.Tensor] = {}
+        for name, stage in self.stages.items():
+            x = torch.relu(stage(x))
+            if name in self.return_layers:
+                out[self.return_layers[name]] = x
+        return self.head(out["out"])
+
+
 class NoForward(nn.Module):
     def __init__(self):
         super().__init__()
@@ -138,6 +161,7 @@ MODELS = {
                     "--input tokens:int64[B,16]{0,1000} "
                     "--loss cross_entropy:y:int64[B,16]{0,1000}"),
     "control_flow": (ControlFlow, "--input x:float32[B,16]"),
+    "feature_dict": (FeatureDict, "--input x:float32[B,16]"),
     "two_inputs": (TwoInputs,
                    "--input x:float32[B,8] --input y:float32[B,4]"),
 }

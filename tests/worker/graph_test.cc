@@ -6,6 +6,7 @@
 
 #include "common/proto_io.h"
 #include "tests/worker/test_models.h"
+#include "worker/alias.h"
 #include "worker/model_loader.h"
 
 namespace mutwo::worker {
@@ -73,6 +74,45 @@ TEST(GraphTest, ControlFlowStaysOneNodeWithEdgesAndLastUses) {
   const IrNode& last = (*graph)->nodes().back();
   EXPECT_TRUE(last.returns_output);
   EXPECT_EQ(last.last_use, (*graph)->num_nodes() - 1);
+}
+
+// torchvision's IntermediateLayerGetter (FCN, DeepLabV3) puts each stage's
+// output into a dict and the head reads one entry. A reader of one entry is
+// not a reader of the others: fcn_resnet50 replayed its stem's recompute
+// segments at the backbone's last block and held them through the whole
+// backward. (What comes out of the dict may be any entry: its readers stay
+// readers of all, and the executor keeps those it saw read the storage.)
+TEST(AliasTest, ReadersOfADictEntryDoNotReadTheOtherEntries) {
+  auto graph = Graph::Create(Load("feature_dict"));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  std::vector<const IrNode*> relus;
+  const IrNode* head = nullptr;
+  const IrNode* linear_b = nullptr;
+  const IrNode* linear_c = nullptr;
+  for (const IrNode& node : (*graph)->nodes()) {
+    if (node.kind == "aten::relu") relus.push_back(&node);
+    if (node.kind == "aten::linear" && node.scope == "head") head = &node;
+    if (node.kind == "aten::linear" && node.scope == "b") linear_b = &node;
+    if (node.kind == "aten::linear" && node.scope == "c") linear_c = &node;
+  }
+  ASSERT_EQ(relus.size(), 3u);
+  ASSERT_NE(head, nullptr);
+  ASSERT_NE(linear_b, nullptr);
+  ASSERT_NE(linear_c, nullptr);
+  const auto readers = ReadersByRoot(**graph);
+  auto readers_of = [&](const IrNode* producer) {
+    auto it = readers.find(AliasRoot(producer->node->output()));
+    EXPECT_NE(it, readers.end()) << "node " << producer->id;
+    return it == readers.end()
+               ? std::set<int>()
+               : std::set<int>(it->second.begin(), it->second.end());
+  };
+  const std::set<int> a = readers_of(relus[0]);
+  EXPECT_EQ(a.count(linear_b->id), 1u);  // read directly
+  EXPECT_EQ(a.count(linear_c->id), 0u);  // reads b's output, also in the dict
+  EXPECT_EQ(a.count(head->id), 1u);      // could be any entry: static
+  const std::set<int> c = readers_of(relus[2]);
+  EXPECT_EQ(c.count(head->id), 1u);  // through the dict's __getitem__
 }
 
 TEST(ModelLoaderTest, BadFilesGetErrorsNamingTheProblem) {
