@@ -65,27 +65,25 @@ bool WritesInPlace(const Node* node) {
   return writes;
 }
 
-const Value* AliasRoot(const Value* value) {
-  while (true) {
-    const Node* node = value->node();
-    const c10::FunctionSchema* schema = node->maybeSchema();
-    if (schema == nullptr || value->offset() >= schema->returns().size()) {
-      return value;
-    }
-    const c10::AliasInfo* out = schema->returns()[value->offset()].alias_info();
-    if (out == nullptr) return value;
-    const Value* next = nullptr;
-    const auto& args = schema->arguments();
-    for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
-      const c10::AliasInfo* in = args[i].alias_info();
-      if (in != nullptr && SameSets(*in, *out)) {
-        next = node->input(i);
-        break;
-      }
-    }
-    if (next == nullptr) return value;
-    value = next;
+const Value* AliasedInput(const Value* value) {
+  const Node* node = value->node();
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  if (schema == nullptr || value->offset() >= schema->returns().size()) {
+    return nullptr;
   }
+  const c10::AliasInfo* out = schema->returns()[value->offset()].alias_info();
+  if (out == nullptr) return nullptr;
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size() && i < node->inputs().size(); ++i) {
+    const c10::AliasInfo* in = args[i].alias_info();
+    if (in != nullptr && SameSets(*in, *out)) return node->input(i);
+  }
+  return nullptr;
+}
+
+const Value* AliasRoot(const Value* value) {
+  while (const Value* next = AliasedInput(value)) value = next;
+  return value;
 }
 
 ContainerClasses ContainerAliasClasses(const Graph& graph) {

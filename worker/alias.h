@@ -77,6 +77,9 @@ bool MayHoldTensor(const c10::TypePtr& type);
 // The value whose storage `value` uses: follows view and in-place results
 // (schema alias annotations) back to the value that owns the storage.
 const torch::jit::Value* AliasRoot(const torch::jit::Value* value);
+// One step of AliasRoot: the input `value` may share its storage with (its
+// schema's alias set), or nullptr.
+const torch::jit::Value* AliasedInput(const torch::jit::Value* value);
 
 // Union-find over alias roots: a tensor and the containers it may be put in
 // or taken from (prim::ListConstruct, aten::append's `t(c -> *)`,

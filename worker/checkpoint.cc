@@ -477,7 +477,14 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
   for (size_t i = 0; i < plan_->inputs.size(); ++i) {
     env[plan_->inputs[i]] = Rebuild(input_shapes_[i], tensors, &next);
   }
-  interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+  if (read_observer_) {
+    for (int id = plan_->first_node; id <= plan_->last_node; ++id) {
+      read_observer_(id, env);
+      interpreter_->RunRange(id, id, env);
+    }
+  } else {
+    interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+  }
   output_shapes_.clear();
   output_tensor_end_.clear();
   variable_list out;

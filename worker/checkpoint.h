@@ -100,6 +100,12 @@ class SegmentRun {
   void set_after_replay(std::function<void()> fn) {
     after_replay_ = std::move(fn);
   }
+  // Called in forward before each node of the range runs, with what it
+  // reads (the executor records the storages each node read).
+  void set_read_observer(
+      std::function<void(int node_id, const InterpreterEnv& env)> fn) {
+    read_observer_ = std::move(fn);
+  }
   // `fn` runs before the backward of the autograd nodes that the replay
   // creates for node `node_id` of the range (a node reading another
   // segment's freed output: that segment replays there, in the middle of
@@ -142,6 +148,7 @@ class SegmentRun {
   torch::Device device_;
   std::function<void()> before_replay_;
   std::function<void()> after_replay_;
+  std::function<void(int, const InterpreterEnv&)> read_observer_;
   absl::flat_hash_map<int, std::vector<std::function<void()>>> replay_hooks_;
   // Frees output tensor k's storage (and the other outputs sharing it).
   void FreeTensor(size_t k);

@@ -323,8 +323,20 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
     for (const Value* out : plan.outputs) {
       const Value* root = AliasRoot(out);
       // The storage belongs to the node that made it (an in-place op or a
-      // view after a member shares the member's storage).
-      bool freeable = member_set.count(graph.ProducerOf(root)) > 0 &&
+      // view after a member shares the member's storage). Ops whose schema
+      // only says they may alias (aten::contiguous, reshape, to:
+      // `Tensor(a)`) made a new storage where the profiler put an activation
+      // on them: the first member on the alias chain from the output owns
+      // it (ShuffleNet's channel shuffle, view(contiguous(transpose(view(
+      // cat)))), held each block's input for the whole step).
+      bool made_in_range = false;
+      for (const Value* v = out; v != nullptr; v = AliasedInput(v)) {
+        if (member_set.count(graph.ProducerOf(v)) > 0) {
+          made_in_range = true;
+          break;
+        }
+      }
+      bool freeable = made_in_range &&
                       aliasing.returned_roots.count(root) == 0 &&
                       IsTensorType(out->type());
       int last_read = plan.last_node;

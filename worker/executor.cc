@@ -43,18 +43,29 @@ class DeterministicKernels {
       : previous_(at::globalContext().deterministicCuDNN()),
         previous_algorithms_(at::globalContext().deterministicAlgorithms()),
         previous_warn_only_(
-            at::globalContext().deterministicAlgorithmsWarnOnly()) {
+            at::globalContext().deterministicAlgorithmsWarnOnly()),
+        previous_tf32_cudnn_(at::globalContext().allowTF32CuDNN()),
+        previous_tf32_cublas_(at::globalContext().allowTF32CuBLAS()) {
     at::globalContext().setDeterministicCuDNN(true);
     // Also the deterministic kernels of the other ops that have them
     // (index_add, scatter_add, ...); warn_only: an op without one (upsample
     // backward on CUDA) runs as it is, and the comparison measures that
     // noise with a second plain step.
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    // And full fp32: TF32 (cuDNN's default for convolutions on Ampere and
+    // later) rounds the operands to 10 mantissa bits, which turns autograd's
+    // changed summation order under segments (a GoogLeNet inception input's
+    // four branch gradients) into differences of 2.5e-5 of the step's
+    // largest gradient on an H100, above the tolerance.
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
   }
   ~DeterministicKernels() {
     at::globalContext().setDeterministicCuDNN(previous_);
     at::globalContext().setDeterministicAlgorithms(previous_algorithms_,
                                                    previous_warn_only_);
+    at::globalContext().setAllowTF32CuDNN(previous_tf32_cudnn_);
+    at::globalContext().setAllowTF32CuBLAS(previous_tf32_cublas_);
   }
   DeterministicKernels(const DeterministicKernels&) = delete;
   DeterministicKernels& operator=(const DeterministicKernels&) = delete;
@@ -63,6 +74,8 @@ class DeterministicKernels {
   bool previous_;
   bool previous_algorithms_;
   bool previous_warn_only_;
+  bool previous_tf32_cudnn_;
+  bool previous_tf32_cublas_;
 };
 
 // What one training step ran (the schedule's runtime state). Lives until
@@ -82,15 +95,14 @@ struct StepRun {
   std::vector<int> swap_free_after;         // per swap, observed at run time
   std::vector<std::set<int>> swap_readers;  // per swap
   int64_t swapped_bytes = 0;
-  // Per top-level node run outside every segment: the storages it read in
-  // this forward (identity only). The static readers (alias.h) hold every
-  // reader of a container's entries for each entry (a dict of feature maps
-  // makes the reader of one map a reader of all); a replay or a restore
-  // waits only for the nodes that read the storage.
+  // Per node: the storages it read in this forward (identity only). The static
+  // readers (alias.h) hold every reader of a container's entries for each entry
+  // (a dict of feature maps makes the reader of one map a reader of all); a
+  // replay or a restore waits only for the nodes that read the storage.
   absl::flat_hash_map<int, absl::flat_hash_set<const c10::StorageImpl*>> reads;
 
   // Whether node `reader`'s backward may need `storage`: it read it in
-  // forward, or it ran inside a segment (its reads are not observed).
+  // forward (or it did not run: it may read anything).
   bool MayRead(int reader, const c10::StorageImpl* storage) const {
     auto it = reads.find(reader);
     return it == reads.end() || it->second.count(storage) != 0;
@@ -286,20 +298,24 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         }
       }
     };
-    hooks.take_over = [this, r, after, register_swaps, observe, tracing](
-                          int id, InterpreterEnv& env) -> int {
-      if (r->segment_starting_at.count(id) == 0) {
-        absl::flat_hash_set<const c10::StorageImpl*>& read = r->reads[id];
-        ForEachRead(graph->nodes()[id].node, [&](const Value* v) {
-          auto it = env.find(v);
-          if (it == env.end()) return;
-          for (const torch::Tensor& t : FlattenTensors(it->second)) {
-            if (t.defined() && t.has_storage()) {
-              read.insert(t.storage().unsafeGetStorageImpl());
-            }
+    // What each node reads in forward (top-level nodes here, a segment's
+    // nodes in its forward run).
+    auto record_reads = [this, r](int id, const InterpreterEnv& env) {
+      absl::flat_hash_set<const c10::StorageImpl*>& read = r->reads[id];
+      ForEachRead(graph->nodes()[id].node, [&](const Value* v) {
+        auto it = env.find(v);
+        if (it == env.end()) return;
+        for (const torch::Tensor& t : FlattenTensors(it->second)) {
+          if (t.defined() && t.has_storage()) {
+            read.insert(t.storage().unsafeGetStorageImpl());
           }
-        });
-      }
+        }
+      });
+    };
+    for (auto& segment : r->segments) segment->set_read_observer(record_reads);
+    hooks.take_over = [this, r, after, register_swaps, observe, tracing,
+                       record_reads](int id, InterpreterEnv& env) -> int {
+      if (r->segment_starting_at.count(id) == 0) record_reads(id, env);
       // Tail nodes of earlier segments: what they read is kept (and stays
       // resident) until that segment's replay.
       if (auto tail = r->tail_at.find(id); tail != r->tail_at.end()) {
