@@ -36,7 +36,8 @@ ABSL_FLAG(double, replan_margin, 0.01,
           "overshoot, as a fraction of the budget");
 ABSL_FLAG(int32_t, drain_timeout_ms, 10000,
           "on SIGTERM, how long in-flight RPCs may take before cancellation");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, error or off");
 
 namespace {
 constexpr char kUsage[] =
@@ -46,13 +47,17 @@ constexpr char kUsage[] =
 }
 
 int main(int argc, char** argv) {
-  auto args = mutwo::ParseArgs(argc, argv, 1, {});
+  auto args = mutwo::ParseArgs(argc, argv, 1, mutwo::ParseOptions());
   if (!args.ok()) {
     std::cerr << "mutwo-server: " << args.status().message() << "\n";
     return mutwo::kExitBadInput;
   }
   if (args->help) {
     std::cout << mutwo::UsageWithFlags(kUsage);
+    return mutwo::kExitOk;
+  }
+  if (args->version) {
+    std::cout << mutwo::VersionLine("mutwo-server") << "\n";
     return mutwo::kExitOk;
   }
   if (!args->positional.empty()) {
