@@ -81,14 +81,25 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        "",
        {"server", "device", "metrics_listen", "work_dir", "task_memory_limit",
         "task_time_limit_ms", "max_tasks"},
-       {},
+       // The flags' own help (worker/task_commands.cc) is written for the
+       // global list; here it needs no "serve:" in front.
+       {{"server", "mutwo-server address"},
+        {"metrics_listen", "Prometheus /metrics address; empty: off"},
+        {"work_dir", "model cache and task files"},
+        {"task_memory_limit",
+         "address-space limit of each CPU task process, e.g. 16GiB; empty: "
+         "none"},
+        {"task_time_limit_ms", "wall-clock limit of one task process"},
+        {"max_tasks", "exit after this many tasks; 0: never"}},
        [argv0](const ParsedArgs& a) {
          return worker::RunServeCommand(a, argv0);
        }},
       {"run-task", "--task_file=F --model_file=F --result_file=F",
        "(used by serve) run one leased task file", "",
        {"task_file", "model_file", "result_file", "device"},
-       {},
+       {{"task_file", "the task written by serve"},
+        {"model_file", "the model file"},
+        {"result_file", "where to write the result"}},
        worker::RunTaskCommand},
       {"device-info", "[--device=cpu|cuda:N] [--result_file=F]",
        "the device facts as JSON (used by serve)", "",
