@@ -133,10 +133,10 @@ void PrintJobText(const v1::Job& job) {
     std::cout << "waiting: " << job.waiting() << "\n";
   }
   if (job.results().empty()) return;
-  TextTable table({"batch", "budget", "base peak", "base ms", "plan peak",
-                   "plan ms", "overhead", "measured", "meas ms", "check"},
-                  {true, false, true, true, true, true, true, true, true,
-                   false});
+  TextTable table(
+      {"batch", "budget", "base peak", "base ms", "plan peak", "plan ms",
+       "overhead", "measured", "meas ms", "check"},
+      {true, false, true, true, true, true, true, true, true, false});
   // Why budgets do not fit, printed under the table.
   std::vector<std::string> notes;
   for (const v1::BatchResult& r : job.results()) {
@@ -145,7 +145,8 @@ void PrintJobText(const v1::Job& job) {
                     FormatBytes(r.baseline_peak_bytes()), "-", "-", "-", "-",
                     "-", "-", r.oom() ? "out of memory" : "FAILED"});
       if (!r.oom()) {
-        notes.push_back(absl::StrCat("batch ", r.batch_size(), ": ", r.error()));
+        notes.push_back(
+            absl::StrCat("batch ", r.batch_size(), ": ", r.error()));
       }
       continue;
     }
@@ -233,9 +234,8 @@ int FollowAndReport(const std::string& cmd, v1::Planner::Stub& stub,
     return job.status().code() == absl::StatusCode::kUnavailable ||
                    job.status().code() == absl::StatusCode::kDeadlineExceeded
                ? kExitUnavailable
-           : job.status().code() == absl::StatusCode::kNotFound
-               ? kExitBadInput
-               : kExitFailure;
+           : job.status().code() == absl::StatusCode::kNotFound ? kExitBadInput
+                                                                : kExitFailure;
   }
   if (JsonOutput()) {
     std::cout << ProtoToJson(*job);
@@ -264,8 +264,8 @@ absl::Status BuildSubmitSpec(const ParsedArgs& args, v1::JobSpec& spec) {
   MUTWO_ASSIGN_OR_RETURN(*spec.mutable_loss(),
                          ParseLossSpec(absl::GetFlag(FLAGS_loss)));
   MUTWO_RETURN_IF_ERROR(
-      CheckBatchDims({spec.inputs().begin(), spec.inputs().end()},
-                     &spec.loss(), args.Repeated("unbatched")));
+      CheckBatchDims({spec.inputs().begin(), spec.inputs().end()}, &spec.loss(),
+                     args.Repeated("unbatched")));
   MUTWO_ASSIGN_OR_RETURN(*spec.mutable_optimizer(),
                          ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer)));
   const double overhead = absl::GetFlag(FLAGS_max_overhead);
@@ -298,8 +298,8 @@ int SubmitCommand(const ParsedArgs& args) {
   }
   auto max_bytes = ParseBytes(absl::GetFlag(FLAGS_max_model_bytes));
   if (!max_bytes.ok()) {
-    return BadInput(cmd, absl::StrCat("--max_model_bytes: ",
-                                      max_bytes.status().message()));
+    return BadInput(
+        cmd, absl::StrCat("--max_model_bytes: ", max_bytes.status().message()));
   }
   auto bytes = ReadFile(path, *max_bytes);
   if (!bytes.ok()) return BadInput(cmd, bytes.status().message());
@@ -362,8 +362,7 @@ int SubmitCommand(const ParsedArgs& args) {
     }
     return kExitOk;
   }
-  return FollowAndReport(cmd, *stub, job_id,
-                         submitted.job().created_unix_ms());
+  return FollowAndReport(cmd, *stub, job_id, submitted.job().created_unix_ms());
 }
 
 int WatchCommand(const ParsedArgs& args) {
@@ -520,8 +519,8 @@ int ScheduleCommand(const ParsedArgs& args) {
                     ? absl::StrCat("  reason    ", schedule.reason(), "\n")
                     : "")
             << "  " << schedule.recomputed() << " recomputed, "
-            << schedule.swapped() << " swapped of "
-            << schedule.decisions_size() << " activations\n"
+            << schedule.swapped() << " swapped of " << schedule.decisions_size()
+            << " activations\n"
             << DecisionsText(schedule, profile ? &*profile : nullptr, 2);
   for (const auto& pt : schedule.pareto()) {
     std::cout << absl::StrFormat("  pareto: peak %s, %.2f ms\n",

@@ -98,12 +98,11 @@ std::string DecisionsText(const v1::Schedule& s, const v1::Profile* profile,
                     {true, true, false, false, true, true, true, true});
     for (const v1::Decision* d : swap) {
       const NodeNames n = NamesOf(profile, d->producer_node());
-      table.AddRow({absl::StrCat(d->value_id()),
-                    absl::StrCat(d->producer_node()), n.kind, n.scope,
-                    FormatBytes(d->size_bytes()),
-                    absl::StrCat(d->offload_after()),
-                    absl::StrCat(d->prefetch_at()),
-                    absl::StrFormat("%.3f", d->stall_ms())});
+      table.AddRow(
+          {absl::StrCat(d->value_id()), absl::StrCat(d->producer_node()),
+           n.kind, n.scope, FormatBytes(d->size_bytes()),
+           absl::StrCat(d->offload_after()), absl::StrCat(d->prefetch_at()),
+           absl::StrFormat("%.3f", d->stall_ms())});
     }
     absl::StrAppend(&out, Indented(table.Render(), indent + 2));
   }

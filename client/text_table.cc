@@ -40,9 +40,9 @@ std::string TextTable::Render() const {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
       const std::string pad(widths[i] - Width(row[i]), ' ');
-      absl::StrAppend(&line, i == 0 ? "" : "  ",
-                      right_[i] ? absl::StrCat(pad, row[i])
-                                : absl::StrCat(row[i], pad));
+      absl::StrAppend(
+          &line, i == 0 ? "" : "  ",
+          right_[i] ? absl::StrCat(pad, row[i]) : absl::StrCat(row[i], pad));
     }
     absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
   }

@@ -37,15 +37,9 @@ bool ParsedArgs::Given(absl::string_view name) const {
   return std::find(flags.begin(), flags.end(), name) != flags.end();
 }
 
-absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
-                                     const std::set<std::string>& repeated) {
-  ParseOptions options;
-  options.repeated = repeated;
-  return ParseArgs(argc, argv, first, options);
-}
-
-absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
-                                     const ParseOptions& options) {
+absl::StatusOr<ParsedArgs> ParseArgs(
+    int argc, char** argv, int first, const std::set<std::string>& repeated,
+    const std::map<std::string, std::string>& short_names) {
   ParsedArgs out;
   bool only_positional = false;
   for (int i = first; i < argc; ++i) {
@@ -80,8 +74,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
     if (name.size() == 1) {
       // One letter: only a declared short name (`-o`), never a flag that
       // happens to be called `o`.
-      auto it = options.short_names.find(name);
-      if (long_form || it == options.short_names.end()) {
+      auto it = short_names.find(name);
+      if (long_form || it == short_names.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "unknown flag \"", long_form ? "--" : "-", name, "\"; see --help"));
       }
@@ -114,7 +108,7 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
       value = argv[++i];
     }
     out.flags.push_back(name);
-    if (options.repeated.count(name) > 0) {
+    if (repeated.count(name) > 0) {
       out.repeated[name].push_back(value);
       continue;
     }
@@ -179,7 +173,8 @@ std::string FlagLines(const std::vector<std::string>& names,
   for (const auto& row : rows) width = std::max(width, row.first.size());
   std::string out;
   for (const auto& [label, help] : rows) {
-    absl::StrAppend(&out, "  ", label, std::string(width - label.size() + 2, ' '),
+    absl::StrAppend(&out, "  ", label,
+                    std::string(width - label.size() + 2, ' '),
                     Wrap(help, width + 4), "\n");
   }
   return out;

@@ -46,11 +46,10 @@ struct ParseOptions {
 };
 
 // Parses argv[first..argc). Unknown flags and bad values are errors.
-[[nodiscard]] absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv,
-                                                   int first,
-                                                   const ParseOptions& options);
+// `repeated` and `short_names` as in ParseOptions.
 [[nodiscard]] absl::StatusOr<ParsedArgs> ParseArgs(
-    int argc, char** argv, int first, const std::set<std::string>& repeated);
+    int argc, char** argv, int first, const std::set<std::string>& repeated,
+    const std::map<std::string, std::string>& short_names = {});
 
 // One help entry per flag, aligned and wrapped to 80 columns:
 // `  --name  help (default: value)`. The default is left out when it is

@@ -35,15 +35,16 @@ const CommandSpec* CommandTable::Find(const std::string& name) const {
 absl::Status CommandTable::Validate() const {
   std::set<std::string> taken(options_.global_flags.begin(),
                               options_.global_flags.end());
-  for (const CommandSpec& c : commands_) taken.insert(c.flags.begin(), c.flags.end());
+  for (const CommandSpec& c : commands_)
+    taken.insert(c.flags.begin(), c.flags.end());
   for (const auto& [letter, name] : options_.parse.short_names) {
     taken.insert(name);
   }
   for (const std::string& name : taken) {
     if (absl::FindCommandLineFlag(name) == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          options_.program, ": the command table names --", name,
-          ", which is not defined in this binary"));
+      return absl::InternalError(
+          absl::StrCat(options_.program, ": the command table names --", name,
+                       ", which is not defined in this binary"));
     }
   }
   for (const auto& [name, flag] : absl::GetAllFlags()) {
@@ -57,22 +58,24 @@ absl::Status CommandTable::Validate() const {
 }
 
 std::string CommandTable::Usage() const {
-  std::string out = absl::StrCat(options_.description, "\n\nUsage: ",
-                                 options_.program, " COMMAND [ARGS] [flags]\n",
-                                 "       ", options_.program,
-                                 " COMMAND --help   (or ", options_.program,
-                                 " help COMMAND): that command's flags\n\n"
-                                 "Commands:\n");
+  std::string out =
+      absl::StrCat(options_.description, "\n\nUsage: ", options_.program,
+                   " COMMAND [ARGS] [flags]\n", "       ", options_.program,
+                   " COMMAND --help   (or ", options_.program,
+                   " help COMMAND): that command's flags\n\n"
+                   "Commands:\n");
   size_t width = 0;
   for (const CommandSpec& c : commands_) width = std::max(width, c.name.size());
   for (const CommandSpec& c : commands_) {
-    absl::StrAppend(&out, "  ", c.name, std::string(width - c.name.size() + 2, ' '),
-                    c.summary, "\n");
+    absl::StrAppend(&out, "  ", c.name,
+                    std::string(width - c.name.size() + 2, ' '), c.summary,
+                    "\n");
   }
   absl::StrAppend(&out, "\nGlobal flags:\n",
                   FlagLines(options_.global_flags, {}, {},
                             /*with_help_and_version=*/true));
-  if (!options_.footer.empty()) absl::StrAppend(&out, "\n", options_.footer, "\n");
+  if (!options_.footer.empty())
+    absl::StrAppend(&out, "\n", options_.footer, "\n");
   return out;
 }
 
@@ -80,26 +83,26 @@ absl::StatusOr<std::string> CommandTable::CommandUsage(
     const std::string& name) const {
   const CommandSpec* c = Find(name);
   if (c == nullptr) {
-    return absl::NotFoundError(absl::StrCat("unknown command \"", name,
-                                            "\"; see ", options_.program,
-                                            " --help"));
+    return absl::NotFoundError(absl::StrCat(
+        "unknown command \"", name, "\"; see ", options_.program, " --help"));
   }
   std::string out = absl::StrCat("Usage: ", options_.program, " ", c->name,
                                  c->synopsis.empty() ? "" : " ", c->synopsis,
                                  "\n\n", c->summary, "\n");
   if (!c->details.empty()) absl::StrAppend(&out, c->details, "\n");
   if (!c->flags.empty()) {
-    absl::StrAppend(&out, "\nFlags:\n",
-                    FlagLines(c->flags, c->flag_help,
-                              options_.parse.short_names,
-                              /*with_help_and_version=*/false));
+    absl::StrAppend(
+        &out, "\nFlags:\n",
+        FlagLines(c->flags, c->flag_help, options_.parse.short_names,
+                  /*with_help_and_version=*/false));
   }
   if (!options_.global_flags.empty()) {
     absl::StrAppend(&out, "\nGlobal flags:\n",
                     FlagLines(options_.global_flags, c->flag_help, {},
                               /*with_help_and_version=*/false));
   }
-  if (!options_.footer.empty()) absl::StrAppend(&out, "\n", options_.footer, "\n");
+  if (!options_.footer.empty())
+    absl::StrAppend(&out, "\n", options_.footer, "\n");
   return out;
 }
 
@@ -109,7 +112,8 @@ int CommandTable::Run(int argc, char** argv) const {
     std::cerr << s.message() << "\n";
     return kExitFailure;
   }
-  auto args = ParseArgs(argc, argv, 1, options_.parse);
+  auto args = ParseArgs(argc, argv, 1, options_.parse.repeated,
+                        options_.parse.short_names);
   if (!args.ok()) {
     std::cerr << prog << ": " << args.status().message() << "\n";
     return kExitBadInput;

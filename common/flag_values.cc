@@ -9,9 +9,8 @@ namespace mutwo {
 
 std::string JoinChoices(const std::vector<std::string>& choices) {
   if (choices.size() <= 1) return absl::StrJoin(choices, "");
-  return absl::StrCat(
-      absl::StrJoin(choices.begin(), choices.end() - 1, ", "), " or ",
-      choices.back());
+  return absl::StrCat(absl::StrJoin(choices.begin(), choices.end() - 1, ", "),
+                      " or ", choices.back());
 }
 
 absl::StatusOr<std::string> ParseChoice(
@@ -21,8 +20,8 @@ absl::StatusOr<std::string> ParseChoice(
   for (const std::string& c : choices) {
     if (absl::EqualsIgnoreCase(v, c)) return c;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      flag, " \"", value, "\": use ", JoinChoices(choices)));
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " \"", value, "\": use ", JoinChoices(choices)));
 }
 
 absl::StatusOr<std::string> ParseDeviceKind(absl::string_view flag,
@@ -30,8 +29,8 @@ absl::StatusOr<std::string> ParseDeviceKind(absl::string_view flag,
   if (absl::StripAsciiWhitespace(value).empty()) return std::string();
   auto kind = ParseChoice(flag, value, {"cpu", "cuda"});
   if (!kind.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kind.status().message(), " (or leave it out: any worker)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kind.status().message(), " (or leave it out: any worker)"));
   }
   return kind;
 }

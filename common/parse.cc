@@ -565,15 +565,16 @@ absl::Status CheckBatchDims(const std::vector<v1::TensorSpec>& inputs,
           "input spec ", Quote(FormatTensorSpec(*spec)),
           " has no batch dimension B, so --batch would not change it; write B "
           "where the batch size goes (like ",
-          FormatTensorSpec(suggested), "), or pass --unbatched ",
-          spec->name(), " if it really has no batch dimension"));
+          FormatTensorSpec(suggested), "), or pass --unbatched ", spec->name(),
+          " if it really has no batch dimension"));
     }
   }
   for (const std::string& name : declared) {
     if (names.count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--unbatched ", Quote(name), ": no --input (or loss target) has "
-          "that name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--unbatched ", Quote(name),
+                       ": no --input (or loss target) has "
+                       "that name"));
     }
   }
   return absl::OkStatus();

@@ -723,16 +723,15 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   const bool profiles_pending =
       std::any_of(job_tasks.begin(), job_tasks.end(), [](const v1::Task& t) {
         return t.kind() == v1::Task::PROFILE &&
-               (t.state() == v1::Task::QUEUED ||
-                t.state() == v1::Task::LEASED);
+               (t.state() == v1::Task::QUEUED || t.state() == v1::Task::LEASED);
       });
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Job job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
-        if (!IsFinal(j.state()) && !profiles_pending) {
-          j.set_state(v1::Job::PLANNING);
-        }
-        return absl::OkStatus();
-      }));
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job,
+                         store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+                           if (!IsFinal(j.state()) && !profiles_pending) {
+                             j.set_state(v1::Job::PLANNING);
+                           }
+                           return absl::OkStatus();
+                         }));
   NotifyChange();
   if (IsFinal(job.state())) return absl::OkStatus();
 

@@ -68,7 +68,8 @@ v1::JobEvent JobEventFor(const v1::Job& job,
   }
   int decided = 0;
   for (int64_t b : batches) {
-    decided += DecidedBudgets(ResultFor(job, b), profiled.count(b) > 0, budgets);
+    decided +=
+        DecidedBudgets(ResultFor(job, b), profiled.count(b) > 0, budgets);
   }
   const int budgets_total = static_cast<int>(batches.size()) * budgets;
   if (IsFinal(job.state())) decided = budgets_total;
@@ -100,10 +101,10 @@ v1::JobEvent JobEventFor(const v1::Job& job,
         }
       }
     }
-    running.push_back(absl::StrCat(
-        "validate batch ", t->batch_size(), " budget ",
-        BudgetText(t->schedule().budget()),
-        round > 1 ? absl::StrCat(" (round ", round, ")") : ""));
+    running.push_back(
+        absl::StrCat("validate batch ", t->batch_size(), " budget ",
+                     BudgetText(t->schedule().budget()),
+                     round > 1 ? absl::StrCat(" (round ", round, ")") : ""));
   }
   event.set_running(absl::StrJoin(running, ", "));
 
@@ -111,8 +112,10 @@ v1::JobEvent JobEventFor(const v1::Job& job,
       v1::Job::State_Name(job.state()), ": profiled ",
       event.batch_sizes_profiled(), "/", event.batch_sizes_total(),
       " batch sizes, ", decided, "/", budgets_total, " budgets decided");
-  if (!event.running().empty()) absl::StrAppend(&message, "; running ", event.running());
-  if (!job.waiting().empty()) absl::StrAppend(&message, "; waiting: ", job.waiting());
+  if (!event.running().empty())
+    absl::StrAppend(&message, "; running ", event.running());
+  if (!job.waiting().empty())
+    absl::StrAppend(&message, "; waiting: ", job.waiting());
   event.set_message(message);
   if (IsFinal(job.state())) *event.mutable_job() = job;
   return event;

@@ -14,7 +14,8 @@ namespace mutwo {
 
 // The event for `job` now (`tasks`: all of the job's tasks). The final job
 // is attached when the job is SUCCEEDED, FAILED or CANCELLED.
-v1::JobEvent JobEventFor(const v1::Job& job, const std::vector<v1::Task>& tasks);
+v1::JobEvent JobEventFor(const v1::Job& job,
+                         const std::vector<v1::Task>& tasks);
 
 // Whether `b` says something `a` did not: state, profiled batch sizes,
 // decided budgets, waiting or what runs. The time stamp alone is not news,

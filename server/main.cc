@@ -47,7 +47,7 @@ constexpr char kUsage[] =
 }
 
 int main(int argc, char** argv) {
-  auto args = mutwo::ParseArgs(argc, argv, 1, mutwo::ParseOptions());
+  auto args = mutwo::ParseArgs(argc, argv, 1, {});
   if (!args.ok()) {
     std::cerr << "mutwo-server: " << args.status().message() << "\n";
     return mutwo::kExitBadInput;

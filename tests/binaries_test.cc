@@ -146,7 +146,8 @@ TEST_F(MutwoSubmitChecks, EverythingCheckableIsCheckedBeforeTheUpload) {
     std::string args, message;
   };
   for (const Case& c : std::vector<Case>{
-           {ok + " --device_kind tpu", "--device_kind \"tpu\": use cpu or cuda"},
+           {ok + " --device_kind tpu",
+            "--device_kind \"tpu\": use cpu or cuda"},
            {"--input x:float32[64,3,32,32] --batch 8 --budget 60%",
             "input spec \"x:float32[64,3,32,32]\" has no batch dimension B"},
            {"--input x:float32[B,3] --batch 8 --budget 60",

@@ -39,8 +39,8 @@ int Version(const ParsedArgs&) {
 
 // The training-step flags `profile` and `execute` share.
 const std::vector<std::string> kStepFlags = {
-    "input",  "unbatched", "batch", "loss", "optimizer",   "device",
-    "warmup", "iterations", "seed", "memory_limit", "output"};
+    "input",  "unbatched",  "batch", "loss",         "optimizer", "device",
+    "warmup", "iterations", "seed",  "memory_limit", "output"};
 
 std::vector<std::string> StepFlags(std::vector<std::string> more) {
   std::vector<std::string> flags = kStepFlags;
@@ -94,19 +94,28 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        [argv0](const ParsedArgs& a) {
          return worker::RunServeCommand(a, argv0);
        }},
-      {"run-task", "--task_file=F --model_file=F --result_file=F",
-       "(used by serve) run one leased task file", "",
+      {"run-task",
+       "--task_file=F --model_file=F --result_file=F",
+       "(used by serve) run one leased task file",
+       "",
        {"task_file", "model_file", "result_file", "device"},
        {{"task_file", "the task written by serve"},
         {"model_file", "the model file"},
         {"result_file", "where to write the result"}},
        worker::RunTaskCommand},
-      {"device-info", "[--device=cpu|cuda:N] [--result_file=F]",
-       "the device facts as JSON (used by serve)", "",
+      {"device-info",
+       "[--device=cpu|cuda:N] [--result_file=F]",
+       "the device facts as JSON (used by serve)",
+       "",
        {"device", "result_file"},
        {{"result_file", "write the JSON here instead of stdout"}},
        worker::RunDeviceInfoCommand},
-      {"version", "", "the versions and the devices LibTorch sees", "", {}, {},
+      {"version",
+       "",
+       "the versions and the devices LibTorch sees",
+       "",
+       {},
+       {},
        Version},
   };
 }
@@ -127,7 +136,8 @@ int RunWorkerCli(int argc, char** argv) {
   options.version_extra = TorchVersion;
   options.before_run = [](const CommandSpec& command) -> absl::Status {
     // Device names in any case: --device CUDA:0.
-    absl::SetFlag(&FLAGS_device, absl::AsciiStrToLower(absl::GetFlag(FLAGS_device)));
+    absl::SetFlag(&FLAGS_device,
+                  absl::AsciiStrToLower(absl::GetFlag(FLAGS_device)));
     return InitLogging("mutwo-worker", absl::GetFlag(FLAGS_log_level));
   };
   const CommandTable table(std::move(options), Commands(argv[0]));

@@ -77,8 +77,8 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
   flags.loss = *std::move(loss);
   // A spec without B stays the same at every batch size; refused here, not
   // deep in the model's forward.
-  if (absl::Status s = CheckBatchDims(flags.inputs, &flags.loss,
-                                      args.Repeated("unbatched"));
+  if (absl::Status s =
+          CheckBatchDims(flags.inputs, &flags.loss, args.Repeated("unbatched"));
       !s.ok()) {
     return s;
   }
@@ -92,8 +92,9 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
   flags.device = absl::AsciiStrToLower(absl::GetFlag(FLAGS_device));
   if (flags.device != "cpu" && flags.device != "cuda" &&
       !absl::StartsWith(flags.device, "cuda:")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device \"", absl::GetFlag(FLAGS_device), "\": use cpu, cuda or cuda:N"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device \"", absl::GetFlag(FLAGS_device),
+                     "\": use cpu, cuda or cuda:N"));
   }
   if (absl::GetFlag(FLAGS_warmup) < 0 || absl::GetFlag(FLAGS_iterations) < 1) {
     return absl::InvalidArgumentError(
@@ -131,8 +132,8 @@ int RunProfileCommand(const ParsedArgs& args) {
     return Fail(absl::InvalidArgumentError(
         "--batch: a positive batch size is required"));
   }
-  auto output =
-      ParseChoice("--output", absl::GetFlag(FLAGS_output), {"text", "json", "csv"});
+  auto output = ParseChoice("--output", absl::GetFlag(FLAGS_output),
+                            {"text", "json", "csv"});
   if (!output.ok()) return Fail(output.status());
 
   auto profiler = Profiler::Create(std::move(options));

@@ -13,7 +13,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-v1::Job FinishedJob(v1::BudgetOutcome::State at8, v1::BudgetOutcome::State at16) {
+v1::Job FinishedJob(v1::BudgetOutcome::State at8,
+                    v1::BudgetOutcome::State at16) {
   v1::Job job;
   job.set_job_id("job-7");
   job.set_state(v1::Job::SUCCEEDED);
@@ -36,8 +37,8 @@ v1::Job FinishedJob(v1::BudgetOutcome::State at8, v1::BudgetOutcome::State at16)
 
 TEST(FinishedJobExitCode, ZeroWhenEveryBudgetFitsSomewhere) {
   std::ostringstream err;
-  const v1::Job job = FinishedJob(v1::BudgetOutcome::OVER_BUDGET,
-                                  v1::BudgetOutcome::FITS);
+  const v1::Job job =
+      FinishedJob(v1::BudgetOutcome::OVER_BUDGET, v1::BudgetOutcome::FITS);
   EXPECT_TRUE(BudgetsFittingNowhere(job).empty());
   EXPECT_EQ(FinishedJobExitCode(job, err), kExitOk);
   EXPECT_EQ(err.str(), "");

@@ -75,16 +75,14 @@ TEST(ParseArgs, OneLetterFlagsOnlyAsDeclaredShortNames) {
   std::vector<std::string> words = {"prog", "-c", "7"};
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
-  ParseOptions options;
-  options.short_names = {{"c", "args_test_count"}};
-  auto args = ParseArgs(3, argv.data(), 1, options);
+  auto args = ParseArgs(3, argv.data(), 1, {}, {{"c", "args_test_count"}});
   ASSERT_TRUE(args.ok()) << args.status();
   EXPECT_EQ(absl::GetFlag(FLAGS_args_test_count), 7);
   EXPECT_THAT(args->flags, ElementsAre("args_test_count"));
   // Without the declaration `-c` is unknown, and `--c` never works.
   EXPECT_EQ(Parse({"prog", "-c", "7"}).status().message(),
             "unknown flag \"-c\"; see --help");
-  EXPECT_EQ(ParseArgs(3, argv.data(), 1, ParseOptions()).status().message(),
+  EXPECT_EQ(ParseArgs(3, argv.data(), 1, {}).status().message(),
             "unknown flag \"-c\"; see --help");
 }
 

@@ -35,7 +35,9 @@ class CommandTableTest : public ::testing::Test {
     options_.parse.repeated = {"table_test_item"};
     options_.parse.short_names = {{"c", "table_test_color"}};
     commands_ = {
-        {"paint", "THING [--table_test_color C]", "paint a thing",
+        {"paint",
+         "THING [--table_test_color C]",
+         "paint a thing",
          "Paints it.",
          {"table_test_color", "args_test_count"},
          {{"args_test_count", "coats of paint"}},
@@ -44,7 +46,10 @@ class CommandTableTest : public ::testing::Test {
            positional_ = a.positional;
            return 0;
          }},
-        {"shout", "", "shout about it", "",
+        {"shout",
+         "",
+         "shout about it",
+         "",
          // Flags of the other test files linked in must be taken by some
          // command, or Validate fails.
          {"table_test_loud", "table_test_item", "args_test_verbose",

@@ -92,9 +92,9 @@ TEST(JobProgress, BatchSizesThatCannotBeProfiledDecideAllTheirBudgets) {
   oom->set_batch_size(16);
   oom->set_oom(true);
   // Batch 8's profile failed: no result, its task ended.
-  const v1::JobEvent e = JobEventFor(
-      job, {MakeTask(v1::Task::PROFILE, 8, v1::Task::FAILED),
-            MakeTask(v1::Task::PROFILE, 16, v1::Task::DONE)});
+  const v1::JobEvent e =
+      JobEventFor(job, {MakeTask(v1::Task::PROFILE, 8, v1::Task::FAILED),
+                        MakeTask(v1::Task::PROFILE, 16, v1::Task::DONE)});
   EXPECT_EQ(e.batch_sizes_profiled(), 2);
   EXPECT_EQ(e.budgets_decided(), 4);
 }
