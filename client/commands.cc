@@ -123,8 +123,7 @@ std::vector<CommandSpec> Commands() {
       {"plot",
        "JOB_ID --kind timeline --batch N [--budget B] -o FILE.svg\n"
        "       mutwo plot JOB_ID --kind batch -o FILE.svg",
-       "memory timeline before/after a schedule, or peak memory vs batch "
-       "size (SVG)",
+       "SVG: memory over a step before/after, or peak vs batch size",
        "",
        Rpc({"kind", "batch", "budget", "svg"}),
        {{"batch", "timeline: the batch size"},

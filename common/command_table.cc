@@ -58,12 +58,10 @@ absl::Status CommandTable::Validate() const {
 }
 
 std::string CommandTable::Usage() const {
-  std::string out =
-      absl::StrCat(options_.description, "\n\nUsage: ", options_.program,
-                   " COMMAND [ARGS] [flags]\n", "       ", options_.program,
-                   " COMMAND --help   (or ", options_.program,
-                   " help COMMAND): that command's flags\n\n"
-                   "Commands:\n");
+  std::string out = absl::StrCat(
+      options_.description, "\n\nUsage: ", options_.program,
+      " COMMAND [ARGS] [flags]\n       ", options_.program,
+      " help COMMAND (or COMMAND --help): one command's flags\n\nCommands:\n");
   size_t width = 0;
   for (const CommandSpec& c : commands_) width = std::max(width, c.name.size());
   for (const CommandSpec& c : commands_) {

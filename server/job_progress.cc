@@ -27,9 +27,11 @@ const v1::BatchResult* ResultFor(const v1::Job& job, int64_t batch) {
   return nullptr;
 }
 
-// Budgets of one batch size whose outcome is final.
-int DecidedBudgets(const v1::BatchResult* r, bool profile_ended, int budgets) {
-  if (r == nullptr) return profile_ended ? budgets : 0;  // profile failed
+// Budgets of one batch size whose outcome is final. `profile_failed`: its
+// PROFILE task failed or was cancelled, so no result will come (a DONE task
+// without a result is being planned: nothing decided yet).
+int DecidedBudgets(const v1::BatchResult* r, bool profile_failed, int budgets) {
+  if (r == nullptr) return profile_failed ? budgets : 0;
   if (r->oom() || (!r->error().empty() && r->schedules().empty())) {
     return budgets;
   }
@@ -60,16 +62,15 @@ v1::JobEvent JobEventFor(const v1::Job& job,
   const int budgets = job.spec().budgets_size();
   std::set<int64_t> batches(job.spec().batch_sizes().begin(),
                             job.spec().batch_sizes().end());
-  std::set<int64_t> profiled;
+  std::set<int64_t> profiled, failed;
   for (const v1::Task& t : tasks) {
-    if (t.kind() == v1::Task::PROFILE && !Pending(t)) {
-      profiled.insert(t.batch_size());
-    }
+    if (t.kind() != v1::Task::PROFILE || Pending(t)) continue;
+    profiled.insert(t.batch_size());
+    if (t.state() != v1::Task::DONE) failed.insert(t.batch_size());
   }
   int decided = 0;
   for (int64_t b : batches) {
-    decided +=
-        DecidedBudgets(ResultFor(job, b), profiled.count(b) > 0, budgets);
+    decided += DecidedBudgets(ResultFor(job, b), failed.count(b) > 0, budgets);
   }
   const int budgets_total = static_cast<int>(batches.size()) * budgets;
   if (IsFinal(job.state())) decided = budgets_total;

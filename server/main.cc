@@ -42,8 +42,8 @@ ABSL_FLAG(std::string, log_level, "info",
 namespace {
 constexpr char kUsage[] =
     "mutwo-server: the mutwo planning service (gRPC).\n\n"
-    "Usage: mutwo-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
-    "[--data_dir=DIR] [flags]";
+    "Usage: mutwo-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT]\n"
+    "                    [--data_dir=DIR] [flags]";
 }
 
 int main(int argc, char** argv) {

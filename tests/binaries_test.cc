@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
@@ -44,6 +45,9 @@ TEST_P(BinaryHelp, HelpHasNoDuplicatedDefaultsNorOneLetterLongFlags) {
   EXPECT_THAT(r.output, Not(HasSubstr(") (default:"))) << r.output;
   EXPECT_THAT(r.output, Not(HasSubstr("(default: \"\")"))) << r.output;
   EXPECT_THAT(r.output, Not(::testing::ContainsRegex("--[a-z] "))) << r.output;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    EXPECT_LE(line.size(), 80u) << line;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, BinaryHelp,

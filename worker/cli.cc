@@ -53,7 +53,7 @@ std::vector<CommandSpec> Commands(const char* argv0) {
       {"profile",
        "MODEL.pt --input NAME:DTYPE[B,...]{lo,hi} [--input ...] --batch N "
        "[flags]",
-       "profile one training step: per-node time and memory, activations",
+       "profile one training step: time and memory per node, activations",
        "Prints a summary for people; --output json prints the whole Profile "
        "(what\n`mutwo plan` reads), --output csv the nodes and activations. "
        "An input spec\nwithout B is refused unless --unbatched names it. Out "
@@ -63,8 +63,7 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        worker::RunProfileCommand},
       {"execute",
        "MODEL.pt --schedule SCHEDULE.json --input ... [--batch N] [flags]",
-       "run baseline and scheduled training steps: peaks, time, gradients "
-       "compared",
+       "run training steps with a schedule, checked against plain steps",
        "Exit 1 (after the result) when the measured peak exceeds the budget, "
        "the step\nran out of memory or gradients, loss or batch-norm "
        "statistics differ; exit 3\nfor a schedule marked infeasible (run it "
@@ -76,8 +75,7 @@ std::vector<CommandSpec> Commands(const char* argv0) {
       {"serve",
        "--server=HOST:PORT [--device=cpu|cuda:N] [--metrics_listen=...] "
        "[flags]",
-       "the worker daemon: lease tasks from mutwo-server and run each in a "
-       "child process",
+       "the worker daemon: lease tasks from mutwo-server and run them",
        "",
        {"server", "device", "metrics_listen", "work_dir", "task_memory_limit",
         "task_time_limit_ms", "max_tasks"},

@@ -86,6 +86,18 @@ TEST(JobProgress, RunningNamesBatchBudgetAndRound) {
   EXPECT_TRUE(ProgressChanged(e, other));
 }
 
+// Between a profile's report and its plans the task is DONE but the job has
+// no result for it yet: nothing is decided (counting its budgets then made
+// the count go 2/4 -> 1/4 in a watcher's lines).
+TEST(JobProgress, AProfileBeingPlannedDecidesNothingYet) {
+  v1::Job job = TwoBatchesTwoBudgets();
+  const v1::JobEvent e =
+      JobEventFor(job, {MakeTask(v1::Task::PROFILE, 8, v1::Task::DONE),
+                        MakeTask(v1::Task::PROFILE, 16, v1::Task::QUEUED)});
+  EXPECT_EQ(e.batch_sizes_profiled(), 1);
+  EXPECT_EQ(e.budgets_decided(), 0);
+}
+
 TEST(JobProgress, BatchSizesThatCannotBeProfiledDecideAllTheirBudgets) {
   v1::Job job = TwoBatchesTwoBudgets();
   v1::BatchResult* oom = job.add_results();

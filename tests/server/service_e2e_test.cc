@@ -184,11 +184,14 @@ void ExpectProgressLines(const std::string& output, int batch_sizes,
       "([0-9]+)/([0-9]+) batch sizes, ([0-9]+)/([0-9]+) budgets "
       "decided[^\n]*)");
   std::vector<std::string> states, bodies;
+  std::vector<int> profiled, decided;
   for (auto it = std::sregex_iterator(output.begin(), output.end(), line_re);
        it != std::sregex_iterator(); ++it) {
     const std::smatch& m = *it;
     states.push_back(m[2]);
     bodies.push_back(m[2].str() + " " + m[3].str());
+    profiled.push_back(std::stoi(m[4]));
+    decided.push_back(std::stoi(m[6]));
     EXPECT_EQ(std::stoi(m[5]), batch_sizes) << m[0];
     EXPECT_EQ(std::stoi(m[7]), batch_sizes * budgets) << m[0];
   }
@@ -202,6 +205,8 @@ void ExpectProgressLines(const std::string& output, int batch_sizes,
   for (size_t i = 1; i < bodies.size(); ++i) {
     EXPECT_NE(bodies[i], bodies[i - 1]) << "repeated line\n" << output;
     EXPECT_GE(rank(states[i]), rank(states[i - 1])) << "went back\n" << output;
+    EXPECT_GE(profiled[i], profiled[i - 1]) << "went back\n" << output;
+    EXPECT_GE(decided[i], decided[i - 1]) << "went back\n" << output;
   }
   EXPECT_EQ(states.back(), "SUCCEEDED") << output;
 }
@@ -214,10 +219,14 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   EXPECT_THAT(r.output,
               HasSubstr("budget 1B fits at no batch size (256, 512)"));
   ExpectProgressLines(r.output, 2, 2);
+  // The JSON (stdout) between the progress lines and the exit-3 line
+  // (stderr).
   v1::Job job;
   const size_t brace = r.output.find('{');
+  const size_t end = r.output.rfind('}');
   ASSERT_NE(brace, std::string::npos) << r.output;
-  ASSERT_TRUE(ProtoFromJson(r.output.substr(brace), "job", &job).ok())
+  ASSERT_TRUE(
+      ProtoFromJson(r.output.substr(brace, end + 1 - brace), "job", &job).ok())
       << r.output;
   EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
   ASSERT_EQ(job.results_size(), 2);
