@@ -62,26 +62,35 @@ v1::JobEvent JobEventFor(const v1::Job& job,
   const int budgets = job.spec().budgets_size();
   std::set<int64_t> batches(job.spec().batch_sizes().begin(),
                             job.spec().batch_sizes().end());
-  std::set<int64_t> profiled, failed;
+  std::set<int64_t> failed;
   for (const v1::Task& t : tasks) {
-    if (t.kind() != v1::Task::PROFILE || Pending(t)) continue;
-    profiled.insert(t.batch_size());
-    if (t.state() != v1::Task::DONE) failed.insert(t.batch_size());
+    if (t.kind() == v1::Task::PROFILE && !Pending(t) &&
+        t.state() != v1::Task::DONE) {
+      failed.insert(t.batch_size());
+    }
   }
-  int decided = 0;
+  // A batch size counts as profiled once its result (and so its plans) is
+  // in the job, or its profile failed: profiled and decided move together.
+  int decided = 0, profiled = 0;
   for (int64_t b : batches) {
-    decided += DecidedBudgets(ResultFor(job, b), failed.count(b) > 0, budgets);
+    const v1::BatchResult* r = ResultFor(job, b);
+    profiled += r != nullptr || failed.count(b) > 0;
+    decided += DecidedBudgets(r, failed.count(b) > 0, budgets);
   }
   const int budgets_total = static_cast<int>(batches.size()) * budgets;
   if (IsFinal(job.state())) decided = budgets_total;
   event.set_batch_sizes_total(static_cast<int>(batches.size()));
-  event.set_batch_sizes_profiled(static_cast<int>(profiled.size()));
+  event.set_batch_sizes_profiled(profiled);
   event.set_budgets_total(budgets_total);
   event.set_budgets_decided(decided);
 
+  // A task is leased a moment before its job leaves QUEUED: a queued job
+  // runs nothing yet.
   std::vector<const v1::Task*> leased;
   for (const v1::Task& t : tasks) {
-    if (t.state() == v1::Task::LEASED) leased.push_back(&t);
+    if (t.state() == v1::Task::LEASED && job.state() != v1::Job::QUEUED) {
+      leased.push_back(&t);
+    }
   }
   std::sort(leased.begin(), leased.end(),
             [](const v1::Task* a, const v1::Task* b) {
@@ -89,6 +98,15 @@ v1::JobEvent JobEventFor(const v1::Job& job,
                      std::make_pair(b->kind(), b->batch_size());
             });
   std::vector<std::string> running;
+  // The server plans a profile when it is reported: done, no result yet.
+  if (!IsFinal(job.state())) {
+    for (const v1::Task& t : tasks) {
+      if (t.kind() == v1::Task::PROFILE && t.state() == v1::Task::DONE &&
+          ResultFor(job, t.batch_size()) == nullptr) {
+        running.push_back(absl::StrCat("plan batch ", t.batch_size()));
+      }
+    }
+  }
   for (const v1::Task* t : leased) {
     if (t->kind() == v1::Task::PROFILE) {
       running.push_back(absl::StrCat("profile batch ", t->batch_size()));

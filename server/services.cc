@@ -134,8 +134,12 @@ grpc::Status PlannerService::WatchJob(
     if (job->updated_unix_ms() != seen || !last.has_value() ||
         job->waiting() != last->waiting()) {
       seen = job->updated_unix_ms();
+      // Tasks first, then the job: a job read before its tasks could say
+      // QUEUED while a task it does not know of yet runs.
       auto tasks = core_->ListTasks(request->job_id());
       if (!tasks.ok()) return timer.Done(tasks.status());
+      job = core_->GetJob(request->job_id());
+      if (!job.ok()) return timer.Done(job.status());
       v1::JobEvent event = JobEventFor(*job, *tasks);
       const bool final = IsFinal(job->state());
       // An update that changes nothing a watcher sees (a lease renewed, a

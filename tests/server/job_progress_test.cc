@@ -94,8 +94,17 @@ TEST(JobProgress, AProfileBeingPlannedDecidesNothingYet) {
   const v1::JobEvent e =
       JobEventFor(job, {MakeTask(v1::Task::PROFILE, 8, v1::Task::DONE),
                         MakeTask(v1::Task::PROFILE, 16, v1::Task::QUEUED)});
-  EXPECT_EQ(e.batch_sizes_profiled(), 1);
+  EXPECT_EQ(e.batch_sizes_profiled(), 0);
   EXPECT_EQ(e.budgets_decided(), 0);
+  EXPECT_EQ(e.running(), "plan batch 8");
+}
+
+TEST(JobProgress, AQueuedJobRunsNothingYet) {
+  v1::Job job = TwoBatchesTwoBudgets();
+  job.set_state(v1::Job::QUEUED);
+  EXPECT_EQ(JobEventFor(job, {MakeTask(v1::Task::PROFILE, 8, v1::Task::LEASED)})
+                .running(),
+            "");
 }
 
 TEST(JobProgress, BatchSizesThatCannotBeProfiledDecideAllTheirBudgets) {
