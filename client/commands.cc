@@ -1,10 +1,8 @@
 #include "client/commands.h"
 
-#include <chrono>
-#include <functional>
 #include <iostream>
-#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -13,6 +11,8 @@
 #include "client/rpc.h"
 #include "client/rpc_commands.h"
 #include "common/args.h"
+#include "common/command_table.h"
+#include "common/flag_values.h"
 #include "common/logging.h"
 #include "common/proto_io.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -23,32 +23,6 @@ ABSL_DECLARE_FLAG(std::string, output);
 
 namespace mutwo {
 namespace {
-
-constexpr char kUsage[] =
-    "mutwo: plan activation recompute/swap schedules for training jobs.\n\n"
-    "Usage: mutwo COMMAND [ARGS] [flags]\n\n"
-    "Commands:\n"
-    "  submit MODEL.pt --input NAME:DTYPE[DIMS] [--input ...] --batch "
-    "8:64[:x2]\n"
-    "            --budget 60% [--budget 4GiB] [--loss ...] [--optimizer ...]\n"
-    "            [--wait]   upload a TorchScript model and submit a job\n"
-    "  jobs      list jobs (--state, --limit)\n"
-    "  job ID    a job's state and results table\n"
-    "  schedule ID --batch N [--budget B] [--policy P] [--pareto]\n"
-    "            a schedule (from the cache, or planned for a new budget)\n"
-    "  profile ID --batch N [--format text|csv|json]   the measured profile\n"
-    "  plot ID --kind timeline|batch [--batch N] [--budget B] -o FILE.svg\n"
-    "            memory timeline before/after, or peak memory vs batch size\n"
-    "  cancel ID cancel a job\n"
-    "  workers   registered workers\n"
-    "  health    check that the server answers and is SERVING\n"
-    "  plan      plan a schedule offline from a profile JSON file:\n"
-    "            mutwo plan PROFILE.json --budget 60%|4GiB|4000MB\n"
-    "            [--policy mutwo|sqrt_n|per_block|none] [--pareto]\n"
-    "  max-batch PROFILE.json PROFILE.json [...] [--capacity 80GiB]\n"
-    "            [--max_overhead 0.25]   largest batch that fits, offline\n\n"
-    "Exit codes: 0 ok, 1 failed, 2 bad input, 3 infeasible budget, "
-    "4 server unavailable or deadline exceeded.";
 
 // Health: grpc.health.v1.Health/Check for the whole server ("").
 int Health(const ParsedArgs&) {
@@ -79,45 +53,138 @@ int Health(const ParsedArgs&) {
   return serving ? kExitOk : kExitFailure;
 }
 
+// The flags of every command that talks to the server.
+std::vector<std::string> Rpc(std::vector<std::string> flags) {
+  for (const char* f : {"server", "timeout_ms"}) flags.push_back(f);
+  return flags;
+}
+
+std::vector<CommandSpec> Commands() {
+  return {
+      {"submit",
+       "MODEL.pt --input NAME:DTYPE[B,...] [--input ...] --batch 8:64 "
+       "--budget 60% [--budget 4GiB] [--wait]",
+       "upload a TorchScript model and submit a job",
+       "Everything given is checked before the upload: inputs (each needs "
+       "the batch\ndimension B unless --unbatched names it), batch sizes, "
+       "budgets, loss,\noptimizer and device kind. With --wait: one progress "
+       "line per change on\nstderr, then the results; exit 3 when a budget "
+       "fits at no batch size.",
+       Rpc({"input", "unbatched", "batch", "budget", "loss", "optimizer",
+            "max_overhead", "device_kind", "name", "request_id", "wait",
+            "wait_timeout_s", "max_model_bytes"}),
+       {{"budget",
+         "memory budget, repeatable: 60% (of the baseline peak), 80%dev (of "
+         "the device), 4GiB or 4000MB; a bare number is refused"},
+        {"max_overhead",
+         "largest iteration-time overhead accepted for the max batch size "
+         "with a schedule (0.25 = +25%)"}},
+       SubmitCommand},
+      {"watch",
+       "JOB_ID",
+       "follow a running job: progress lines, then its results",
+       "Re-attaches to a job submitted earlier (or by someone else). Exit "
+       "codes as\nsubmit --wait: 0 done and every budget fits at some batch "
+       "size, 1 failed\nor cancelled, 3 a budget fits at no batch size, 4 "
+       "server gone or\n--wait_timeout_s passed.",
+       Rpc({"wait_timeout_s"}),
+       {},
+       WatchCommand},
+      {"jobs",
+       "[--state STATE] [--limit N]",
+       "list jobs",
+       "",
+       Rpc({"state", "limit"}),
+       {},
+       JobsCommand},
+      {"job",
+       "JOB_ID",
+       "a job's state and results table",
+       "",
+       Rpc({}),
+       {},
+       JobCommand},
+      {"schedule",
+       "JOB_ID --batch N [--budget B] [--policy P] [--pareto]",
+       "a schedule, from the cache or planned for a new budget",
+       "Lists every activation recomputed or swapped. Exit 3 when "
+       "infeasible.",
+       Rpc({"batch", "budget", "policy", "pareto"}),
+       {{"batch", "the batch size"},
+        {"budget", "memory budget: 60%, 80%dev, 4GiB (default: 60%)"}},
+       ScheduleCommand},
+      {"profile",
+       "JOB_ID --batch N [--format text|csv|json]",
+       "the measured profile of one batch size",
+       "",
+       Rpc({"batch", "format"}),
+       {{"batch", "the batch size"}},
+       ProfileCommand},
+      {"plot",
+       "JOB_ID --kind timeline --batch N [--budget B] -o FILE.svg\n"
+       "       mutwo plot JOB_ID --kind batch -o FILE.svg",
+       "SVG: memory over a step before/after, or peak vs batch size",
+       "",
+       Rpc({"kind", "batch", "budget", "svg"}),
+       {{"batch", "timeline: the batch size"},
+        {"budget",
+         "timeline: memory budget, 60%, 80%dev or 4GiB (default: the job's "
+         "first)"}},
+       PlotCommand},
+      {"cancel", "JOB_ID", "cancel a job", "", Rpc({}), {}, CancelCommand},
+      {"workers", "", "registered workers", "", Rpc({}), {}, WorkersCommand},
+      {"health",
+       "",
+       "check that the server answers and is SERVING",
+       "",
+       Rpc({}),
+       {},
+       Health},
+      {"plan",
+       "PROFILE.json --budget B [--policy P] [--pareto]\n"
+       "       mutwo plan PROFILE.json PROFILE.json [...] --batch N --budget B",
+       "plan a schedule offline from profile JSON (no server)",
+       "With several profiles of one model, plans at --batch from the "
+       "profile fitted\nto them. Exit 3 when the budget is below the "
+       "floor.",
+       {"budget", "policy", "pareto", "reserve", "batch"},
+       {{"batch",
+         "with several profiles: the batch size to plan at (may be larger "
+         "than any profiled)"}},
+       PlanCommand},
+      {"max-batch",
+       "PROFILE.json PROFILE.json [...] [--capacity 80GiB]",
+       "largest batch that fits, predicted offline from profiles",
+       "",
+       {"capacity", "max_overhead"},
+       {},
+       MaxBatchCommand},
+  };
+}
+
 }  // namespace
 
 int RunCli(int argc, char** argv) {
-  const std::map<std::string, std::function<int(const ParsedArgs&)>> commands =
-      {{"health", Health},
-       {"plan", PlanCommand},
-       {"submit", SubmitCommand},
-       {"jobs", JobsCommand},
-       {"job", JobCommand},
-       {"schedule", ScheduleCommand},
-       {"profile", ProfileCommand},
-       {"plot", PlotCommand},
-       {"cancel", CancelCommand},
-       {"workers", WorkersCommand},
-       {"max-batch", MaxBatchCommand}};
-  auto args = ParseArgs(argc, argv, 1, {"input", "budget"});
-  if (!args.ok()) {
-    std::cerr << "mutwo: " << args.status().message() << "\n";
-    return kExitBadInput;
-  }
-  if (args->help || args->positional.empty()) {
-    (args->help ? std::cout : std::cerr) << UsageWithFlags(kUsage);
-    return args->help ? kExitOk : kExitBadInput;
-  }
-  const std::string name = args->positional.front();
-  auto it = commands.find(name);
-  if (it == commands.end()) {
-    std::cerr << "mutwo: unknown command \"" << name
-              << "\"; see mutwo --help\n";
-    return kExitBadInput;
-  }
-  const std::string output = absl::GetFlag(FLAGS_output);
-  if (output != "text" && output != "json") {
-    std::cerr << "mutwo: --output \"" << output << "\": use text or json\n";
-    return kExitBadInput;
-  }
-  (void)InitLogging("mutwo", "warn");
-  args->positional.erase(args->positional.begin());
-  return it->second(*args);
+  CommandTableOptions options;
+  options.program = "mutwo";
+  options.description =
+      "mutwo: plan activation recompute/swap schedules for training jobs.";
+  options.footer =
+      "Exit codes: 0 ok, 1 failed, 2 bad input, 3 a budget does not fit, "
+      "4 server\nunavailable or deadline exceeded.";
+  options.global_flags = {"output"};
+  options.parse.repeated = {"input", "budget", "unbatched"};
+  options.parse.short_names = {{"o", "svg"}};
+  options.before_run = [](const CommandSpec&) -> absl::Status {
+    auto output =
+        ParseChoice("--output", absl::GetFlag(FLAGS_output), {"text", "json"});
+    if (!output.ok()) return output.status();
+    absl::SetFlag(&FLAGS_output, *output);
+    (void)InitLogging("mutwo", "warn");
+    return absl::OkStatus();
+  };
+  const CommandTable table(std::move(options), Commands());
+  return table.Run(argc, argv);
 }
 
 }  // namespace mutwo

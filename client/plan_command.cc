@@ -10,21 +10,21 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/schedule_text.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
 #include "server/planner/proto_convert.h"
 
 ABSL_FLAG(std::string, budget, "",
-          "plan, submit, schedule: memory budget: 60% (of the baseline "
-          "peak), 80%dev (of the device), 4GiB or 4000MB");
-ABSL_FLAG(std::string, policy, "mutwo",
-          "plan, schedule: mutwo, sqrt_n, per_block or none");
+          "memory budget: 60% (of the baseline peak), 80%dev (of the "
+          "device), 4GiB or 4000MB; a bare number is refused");
+ABSL_FLAG(std::string, policy, "mutwo", "mutwo, sqrt_n, per_block or none");
 ABSL_FLAG(bool, pareto, false,
-          "plan, schedule: add the Pareto curve (20 budgets from the floor "
-          "to the baseline peak)");
+          "add the Pareto curve (20 budgets from the floor to the baseline "
+          "peak)");
 ABSL_FLAG(bool, reserve, true,
-          "plan: μ-TWO plans below the budget by the device reserve (CUDA: "
+          "μ-TWO plans below the budget by the device reserve (CUDA: "
           "4 MiB + 1% for the caching allocator; CPU: 16 KiB + 1% for what "
           "the memory model leaves out of replays); --reserve=false plans to "
           "the budget itself");
@@ -36,7 +36,6 @@ namespace {
 
 constexpr int64_t kMaxProfileFileBytes = int64_t{1} << 30;
 constexpr int kParetoPoints = 20;
-constexpr int kTopDecisions = 10;
 
 int BadInput(const std::string& message) {
   std::cerr << "mutwo plan: " << message << "\n";
@@ -48,7 +47,8 @@ std::string Percent(double planned, double baseline) {
   return absl::StrFormat("%+.1f%%", 100.0 * (planned / baseline - 1));
 }
 
-void PrintText(const std::string& path, const v1::Schedule& s) {
+void PrintText(const std::string& path, const v1::Schedule& s,
+               const v1::Profile* profile) {
   std::cout << "Schedule for " << path << " (batch " << s.batch_size()
             << ", policy " << v1::Policy_Name(s.policy()) << ", "
             << s.planner_version() << ")\n";
@@ -83,34 +83,7 @@ void PrintText(const std::string& path, const v1::Schedule& s) {
             << s.decisions_size() - s.recomputed() - s.swapped() << " retain\n";
   if (!s.reason().empty())
     std::cout << "  note            " << s.reason() << "\n";
-  std::vector<const v1::Decision*> changed;
-  for (const v1::Decision& d : s.decisions()) {
-    if (d.action() != v1::Decision::RETAIN) changed.push_back(&d);
-  }
-  std::sort(changed.begin(), changed.end(),
-            [](const v1::Decision* a, const v1::Decision* b) {
-              return a->size_bytes() > b->size_bytes();
-            });
-  if (!changed.empty()) {
-    std::cout << "  largest decisions:\n";
-    for (size_t i = 0; i < changed.size() && i < kTopDecisions; ++i) {
-      const v1::Decision& d = *changed[i];
-      std::cout << absl::StrFormat(
-          "    value %-6d %-9s node %-6d %12s  ", d.value_id(),
-          v1::Decision::Action_Name(d.action()), d.producer_node(),
-          FormatBytes(d.size_bytes()));
-      if (d.action() == v1::Decision::RECOMPUTE) {
-        std::cout << absl::StrFormat(
-            "segment %d, replayed before position %d (%.3f ms)", d.segment(),
-            d.needed_at(), d.recompute_ms());
-      } else {
-        std::cout << absl::StrFormat(
-            "offload after %d, prefetch at %d, stall %.3f ms",
-            d.offload_after(), d.prefetch_at(), d.stall_ms());
-      }
-      std::cout << "\n";
-    }
-  }
+  std::cout << DecisionsText(s, profile, 2);
   if (s.pareto_size() > 0) {
     std::cout << "  pareto (peak -> iteration time):\n";
     for (const v1::ParetoPoint& p : s.pareto()) {
@@ -184,7 +157,8 @@ int PlanCommand(const ParsedArgs& args) {
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << ProtoToJson(*schedule) << "\n";
   } else {
-    PrintText(path, *schedule);
+    // Node names from the first profile (all profiles share the graph).
+    PrintText(path, *schedule, &profiles.front());
   }
   if (!schedule->feasible()) {
     std::cerr << "mutwo plan: infeasible: the budget "
@@ -201,8 +175,8 @@ int PlanCommand(const ParsedArgs& args) {
 }  // namespace mutwo
 
 ABSL_FLAG(std::string, capacity, "",
-          "max-batch: memory capacity (e.g. 80GiB); default 95% of the "
-          "profiled device's memory");
+          "memory capacity, e.g. 80GiB (default: 95% of the profiled "
+          "device's memory)");
 ABSL_DECLARE_FLAG(double, max_overhead);
 
 namespace mutwo {

@@ -1,54 +1,71 @@
 #include "client/rpc_commands.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/job_watch.h"
 #include "client/rpc.h"
+#include "client/schedule_text.h"
 #include "client/svg_chart.h"
+#include "client/text_table.h"
+#include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/sha256.h"
+#include "common/status_macros.h"
 #include "common/validation_check.h"
 
 ABSL_FLAG(std::string, batch, "",
-          "submit: batch sizes (16, 8,16,32, 8:64, 8:64:x2, 8:32:+8); "
-          "schedule/profile/plot: one batch size");
+          "batch sizes: 16, 8,16,32, 8:64 (doubling), 8:64:x2 or 8:32:+8");
 ABSL_FLAG(std::string, input, "",
-          "model input NAME:DTYPE[DIMS]{LOW,HIGH}, repeated in argument "
-          "order, e.g. x:float32[B,3,224,224]");
+          "a model input NAME:DTYPE[DIMS]{LOW,HIGH} with B for the batch "
+          "size, e.g. x:float32[B,3,224,224]; once per forward argument, in "
+          "order");
+ABSL_FLAG(std::string, unbatched, "",
+          "NAME: input (or loss target) NAME has no batch dimension B on "
+          "purpose; repeat per input");
 ABSL_FLAG(std::string, loss, "mean",
-          "mean, sum, model or cross_entropy:TARGET");
+          "mean, sum, model or cross_entropy:TARGET (e.g. "
+          "cross_entropy:y:int64[B]{0,1000})");
 ABSL_FLAG(std::string, optimizer, "sgd",
-          "none, sgd, sgd_momentum, adam, adamw [:lr=...,momentum=...]");
+          "none, sgd, sgd_momentum, adam or adamw, optionally "
+          ":lr=...,momentum=...,weight_decay=...");
 ABSL_FLAG(double, max_overhead, 0.25,
           "largest iteration-time overhead accepted for the max batch size "
           "with a schedule (0.25 = +25%)");
-ABSL_FLAG(std::string, device_kind, "", "cpu, cuda or empty (any worker)");
+ABSL_FLAG(std::string, device_kind, "",
+          "cpu or cuda: run on workers of this kind (default: any worker)");
 ABSL_FLAG(std::string, name, "",
-          "display name of the model (default: file name)");
+          "display name of the model (default: the file name)");
 ABSL_FLAG(std::string, request_id, "",
           "idempotency key: a repeated submit with the same id returns the "
           "first job (default: random)");
-ABSL_FLAG(bool, wait, false, "submit: wait for the job, showing progress");
+ABSL_FLAG(bool, wait, false,
+          "follow the job to its end, one progress line per change, then "
+          "print the results (exit 3 when a budget fits at no batch size)");
 ABSL_FLAG(int32_t, wait_timeout_s, 3600,
-          "submit --wait: give up after this long");
+          "give up following the job after this many seconds (exit 4)");
 ABSL_FLAG(std::string, state, "",
-          "jobs: only jobs in this state (e.g. SUCCEEDED)");
-ABSL_FLAG(int32_t, limit, 20, "jobs: how many to list");
-ABSL_FLAG(std::string, format, "text", "profile: text, csv or json");
-ABSL_FLAG(int64_t, max_model_bytes, int64_t{512} << 20,
-          "submit: refuse model files larger than this before uploading");
+          "only jobs in this state: queued, profiling, planning, validating, "
+          "succeeded, failed or cancelled");
+ABSL_FLAG(int32_t, limit, 20, "how many jobs to list");
+ABSL_FLAG(std::string, format, "text",
+          "text, csv or json (--output json means json)");
+ABSL_FLAG(std::string, max_model_bytes, "512MiB",
+          "refuse model files larger than this before uploading");
 
-ABSL_FLAG(std::string, kind, "timeline", "plot: timeline or batch");
-ABSL_FLAG(std::string, o, "", "plot: the SVG file to write");
+ABSL_FLAG(std::string, kind, "timeline",
+          "timeline (memory over one step, before and after the schedule) "
+          "or batch (peak memory vs batch size)");
+ABSL_FLAG(std::string, svg, "", "the SVG file to write");
 
 ABSL_DECLARE_FLAG(std::string, budget);
 ABSL_DECLARE_FLAG(std::string, policy);
@@ -70,7 +87,7 @@ int BadInput(const std::string& command, absl::string_view message) {
   return kExitBadInput;
 }
 
-absl::StatusOr<int64_t> OneBatch(const std::string& command) {
+absl::StatusOr<int64_t> OneBatch() {
   int64_t batch = 0;
   if (!absl::SimpleAtoi(absl::GetFlag(FLAGS_batch), &batch) || batch <= 0) {
     return absl::InvalidArgumentError(
@@ -116,16 +133,21 @@ void PrintJobText(const v1::Job& job) {
     std::cout << "waiting: " << job.waiting() << "\n";
   }
   if (job.results().empty()) return;
-  std::cout << absl::StrFormat(
-      "%6s  %-10s  %12s  %10s  %12s  %10s  %8s  %12s  %10s  %s\n", "batch",
-      "budget", "base peak", "base ms", "plan peak", "plan ms", "overhead",
-      "measured", "meas ms", "check");
+  TextTable table(
+      {"batch", "budget", "base peak", "base ms", "plan peak", "plan ms",
+       "overhead", "measured", "meas ms", "check"},
+      {true, false, true, true, true, true, true, true, true, false});
   // Why budgets do not fit, printed under the table.
   std::vector<std::string> notes;
   for (const v1::BatchResult& r : job.results()) {
     if (r.oom() || (!r.error().empty() && r.schedules().empty())) {
-      std::cout << absl::StrFormat("%6d  %s\n", r.batch_size(),
-                                   r.oom() ? "out of memory" : r.error());
+      table.AddRow({absl::StrCat(r.batch_size()), "-",
+                    FormatBytes(r.baseline_peak_bytes()), "-", "-", "-", "-",
+                    "-", "-", r.oom() ? "out of memory" : "FAILED"});
+      if (!r.oom()) {
+        notes.push_back(
+            absl::StrCat("batch ", r.batch_size(), ": ", r.error()));
+      }
       continue;
     }
     for (int i = 0; i < r.schedules_size(); ++i) {
@@ -170,17 +192,21 @@ void PrintJobText(const v1::Job& job) {
           s.baseline_iteration_ms() > 0
               ? s.predicted_iteration_ms() / s.baseline_iteration_ms() - 1
               : 0;
-      std::cout << absl::StrFormat(
-          "%6d  %-10s  %12s  %10.1f  %12s  %10.1f  %8s  %12s  %10s  %s\n",
-          r.batch_size(), budget, FormatBytes(r.baseline_peak_bytes()),
-          r.baseline_iteration_ms(),
-          planned ? FormatBytes(s.predicted_peak_bytes())
-                  : absl::StrCat("infeasible (floor ",
-                                 FormatBytes(s.floor_bytes()), ")"),
-          s.predicted_iteration_ms(), planned ? Pct(overhead) : "-", measured,
-          meas_ms, check);
+      table.AddRow(
+          {absl::StrCat(r.batch_size()), budget,
+           FormatBytes(r.baseline_peak_bytes()),
+           absl::StrFormat("%.1f", r.baseline_iteration_ms()),
+           planned ? FormatBytes(s.predicted_peak_bytes())
+                   : absl::StrCat("infeasible (floor ",
+                                  FormatBytes(s.floor_bytes()), ")"),
+           planned ? absl::StrFormat("%.1f", s.predicted_iteration_ms()) : "-",
+           planned ? Pct(overhead) : "-", measured, meas_ms, check});
+    }
+    if (!r.error().empty()) {
+      notes.push_back(absl::StrCat("batch ", r.batch_size(), ": ", r.error()));
     }
   }
+  std::cout << table.Render();
   for (const std::string& note : notes) std::cout << note << "\n";
   if (job.has_max_batch()) {
     const auto& m = job.max_batch();
@@ -196,53 +222,63 @@ void PrintJobText(const v1::Job& job) {
   }
 }
 
-bool IsFinal(v1::Job::State s) {
-  return s == v1::Job::SUCCEEDED || s == v1::Job::FAILED ||
-         s == v1::Job::CANCELLED;
+// Follows a job to its end, prints it and returns the exit code (0, 1, 3
+// as FinishedJobExitCode; 4 when the server or the wait gave out).
+int FollowAndReport(const std::string& cmd, v1::Planner::Stub& stub,
+                    const std::string& job_id, int64_t created_unix_ms) {
+  auto job = FollowJob(stub, job_id, created_unix_ms,
+                       absl::GetFlag(FLAGS_wait_timeout_s), std::cerr);
+  if (!job.ok()) {
+    std::cerr << "mutwo " << cmd << ": following " << job_id << ": "
+              << job.status().message() << "\n";
+    return job.status().code() == absl::StatusCode::kUnavailable ||
+                   job.status().code() == absl::StatusCode::kDeadlineExceeded
+               ? kExitUnavailable
+           : job.status().code() == absl::StatusCode::kNotFound ? kExitBadInput
+                                                                : kExitFailure;
+  }
+  if (JsonOutput()) {
+    std::cout << ProtoToJson(*job);
+  } else {
+    PrintJobText(*job);
+  }
+  return FinishedJobExitCode(*job, std::cerr);
 }
 
-// Streams WatchJob until the job is final; a progress bar on a terminal,
-// plain lines otherwise. Returns the final job.
-absl::StatusOr<v1::Job> WaitForJob(v1::Planner::Stub& stub,
-                                   const std::string& job_id) {
-  const bool tty = isatty(STDERR_FILENO);
-  grpc::ClientContext context;
-  context.set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
-  v1::WatchJobRequest request;
-  request.set_job_id(job_id);
-  auto reader = stub.WatchJob(&context, request);
-  v1::JobEvent event;
-  std::optional<v1::Job> final_job;
-  while (reader->Read(&event)) {
-    if (tty) {
-      const int width = 30;
-      const int filled = event.tasks_total() > 0
-                             ? width * event.tasks_done() / event.tasks_total()
-                             : 0;
-      std::cerr << "\r[" << std::string(filled, '#')
-                << std::string(width - filled, '.') << "] "
-                << absl::StrFormat("%-10s %d/%d tasks",
-                                   v1::Job::State_Name(event.state()),
-                                   event.tasks_done(), event.tasks_total())
-                << (event.waiting().empty() ? "" : "  waiting: ")
-                << event.waiting() << "\x1b[K" << std::flush;
-    } else {
-      std::cerr << "job " << job_id << ": " << event.message() << "\n";
-    }
-    if (event.has_job()) final_job = event.job();
+// The request of `submit`, checked completely before any upload.
+absl::Status BuildSubmitSpec(const ParsedArgs& args, v1::JobSpec& spec) {
+  for (const std::string& in : args.Repeated("input")) {
+    MUTWO_ASSIGN_OR_RETURN(*spec.add_inputs(), ParseTensorSpec(in));
   }
-  if (tty) std::cerr << "\n";
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
+  MUTWO_RETURN_IF_ERROR(
+      ValidateInputs({spec.inputs().begin(), spec.inputs().end()}));
+  if (absl::GetFlag(FLAGS_batch).empty()) {
+    return absl::InvalidArgumentError("--batch is required, like --batch 8:64");
   }
-  if (!final_job.has_value()) {
-    return absl::UnavailableError("the watch ended before the job finished");
+  MUTWO_ASSIGN_OR_RETURN(std::vector<int64_t> batches,
+                         ParseBatchSizes(absl::GetFlag(FLAGS_batch)));
+  for (int64_t b : batches) spec.add_batch_sizes(b);
+  for (const std::string& b : args.Repeated("budget")) {
+    MUTWO_ASSIGN_OR_RETURN(*spec.add_budgets(), ParseBudget(b));
   }
-  return *final_job;
+  MUTWO_ASSIGN_OR_RETURN(*spec.mutable_loss(),
+                         ParseLossSpec(absl::GetFlag(FLAGS_loss)));
+  MUTWO_RETURN_IF_ERROR(
+      CheckBatchDims({spec.inputs().begin(), spec.inputs().end()}, &spec.loss(),
+                     args.Repeated("unbatched")));
+  MUTWO_ASSIGN_OR_RETURN(*spec.mutable_optimizer(),
+                         ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer)));
+  const double overhead = absl::GetFlag(FLAGS_max_overhead);
+  if (!(overhead >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_overhead ", overhead, ": must be 0 or more (0.25 = +25%)"));
+  }
+  spec.set_max_overhead(overhead);
+  MUTWO_ASSIGN_OR_RETURN(
+      std::string kind,
+      ParseDeviceKind("--device_kind", absl::GetFlag(FLAGS_device_kind)));
+  spec.set_device_kind(kind);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -252,40 +288,20 @@ int SubmitCommand(const ParsedArgs& args) {
   if (args.positional.size() != 1) {
     return BadInput(cmd,
                     "usage: mutwo submit MODEL.pt --input ... --batch ... "
-                    "--budget ... [--wait]");
+                    "--budget ... [--wait]; see mutwo submit --help");
   }
   const std::string path = args.positional[0];
   v1::SubmitJobRequest request;
   v1::JobSpec& spec = *request.mutable_spec();
-  for (const std::string& in : args.Repeated("input")) {
-    auto t = ParseTensorSpec(in);
-    if (!t.ok()) return BadInput(cmd, t.status().message());
-    *spec.add_inputs() = *t;
-  }
-  if (auto s = ValidateInputs({spec.inputs().begin(), spec.inputs().end()});
-      !s.ok()) {
+  if (absl::Status s = BuildSubmitSpec(args, spec); !s.ok()) {
     return BadInput(cmd, s.message());
   }
-  auto batches = ParseBatchSizes(absl::GetFlag(FLAGS_batch));
-  if (absl::GetFlag(FLAGS_batch).empty()) {
-    return BadInput(cmd, "--batch is required, like --batch 8:64");
+  auto max_bytes = ParseBytes(absl::GetFlag(FLAGS_max_model_bytes));
+  if (!max_bytes.ok()) {
+    return BadInput(
+        cmd, absl::StrCat("--max_model_bytes: ", max_bytes.status().message()));
   }
-  if (!batches.ok()) return BadInput(cmd, batches.status().message());
-  for (int64_t b : *batches) spec.add_batch_sizes(b);
-  for (const std::string& b : args.Repeated("budget")) {
-    auto budget = ParseBudget(b);
-    if (!budget.ok()) return BadInput(cmd, budget.status().message());
-    *spec.add_budgets() = *budget;
-  }
-  auto loss = ParseLossSpec(absl::GetFlag(FLAGS_loss));
-  if (!loss.ok()) return BadInput(cmd, loss.status().message());
-  *spec.mutable_loss() = *loss;
-  auto optimizer = ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer));
-  if (!optimizer.ok()) return BadInput(cmd, optimizer.status().message());
-  *spec.mutable_optimizer() = *optimizer;
-  spec.set_max_overhead(absl::GetFlag(FLAGS_max_overhead));
-  spec.set_device_kind(absl::GetFlag(FLAGS_device_kind));
-  auto bytes = ReadFile(path, absl::GetFlag(FLAGS_max_model_bytes));
+  auto bytes = ReadFile(path, *max_bytes);
   if (!bytes.ok()) return BadInput(cmd, bytes.status().message());
   const std::string sha = Sha256Hex(*bytes);
   std::string name = absl::GetFlag(FLAGS_name);
@@ -346,35 +362,45 @@ int SubmitCommand(const ParsedArgs& args) {
     }
     return kExitOk;
   }
-  auto job = WaitForJob(*stub, job_id);
-  if (!job.ok()) {
-    std::cerr << "mutwo submit: waiting for " << job_id << ": "
-              << job.status().message() << "\n";
-    return job.status().code() == absl::StatusCode::kUnavailable ||
-                   job.status().code() == absl::StatusCode::kDeadlineExceeded
-               ? kExitUnavailable
-               : kExitFailure;
+  return FollowAndReport(cmd, *stub, job_id, submitted.job().created_unix_ms());
+}
+
+int WatchCommand(const ParsedArgs& args) {
+  const std::string cmd = "watch";
+  if (args.positional.size() != 1) {
+    return BadInput(cmd, "usage: mutwo watch JOB_ID");
   }
-  if (JsonOutput()) {
-    std::cout << ProtoToJson(*job);
-  } else {
-    PrintJobText(*job);
+  auto stub = PlannerStub();
+  v1::GetJobRequest request;
+  request.set_job_id(args.positional[0]);
+  v1::Job job;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    grpc::Status status = stub->GetJob(&context, request, &job);
+    if (!status.ok()) return RpcError(cmd, status);
   }
-  return job->state() == v1::Job::SUCCEEDED ? kExitOk : kExitFailure;
+  return FollowAndReport(cmd, *stub, job.job_id(), job.created_unix_ms());
 }
 
 int JobsCommand(const ParsedArgs&) {
   v1::ListJobsRequest request;
   if (!absl::GetFlag(FLAGS_state).empty()) {
-    v1::Job::State state;
-    if (!v1::Job::State_Parse(absl::GetFlag(FLAGS_state), &state)) {
-      return BadInput("jobs",
-                      absl::StrCat("--state \"", absl::GetFlag(FLAGS_state),
-                                   "\": use QUEUED, PROFILING, PLANNING, "
-                                   "VALIDATING, SUCCEEDED, FAILED or "
-                                   "CANCELLED"));
+    std::vector<std::string> names;
+    for (int i = v1::Job::State_MIN; i <= v1::Job::State_MAX; ++i) {
+      if (i != v1::Job::STATE_UNSPECIFIED && v1::Job::State_IsValid(i)) {
+        names.push_back(
+            absl::AsciiStrToLower(v1::Job::State_Name(v1::Job::State(i))));
+      }
     }
+    auto name = ParseChoice("--state", absl::GetFlag(FLAGS_state), names);
+    if (!name.ok()) return BadInput("jobs", name.status().message());
+    v1::Job::State state;
+    v1::Job::State_Parse(absl::AsciiStrToUpper(*name), &state);
     request.add_states(state);
+  }
+  if (absl::GetFlag(FLAGS_limit) <= 0) {
+    return BadInput("jobs", "--limit must be a positive number of jobs");
   }
   request.set_page_size(absl::GetFlag(FLAGS_limit));
   grpc::ClientContext context;
@@ -386,14 +412,20 @@ int JobsCommand(const ParsedArgs&) {
     std::cout << ProtoToJson(response);
     return kExitOk;
   }
-  std::cout << absl::StrFormat("%-28s  %-10s  %-20s  %-7s  %s\n", "JOB",
-                               "STATE", "MODEL", "TASKS", "BATCHES");
+  TextTable table({"JOB", "STATE", "MODEL", "TASKS", "BATCHES", "BUDGETS"},
+                  {false, false, false, true, false, false});
   for (const v1::Job& j : response.jobs()) {
-    std::cout << absl::StrFormat(
-        "%-28s  %-10s  %-20s  %3d/%-3d  %s\n", j.job_id(),
-        v1::Job::State_Name(j.state()), j.spec().model_name(), j.tasks_done(),
-        j.tasks_total(), absl::StrJoin(j.spec().batch_sizes(), ","));
+    std::vector<std::string> budgets;
+    for (const auto& b : j.spec().budgets()) {
+      budgets.push_back(b.text().empty() ? FormatBudget(b) : b.text());
+    }
+    table.AddRow({j.job_id(), v1::Job::State_Name(j.state()),
+                  j.spec().model_name(),
+                  absl::StrCat(j.tasks_done(), "/", j.tasks_total()),
+                  absl::StrJoin(j.spec().batch_sizes(), ","),
+                  absl::StrJoin(budgets, ",")});
   }
+  std::cout << table.Render();
   return kExitOk;
 }
 
@@ -420,7 +452,7 @@ int ScheduleCommand(const ParsedArgs& args) {
   if (args.positional.size() != 1) {
     return BadInput(cmd, "usage: mutwo schedule JOB_ID --batch N [--budget B]");
   }
-  auto batch = OneBatch(cmd);
+  auto batch = OneBatch();
   if (!batch.ok()) return BadInput(cmd, batch.status().message());
   v1::GetScheduleRequest request;
   request.set_job_id(args.positional[0]);
@@ -430,65 +462,70 @@ int ScheduleCommand(const ParsedArgs& args) {
   auto budget = ParseBudget(budgets.empty() ? "60%" : budgets[0]);
   if (!budget.ok()) return BadInput(cmd, budget.status().message());
   *request.mutable_budget() = *budget;
-  const std::string policy = absl::GetFlag(FLAGS_policy);
+  auto policy = ParseChoice("--policy", absl::GetFlag(FLAGS_policy),
+                            {"mutwo", "sqrt_n", "per_block", "none"});
+  if (!policy.ok()) return BadInput(cmd, policy.status().message());
   v1::Policy p = v1::MUTWO;
-  if (!policy.empty()) {
-    std::string upper = policy;
-    for (char& c : upper) c = static_cast<char>(std::toupper(c));
-    if (!v1::Policy_Parse(upper, &p) || p == v1::POLICY_UNSPECIFIED) {
-      return BadInput(cmd,
-                      absl::StrCat("--policy \"", policy,
-                                   "\": use mutwo, sqrt_n, per_block or none"));
-    }
-  }
+  v1::Policy_Parse(absl::AsciiStrToUpper(*policy), &p);
   request.set_policy(p);
   request.set_include_pareto(absl::GetFlag(FLAGS_pareto));
-  grpc::ClientContext context;
-  SetDeadline(context);
+  auto stub = PlannerStub();
   v1::Schedule schedule;
-  grpc::Status status =
-      PlannerStub()->GetSchedule(&context, request, &schedule);
-  if (!status.ok()) return RpcError(cmd, status);
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    grpc::Status status = stub->GetSchedule(&context, request, &schedule);
+    if (!status.ok()) return RpcError(cmd, status);
+  }
   if (JsonOutput()) {
     std::cout << ProtoToJson(schedule);
-  } else {
-    int recompute = 0, swap = 0;
-    for (const auto& d : schedule.decisions()) {
-      recompute += d.action() == v1::Decision::RECOMPUTE;
-      swap += d.action() == v1::Decision::SWAP;
-    }
-    std::cout << "policy " << v1::Policy_Name(schedule.policy()) << ", budget "
-              << FormatBytes(schedule.budget_bytes()) << ": "
-              << (schedule.feasible() ? "feasible" : "INFEASIBLE")
-              << (schedule.measured_peak_bytes() > 0
-                      ? absl::StrCat(
-                            ", measured ",
-                            FormatBytes(schedule.measured_peak_bytes()))
-                      : "")
-              << "\n"
-              << "  baseline  " << FormatBytes(schedule.baseline_peak_bytes())
-              << ", "
-              << absl::StrFormat("%.2f ms", schedule.baseline_iteration_ms())
-              << "\n  planned   "
-              << FormatBytes(schedule.predicted_peak_bytes()) << ", "
-              << absl::StrFormat("%.2f ms", schedule.predicted_iteration_ms())
-              << "\n  floor     " << FormatBytes(schedule.floor_bytes()) << "\n"
-              << (schedule.correction_bytes() > 0
-                      ? absl::StrCat("  planned   ",
-                                     FormatBytes(schedule.correction_bytes()),
-                                     " below the budget (learned from "
-                                     "validations)\n")
-                      : "")
-              << (!schedule.feasible() && !schedule.reason().empty()
-                      ? absl::StrCat("  reason    ", schedule.reason(), "\n")
-                      : "")
-              << "  " << recompute << " recomputed, " << swap << " swapped of "
-              << schedule.decisions_size() << " activations\n";
-    for (const auto& pt : schedule.pareto()) {
-      std::cout << absl::StrFormat("  pareto: peak %s, %.2f ms\n",
-                                   FormatBytes(pt.predicted_peak_bytes()),
-                                   pt.predicted_iteration_ms());
-    }
+    return schedule.feasible() ? kExitOk : kExitInfeasible;
+  }
+  // The profile names the decisions' nodes (op kind, module scope); without
+  // it the list still has ids and sizes.
+  std::optional<v1::Profile> profile;
+  if (schedule.recomputed() + schedule.swapped() > 0) {
+    v1::GetProfileRequest profile_request;
+    profile_request.set_job_id(request.job_id());
+    profile_request.set_batch_size(*batch);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::Profile p;
+    if (stub->GetProfile(&context, profile_request, &p).ok()) profile = p;
+  }
+  std::cout << "policy " << v1::Policy_Name(schedule.policy()) << ", batch "
+            << schedule.batch_size() << ", budget "
+            << FormatBytes(schedule.budget_bytes()) << ": "
+            << (schedule.feasible() ? "feasible" : "INFEASIBLE")
+            << (schedule.measured_peak_bytes() > 0
+                    ? absl::StrCat(", measured ",
+                                   FormatBytes(schedule.measured_peak_bytes()))
+                    : "")
+            << "\n"
+            << "  baseline  " << FormatBytes(schedule.baseline_peak_bytes())
+            << ", "
+            << absl::StrFormat("%.2f ms", schedule.baseline_iteration_ms())
+            << "\n  planned   " << FormatBytes(schedule.predicted_peak_bytes())
+            << ", "
+            << absl::StrFormat("%.2f ms", schedule.predicted_iteration_ms())
+            << "\n  floor     " << FormatBytes(schedule.floor_bytes()) << "\n"
+            << (schedule.correction_bytes() > 0
+                    ? absl::StrCat("  planned   ",
+                                   FormatBytes(schedule.correction_bytes()),
+                                   " below the budget (learned from "
+                                   "validations)\n")
+                    : "")
+            << (!schedule.feasible() && !schedule.reason().empty()
+                    ? absl::StrCat("  reason    ", schedule.reason(), "\n")
+                    : "")
+            << "  " << schedule.recomputed() << " recomputed, "
+            << schedule.swapped() << " swapped of " << schedule.decisions_size()
+            << " activations\n"
+            << DecisionsText(schedule, profile ? &*profile : nullptr, 2);
+  for (const auto& pt : schedule.pareto()) {
+    std::cout << absl::StrFormat("  pareto: peak %s, %.2f ms\n",
+                                 FormatBytes(pt.predicted_peak_bytes()),
+                                 pt.predicted_iteration_ms());
   }
   return schedule.feasible() ? kExitOk : kExitInfeasible;
 }
@@ -499,14 +536,12 @@ int ProfileCommand(const ParsedArgs& args) {
     return BadInput(
         cmd, "usage: mutwo profile JOB_ID --batch N [--format csv|json|text]");
   }
-  auto batch = OneBatch(cmd);
+  auto batch = OneBatch();
   if (!batch.ok()) return BadInput(cmd, batch.status().message());
-  const std::string format =
-      JsonOutput() ? std::string("json") : absl::GetFlag(FLAGS_format);
-  if (format != "text" && format != "csv" && format != "json") {
-    return BadInput(
-        cmd, absl::StrCat("--format \"", format, "\": use text, csv or json"));
-  }
+  auto format = ParseChoice("--format", absl::GetFlag(FLAGS_format),
+                            {"text", "csv", "json"});
+  if (!format.ok()) return BadInput(cmd, format.status().message());
+  if (JsonOutput()) *format = "json";
   v1::GetProfileRequest request;
   request.set_job_id(args.positional[0]);
   request.set_batch_size(*batch);
@@ -515,9 +550,9 @@ int ProfileCommand(const ParsedArgs& args) {
   v1::Profile profile;
   grpc::Status status = PlannerStub()->GetProfile(&context, request, &profile);
   if (!status.ok()) return RpcError(cmd, status);
-  if (format == "json") {
+  if (*format == "json") {
     std::cout << ProtoToJson(profile);
-  } else if (format == "csv") {
+  } else if (*format == "csv") {
     std::cout
         << "value_id,producer_node,kind,scope,size_bytes,last_forward_use,"
            "first_backward_use,last_backward_use,inactive_ms,recompute_ms\n";
@@ -546,13 +581,35 @@ int ProfileCommand(const ParsedArgs& args) {
 
 int PlotCommand(const ParsedArgs& args) {
   const std::string cmd = "plot";
-  if (args.positional.size() != 1 || absl::GetFlag(FLAGS_o).empty()) {
+  const std::string svg = absl::GetFlag(FLAGS_svg);
+  if (args.positional.size() != 1 || svg.empty()) {
     return BadInput(
         cmd,
         "usage: mutwo plot JOB_ID --kind timeline|batch [--batch N] "
         "[--budget B] -o FILE.svg");
   }
-  const std::string kind = absl::GetFlag(FLAGS_kind);
+  auto kind =
+      ParseChoice("--kind", absl::GetFlag(FLAGS_kind), {"timeline", "batch"});
+  if (!kind.ok()) return BadInput(cmd, kind.status().message());
+  // Everything checkable is checked before the first RPC.
+  std::optional<int64_t> batch;
+  std::optional<v1::MemoryBudget> budget;
+  const auto& budgets = args.Repeated("budget");
+  if (*kind == "timeline") {
+    auto b = OneBatch();
+    if (!b.ok()) return BadInput(cmd, b.status().message());
+    batch = *b;
+    if (budgets.size() > 1) return BadInput(cmd, "give at most one --budget");
+    if (!budgets.empty()) {
+      auto parsed = ParseBudget(budgets[0]);
+      if (!parsed.ok()) return BadInput(cmd, parsed.status().message());
+      budget = *parsed;
+    }
+  } else if (!budgets.empty() || !absl::GetFlag(FLAGS_batch).empty()) {
+    return BadInput(cmd,
+                    "--kind batch plots every batch size and budget of the "
+                    "job; --batch and --budget are for --kind timeline");
+  }
   auto stub = PlannerStub();
   v1::GetJobRequest job_request;
   job_request.set_job_id(args.positional[0]);
@@ -564,15 +621,13 @@ int PlotCommand(const ParsedArgs& args) {
     if (!status.ok()) return RpcError(cmd, status);
   }
   LineChart chart;
-  if (kind == "batch") {
+  if (*kind == "batch") {
     if (job.results().empty()) {
       return BadInput(cmd, absl::StrCat("job ", job.job_id(),
                                         " has no profiled batch sizes yet"));
     }
     chart = BatchChart(job);
-  } else if (kind == "timeline") {
-    auto batch = OneBatch(cmd);
-    if (!batch.ok()) return BadInput(cmd, batch.status().message());
+  } else {
     v1::GetProfileRequest profile_request;
     profile_request.set_job_id(job.job_id());
     profile_request.set_batch_size(*batch);
@@ -587,19 +642,11 @@ int PlotCommand(const ParsedArgs& args) {
     v1::GetScheduleRequest request;
     request.set_job_id(job.job_id());
     request.set_batch_size(*batch);
-    const auto& budgets = args.Repeated("budget");
-    if (budgets.size() > 1) return BadInput(cmd, "give at most one --budget");
-    v1::MemoryBudget budget;
-    if (!budgets.empty()) {
-      auto parsed = ParseBudget(budgets[0]);
-      if (!parsed.ok()) return BadInput(cmd, parsed.status().message());
-      budget = *parsed;
-    } else if (!job.spec().budgets().empty()) {
-      budget = job.spec().budgets(0);
-    } else {
-      budget = *ParseBudget("60%");
+    if (!budget.has_value()) {
+      budget = job.spec().budgets().empty() ? *ParseBudget("60%")
+                                            : job.spec().budgets(0);
     }
-    *request.mutable_budget() = budget;
+    *request.mutable_budget() = *budget;
     request.set_include_timeline(true);
     v1::Schedule schedule;
     {
@@ -610,16 +657,16 @@ int PlotCommand(const ParsedArgs& args) {
     }
     chart =
         TimelineChart(schedule, profile.nodes_size(), job.spec().model_name());
-  } else {
-    return BadInput(
-        cmd, absl::StrCat("--kind \"", kind, "\": use timeline or batch"));
   }
-  if (absl::Status s =
-          WriteFileAtomically(absl::GetFlag(FLAGS_o), RenderSvg(chart));
-      !s.ok()) {
+  if (absl::Status s = WriteFileAtomically(svg, RenderSvg(chart)); !s.ok()) {
     return BadInput(cmd, s.message());
   }
-  std::cerr << "wrote " << absl::GetFlag(FLAGS_o) << "\n";
+  if (JsonOutput()) {
+    std::cout << "{\"svg\": " << JsonQuote(svg) << ", \"kind\": \"" << *kind
+              << "\"}\n";
+  } else {
+    std::cout << "wrote " << svg << "\n";
+  }
   return kExitOk;
 }
 
@@ -654,14 +701,15 @@ int WorkersCommand(const ParsedArgs&) {
     std::cout << ProtoToJson(response);
     return kExitOk;
   }
-  std::cout << absl::StrFormat("%-24s  %-6s  %-30s  %12s  %s\n", "WORKER",
-                               "STATE", "DEVICE", "MEMORY", "TASK");
+  TextTable table({"WORKER", "STATE", "KIND", "DEVICE", "MEMORY", "TASK"},
+                  {false, false, false, false, true, false});
   for (const auto& w : response.workers()) {
-    std::cout << absl::StrFormat(
-        "%-24s  %-6s  %-30s  %12s  %s\n", w.worker_id(),
-        v1::WorkerInfo::State_Name(w.state()), w.device().name(),
-        FormatBytes(w.device().total_bytes()), w.current_task_id());
+    table.AddRow({w.worker_id(), v1::WorkerInfo::State_Name(w.state()),
+                  w.device().kind(), w.device().name(),
+                  FormatBytes(w.device().total_bytes()),
+                  w.current_task_id().empty() ? "-" : w.current_task_id()});
   }
+  std::cout << table.Render();
   return kExitOk;
 }
 

@@ -1,5 +1,6 @@
 // The `mutwo` commands that talk to mutwo-server: submit, jobs, job,
-// schedule, profile, plot, cancel, workers. Each returns an exit code.
+// watch, schedule, profile, plot, cancel, workers. Each returns an exit
+// code.
 #ifndef MUTWO_CLIENT_RPC_COMMANDS_H_
 #define MUTWO_CLIENT_RPC_COMMANDS_H_
 
@@ -8,6 +9,9 @@
 namespace mutwo {
 
 int SubmitCommand(const ParsedArgs& args);
+// Re-attaches to a job: progress lines until it ends, then its results;
+// exit codes as `submit --wait`.
+int WatchCommand(const ParsedArgs& args);
 int JobsCommand(const ParsedArgs& args);
 int JobCommand(const ParsedArgs& args);
 int ScheduleCommand(const ParsedArgs& args);

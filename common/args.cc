@@ -6,7 +6,9 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/version.h"
 
 namespace mutwo {
 namespace {
@@ -31,8 +33,13 @@ const std::vector<std::string>& ParsedArgs::Repeated(
   return it == repeated.end() ? *kEmpty : it->second;
 }
 
-absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
-                                     const std::set<std::string>& repeated) {
+bool ParsedArgs::Given(absl::string_view name) const {
+  return std::find(flags.begin(), flags.end(), name) != flags.end();
+}
+
+absl::StatusOr<ParsedArgs> ParseArgs(
+    int argc, char** argv, int first, const std::set<std::string>& repeated,
+    const std::map<std::string, std::string>& short_names) {
   ParsedArgs out;
   bool only_positional = false;
   for (int i = first; i < argc; ++i) {
@@ -50,14 +57,29 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
       out.help = true;
       continue;
     }
+    if (arg == "--version" || arg == "-version") {
+      out.version = true;
+      continue;
+    }
     absl::string_view body = arg;
-    if (!absl::ConsumePrefix(&body, "--")) absl::ConsumePrefix(&body, "-");
+    const bool long_form = absl::ConsumePrefix(&body, "--");
+    if (!long_form) absl::ConsumePrefix(&body, "-");
     std::string name(body), value;
     bool has_value = false;
     if (size_t eq = body.find('='); eq != absl::string_view::npos) {
       name = std::string(body.substr(0, eq));
       value = std::string(body.substr(eq + 1));
       has_value = true;
+    }
+    if (name.size() == 1) {
+      // One letter: only a declared short name (`-o`), never a flag that
+      // happens to be called `o`.
+      auto it = short_names.find(name);
+      if (long_form || it == short_names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown flag \"", long_form ? "--" : "-", name, "\"; see --help"));
+      }
+      name = it->second;
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     bool negated = false;
@@ -85,6 +107,7 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
       }
       value = argv[++i];
     }
+    out.flags.push_back(name);
     if (repeated.count(name) > 0) {
       out.repeated[name].push_back(value);
       continue;
@@ -98,21 +121,78 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, int first,
   return out;
 }
 
-std::string UsageWithFlags(absl::string_view usage) {
-  std::vector<absl::CommandLineFlag*> flags;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (IsProjectFlag(*flag)) flags.push_back(flag);
+namespace {
+
+constexpr size_t kHelpWidth = 80;
+
+// `words` wrapped to lines of at most kHelpWidth columns, every line after
+// the first indented by `indent`.
+std::string Wrap(absl::string_view words, size_t indent) {
+  std::string out, line;
+  for (absl::string_view word : absl::StrSplit(words, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && indent + line.size() + 1 + word.size() > kHelpWidth) {
+      absl::StrAppend(&out, line, "\n", std::string(indent, ' '));
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
   }
-  std::sort(flags.begin(), flags.end(),
-            [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
-              return a->Name() < b->Name();
-            });
-  std::string out = absl::StrCat(usage, "\n\nFlags:\n");
-  for (const absl::CommandLineFlag* flag : flags) {
-    absl::StrAppend(&out, "  --", flag->Name(), "  ", flag->Help(),
-                    " (default: \"", flag->DefaultValue(), "\")\n");
+  return absl::StrCat(out, line);
+}
+
+}  // namespace
+
+std::string FlagLines(const std::vector<std::string>& names,
+                      const std::map<std::string, std::string>& help_overrides,
+                      const std::map<std::string, std::string>& short_names,
+                      bool with_help_and_version) {
+  std::map<std::string, std::string> short_of;
+  for (const auto& [letter, name] : short_names) short_of[name] = letter;
+  std::vector<std::pair<std::string, std::string>> rows;  // label, help
+  for (const std::string& name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    auto s = short_of.find(name);
+    std::string label = s == short_of.end()
+                            ? absl::StrCat("--", name)
+                            : absl::StrCat("-", s->second, ", --", name);
+    auto o = help_overrides.find(name);
+    std::string help = o != help_overrides.end() ? o->second : flag->Help();
+    const std::string def = flag->DefaultValue();
+    if (!def.empty() && !(IsBoolFlag(*flag) && def == "false") &&
+        !absl::StrContains(help, "(default") &&
+        !absl::StrContains(help, "(required")) {
+      absl::StrAppend(&help, " (default: ", def, ")");
+    }
+    rows.emplace_back(std::move(label), std::move(help));
+  }
+  if (with_help_and_version) {
+    rows.emplace_back("--help", "print this help");
+    rows.emplace_back("--version", "print the version");
+  }
+  size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row.first.size());
+  std::string out;
+  for (const auto& [label, help] : rows) {
+    absl::StrAppend(&out, "  ", label,
+                    std::string(width - label.size() + 2, ' '),
+                    Wrap(help, width + 4), "\n");
   }
   return out;
+}
+
+std::string UsageWithFlags(absl::string_view usage) {
+  std::vector<std::string> names;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (IsProjectFlag(*flag)) names.push_back(std::string(flag->Name()));
+  }
+  std::sort(names.begin(), names.end());
+  return absl::StrCat(usage, "\n\nFlags:\n",
+                      FlagLines(names, {}, {}, /*with_help_and_version=*/true));
+}
+
+std::string VersionLine(absl::string_view program) {
+  return absl::StrCat(program, " ", kVersion, " (planner ", kPlannerVersion,
+                      ")");
 }
 
 }  // namespace mutwo

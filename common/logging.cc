@@ -1,14 +1,16 @@
 #include "common/logging.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/sinks/stdout_sinks.h"
 
 namespace mutwo {
 
 absl::Status InitLogging(absl::string_view program, absl::string_view level) {
-  const spdlog::level::level_enum lvl =
-      spdlog::level::from_str(std::string(level));
-  if (lvl == spdlog::level::off && level != "off") {
+  // Any case: --log_level=DEBUG works like debug.
+  const std::string lower = absl::AsciiStrToLower(level);
+  const spdlog::level::level_enum lvl = spdlog::level::from_str(lower);
+  if (lvl == spdlog::level::off && lower != "off") {
     return absl::InvalidArgumentError(
         absl::StrCat("log level \"", level,
                      "\": use trace, debug, info, warn, error or off"));

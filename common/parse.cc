@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -135,7 +136,9 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
   v1::MemoryBudget budget;
   budget.set_text(std::string(absl::StripAsciiWhitespace(text)));
   absl::string_view s = budget.text();
-  const bool of_device = absl::ConsumeSuffix(&s, "%dev");
+  const bool of_device = absl::ConsumeSuffix(&s, "%dev") ||
+                         absl::ConsumeSuffix(&s, "%DEV") ||
+                         absl::ConsumeSuffix(&s, "%Dev");
   const bool of_baseline = !of_device && absl::ConsumeSuffix(&s, "%");
   if (of_device || of_baseline) {
     double percent = 0;
@@ -150,6 +153,14 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
       budget.set_fraction_of_baseline(percent / 100.0);
     }
     return budget;
+  }
+  // A bare number could mean a percentage or any unit (users typed 60 for
+  // 60%, and got 60 bytes): the unit must be said.
+  double bare = 0;
+  if (absl::SimpleAtod(s, &bare)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget ", Quote(text), ": a bare number is ambiguous; say ", s,
+        "% or ", s, "MiB or ", s, "B"));
   }
   auto bytes = ParseBytes(s);
   if (!bytes.ok()) {
@@ -178,7 +189,7 @@ std::string FormatBudget(const v1::MemoryBudget& budget) {
 
 absl::StatusOr<v1::DType> ParseDType(absl::string_view text) {
   for (const auto& d : kDTypes) {
-    if (text == d.name) return d.dtype;
+    if (absl::EqualsIgnoreCase(text, d.name)) return d.dtype;
   }
   std::vector<std::string> names;
   for (const auto& d : kDTypes) names.push_back(d.name);
@@ -334,13 +345,14 @@ absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
     loss.set_output(std::string(output));
     head = head.substr(0, at);
   }
-  if (head == "mean" && rest.empty()) {
+  const std::string kind = absl::AsciiStrToLower(head);
+  if (kind == "mean" && rest.empty()) {
     loss.set_kind(v1::LossSpec::MEAN);
-  } else if (head == "sum" && rest.empty()) {
+  } else if (kind == "sum" && rest.empty()) {
     loss.set_kind(v1::LossSpec::SUM);
-  } else if (head == "model" && rest.empty()) {
+  } else if (kind == "model" && rest.empty()) {
     loss.set_kind(v1::LossSpec::MODEL);
-  } else if (head == "cross_entropy" && absl::ConsumePrefix(&rest, ":")) {
+  } else if (kind == "cross_entropy" && absl::ConsumePrefix(&rest, ":")) {
     loss.set_kind(v1::LossSpec::CROSS_ENTROPY);
     auto target = ParseTensorSpec(rest);
     if (!target.ok()) {
@@ -387,7 +399,7 @@ absl::StatusOr<v1::OptimizerSpec> ParseOptimizerSpec(absl::string_view text) {
       absl::StrSplit(s, absl::MaxSplits(':', 1));
   bool found = false;
   for (const auto& o : kOptimizers) {
-    if (kind_args.first == o.name) {
+    if (absl::EqualsIgnoreCase(kind_args.first, o.name)) {
       opt.set_kind(o.kind);
       found = true;
     }
@@ -517,6 +529,52 @@ absl::Status ValidateInputs(const std::vector<v1::TensorSpec>& inputs) {
         !in.has_range()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "input ", Quote(in.name()), ": integer inputs need a value range"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBatchDims(const std::vector<v1::TensorSpec>& inputs,
+                            const v1::LossSpec* loss,
+                            const std::vector<std::string>& unbatched) {
+  std::vector<const v1::TensorSpec*> specs;
+  for (const v1::TensorSpec& in : inputs) specs.push_back(&in);
+  if (loss != nullptr && loss->has_target()) specs.push_back(&loss->target());
+  const std::set<std::string> declared(unbatched.begin(), unbatched.end());
+  std::set<std::string> names;
+  for (const v1::TensorSpec* spec : specs) {
+    names.insert(spec->name());
+    bool has_batch = false;
+    for (int64_t d : spec->dims()) has_batch |= d == kBatchDim;
+    const bool is_declared = declared.count(spec->name()) > 0;
+    if (has_batch && is_declared) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--unbatched ", spec->name(), ": input spec ",
+          Quote(FormatTensorSpec(*spec)),
+          " has the batch dimension B; leave --unbatched out for it"));
+    }
+    if (!has_batch && !is_declared) {
+      // The likely fix: the first dimension was the batch size.
+      v1::TensorSpec suggested = *spec;
+      if (suggested.dims().empty()) {
+        suggested.add_dims(kBatchDim);
+      } else {
+        suggested.set_dims(0, kBatchDim);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input spec ", Quote(FormatTensorSpec(*spec)),
+          " has no batch dimension B, so --batch would not change it; write B "
+          "where the batch size goes (like ",
+          FormatTensorSpec(suggested), "), or pass --unbatched ", spec->name(),
+          " if it really has no batch dimension"));
+    }
+  }
+  for (const std::string& name : declared) {
+    if (names.count(name) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--unbatched ", Quote(name),
+                       ": no --input (or loss target) has "
+                       "that name"));
     }
   }
   return absl::OkStatus();

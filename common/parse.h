@@ -25,7 +25,9 @@ inline constexpr int64_t kBatchDim = -1;
 // `1.50 GiB`, `512 B`.
 std::string FormatBytes(int64_t bytes);
 
-// Bytes as in ParseBytes, `60%` of the baseline peak, `80%dev` of the device.
+// Bytes with a unit as in ParseBytes (`4GiB`, `512B`), `60%` of the
+// baseline peak, `80%dev` of the device. A bare number (`60`) is refused as
+// ambiguous.
 [[nodiscard]] absl::StatusOr<v1::MemoryBudget> ParseBudget(
     absl::string_view text);
 std::string FormatBudget(const v1::MemoryBudget& budget);
@@ -65,6 +67,16 @@ std::string FormatOptimizerSpec(const v1::OptimizerSpec& optimizer);
 // unique and non-empty, dims positive or B, integer inputs have a range.
 [[nodiscard]] absl::Status ValidateInputs(
     const std::vector<v1::TensorSpec>& inputs);
+
+// Refuses a spec without the batch dimension B (a fixed first dimension
+// would stay the same at every --batch, and the step fails later, deep in
+// the model), unless its name is in `unbatched`: the user's statement that
+// it has none. Checks every input and the loss target (when `loss` has
+// one); a name in `unbatched` that names no spec, or a spec with B, is an
+// error too. Messages name the spec.
+[[nodiscard]] absl::Status CheckBatchDims(
+    const std::vector<v1::TensorSpec>& inputs, const v1::LossSpec* loss,
+    const std::vector<std::string>& unbatched);
 
 }  // namespace mutwo
 

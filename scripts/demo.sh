@@ -37,10 +37,13 @@ done
 pids+=($!)
 
 /usr/bin/python3 scripts/make_demo_model.py "$DEMO_DIR/demo_cnn.pt"
+rc=0
 "$BIN/mutwo" submit "$DEMO_DIR/demo_cnn.pt" --server="$ADDR" \
   --input='x:float32[B,3,32,32]' --loss='cross_entropy:y:int64[B]{0,10}' \
   --optimizer=adam --batch=8:32 --budget=60% --budget=80% --wait \
-  --wait_timeout_s=1800 | tee "$DEMO_DIR/results.txt"
+  --wait_timeout_s=1800 | tee "$DEMO_DIR/results.txt" || rc=$?
+# 3: a budget fits at no batch size (the table says why); the demo goes on.
+[ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || exit "$rc"
 
 job=$("$BIN/mutwo" jobs --server="$ADDR" --output=json | \
       /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["job_id"])')

@@ -601,6 +601,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobCore::RegisterWorker(
   return response;
 }
 
+absl::StatusOr<std::vector<v1::Task>> JobCore::ListTasks(
+    const std::string& job_id) {
+  return store_->ListTasks(job_id);
+}
+
 absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
     const v1::LeaseTaskRequest& request) {
   MUTWO_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
@@ -710,10 +715,21 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   if (!stored_now) return absl::OkStatus();  // a retried report
   MUTWO_RETURN_IF_ERROR(
       store_->PutProfile(task.job_id(), task.batch_size(), profile));
+  // PLANNING only once profiling is over: while other batch sizes are still
+  // profiled the job stays PROFILING (Settle would set it back, and a
+  // watcher saw PROFILING and PLANNING alternate).
+  MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> job_tasks,
+                         store_->ListTasks(task.job_id()));
+  const bool profiles_pending =
+      std::any_of(job_tasks.begin(), job_tasks.end(), [](const v1::Task& t) {
+        return t.kind() == v1::Task::PROFILE &&
+               (t.state() == v1::Task::QUEUED || t.state() == v1::Task::LEASED);
+      });
   MUTWO_ASSIGN_OR_RETURN(v1::Job job,
-                         store_->UpdateJob(task.job_id(), [](v1::Job& j) {
-                           if (!IsFinal(j.state()))
+                         store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+                           if (!IsFinal(j.state()) && !profiles_pending) {
                              j.set_state(v1::Job::PLANNING);
+                           }
                            return absl::OkStatus();
                          }));
   NotifyChange();

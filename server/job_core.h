@@ -119,6 +119,9 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::Schedule> GetSchedule(
       const v1::GetScheduleRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  // The job's tasks (WatchJob's progress: what is leased, what ended).
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
+      const std::string& job_id);
   // Blocks until the job changes from `seen_updated_ms` or `timeout_ms`
   // passes; returns the current job.
   [[nodiscard]] absl::StatusOr<v1::Job> WaitForJobChange(

@@ -13,7 +13,7 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Prometheus /metrics listen address (empty: off)");
+          "Prometheus /metrics listen address; empty: off");
 ABSL_FLAG(std::string, data_dir, "./mutwo-data",
           "directory for the SQLite database and model files");
 ABSL_FLAG(int32_t, lease_timeout_ms, 30000,
@@ -22,9 +22,9 @@ ABSL_FLAG(int32_t, lease_timeout_ms, 30000,
 ABSL_FLAG(int32_t, max_attempts, 3,
           "attempts per task before it fails with its last reason");
 ABSL_FLAG(std::string, max_model_bytes, "512MiB",
-          "largest accepted model upload (e.g. 512MiB)");
+          "largest accepted model upload, e.g. 512MiB");
 ABSL_FLAG(int32_t, max_concurrent_jobs, 0,
-          "refuse new jobs while this many are unfinished (0: no limit)");
+          "refuse new jobs while this many are unfinished; 0: no limit");
 ABSL_FLAG(int32_t, pareto_points, 20,
           "budgets in each schedule's Pareto sweep");
 ABSL_FLAG(int32_t, validation_rounds, 3,
@@ -36,13 +36,14 @@ ABSL_FLAG(double, replan_margin, 0.01,
           "overshoot, as a fraction of the budget");
 ABSL_FLAG(int32_t, drain_timeout_ms, 10000,
           "on SIGTERM, how long in-flight RPCs may take before cancellation");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, error or off");
 
 namespace {
 constexpr char kUsage[] =
     "mutwo-server: the mutwo planning service (gRPC).\n\n"
-    "Usage: mutwo-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT] "
-    "[--data_dir=DIR] [flags]";
+    "Usage: mutwo-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT]\n"
+    "                    [--data_dir=DIR] [flags]";
 }
 
 int main(int argc, char** argv) {
@@ -53,6 +54,10 @@ int main(int argc, char** argv) {
   }
   if (args->help) {
     std::cout << mutwo::UsageWithFlags(kUsage);
+    return mutwo::kExitOk;
+  }
+  if (args->version) {
+    std::cout << mutwo::VersionLine("mutwo-server") << "\n";
     return mutwo::kExitOk;
   }
   if (!args->positional.empty()) {

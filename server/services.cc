@@ -2,9 +2,11 @@
 
 #include <chrono>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/job_progress.h"
 
 namespace mutwo {
 namespace {
@@ -127,25 +129,26 @@ grpc::Status PlannerService::WatchJob(
   auto job = core_->GetJob(request->job_id());
   if (!job.ok()) return timer.Done(job.status());
   int64_t seen = -1;
-  std::string seen_waiting;
+  std::optional<v1::JobEvent> last;
   while (!context->IsCancelled()) {
-    if (job->updated_unix_ms() != seen || job->waiting() != seen_waiting) {
+    if (job->updated_unix_ms() != seen || !last.has_value() ||
+        job->waiting() != last->waiting()) {
       seen = job->updated_unix_ms();
-      seen_waiting = job->waiting();
-      v1::JobEvent event;
-      event.set_state(job->state());
-      event.set_tasks_total(job->tasks_total());
-      event.set_tasks_done(job->tasks_done());
-      event.set_unix_ms(job->updated_unix_ms());
-      event.set_waiting(job->waiting());
-      event.set_message(absl::StrCat(
-          v1::Job::State_Name(job->state()), " ", job->tasks_done(), "/",
-          job->tasks_total(), " tasks",
-          job->waiting().empty() ? "" : "; waiting: ", job->waiting()));
+      // Tasks first, then the job: a job read before its tasks could say
+      // QUEUED while a task it does not know of yet runs.
+      auto tasks = core_->ListTasks(request->job_id());
+      if (!tasks.ok()) return timer.Done(tasks.status());
+      job = core_->GetJob(request->job_id());
+      if (!job.ok()) return timer.Done(job.status());
+      v1::JobEvent event = JobEventFor(*job, *tasks);
       const bool final = IsFinal(job->state());
-      if (final) *event.mutable_job() = *job;
-      if (!writer->Write(event)) break;
-      if (final) return timer.Done(absl::OkStatus());
+      // An update that changes nothing a watcher sees (a lease renewed, a
+      // settle that found the same state) is not sent again.
+      if (final || !last.has_value() || ProgressChanged(*last, event)) {
+        if (!writer->Write(event)) break;
+        if (final) return timer.Done(absl::OkStatus());
+        last = std::move(event);
+      }
     }
     job = core_->WaitForJobChange(request->job_id(), seen, 1000);
     if (!job.ok()) return timer.Done(job.status());

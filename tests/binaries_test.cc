@@ -1,7 +1,11 @@
 // Every binary prints its usage for --help and exits 0, and refuses unknown
-// commands and flags with exit code 2 and a line naming them.
+// commands and flags with exit code 2 and a line naming them; each command
+// has its own help and refuses the flags of other commands; what can be
+// checked is checked before anything is uploaded (issue 16).
+#include <fstream>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
@@ -9,6 +13,7 @@
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using mutwo::testing::BinPath;
 using mutwo::testing::CommandResult;
@@ -28,6 +33,23 @@ TEST_P(BinaryHelp, UnknownFlagExitsTwo) {
   EXPECT_THAT(r.output, HasSubstr("unknown flag \"--no_such_flag\""));
 }
 
+TEST_P(BinaryHelp, VersionExitsZero) {
+  CommandResult r = RunCommand(BinPath(GetParam()) + " --version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::StartsWith(std::string(GetParam()) + " 0."));
+  EXPECT_THAT(r.output, HasSubstr("(planner mutwo-planner-"));
+}
+
+TEST_P(BinaryHelp, HelpHasNoDuplicatedDefaultsNorOneLetterLongFlags) {
+  CommandResult r = RunCommand(BinPath(GetParam()) + " --help");
+  EXPECT_THAT(r.output, Not(HasSubstr(") (default:"))) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("(default: \"\")"))) << r.output;
+  EXPECT_THAT(r.output, Not(::testing::ContainsRegex("--[a-z] "))) << r.output;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    EXPECT_LE(line.size(), 80u) << line;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, BinaryHelp,
                          ::testing::Values("mutwo", "mutwo-server",
                                            "mutwo-worker"));
@@ -43,6 +65,140 @@ TEST(Binaries, HealthAgainstNothingIsUnavailable) {
   CommandResult r = RunCommand(
       BinPath("mutwo") + " health --server=127.0.0.1:1 --timeout_ms=2000");
   EXPECT_EQ(r.exit_code, 4) << r.output;
+}
+
+// Nothing listens on port 1: a command that got as far as an RPC exits 4,
+// so exit 2 proves the refusal came first.
+const char kNoServer[] = " --server=127.0.0.1:1 --timeout_ms=2000";
+
+std::string Mutwo(const std::string& args) {
+  return BinPath("mutwo") + " " + args;
+}
+
+TEST(MutwoHelp, EachCommandPrintsItsUsageAndOnlyItsFlags) {
+  for (const std::string& form : {"plan --help", "help plan", "plan -h"}) {
+    CommandResult r = RunCommand(Mutwo(form));
+    EXPECT_EQ(r.exit_code, 0) << form << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr("Usage: mutwo plan PROFILE.json")) << form;
+    EXPECT_THAT(r.output, HasSubstr("--policy")) << form;
+    EXPECT_THAT(r.output, Not(HasSubstr("--wait"))) << form;
+    EXPECT_THAT(r.output, Not(HasSubstr("--device_kind"))) << form;
+    EXPECT_THAT(r.output, Not(HasSubstr("--server"))) << form;  // offline
+  }
+  CommandResult top = RunCommand(Mutwo("--help"));
+  EXPECT_THAT(top.output, HasSubstr("  watch "));
+  EXPECT_THAT(top.output, Not(HasSubstr("--budget")));  // commands' flags
+  CommandResult plot = RunCommand(Mutwo("plot --help"));
+  EXPECT_THAT(plot.output, HasSubstr("-o, --svg"));
+  CommandResult submit = RunCommand(Mutwo("submit --help"));
+  EXPECT_THAT(submit.output, HasSubstr("(default: random)"));
+  EXPECT_THAT(submit.output, HasSubstr("--unbatched"));
+}
+
+TEST(MutwoFlags, FlagsOfOtherCommandsAreRefusedNamingFlagAndCommand) {
+  CommandResult r = RunCommand(
+      Mutwo("plan p.json --budget 60% --wait --kind batch --device_kind cuda"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--wait does not apply to \"plan\""));
+  r = RunCommand(Mutwo("jobs --batch 8") + kNoServer);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--batch does not apply to \"jobs\""));
+  r = RunCommand(Mutwo("plan p.json --budget 60% --server=x:1"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--server does not apply to \"plan\""));
+}
+
+TEST(MutwoFlags, BareNumberBudgetsAreRefusedAsAmbiguous) {
+  CommandResult r = RunCommand(Mutwo("plan p.json --budget 60"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("say 60% or 60MiB or 60B"));
+  r = RunCommand(Mutwo("schedule job-1 --batch 8 --budget 60") + kNoServer);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("a bare number is ambiguous"));
+}
+
+TEST(MutwoFlags, EnumValuesInAnyCase) {
+  // Accepted: the command gets as far as the (missing) server.
+  for (const std::string& args :
+       {"jobs --state succeeded", "jobs --state Failed --output JSON",
+        "schedule j --batch 8 --policy SQRT_N", "health --output Json"}) {
+    CommandResult r = RunCommand(Mutwo(args) + kNoServer);
+    EXPECT_EQ(r.exit_code, 4) << args << "\n" << r.output;
+  }
+  CommandResult bad = RunCommand(Mutwo("jobs --state done") + kNoServer);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("--state \"done\": use queued"));
+}
+
+class MutwoSubmitChecks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = ::testing::TempDir() + "/binaries_test_model.pt";
+    std::ofstream(model_) << "bytes that are never uploaded";
+  }
+  CommandResult Submit(const std::string& args) {
+    return RunCommand(Mutwo("submit " + model_ + " " + args) + kNoServer);
+  }
+  std::string model_;
+};
+
+TEST_F(MutwoSubmitChecks, EverythingCheckableIsCheckedBeforeTheUpload) {
+  const std::string ok = "--input x:float32[B,3,32,32] --batch 8 --budget 60%";
+  // The well-formed request gets as far as the upload (no server: 4).
+  EXPECT_EQ(Submit(ok).exit_code, 4);
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {ok + " --device_kind tpu",
+            "--device_kind \"tpu\": use cpu or cuda"},
+           {"--input x:float32[64,3,32,32] --batch 8 --budget 60%",
+            "input spec \"x:float32[64,3,32,32]\" has no batch dimension B"},
+           {"--input x:float32[B,3] --batch 8 --budget 60",
+            "a bare number is ambiguous"},
+           {"--input x:float32[B,3] --batch 8:4 --budget 60%", "batch sizes"},
+           {ok + " --loss hinge", "loss \"hinge\""},
+           {ok + " --optimizer lbfgs", "optimizer \"lbfgs\""},
+           {ok + " --unbatched y", "--unbatched \"y\""},
+           {ok + " --max_overhead -1", "--max_overhead"},
+       }) {
+    CommandResult r = Submit(c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
+    EXPECT_THAT(r.output, Not(HasSubstr("uploaded"))) << c.args;
+  }
+  // Declared unbatched and upper-case names are accepted.
+  EXPECT_EQ(Submit("--input x:float32[64,3] --unbatched x --input y:FLOAT32[B] "
+                   "--batch 8 --budget 60% --device_kind CUDA --loss MEAN")
+                .exit_code,
+            4);
+}
+
+TEST(WorkerHelp, ProfileHelpAndRefusedFlags) {
+  CommandResult r = RunCommand(BinPath("mutwo-worker") + " profile --help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("Usage: mutwo-worker profile MODEL.pt"));
+  EXPECT_THAT(r.output, HasSubstr("--output"));
+  EXPECT_THAT(r.output, Not(HasSubstr("--schedule")));
+  EXPECT_THAT(r.output, Not(HasSubstr("--work_dir")));
+  r = RunCommand(BinPath("mutwo-worker") +
+                 " profile m.pt --input x:float32[B,4] --batch 2 --force");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--force does not apply to \"profile\""));
+  r = RunCommand(BinPath("mutwo-worker") + " help execute");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--schedule"));
+  EXPECT_THAT(r.output, HasSubstr("--baseline"));
+}
+
+TEST(WorkerHelp, InputWithoutBatchDimensionIsRefusedBeforeLoading) {
+  // The model file does not exist: the spec is refused before it is read.
+  CommandResult r = RunCommand(BinPath("mutwo-worker") +
+                               " profile /nonexistent.pt --input "
+                               "x:float32[64,3,32,32] --batch 32");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"x:float32[64,3,32,32]\" has no batch "
+                                  "dimension B"));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/validation_check.h"
@@ -27,13 +28,13 @@ ABSL_DECLARE_FLAG(std::string, memory_limit);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 
 ABSL_FLAG(std::string, schedule, "",
-          "execute: the Schedule JSON (`mutwo plan ... --output json`)");
+          "the Schedule JSON (`mutwo plan ... --output json`)");
 ABSL_FLAG(bool, baseline, true,
-          "execute: also run the unmodified step and compare gradients, loss "
+          "also run the unmodified step and compare gradients, loss "
           "and batch-norm statistics with it; --baseline=false runs only the "
           "scheduled step (batch sizes where only a schedule fits)");
 ABSL_FLAG(bool, force, false,
-          "execute: run a schedule the planner marked infeasible "
+          "run a schedule the planner marked infeasible "
           "(\"feasible\": false) instead of refusing it with exit code 3");
 
 namespace mutwo::worker {
@@ -62,21 +63,6 @@ std::string InfeasibleMessage(const v1::Schedule& schedule) {
 
 }  // namespace
 
-const char kExecuteUsage[] =
-    "  execute   MODEL.pt --schedule SCHEDULE.json --input ... --batch N\n"
-    "            [--loss ...] [--optimizer ...] [--device cpu|cuda:0] "
-    "[--warmup 1] [--iterations 3]\n"
-    "            [--baseline=false] [--force] [--output json|text]   runs "
-    "baseline and\n"
-    "            scheduled training steps: peaks, time, gradients and "
-    "batch-norm statistics\n"
-    "            compared. Exit 1 (after the result) when the measured peak "
-    "exceeds the\n"
-    "            budget, the step ran out of memory or gradients, loss or "
-    "batch-norm statistics\n"
-    "            differ; exit 3 for an infeasible schedule (run it with "
-    "--force)\n";
-
 std::string FormatValidationText(const v1::Validation& v) {
   std::string out;
   absl::StrAppendFormat(&out, "device          %s (%s)\n", v.device().name(),
@@ -90,13 +76,14 @@ std::string FormatValidationText(const v1::Validation& v) {
     absl::StrAppendFormat(&out, "%-15s %14s %10.1f ms\n", name,
                           FormatBytes(s.peak_bytes()), s.iteration_ms());
   };
-  row("baseline", v.baseline());
+  // --baseline=false ran no unmodified step: no row of zeros for it.
+  if (!v.baseline_skipped()) row("baseline", v.baseline());
   row("scheduled", v.scheduled());
   row("predicted", v.predicted());
   absl::StrAppendFormat(&out, "budget          %s (%s)\n",
                         FormatBytes(v.budget_bytes()),
                         v.within_budget() ? "within" : "EXCEEDED");
-  if (v.baseline().peak_bytes() > 0) {
+  if (!v.baseline_skipped() && v.baseline().peak_bytes() > 0) {
     absl::StrAppendFormat(
         &out, "memory saved    %s (%.1f%%), time paid %+.1f%%\n",
         FormatBytes(v.baseline().peak_bytes() - v.scheduled().peak_bytes()),
@@ -151,11 +138,9 @@ int RunExecuteCommand(const ParsedArgs& args) {
         "--batch: a positive batch size is required"));
   }
   options.run_baseline = absl::GetFlag(FLAGS_baseline);
-  const std::string output = absl::GetFlag(FLAGS_output);
-  if (output != "json" && output != "text") {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--output: expected json or text, got \"", output, "\"")));
-  }
+  auto output =
+      ParseChoice("--output", absl::GetFlag(FLAGS_output), {"text", "json"});
+  if (!output.ok()) return Fail(output.status());
   if (!schedule.feasible() && !absl::GetFlag(FLAGS_force)) {
     std::cerr << "mutwo-worker execute: " << schedule_path << " is "
               << InfeasibleMessage(schedule)
@@ -166,7 +151,7 @@ int RunExecuteCommand(const ParsedArgs& args) {
   if (!executor.ok()) return Fail(executor.status());
   auto validation = (*executor)->Run(schedule);
   if (!validation.ok()) return Fail(validation.status());
-  if (output == "json") {
+  if (*output == "json") {
     std::cout << ProtoToJson(*validation) << "\n";
   } else {
     std::cout << FormatValidationText(*validation);

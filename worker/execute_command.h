@@ -1,6 +1,7 @@
 // `mutwo-worker execute MODEL.pt --schedule SCHEDULE.json --input ...
 // --batch N [...]`: runs baseline and scheduled training steps and prints
-// the v1::Validation as JSON (proto field names) or text on stdout.
+// the v1::Validation as text (default) or JSON (--output json, proto field
+// names) on stdout.
 // Bad arguments, a bad model or schedule, or a schedule of another graph:
 // exit 2 and one line on stderr. A schedule the planner marked infeasible is
 // refused with exit 3 (naming the budget and the floor) unless --force.
@@ -18,8 +19,6 @@
 #include "mutwo/v1/types.pb.h"
 
 namespace mutwo::worker {
-
-extern const char kExecuteUsage[];
 
 int RunExecuteCommand(const ParsedArgs& args);
 

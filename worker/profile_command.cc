@@ -4,29 +4,40 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "worker/profile_format.h"
 #include "worker/profiler.h"
 
 ABSL_FLAG(std::string, input, "",
-          "profile: a model input NAME:DTYPE[DIMS]{LOW,HIGH}, B = batch size "
-          "(repeat once per forward argument)");
-ABSL_FLAG(int64_t, batch, 0, "profile: batch size substituted for B");
+          "a model input NAME:DTYPE[DIMS]{LOW,HIGH} with B for the batch "
+          "size, e.g. x:float32[B,3,224,224]; once per forward argument, in "
+          "order");
+ABSL_FLAG(std::string, unbatched, "",
+          "NAME: input (or loss target) NAME has no batch dimension B on "
+          "purpose; repeat per input");
+ABSL_FLAG(int64_t, batch, 0, "the batch size substituted for B (required)");
 ABSL_FLAG(std::string, loss, "mean",
-          "profile: mean, sum, model or cross_entropy:TARGET_SPEC");
+          "mean, sum, model or cross_entropy:TARGET_SPEC (e.g. "
+          "cross_entropy:y:int64[B]{0,1000})");
 ABSL_FLAG(std::string, optimizer, "sgd",
-          "profile: none, sgd, sgd_momentum, adam, adamw[:lr=...]");
-ABSL_FLAG(std::string, device, "cpu", "profile: cpu, cuda or cuda:N");
-ABSL_FLAG(int32_t, warmup, 1, "profile: warm-up iterations");
-ABSL_FLAG(int32_t, iterations, 3, "profile: measured iterations (median)");
-ABSL_FLAG(std::string, output, "json", "profile: json, csv or text");
+          "none, sgd, sgd_momentum, adam or adamw, optionally "
+          ":lr=...,momentum=...,weight_decay=...");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
+ABSL_FLAG(int32_t, warmup, 1, "warm-up iterations");
+ABSL_FLAG(int32_t, iterations, 3, "measured iterations (the median is kept)");
+ABSL_FLAG(std::string, output, "text",
+          "text (a summary for people), json (the whole Profile, for "
+          "scripts and `mutwo plan`) or csv");
 ABSL_FLAG(std::string, memory_limit, "",
-          "profile: fail allocations beyond this size like an out-of-memory "
-          "(e.g. 2GiB); empty = the device's memory");
-ABSL_FLAG(uint64_t, seed, 0, "profile: seed of the generated inputs");
+          "fail allocations beyond this size like an out-of-memory (e.g. "
+          "2GiB; default: the device's memory)");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the generated inputs");
 
 namespace mutwo::worker {
 namespace {
@@ -64,6 +75,13 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
         absl::StrCat("--loss: ", loss.status().message()));
   }
   flags.loss = *std::move(loss);
+  // A spec without B stays the same at every batch size; refused here, not
+  // deep in the model's forward.
+  if (absl::Status s =
+          CheckBatchDims(flags.inputs, &flags.loss, args.Repeated("unbatched"));
+      !s.ok()) {
+    return s;
+  }
   auto optimizer = ParseOptimizerSpec(absl::GetFlag(FLAGS_optimizer));
   if (!optimizer.ok()) {
     return absl::InvalidArgumentError(
@@ -71,7 +89,17 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
   }
   flags.optimizer = *std::move(optimizer);
   flags.batch_size = absl::GetFlag(FLAGS_batch);
-  flags.device = absl::GetFlag(FLAGS_device);
+  flags.device = absl::AsciiStrToLower(absl::GetFlag(FLAGS_device));
+  if (flags.device != "cpu" && flags.device != "cuda" &&
+      !absl::StartsWith(flags.device, "cuda:")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device \"", absl::GetFlag(FLAGS_device),
+                     "\": use cpu, cuda or cuda:N"));
+  }
+  if (absl::GetFlag(FLAGS_warmup) < 0 || absl::GetFlag(FLAGS_iterations) < 1) {
+    return absl::InvalidArgumentError(
+        "--warmup must be 0 or more and --iterations 1 or more");
+  }
   flags.warmup_iterations = absl::GetFlag(FLAGS_warmup);
   flags.measure_iterations = absl::GetFlag(FLAGS_iterations);
   flags.seed = absl::GetFlag(FLAGS_seed);
@@ -87,16 +115,6 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
   }
   return absl::OkStatus();
 }
-
-const char kProfileUsage[] =
-    "  profile   MODEL.pt --input NAME:DTYPE[DIMS]{lo,hi} [--input ...] "
-    "--batch N\n"
-    "            [--loss mean|sum|model|cross_entropy:SPEC] [--optimizer "
-    "sgd|sgd_momentum|adam|adamw|none]\n"
-    "            [--device cpu|cuda:0] [--warmup 1] [--iterations 3] "
-    "[--output json|csv|text]\n"
-    "            profiles one training step (per-node time and memory, "
-    "activations)\n";
 
 int RunProfileCommand(const ParsedArgs& args) {
   if (args.positional.size() != 1) {
@@ -114,19 +132,17 @@ int RunProfileCommand(const ParsedArgs& args) {
     return Fail(absl::InvalidArgumentError(
         "--batch: a positive batch size is required"));
   }
-  const std::string output = absl::GetFlag(FLAGS_output);
-  if (output != "json" && output != "csv" && output != "text") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--output: expected json, csv or text, got \"", output, "\"")));
-  }
+  auto output = ParseChoice("--output", absl::GetFlag(FLAGS_output),
+                            {"text", "json", "csv"});
+  if (!output.ok()) return Fail(output.status());
 
   auto profiler = Profiler::Create(std::move(options));
   if (!profiler.ok()) return Fail(profiler.status());
   auto profile = (*profiler)->Run();
   if (!profile.ok()) return Fail(profile.status());
-  if (output == "json") {
+  if (*output == "json") {
     std::cout << ProtoToJson(*profile) << "\n";
-  } else if (output == "csv") {
+  } else if (*output == "csv") {
     std::cout << FormatProfileCsv(*profile);
   } else {
     std::cout << FormatProfileText(*profile);

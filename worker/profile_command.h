@@ -1,5 +1,7 @@
 // `mutwo-worker profile MODEL.pt --input ... --batch N [...]`: profiles one
-// training step and prints the Profile as JSON, CSV or text on stdout.
+// training step and prints the Profile on stdout: a text summary by
+// default, the whole Profile with --output json (what `mutwo plan` reads),
+// or CSV.
 // Bad arguments or a bad model: exit 2 and one line on stderr naming the
 // problem. An out-of-memory is a result (oom: true), exit 0.
 #ifndef MUTWO_WORKER_PROFILE_COMMAND_H_
@@ -16,13 +18,12 @@
 
 namespace mutwo::worker {
 
-extern const char kProfileUsage[];
-
-// The training-step flags `profile` and `execute` share (--input, --loss,
-// --optimizer, --batch, --device, --warmup, --iterations, --seed,
-// --memory_limit), parsed into `options` (the model fields are left as
-// they are). InvalidArgument names the flag; the batch size is copied as
-// given (each command checks it).
+// The training-step flags `profile` and `execute` share (--input,
+// --unbatched, --loss, --optimizer, --batch, --device, --warmup,
+// --iterations, --seed, --memory_limit), parsed into `options` (the model
+// fields are left as they are). InvalidArgument names the flag; an input
+// spec without B (not named by --unbatched) is one; the batch size is
+// copied as given (each command checks it).
 // Prints `mutwo-worker COMMAND: message` (one line) on stderr and returns
 // the exit code: kExitBadInput for InvalidArgument and NotFound (bad flags,
 // files, models), kExitFailure otherwise.

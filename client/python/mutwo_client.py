@@ -107,9 +107,14 @@ def format_bytes(n):
 
 
 def parse_budget(text):
-    """`60%` (of the baseline peak), `80%dev` (of the device), or bytes."""
+    """`60%` (of the baseline peak), `80%dev` (of the device), or bytes with
+    a unit (`4GiB`, `512B`); a bare number is ambiguous and refused, as in
+    the mutwo CLI."""
     budget = types_pb2.MemoryBudget(text=str(text).strip())
     s = budget.text
+    if re.fullmatch(r"[0-9.]+", s):
+        raise ValueError('budget "%s": a bare number is ambiguous; say %s%% '
+                         "or %sMiB or %sB" % (text, s, s, s))
     for suffix, field in (("%dev", "fraction_of_device"),
                           ("%", "fraction_of_baseline")):
         if s.endswith(suffix):

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -53,8 +54,58 @@ TEST(ParseArgs, HelpAndUsageListProjectFlags) {
   ASSERT_TRUE(args.ok());
   EXPECT_TRUE(args->help);
   const std::string usage = UsageWithFlags("Usage: prog");
-  EXPECT_THAT(usage, HasSubstr("--args_test_count  a test flag"));
+  EXPECT_THAT(usage, ::testing::ContainsRegex("--args_test_count +a test flag "
+                                              "\\(default: 1\\)"));
   EXPECT_THAT(usage, ::testing::Not(HasSubstr("--flagfile")));
+  EXPECT_THAT(usage, HasSubstr("--version"));
+}
+
+TEST(ParseArgs, VersionAndGivenFlagsAreReported) {
+  auto args = Parse({"prog", "--version", "--args_test_count=2",
+                     "--args_test_input", "a", "--args_test_input=b"});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_TRUE(args->version);
+  EXPECT_THAT(args->flags, ElementsAre("args_test_count", "args_test_input",
+                                       "args_test_input"));
+  EXPECT_TRUE(args->Given("args_test_count"));
+  EXPECT_FALSE(args->Given("args_test_verbose"));
+}
+
+TEST(ParseArgs, OneLetterFlagsOnlyAsDeclaredShortNames) {
+  std::vector<std::string> words = {"prog", "-c", "7"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  auto args = ParseArgs(3, argv.data(), 1, {}, {{"c", "args_test_count"}});
+  ASSERT_TRUE(args.ok()) << args.status();
+  EXPECT_EQ(absl::GetFlag(FLAGS_args_test_count), 7);
+  EXPECT_THAT(args->flags, ElementsAre("args_test_count"));
+  // Without the declaration `-c` is unknown, and `--c` never works.
+  EXPECT_EQ(Parse({"prog", "-c", "7"}).status().message(),
+            "unknown flag \"-c\"; see --help");
+  EXPECT_EQ(ParseArgs(3, argv.data(), 1, {}).status().message(),
+            "unknown flag \"-c\"; see --help");
+}
+
+TEST(FlagLines, DefaultsOnceAndWrappedAt80Columns) {
+  const std::string lines = FlagLines(
+      {"args_test_count", "args_test_verbose", "args_test_input"},
+      {{"args_test_input",
+        "a long help text that names its own default (default: nothing) and "
+        "goes on well past the eightieth column of a terminal"}},
+      {}, false);
+  // Bool false and empty defaults are not printed; a help that names its
+  // default gets no second one.
+  EXPECT_THAT(lines, HasSubstr("a test bool flag\n"));
+  EXPECT_THAT(lines, ::testing::Not(HasSubstr("(default: false)")));
+  EXPECT_THAT(lines, ::testing::Not(HasSubstr("(default: \"\")")));
+  const size_t input = lines.find("--args_test_input");
+  ASSERT_NE(input, std::string::npos);
+  const size_t own = lines.find("(default:", input);
+  EXPECT_NE(own, std::string::npos) << lines;
+  EXPECT_EQ(lines.find("(default", own + 1), std::string::npos) << lines;
+  for (absl::string_view line : absl::StrSplit(lines, '\n')) {
+    EXPECT_LE(line.size(), 80u) << line;
+  }
 }
 
 }  // namespace

@@ -49,6 +49,59 @@ TEST(ParseBudget, Errors) {
               HasSubstr("budget \"big\": expected bytes"));
 }
 
+TEST(ParseBudget, BareNumbersAreRefusedAsAmbiguous) {
+  for (const char* text : {"60", "60.5", "4000000"}) {
+    auto budget = ParseBudget(text);
+    ASSERT_FALSE(budget.ok()) << text;
+    EXPECT_EQ(budget.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(budget.status().message()),
+                HasSubstr("a bare number is ambiguous; say"));
+  }
+  EXPECT_EQ(ParseBudget("60").status().message(),
+            "budget \"60\": a bare number is ambiguous; say 60% or 60MiB or "
+            "60B");
+  // Units and percentages keep working; a byte count says B.
+  EXPECT_EQ(ParseBudget("60B")->bytes(), 60);
+  EXPECT_EQ(ParseBudget("60MiB")->bytes(), int64_t{60} << 20);
+  EXPECT_DOUBLE_EQ(ParseBudget("60%")->fraction_of_baseline(), 0.6);
+  EXPECT_DOUBLE_EQ(ParseBudget("60%DEV")->fraction_of_device(), 0.6);
+}
+
+TEST(ParseNames, LossOptimizerAndDTypeInAnyCase) {
+  EXPECT_EQ(ParseLossSpec("MEAN")->kind(), v1::LossSpec::MEAN);
+  EXPECT_EQ(ParseLossSpec("Cross_Entropy:y:INT64[B]{0,10}")->kind(),
+            v1::LossSpec::CROSS_ENTROPY);
+  EXPECT_EQ(ParseOptimizerSpec("AdamW:lr=0.1")->kind(),
+            v1::OptimizerSpec::ADAMW);
+  EXPECT_EQ(ParseTensorSpec("x:Float32[B,3]")->dtype(), v1::FLOAT32);
+}
+
+TEST(CheckBatchDims, ASpecWithoutBIsRefusedNamingIt) {
+  const v1::TensorSpec fixed = *ParseTensorSpec("x:float32[64,3,32,32]");
+  const v1::TensorSpec batched = *ParseTensorSpec("y:float32[B,4]");
+  const absl::Status s = CheckBatchDims({batched, fixed}, nullptr, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "input spec \"x:float32[64,3,32,32]\" has no batch dimension B, "
+            "so --batch would not change it; write B where the batch size "
+            "goes (like x:float32[B,3,32,32]), or pass --unbatched x if it "
+            "really has no batch dimension");
+  EXPECT_TRUE(CheckBatchDims({batched, fixed}, nullptr, {"x"}).ok());
+  EXPECT_TRUE(CheckBatchDims({batched}, nullptr, {}).ok());
+}
+
+TEST(CheckBatchDims, LossTargetAndUnbatchedNamesAreCheckedToo) {
+  const v1::TensorSpec x = *ParseTensorSpec("x:float32[B,4]");
+  const v1::LossSpec loss = *ParseLossSpec("cross_entropy:y:int64[8]{0,4}");
+  EXPECT_THAT(std::string(CheckBatchDims({x}, &loss, {}).message()),
+              HasSubstr("input spec \"y:int64[8]{0,4}\" has no batch"));
+  EXPECT_TRUE(CheckBatchDims({x}, &loss, {"y"}).ok());
+  EXPECT_THAT(std::string(CheckBatchDims({x}, nullptr, {"z"}).message()),
+              HasSubstr("--unbatched \"z\": no --input"));
+  EXPECT_THAT(std::string(CheckBatchDims({x}, nullptr, {"x"}).message()),
+              HasSubstr("has the batch dimension B"));
+}
+
 TEST(ParseTensorSpec, FloatWithBatch) {
   auto spec = ParseTensorSpec("x:float32[B,3,224,224]");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -11,6 +11,7 @@
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/job_progress.h"
 #include "server/planner/proto_convert.h"
 #include "tests/testing/synthetic_profile.h"
 
@@ -220,6 +221,45 @@ TEST_F(JobCoreTest, JobRunsThroughEveryStateToSucceeded) {
     EXPECT_EQ(r.outcomes(1).rounds(), 0);
     EXPECT_THAT(r.outcomes(1).reason(), HasSubstr("below the floor"));
   }
+}
+
+// What `submit --wait` and `watch` show: after every step the progress has
+// the same denominators, the stage never goes back (no PROFILING after
+// PLANNING or VALIDATING) and the decided budgets only grow.
+TEST_F(JobCoreTest, ProgressIsMonotoneWithFixedDenominators) {
+  auto submitted = core_->SubmitJob(Request({2, 4, 8}, {"60%", "1B"}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->job().job_id();
+  std::vector<v1::JobEvent> events;
+  auto observe = [&] {
+    events.push_back(JobEventFor(*core_->GetJob(id), *core_->ListTasks(id)));
+  };
+  observe();
+  for (int i = 0; i < 20; ++i) {
+    auto lease = Lease();
+    if (!lease.has_task()) break;
+    observe();
+    if (lease.task().kind() == v1::Task::PROFILE) {
+      ASSERT_TRUE(ReportProfile(lease.task()).ok());
+    } else {
+      ASSERT_TRUE(ReportValidation(lease.task()).ok());
+    }
+    observe();
+  }
+  ASSERT_EQ(events.back().state(), v1::Job::SUCCEEDED);
+  auto rank = [](v1::Job::State s) { return static_cast<int>(s); };
+  for (size_t i = 1; i < events.size(); ++i) {
+    SCOPED_TRACE(events[i].message());
+    EXPECT_EQ(events[i].batch_sizes_total(), 3);
+    EXPECT_EQ(events[i].budgets_total(), 6);
+    EXPECT_GE(rank(events[i].state()), rank(events[i - 1].state()));
+    EXPECT_GE(events[i].budgets_decided(), events[i - 1].budgets_decided());
+    EXPECT_GE(events[i].batch_sizes_profiled(),
+              events[i - 1].batch_sizes_profiled());
+  }
+  EXPECT_EQ(events.back().budgets_decided(), 6);
+  // While batch 2 was profiled, it was named as running.
+  EXPECT_EQ(events[1].running(), "profile batch 2");
 }
 
 // The closed loop: a round measured over the budget is planned again below

@@ -3,9 +3,11 @@
 // daemons, the `mutwo` CLI, a real Prometheus scrape.
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/proto_io.h"
@@ -173,14 +175,58 @@ class ServiceTest : public ::testing::Test {
   std::vector<std::unique_ptr<Subprocess>> workers_;
 };
 
+// The progress lines of `submit --wait` / `watch` (stderr): one per change,
+// none repeated, the stage never going back, fixed denominators.
+void ExpectProgressLines(const std::string& output, int batch_sizes,
+                         int budgets) {
+  static const std::regex line_re(
+      "(^|\n)[0-9]{2}:[0-9]{2}:[0-9]{2} \\+[0-9hms]+  ([A-Z]+) +(profiled "
+      "([0-9]+)/([0-9]+) batch sizes, ([0-9]+)/([0-9]+) budgets "
+      "decided[^\n]*)");
+  std::vector<std::string> states, bodies;
+  std::vector<int> profiled, decided;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line_re);
+       it != std::sregex_iterator(); ++it) {
+    const std::smatch& m = *it;
+    states.push_back(m[2]);
+    bodies.push_back(m[2].str() + " " + m[3].str());
+    profiled.push_back(std::stoi(m[4]));
+    decided.push_back(std::stoi(m[6]));
+    EXPECT_EQ(std::stoi(m[5]), batch_sizes) << m[0];
+    EXPECT_EQ(std::stoi(m[7]), batch_sizes * budgets) << m[0];
+  }
+  ASSERT_GE(bodies.size(), 2u) << output;
+  const std::vector<std::string> order = {"QUEUED",     "PROFILING", "PLANNING",
+                                          "VALIDATING", "SUCCEEDED", "FAILED",
+                                          "CANCELLED"};
+  auto rank = [&](const std::string& s) {
+    return std::find(order.begin(), order.end(), s) - order.begin();
+  };
+  for (size_t i = 1; i < bodies.size(); ++i) {
+    EXPECT_NE(bodies[i], bodies[i - 1]) << "repeated line\n" << output;
+    EXPECT_GE(rank(states[i]), rank(states[i - 1])) << "went back\n" << output;
+    EXPECT_GE(profiled[i], profiled[i - 1]) << "went back\n" << output;
+    EXPECT_GE(decided[i], decided[i - 1]) << "went back\n" << output;
+  }
+  EXPECT_EQ(states.back(), "SUCCEEDED") << output;
+}
+
 TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   StartWorker();
   auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait --output=json")));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // 1B fits at no batch size: exit 3, with a line saying so.
+  ASSERT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("budget 1B fits at no batch size (256, 512)"));
+  ExpectProgressLines(r.output, 2, 2);
+  // The JSON (stdout) between the progress lines and the exit-3 line
+  // (stderr).
   v1::Job job;
   const size_t brace = r.output.find('{');
+  const size_t end = r.output.rfind('}');
   ASSERT_NE(brace, std::string::npos) << r.output;
-  ASSERT_TRUE(ProtoFromJson(r.output.substr(brace), "job", &job).ok())
+  ASSERT_TRUE(
+      ProtoFromJson(r.output.substr(brace, end + 1 - brace), "job", &job).ok())
       << r.output;
   EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
   ASSERT_EQ(job.results_size(), 2);
@@ -242,6 +288,32 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   EXPECT_THAT(first_line, HasSubstr("<svg"));
   auto workers = RunCommand(Cli("workers"));
   EXPECT_THAT(workers.output, HasSubstr("IDLE"));
+}
+
+// `mutwo watch` re-attaches to a job submitted without --wait: progress
+// lines, the results table, and the exit code of `submit --wait`.
+TEST_F(ServiceTest, WatchReattachesToASubmittedJob) {
+  const std::string id = Submit(SubmitArgs("mlp.pt", ""));
+  // Watch from before a worker exists, so it sees the job queued.
+  testing::CommandResult r;
+  std::thread watch([&] { r = RunCommand(Cli("watch " + id)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  StartWorker();
+  watch.join();
+  EXPECT_THAT(r.output, HasSubstr("QUEUED"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;  // 1B fits nowhere
+  ExpectProgressLines(r.output, 2, 2);
+  EXPECT_THAT(r.output, HasSubstr("  fits\n"));
+  // Only 95%: every budget fits somewhere, exit 0; a finished job prints at
+  // once.
+  const std::string fits =
+      Submit(absl::StrCat("submit ", ModelDir(),
+                          "/mlp.pt --input=x:float32[B,32] --batch=256 "
+                          "--budget=95%"));
+  EXPECT_EQ(RunCommand(Cli("watch " + fits)).exit_code, 0);
+  EXPECT_EQ(RunCommand(Cli("watch " + fits)).exit_code, 0);
+  auto missing = RunCommand(Cli("watch job-that-does-not-exist"));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
 }
 
 TEST_F(ServiceTest, SecondGetScheduleComesFromTheCache) {
@@ -355,7 +427,7 @@ TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
   const int worker_metrics = FreePort();
   StartWorker(worker_metrics);
   auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait")));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 3) << r.output;  // 1B fits at no batch size
   for (int port : {metrics_port_, worker_metrics}) {
     const std::string body = HttpGet(port, "/metrics");
     ASSERT_FALSE(body.empty()) << port;
@@ -438,7 +510,7 @@ TEST_F(ServiceTest, WorkerMetricsServeInAProcessWithLargeStaticTls) {
   ASSERT_THAT(body, HasSubstr("mutwo_worker_busy 0")) << worker.Log();
   EXPECT_THAT(body, HasSubstr("mutwo_worker_device_memory_total_bytes "));
   auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait")));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 3) << r.output;  // 1B fits at no batch size
   EXPECT_THAT(
       HttpGet(worker_metrics, "/metrics"),
       HasSubstr(

@@ -29,7 +29,7 @@ TEST(WorkerProfileCliTest, JsonHasTheDocumentedFields) {
   const CommandResult r = RunStdout(
       absl::StrCat(Worker(), " profile ", ModelPath("two_inputs"),
                    " --input x:float32[B,8] --input y:float32[B,4] --batch 4 "
-                   "--optimizer adamw --iterations 2"));
+                   "--optimizer adamw --iterations 2 --output json"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const char* field :
        {"\"graph_fingerprint\"", "\"batch_size\"",
@@ -65,10 +65,14 @@ TEST(WorkerProfileCliTest, CsvAndTextOutputs) {
   EXPECT_EQ(csv.output.rfind("id,kind,scope,forward_ms", 0), 0u);
   EXPECT_NE(csv.output.find("\nvalue_id,producer_node,"), std::string::npos);
   EXPECT_NE(csv.output.find("aten::dropout,drop,"), std::string::npos);
-  const CommandResult text = RunStdout(base + " --output text");
-  ASSERT_EQ(text.exit_code, 0) << text.output;
-  EXPECT_NE(text.output.find("largest activations"), std::string::npos);
-  EXPECT_NE(text.output.find("loss matches"), std::string::npos);
+  // Text for people is the default; --output in any case.
+  for (const char* flags : {"", " --output text", " --output TEXT"}) {
+    const CommandResult text = RunStdout(base + flags);
+    ASSERT_EQ(text.exit_code, 0) << flags << text.output;
+    EXPECT_NE(text.output.find("largest activations"), std::string::npos);
+    EXPECT_NE(text.output.find("loss matches"), std::string::npos);
+    EXPECT_EQ(text.output.find('{'), std::string::npos) << flags;
+  }
 }
 
 TEST(WorkerProfileCliTest, BadArgumentsAndModelsExit2WithOneLine) {
@@ -105,6 +109,12 @@ TEST(WorkerProfileCliTest, BadArgumentsAndModelsExit2WithOneLine) {
                     " --input x:float32[B,4] --batch 2"),
        "missing.pt"},
       {"profile --input x:float32[B,4] --batch 2", "model file"},
+      // Issue 16: a fixed first dimension used to fail deep in the model.
+      {absl::StrCat("profile ", mlp, " --input x:float32[2,32] --batch 2"),
+       "\"x:float32[2,32]\" has no batch dimension B"},
+      {absl::StrCat("profile ", mlp,
+                    " --input x:float32[B,32] --batch 2 --schedule s.json"),
+       "--schedule does not apply to \"profile\""},
   };
   for (const auto& [args, expected] : cases) {
     const CommandResult r = RunCommand(absl::StrCat(Worker(), " ", args));
@@ -118,7 +128,8 @@ TEST(WorkerProfileCliTest, BadArgumentsAndModelsExit2WithOneLine) {
 TEST(WorkerProfileCliTest, OutOfMemoryIsReportedNotCrashed) {
   const CommandResult r = RunStdout(absl::StrCat(
       Worker(), " profile ", ModelPath("cnn"),
-      " --input x:float32[B,3,16,16] --batch 4 --memory_limit 300KiB"));
+      " --input x:float32[B,3,16,16] --batch 4 --memory_limit 300KiB "
+      "--output json"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   v1::Profile profile;
   ASSERT_TRUE(ProtoFromJson(r.output, "stdout", &profile).ok());
@@ -137,9 +148,11 @@ TEST(WorkerProfileCliTest, ResNet18Batch8UnderOneMinute) {
   const auto start = std::chrono::steady_clock::now();
   struct rusage before, after;
   getrusage(RUSAGE_CHILDREN, &before);
-  const CommandResult r = RunStdout(absl::StrCat(
-      "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE ", Worker(), " profile ",
-      ModelPath("resnet18"), " --input x:float32[B,3,224,224] --batch 8"));
+  const CommandResult r =
+      RunStdout(absl::StrCat("OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE ",
+                             Worker(), " profile ", ModelPath("resnet18"),
+                             " --input x:float32[B,3,224,224] --batch 8 "
+                             "--output json"));
   getrusage(RUSAGE_CHILDREN, &after);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -178,7 +191,7 @@ class WorkerExecuteCliTest : public ::testing::Test {
     ASSERT_EQ(RunCommand("mkdir -p " + *dir_).exit_code, 0);
     const CommandResult profile = RunCommand(
         absl::StrCat("{ ", Worker(), " profile ", ModelPath("mlp"), " ", kArgs,
-                     " > ", *dir_, "/p.json 2>/dev/null; }"));
+                     " --output json > ", *dir_, "/p.json 2>/dev/null; }"));
     ASSERT_EQ(profile.exit_code, 0) << profile.output;
     // --reserve=false: the MLP's step is 60 KiB, and the CPU reserve (16
     // KiB + 1%) would put every budget up to the baseline below the floor.
@@ -190,7 +203,7 @@ class WorkerExecuteCliTest : public ::testing::Test {
     ASSERT_EQ(fits.exit_code, 0) << fits.output;
     // `mutwo plan` prints the infeasible schedule and exits 3.
     const CommandResult infeasible = RunCommand(
-        absl::StrCat("{ ", plan, "1 > ", *dir_, "/infeasible.json; }"));
+        absl::StrCat("{ ", plan, "1B > ", *dir_, "/infeasible.json; }"));
     ASSERT_EQ(infeasible.exit_code, 3) << infeasible.output;
   }
   static void TearDownTestSuite() {
@@ -242,7 +255,7 @@ TEST_F(WorkerExecuteCliTest, InfeasibleScheduleIsRefusedWithExit3) {
 }
 
 TEST_F(WorkerExecuteCliTest, ForceRunsAnInfeasibleScheduleAndReportsIt) {
-  const Run r = Execute("infeasible.json", "--force");
+  const Run r = Execute("infeasible.json", "--force --output json");
   v1::Validation v;
   ASSERT_TRUE(ProtoFromJson(r.out, "stdout", &v).ok()) << r.out << r.err;
   EXPECT_GT(v.scheduled().peak_bytes(), 0);
@@ -263,7 +276,7 @@ TEST_F(WorkerExecuteCliTest, FittingScheduleExits0) {
 
 TEST_F(WorkerExecuteCliTest, MeasuredOverTheBudgetExits1AfterTheResult) {
   // A schedule whose budget was edited to 3/4 of the peak it measures.
-  const Run fits = Execute("fits.json", "");
+  const Run fits = Execute("fits.json", "--output json");
   v1::Validation measured;
   ASSERT_TRUE(ProtoFromJson(fits.out, "stdout", &measured).ok()) << fits.out;
   const int64_t peak = measured.scheduled().peak_bytes();
@@ -293,6 +306,20 @@ TEST_F(WorkerExecuteCliTest, MeasuredOverTheBudgetExits1AfterTheResult) {
   EXPECT_NE(only.err.find("exceeds the budget"), std::string::npos) << only.err;
   const Run only_fits = Execute("fits.json", "--baseline=false");
   EXPECT_EQ(only_fits.exit_code, 0) << only_fits.err;
+}
+
+// --baseline=false ran no unmodified step: the text leaves its row out
+// instead of printing zeros, and says the gradients were not compared.
+TEST_F(WorkerExecuteCliTest, WithoutBaselineTheTextHasNoBaselineRow) {
+  const Run r = Execute("fits.json", "--baseline=false");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("scheduled"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\nbaseline"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("memory saved"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("not compared (--baseline=false)"), std::string::npos)
+      << r.out;
+  const Run with = Execute("fits.json", "");
+  EXPECT_NE(with.out.find("\nbaseline"), std::string::npos) << with.out;
 }
 
 }  // namespace

@@ -637,7 +637,7 @@ TEST(ExecuteCliTest, RunsAScheduleFileAndRefusesAnotherGraph) {
   const std::string base =
       absl::StrCat(BinPath("mutwo-worker"), " execute ", ModelPath("mlp"),
                    " --input ", model.inputs[0], " --batch ", model.batch,
-                   " --warmup 0 --iterations 1 --schedule ");
+                   " --warmup 0 --iterations 1 --output json --schedule ");
   CommandResult r = RunCommand(base + path + " 2>/dev/null");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   v1::Validation v;

@@ -1,0 +1,136 @@
+#include "client/job_watch.h"
+
+#include <chrono>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/args.h"
+#include "common/parse.h"
+
+namespace mutwo {
+namespace {
+
+bool IsFinal(v1::Job::State s) {
+  return s == v1::Job::SUCCEEDED || s == v1::Job::FAILED ||
+         s == v1::Job::CANCELLED;
+}
+
+std::string Elapsed(int64_t ms) {
+  const int64_t s = ms / 1000;
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm%02ds", s / 3600, (s / 60) % 60, s % 60);
+}
+
+bool SameBudget(const v1::MemoryBudget& a, const v1::MemoryBudget& b) {
+  if (a.kind_case() != b.kind_case()) return false;
+  switch (a.kind_case()) {
+    case v1::MemoryBudget::kBytes:
+      return a.bytes() == b.bytes();
+    case v1::MemoryBudget::kFractionOfBaseline:
+      return a.fraction_of_baseline() == b.fraction_of_baseline();
+    case v1::MemoryBudget::kFractionOfDevice:
+      return a.fraction_of_device() == b.fraction_of_device();
+    case v1::MemoryBudget::KIND_NOT_SET:
+      break;
+  }
+  return true;
+}
+
+std::string BudgetText(const v1::MemoryBudget& b) {
+  return b.text().empty() ? FormatBudget(b) : b.text();
+}
+
+}  // namespace
+
+std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
+  const absl::Time at = absl::FromUnixMillis(event.unix_ms());
+  std::string line = absl::FormatTime("%H:%M:%S", at, absl::LocalTimeZone());
+  if (created_unix_ms > 0 && event.unix_ms() >= created_unix_ms) {
+    absl::StrAppend(&line, " +", Elapsed(event.unix_ms() - created_unix_ms));
+  }
+  absl::StrAppend(&line, "  ",
+                  absl::StrFormat("%-10s", v1::Job::State_Name(event.state())));
+  if (event.batch_sizes_total() == 0) {
+    // A server from before the fixed denominators: its own message.
+    absl::StrAppend(&line, "  ", event.message());
+    return line;
+  }
+  absl::StrAppend(&line, "  profiled ", event.batch_sizes_profiled(), "/",
+                  event.batch_sizes_total(), " batch sizes, ",
+                  event.budgets_decided(), "/", event.budgets_total(),
+                  " budgets decided");
+  if (!event.running().empty()) {
+    absl::StrAppend(&line, "; running ", event.running());
+  }
+  if (!event.waiting().empty()) {
+    absl::StrAppend(&line, "; waiting: ", event.waiting());
+  }
+  return line;
+}
+
+absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
+                                  const std::string& job_id,
+                                  int64_t created_unix_ms, int timeout_s,
+                                  std::ostream& progress) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(timeout_s));
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = stub.WatchJob(&context, request);
+  v1::JobEvent event;
+  std::optional<v1::Job> final_job;
+  std::string last;  // the last line printed, without its time
+  while (reader->Read(&event)) {
+    if (event.has_job()) final_job = event.job();
+    // What follows the time stamps; a change of time alone is no news.
+    v1::JobEvent timeless = event;
+    timeless.set_unix_ms(0);
+    const std::string what = ProgressLine(timeless, 0);
+    if (what == last) continue;
+    last = what;
+    progress << ProgressLine(event, created_unix_ms) << "\n" << std::flush;
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  }
+  if (!final_job.has_value() || !IsFinal(final_job->state())) {
+    return absl::UnavailableError("the watch ended before the job finished");
+  }
+  return *final_job;
+}
+
+std::vector<std::string> BudgetsFittingNowhere(const v1::Job& job) {
+  std::vector<std::string> nowhere;
+  for (const v1::MemoryBudget& budget : job.spec().budgets()) {
+    bool fits = false;
+    for (const v1::BatchResult& r : job.results()) {
+      for (const v1::BudgetOutcome& o : r.outcomes()) {
+        fits |= o.state() == v1::BudgetOutcome::FITS &&
+                SameBudget(o.budget(), budget);
+      }
+    }
+    if (!fits) nowhere.push_back(BudgetText(budget));
+  }
+  return nowhere;
+}
+
+int FinishedJobExitCode(const v1::Job& job, std::ostream& err) {
+  if (job.state() != v1::Job::SUCCEEDED) return kExitFailure;
+  const std::vector<std::string> nowhere = BudgetsFittingNowhere(job);
+  for (const std::string& budget : nowhere) {
+    err << "mutwo: job " << job.job_id() << ": budget " << budget
+        << " fits at no batch size ("
+        << absl::StrJoin(job.spec().batch_sizes(), ", ")
+        << "); see the table for why\n";
+  }
+  return nowhere.empty() ? kExitOk : kExitInfeasible;
+}
+
+}  // namespace mutwo

@@ -1,0 +1,66 @@
+#include "client/schedule_text.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mutwo {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::Schedule TwoDecisions() {
+  v1::Schedule s;
+  v1::Decision* r = s.add_decisions();
+  r->set_value_id(11);
+  r->set_action(v1::Decision::RECOMPUTE);
+  r->set_producer_node(4);
+  r->set_size_bytes(2048);
+  r->set_segment(0);
+  r->set_needed_at(30);
+  r->set_recompute_ms(0.5);
+  v1::Decision* w = s.add_decisions();
+  w->set_value_id(12);
+  w->set_action(v1::Decision::SWAP);
+  w->set_producer_node(7);
+  w->set_size_bytes(3 << 20);
+  w->set_offload_after(8);
+  w->set_prefetch_at(25);
+  w->set_stall_ms(0.25);
+  v1::Decision* keep = s.add_decisions();
+  keep->set_value_id(13);
+  keep->set_action(v1::Decision::RETAIN);
+  keep->set_producer_node(9);
+  return s;
+}
+
+TEST(DecisionsText, ListsWhatIsRecomputedAndWhatIsSwapped) {
+  v1::Profile profile;
+  for (int i = 0; i < 10; ++i) {
+    v1::ProfileNode* n = profile.add_nodes();
+    n->set_id(i);
+    n->set_kind(i == 4 ? "aten::relu" : i == 7 ? "aten::conv2d" : "prim::X");
+    n->set_scope(i == 4 ? "layer1.relu" : i == 7 ? "layer2.conv" : "");
+  }
+  const std::string text = DecisionsText(TwoDecisions(), &profile, 2);
+  EXPECT_THAT(text, HasSubstr("  recomputed: 1 activations (2.00 KiB) in 1 "
+                              "segments, 0.500 ms\n"));
+  EXPECT_THAT(text, HasSubstr("  swapped: 1 activations (3.00 MiB), 0.250 ms "
+                              "stalls\n"));
+  EXPECT_THAT(text, ::testing::ContainsRegex(
+                        "11 +4 +aten::relu +layer1.relu +2.00 KiB +0 +30 "
+                        "+0.500"));
+  EXPECT_THAT(text, ::testing::ContainsRegex(
+                        "12 +7 +aten::conv2d +layer2.conv +3.00 MiB +8 +25 "
+                        "+0.250"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("13")));  // retained
+}
+
+TEST(DecisionsText, WithoutAProfileIdsAndSizesRemain) {
+  const std::string text = DecisionsText(TwoDecisions(), nullptr, 0);
+  EXPECT_THAT(text, ::testing::ContainsRegex("11 +4 +\\? +2.00 KiB"));
+  v1::Schedule none;
+  EXPECT_EQ(DecisionsText(none, nullptr, 0), "");
+}
+
+}  // namespace
+}  // namespace mutwo
