@@ -381,6 +381,7 @@ IncrementalSimulator::Contribution IncrementalSimulator::Derive(int x) {
     need = std::min(act.first_backward_use, first_need_[x]);
     int pa = decisions_[x].prefetch_at;
     if (pa < 0 || pa > need) pa = need;
+    pa = prof_->IssuePosition(pa);
     if (pa <= act.last_forward_use) pa = act.last_forward_use + 1;
     prefetch_at_[x] = pa;
   }

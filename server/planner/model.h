@@ -76,6 +76,22 @@ struct PlanProfile {
     return static_cast<int>(nodes.size() + backward_steps.size());
   }
   bool HasAllocatorFigures() const;
+  // Where a copy issued at `position` starts on the device: the executor
+  // issues it before the first backward step of the step's forward node (it
+  // hooks every autograd node that node made), so a position inside a run
+  // of steps of one forward node (ConvolutionBackward0, then its weight's
+  // AccumulateGrad) moves to the run's first step. Forward positions stay.
+  int IssuePosition(int position) const {
+    int k = position - static_cast<int>(nodes.size());
+    if (k <= 0 || k >= static_cast<int>(backward_steps.size())) {
+      return position;
+    }
+    const int node = backward_steps[k].forward_node;
+    while (k > 0 && node >= 0 && backward_steps[k - 1].forward_node == node) {
+      --k;
+    }
+    return static_cast<int>(nodes.size()) + k;
+  }
   bool CanSwap() const {
     return host_to_device_bytes_per_second > 0 &&
            device_to_host_bytes_per_second > 0;

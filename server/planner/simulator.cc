@@ -357,6 +357,7 @@ void Simulator::Run(const Decisions& decisions, Options options,
       r.needed_at[a] = need;
       int pa = decisions[a].prefetch_at;
       if (pa < 0 || pa > need) pa = need;
+      pa = prof.IssuePosition(pa);
       if (pa <= act.last_forward_use) pa = act.last_forward_use + 1;
       prefetch_at[a] = pa;
     }
