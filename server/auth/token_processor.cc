@@ -1,0 +1,66 @@
+#include "server/auth/token_processor.h"
+
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace mutwo::auth {
+namespace {
+
+constexpr char kAuthorization[] = "authorization";
+
+grpc::Status Unauthenticated(const std::string& why) {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
+}
+
+}  // namespace
+
+grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
+                                         grpc::AuthContext* context,
+                                         OutputMetadata* consumed_auth_metadata,
+                                         OutputMetadata*) {
+  const auto range = auth_metadata.equal_range(kAuthorization);
+  if (range.first == range.second) return grpc::Status::OK;  // no token
+  if (std::next(range.first) != range.second) {
+    return Unauthenticated("more than one authorization header");
+  }
+  const absl::string_view header(range.first->second.data(),
+                                 range.first->second.size());
+  constexpr absl::string_view kScheme = "bearer ";
+  if (header.size() <= kScheme.size() ||
+      !absl::StartsWithIgnoreCase(header, kScheme)) {
+    return Unauthenticated("the authorization header must be \"Bearer TOKEN\"");
+  }
+  const absl::string_view token =
+      absl::StripAsciiWhitespace(header.substr(kScheme.size()));
+  std::optional<Principal> principal = tokens_->Find(token);
+  if (!principal.has_value()) {
+    return Unauthenticated(
+        "the bearer token is not valid (not in the server's tokens file)");
+  }
+  if (require_worker_certificate_ && principal->role == Role::kWorker) {
+    bool matches = false;
+    for (const auto& cn : context->FindPropertyValues("x509_common_name")) {
+      if (absl::string_view(cn.data(), cn.size()) == principal->name) {
+        matches = true;
+      }
+    }
+    if (!matches) {
+      return Unauthenticated(absl::StrCat(
+          "worker \"", principal->name,
+          "\" must connect with a client certificate (signed by the server's "
+          "--tls_client_ca) whose common name is its principal name"));
+    }
+  }
+  context->AddProperty(kPrincipalProperty, principal->name);
+  context->AddProperty(kRoleProperty, RoleName(principal->role));
+  context->SetPeerIdentityPropertyName(kPrincipalProperty);
+  consumed_auth_metadata->insert(
+      std::make_pair(std::string(kAuthorization), std::string(header)));
+  return grpc::Status::OK;
+}
+
+}  // namespace mutwo::auth

@@ -1,0 +1,50 @@
+// TokenAuthProcessor: the server side of bearer-token authentication, run by
+// gRPC on every call before the handler (attached to the server credentials
+// with SetAuthMetadataProcessor).
+//
+// - No `authorization` metadata: the call goes on with no principal; the
+//   handler answers UNAUTHENTICATED (grpc.health.v1 needs no token, so
+//   probes work).
+// - `authorization: Bearer TOKEN` naming a known token: the principal's name
+//   and role are added to the call's AuthContext (principal.h) and the
+//   header is consumed, so handlers never see the token.
+// - Anything else (unknown token, another scheme, two headers): the call
+//   fails with UNAUTHENTICATED. The token is never logged or echoed.
+// - With `require_worker_certificate` (mTLS, --tls_client_ca), a worker's
+//   token is accepted only over a connection whose verified client
+//   certificate has the principal's name as its common name.
+//
+// Thread safety: Process is called concurrently; the table is immutable.
+#ifndef MUTWO_SERVER_AUTH_TOKEN_PROCESSOR_H_
+#define MUTWO_SERVER_AUTH_TOKEN_PROCESSOR_H_
+
+#include <memory>
+
+#include "grpcpp/security/auth_metadata_processor.h"
+#include "server/auth/token_table.h"
+
+namespace mutwo::auth {
+
+class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  TokenAuthProcessor(std::shared_ptr<const TokenTable> tokens,
+                     bool require_worker_certificate)
+      : tokens_(std::move(tokens)),
+        require_worker_certificate_(require_worker_certificate) {}
+
+  // A table lookup in memory: run inline on gRPC's thread.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& auth_metadata,
+                       grpc::AuthContext* context,
+                       OutputMetadata* consumed_auth_metadata,
+                       OutputMetadata* response_metadata) override;
+
+ private:
+  std::shared_ptr<const TokenTable> tokens_;
+  bool require_worker_certificate_;
+};
+
+}  // namespace mutwo::auth
+
+#endif  // MUTWO_SERVER_AUTH_TOKEN_PROCESSOR_H_
