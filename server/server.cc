@@ -43,7 +43,7 @@ absl::Status MutwoServer::Start() {
       core_, JobCore::Create(options_.core, store_.get(), &server_metrics_,
                              options_.plan, options_.max_batch));
   authorizer_ =
-      std::make_unique<auth::Authorizer>(security_.authenticate, store_.get());
+      std::make_unique<auth::Authorizer>(security_.tokens, store_.get());
   planner_service_ = std::make_unique<PlannerService>(
       core_.get(), authorizer_.get(), &server_metrics_,
       options_.core.max_model_bytes);
@@ -71,10 +71,11 @@ absl::Status MutwoServer::Start() {
   }
   core_->Start();
   server_->GetHealthCheckService()->SetServingStatus(true);
-  MUTWO_LOG(info,
-            "listening on {} (port {}; {}), metrics on port {}, data in {}",
-            options_.listen, port_, security_.description,
-            metrics_ != nullptr ? metrics_->port() : 0, options_.data_dir);
+  // Scripts parse "(port N), metrics on port M" from this line.
+  MUTWO_LOG(info, "listening on {} (port {}), metrics on port {}, data in {}",
+            options_.listen, port_, metrics_ != nullptr ? metrics_->port() : 0,
+            options_.data_dir);
+  MUTWO_LOG(info, "gRPC port security: {}", security_.description);
   return absl::OkStatus();
 }
 

@@ -18,10 +18,16 @@ absl::Status JobNotFound(const std::string& job_id) {
 absl::StatusOr<Principal> Authorizer::Caller(
     const grpc::ServerContext& context, const char* rpc,
     std::initializer_list<Role> roles) const {
-  if (!authenticate_) return Principal{"", Role::kAdmin};
+  if (!authenticate()) return Principal{"", Role::kAdmin};
+  // This call's own header (TokenAuthProcessor refused the call if it was
+  // malformed or unknown).
   std::optional<Principal> principal;
-  if (const auto auth = context.auth_context(); auth != nullptr) {
-    principal = PrincipalFromAuthContext(*auth);
+  const auto& metadata = context.client_metadata();
+  const auto header = metadata.find(kAuthorizationHeader);
+  if (header != metadata.end()) {
+    auto token = BearerToken(
+        absl::string_view(header->second.data(), header->second.size()));
+    if (token.ok()) principal = tokens_->Find(*token);
   }
   if (!principal.has_value()) {
     return absl::UnauthenticatedError(absl::StrCat(
@@ -98,7 +104,7 @@ absl::StatusOr<Principal> Authorizer::ForWorker(
     const std::string& worker_id) const {
   MUTWO_ASSIGN_OR_RETURN(Principal caller,
                          Caller(context, rpc, {Role::kWorker}));
-  if (!authenticate_) return caller;
+  if (!authenticate()) return caller;
   MUTWO_ASSIGN_OR_RETURN(std::string bound,
                          store_->GetWorkerPrincipal(worker_id));
   if (bound != caller.name) {
@@ -113,7 +119,7 @@ absl::StatusOr<Principal> Authorizer::ForFetchModel(
     const grpc::ServerContext& context, const std::string& sha256) const {
   MUTWO_ASSIGN_OR_RETURN(Principal caller,
                          Caller(context, "FetchModel", {Role::kWorker}));
-  if (!authenticate_) return caller;
+  if (!authenticate()) return caller;
   MUTWO_ASSIGN_OR_RETURN(bool leased,
                          store_->HoldsLeaseOnModel(caller.name, sha256));
   if (!leased) {

@@ -28,16 +28,16 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/server_context.h"
 #include "server/auth/principal.h"
+#include "server/auth/token_table.h"
 #include "storage/store.h"
 
 namespace mutwo::auth {
 
 class Authorizer {
  public:
-  Authorizer(bool authenticate, storage::Store* store)
-      : authenticate_(authenticate), store_(store) {}
-
-  bool authenticate() const { return authenticate_; }
+  // `tokens` null: authentication is off.
+  Authorizer(std::shared_ptr<const TokenTable> tokens, storage::Store* store)
+      : tokens_(std::move(tokens)), store_(store) {}
 
   // The caller, checked to have one of `roles` for `rpc` (a method name for
   // the error message).
@@ -73,7 +73,9 @@ class Authorizer {
       const grpc::ServerContext& context, const std::string& sha256) const;
 
  private:
-  bool authenticate_;
+  bool authenticate() const { return tokens_ != nullptr; }
+
+  std::shared_ptr<const TokenTable> tokens_;
   storage::Store* store_;
 };
 

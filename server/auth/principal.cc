@@ -1,5 +1,7 @@
 #include "server/auth/principal.h"
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace mutwo::auth {
@@ -24,17 +26,19 @@ absl::StatusOr<Role> ParseRole(absl::string_view text) {
       absl::StrCat("role \"", text, "\": use client, worker or admin"));
 }
 
-std::optional<Principal> PrincipalFromAuthContext(
-    const grpc::AuthContext& context) {
-  const auto names = context.FindPropertyValues(kPrincipalProperty);
-  const auto roles = context.FindPropertyValues(kRoleProperty);
-  if (names.size() != 1 || roles.size() != 1) return std::nullopt;
-  auto role = ParseRole(absl::string_view(roles[0].data(), roles[0].size()));
-  if (!role.ok()) return std::nullopt;
-  Principal principal;
-  principal.name.assign(names[0].data(), names[0].size());
-  principal.role = *role;
-  return principal;
+absl::StatusOr<absl::string_view> BearerToken(absl::string_view header) {
+  constexpr absl::string_view kScheme = "bearer ";
+  if (header.size() <= kScheme.size() ||
+      !absl::StartsWithIgnoreCase(header, kScheme)) {
+    return absl::InvalidArgumentError(
+        "the authorization header must be \"Bearer TOKEN\"");
+  }
+  const absl::string_view token =
+      absl::StripAsciiWhitespace(header.substr(kScheme.size()));
+  if (token.empty()) {
+    return absl::InvalidArgumentError("the bearer token is empty");
+  }
+  return token;
 }
 
 }  // namespace mutwo::auth

@@ -1,7 +1,10 @@
 // Who is calling: the principal a bearer token names (tokens file, see
-// token_table.h) and its role. TokenAuthProcessor attaches it to the call's
-// grpc::AuthContext as two properties; handlers read it back with
-// PrincipalFromAuthContext (through Authorizer, never directly).
+// token_table.h) and its role. Authorizer derives it for every call from
+// the call's own `authorization` header, which TokenAuthProcessor has
+// already checked. (Not from grpc::AuthContext properties: in gRPC 1.51 the
+// AuthContext a processor writes to is shared by every call of a
+// connection, so a property added for one call is still there, and
+// repeated, for the next call on that connection, token or not.)
 #ifndef MUTWO_SERVER_AUTH_PRINCIPAL_H_
 #define MUTWO_SERVER_AUTH_PRINCIPAL_H_
 
@@ -10,7 +13,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "grpcpp/security/auth_context.h"
 
 namespace mutwo::auth {
 
@@ -29,14 +31,12 @@ struct Principal {
   Role role = Role::kClient;
 };
 
-// Auth-context property names set by TokenAuthProcessor.
-inline constexpr char kPrincipalProperty[] = "mutwo.principal";
-inline constexpr char kRoleProperty[] = "mutwo.role";
+// The metadata key of the token: `authorization: Bearer TOKEN`.
+inline constexpr char kAuthorizationHeader[] = "authorization";
 
-// The principal attached to the call, nullopt when the call carried no
-// token (or the properties do not parse).
-std::optional<Principal> PrincipalFromAuthContext(
-    const grpc::AuthContext& context);
+// The token of an `authorization` header value; InvalidArgument when it is
+// not "Bearer TOKEN" (the scheme is case-insensitive). Never echoes it.
+absl::StatusOr<absl::string_view> BearerToken(absl::string_view header);
 
 }  // namespace mutwo::auth
 

@@ -79,7 +79,7 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(
     security.description = "no TLS";
   }
   if (tokens != nullptr) {
-    security.authenticate = true;
+    security.tokens = tokens;
     absl::StrAppend(&security.description, ", bearer tokens (", tokens->size(),
                     " principals)");
     security.credentials->SetAuthMetadataProcessor(

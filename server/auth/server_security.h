@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/security/server_credentials.h"
+#include "server/auth/token_table.h"
 
 namespace mutwo::auth {
 
@@ -37,8 +38,9 @@ struct ServerSecurityOptions {
 
 struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;
-  // Tokens are checked; false: every caller is an admin named ''.
-  bool authenticate = false;
+  // The accepted tokens; null: no authentication, every caller is an admin
+  // named ''.
+  std::shared_ptr<const TokenTable> tokens;
   // For the start-up log line, e.g. "TLS, bearer tokens (5 principals)".
   std::string description;
 };

@@ -10,8 +10,6 @@
 namespace mutwo::auth {
 namespace {
 
-constexpr char kAuthorization[] = "authorization";
-
 grpc::Status Unauthenticated(const std::string& why) {
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
 }
@@ -20,28 +18,23 @@ grpc::Status Unauthenticated(const std::string& why) {
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* context,
-                                         OutputMetadata* consumed_auth_metadata,
-                                         OutputMetadata*) {
-  const auto range = auth_metadata.equal_range(kAuthorization);
+                                         OutputMetadata*, OutputMetadata*) {
+  const auto range = auth_metadata.equal_range(kAuthorizationHeader);
   if (range.first == range.second) return grpc::Status::OK;  // no token
   if (std::next(range.first) != range.second) {
     return Unauthenticated("more than one authorization header");
   }
-  const absl::string_view header(range.first->second.data(),
-                                 range.first->second.size());
-  constexpr absl::string_view kScheme = "bearer ";
-  if (header.size() <= kScheme.size() ||
-      !absl::StartsWithIgnoreCase(header, kScheme)) {
-    return Unauthenticated("the authorization header must be \"Bearer TOKEN\"");
-  }
-  const absl::string_view token =
-      absl::StripAsciiWhitespace(header.substr(kScheme.size()));
-  std::optional<Principal> principal = tokens_->Find(token);
+  auto token = BearerToken(absl::string_view(range.first->second.data(),
+                                             range.first->second.size()));
+  if (!token.ok())
+    return Unauthenticated(std::string(token.status().message()));
+  std::optional<Principal> principal = tokens_->Find(*token);
   if (!principal.has_value()) {
     return Unauthenticated(
         "the bearer token is not valid (not in the server's tokens file)");
   }
   if (require_worker_certificate_ && principal->role == Role::kWorker) {
+    // The certificate is the connection's: the AuthContext is right here.
     bool matches = false;
     for (const auto& cn : context->FindPropertyValues("x509_common_name")) {
       if (absl::string_view(cn.data(), cn.size()) == principal->name) {
@@ -55,11 +48,6 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
           "--tls_client_ca) whose common name is its principal name"));
     }
   }
-  context->AddProperty(kPrincipalProperty, principal->name);
-  context->AddProperty(kRoleProperty, RoleName(principal->role));
-  context->SetPeerIdentityPropertyName(kPrincipalProperty);
-  consumed_auth_metadata->insert(
-      std::make_pair(std::string(kAuthorization), std::string(header)));
   return grpc::Status::OK;
 }
 

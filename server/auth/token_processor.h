@@ -5,9 +5,11 @@
 // - No `authorization` metadata: the call goes on with no principal; the
 //   handler answers UNAUTHENTICATED (grpc.health.v1 needs no token, so
 //   probes work).
-// - `authorization: Bearer TOKEN` naming a known token: the principal's name
-//   and role are added to the call's AuthContext (principal.h) and the
-//   header is consumed, so handlers never see the token.
+// - `authorization: Bearer TOKEN` naming a known token: the call goes on;
+//   Authorizer maps the same header to the principal for this call (the
+//   AuthContext is per connection in gRPC 1.51, see principal.h, so nothing
+//   is added to it). Handlers only hand the header to Authorizer; nothing
+//   logs metadata.
 // - Anything else (unknown token, another scheme, two headers): the call
 //   fails with UNAUTHENTICATED. The token is never logged or echoed.
 // - With `require_worker_certificate` (mTLS, --tls_client_ca), a worker's

@@ -580,6 +580,37 @@ TEST_F(AuthTest, AWorkerIdIsBoundToThePrincipalThatRegisteredIt) {
   EXPECT_TRUE(Lease(kWorker, w1).ok());
 }
 
+// Identity is per call, not per connection: on one channel, a call with
+// alice's token, then one with none, then one with bob's, are alice,
+// nobody and bob. (gRPC 1.51 shares the processor's AuthContext across a
+// connection's calls; an identity kept there would carry over.)
+TEST_F(AuthTest, IdentityIsPerCallOnOneConnection) {
+  StartServer(ServerOptions());
+  ASSERT_TRUE(Upload(kClient, "m").ok());
+  std::string job;
+  ASSERT_TRUE(Submit(kClient, JobRequest("m"), &job).ok());
+  auto stub = v1::Planner::NewStub(grpc::CreateChannel(
+      address_, grpc::experimental::LocalCredentials(LOCAL_TCP)));
+  auto get = [&](const char* token) {
+    grpc::ClientContext context;
+    Deadline(context);
+    if (token != nullptr) {
+      context.set_credentials(grpc::AccessTokenCredentials(token));
+    }
+    v1::GetJobRequest request;
+    request.set_job_id(job);
+    v1::Job out;
+    return stub->GetJob(&context, request, &out).error_code();
+  };
+  const std::string alice = Identities().at(kClient).second;
+  const std::string bob = Identities().at(kOtherClient).second;
+  EXPECT_EQ(get(alice.c_str()), OK);
+  EXPECT_EQ(get(nullptr), UNAUTH);
+  EXPECT_EQ(get(bob.c_str()), NOT_FOUND);
+  EXPECT_EQ(get(alice.c_str()), OK);
+  EXPECT_EQ(get(nullptr), UNAUTH);
+}
+
 TEST_F(AuthTest, AnInvalidTokenIsRefusedAndHealthNeedsNone) {
   StartServer(ServerOptions());
   WriteFile(dir_ / "bad", "not-a-token-the-server-knows\n");
