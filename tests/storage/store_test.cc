@@ -923,5 +923,126 @@ TEST_F(StoreTest, WorkersBecomeLostAfterMissedHeartbeats) {
   EXPECT_THAT(unknown.message(), HasSubstr("worker-x"));
 }
 
+// ---------------------------------------------------------------------------
+// Identities (issue 15): owners, uploaders, worker principals, lease holders
+// ---------------------------------------------------------------------------
+
+TEST_F(StoreTest, JobsKeepTheirOwnerAndListByOwner) {
+  auto store = OpenStore();
+  PutModel(*store);
+  const v1::Job alice = store->CreateJob(Spec(), "", "alice")->job;
+  const v1::Job bob = store->CreateJob(Spec(), "", "bob")->job;
+  EXPECT_EQ(alice.owner(), "alice");
+  EXPECT_EQ(*store->GetJobOwner(alice.job_id()), "alice");
+  EXPECT_EQ(store->GetJob(bob.job_id())->owner(), "bob");
+  // An update never changes the owner.
+  auto updated = store->UpdateJob(alice.job_id(), [](v1::Job& j) {
+    j.set_owner("mallory");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(updated.ok());
+  EXPECT_EQ(updated->owner(), "alice");
+  EXPECT_EQ(store->GetJobOwner("job-nope").status().code(),
+            absl::StatusCode::kNotFound);
+  ListJobsQuery query;
+  query.owner = "bob";
+  auto page = store->ListJobs(query);
+  ASSERT_TRUE(page.ok());
+  ASSERT_THAT(page->jobs, SizeIs(1));
+  EXPECT_EQ(page->jobs[0].job_id(), bob.job_id());
+  query.owner.reset();
+  EXPECT_THAT(store->ListJobs(query)->jobs, SizeIs(2));
+}
+
+TEST_F(StoreTest, RequestIdsDeduplicatePerOwner) {
+  auto store = OpenStore();
+  PutModel(*store);
+  auto first = store->CreateJob(Spec(), "req", "alice");
+  auto other = store->CreateJob(Spec(), "req", "bob");
+  auto again = store->CreateJob(Spec(), "req", "alice");
+  ASSERT_TRUE(first.ok() && other.ok() && again.ok());
+  EXPECT_FALSE(other->deduplicated);
+  EXPECT_NE(other->job.job_id(), first->job.job_id());
+  EXPECT_TRUE(again->deduplicated);
+  EXPECT_EQ(again->job.job_id(), first->job.job_id());
+}
+
+TEST_F(StoreTest, ModelUploadsAreRecordedPerPrincipal) {
+  auto store = OpenStore();
+  PutModel(*store);
+  EXPECT_FALSE(*store->HasUploadedModel(kSha, "alice"));
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "alice").ok());
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "alice").ok());  // idempotent
+  EXPECT_TRUE(*store->HasUploadedModel(kSha, "alice"));
+  EXPECT_FALSE(*store->HasUploadedModel(kSha, "bob"));
+  EXPECT_FALSE(*store->HasUploadedModel(kOtherSha, "alice"));
+}
+
+TEST_F(StoreTest, AWorkerIdStaysWithItsPrincipalWhileAlive) {
+  auto store = OpenStore();
+  v1::WorkerInfo info;
+  info.mutable_device()->set_kind("cpu");
+  const std::string id = store->UpsertWorker(info, "w1")->worker_id();
+  EXPECT_EQ(*store->GetWorkerPrincipal(id), "w1");
+  info.set_worker_id(id);
+  auto stolen = store->UpsertWorker(info, "w2");
+  EXPECT_EQ(stolen.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(*store->GetWorkerPrincipal(id), "w1");
+  EXPECT_TRUE(store->UpsertWorker(info, "w1").ok());
+  // Once LOST, the id may be taken over (the old process is gone).
+  now_ms_ += 10'000;
+  ASSERT_THAT(*store->MarkLostWorkers(1000), SizeIs(1));
+  EXPECT_TRUE(store->UpsertWorker(info, "w2").ok());
+  EXPECT_EQ(*store->GetWorkerPrincipal(id), "w2");
+  EXPECT_EQ(store->GetWorkerPrincipal("worker-nope").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, AFenceIsBoundToTheWorkerHoldingTheLease) {
+  auto store = OpenStore();
+  PutModel(*store);
+  const std::string job_id = NewJob(*store).job_id();
+  NewTask(*store, job_id);
+  const v1::Task task = **store->LeaseTask("holder", "cpu", 10'000);
+  const int64_t fence = task.fence_token();
+  // The right fence from another worker: refused, and nothing changes.
+  EXPECT_EQ(
+      store->ExtendLease(task.task_id(), fence, "thief", 1000).status().code(),
+      absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->CompleteTask(task.task_id(), fence, "thief", "forged")
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->FailTask(task.task_id(), fence, "thief", "x", false, 3)
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->GetTask(task.task_id())->state(), v1::Task::LEASED);
+  ASSERT_TRUE(*store->CompleteTask(task.task_id(), fence, "holder", "real"));
+  EXPECT_EQ(*store->GetTaskResult(task.task_id()), "real");
+  // A retry by the holder is a no-op; the same fence from another worker is
+  // not taken for a retry.
+  EXPECT_FALSE(*store->CompleteTask(task.task_id(), fence, "holder", "real"));
+  EXPECT_FALSE(store->CompleteTask(task.task_id(), fence, "thief", "x").ok());
+}
+
+TEST_F(StoreTest, HoldsLeaseOnModelOnlyForTheLeasingPrincipal) {
+  auto store = OpenStore();
+  PutModel(*store);
+  v1::WorkerInfo info;
+  info.mutable_device()->set_kind("cpu");
+  const std::string w1 = store->UpsertWorker(info, "p1")->worker_id();
+  store->UpsertWorker(info, "p2").IgnoreError();
+  const std::string job_id = NewJob(*store).job_id();
+  NewTask(*store, job_id);
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p1", kSha));  // queued, not leased
+  const v1::Task task = **store->LeaseTask(w1, "cpu", 10'000);
+  EXPECT_TRUE(*store->HoldsLeaseOnModel("p1", kSha));
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p2", kSha));
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p1", kOtherSha));
+  ASSERT_TRUE(*store->CompleteTask(task.task_id(), task.fence_token(), w1, ""));
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p1", kSha));  // done: no lease
+}
+
 }  // namespace
 }  // namespace mutwo::storage
