@@ -44,6 +44,11 @@ absl::Status MutwoServer::Start() {
                              options_.plan, options_.max_batch));
   authorizer_ =
       std::make_unique<auth::Authorizer>(security_.tokens, store_.get());
+  if (security_.processor != nullptr) {
+    security_.processor->OnRefusal([this](const char* reason) {
+      server_metrics_.CountAuthRefusal(reason);
+    });
+  }
   planner_service_ = std::make_unique<PlannerService>(
       core_.get(), authorizer_.get(), &server_metrics_,
       options_.core.max_model_bytes);

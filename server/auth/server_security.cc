@@ -82,9 +82,9 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(
     security.tokens = tokens;
     absl::StrAppend(&security.description, ", bearer tokens (", tokens->size(),
                     " principals)");
-    security.credentials->SetAuthMetadataProcessor(
-        std::make_shared<TokenAuthProcessor>(
-            tokens, !options.tls_client_ca_file.empty()));
+    security.processor = std::make_shared<TokenAuthProcessor>(
+        tokens, !options.tls_client_ca_file.empty());
+    security.credentials->SetAuthMetadataProcessor(security.processor);
   } else {
     absl::StrAppend(&security.description,
                     ", no authentication (every caller is admin)");

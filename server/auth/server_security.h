@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/security/server_credentials.h"
+#include "server/auth/token_processor.h"
 #include "server/auth/token_table.h"
 
 namespace mutwo::auth {
@@ -41,6 +42,8 @@ struct ServerSecurity {
   // The accepted tokens; null: no authentication, every caller is an admin
   // named ''.
   std::shared_ptr<const TokenTable> tokens;
+  // Attached to `credentials` when there are tokens (null otherwise).
+  std::shared_ptr<TokenAuthProcessor> processor;
   // For the start-up log line, e.g. "TLS, bearer tokens (5 principals)".
   std::string description;
 };

@@ -8,29 +8,29 @@
 #include "absl/strings/string_view.h"
 
 namespace mutwo::auth {
-namespace {
-
-grpc::Status Unauthenticated(const std::string& why) {
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* context,
                                          OutputMetadata*, OutputMetadata*) {
+  auto refuse = [this](const char* reason, const std::string& why) {
+    if (on_refusal_) on_refusal_(reason);
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
+  };
   const auto range = auth_metadata.equal_range(kAuthorizationHeader);
   if (range.first == range.second) return grpc::Status::OK;  // no token
   if (std::next(range.first) != range.second) {
-    return Unauthenticated("more than one authorization header");
+    return refuse("malformed", "more than one authorization header");
   }
   auto token = BearerToken(absl::string_view(range.first->second.data(),
                                              range.first->second.size()));
-  if (!token.ok())
-    return Unauthenticated(std::string(token.status().message()));
+  if (!token.ok()) {
+    return refuse("malformed", std::string(token.status().message()));
+  }
   std::optional<Principal> principal = tokens_->Find(*token);
   if (!principal.has_value()) {
-    return Unauthenticated(
+    return refuse(
+        "invalid_token",
         "the bearer token is not valid (not in the server's tokens file)");
   }
   if (require_worker_certificate_ && principal->role == Role::kWorker) {
@@ -42,10 +42,13 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
       }
     }
     if (!matches) {
-      return Unauthenticated(absl::StrCat(
-          "worker \"", principal->name,
-          "\" must connect with a client certificate (signed by the server's "
-          "--tls_client_ca) whose common name is its principal name"));
+      return refuse(
+          "no_client_certificate",
+          absl::StrCat(
+              "worker \"", principal->name,
+              "\" must connect with a client certificate (signed by the "
+              "server's "
+              "--tls_client_ca) whose common name is its principal name"));
     }
   }
   return grpc::Status::OK;

@@ -20,6 +20,7 @@
 #ifndef MUTWO_SERVER_AUTH_TOKEN_PROCESSOR_H_
 #define MUTWO_SERVER_AUTH_TOKEN_PROCESSOR_H_
 
+#include <functional>
 #include <memory>
 
 #include "grpcpp/security/auth_metadata_processor.h"
@@ -34,6 +35,12 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
       : tokens_(std::move(tokens)),
         require_worker_certificate_(require_worker_certificate) {}
 
+  // Called with the reason of every refused call (invalid_token, malformed,
+  // no_client_certificate), e.g. to count it. Set before the server starts.
+  void OnRefusal(std::function<void(const char* reason)> on_refusal) {
+    on_refusal_ = std::move(on_refusal);
+  }
+
   // A table lookup in memory: run inline on gRPC's thread.
   bool IsBlocking() const override { return false; }
 
@@ -45,6 +52,7 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
  private:
   std::shared_ptr<const TokenTable> tokens_;
   bool require_worker_certificate_;
+  std::function<void(const char*)> on_refusal_;
 };
 
 }  // namespace mutwo::auth

@@ -21,6 +21,7 @@
 #include "server/planner/proto_convert.h"
 #include "server/server.h"
 #include "tests/testing/command.h"
+#include "tests/testing/process.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
@@ -612,7 +613,9 @@ TEST_F(AuthTest, IdentityIsPerCallOnOneConnection) {
 }
 
 TEST_F(AuthTest, AnInvalidTokenIsRefusedAndHealthNeedsNone) {
-  StartServer(ServerOptions());
+  MutwoServer::Options options = ServerOptions();
+  options.metrics_listen = "127.0.0.1:0";
+  StartServer(options);
   WriteFile(dir_ / "bad", "not-a-token-the-server-knows\n");
   ClientCredentialsOptions bad;
   bad.target = address_;
@@ -626,6 +629,10 @@ TEST_F(AuthTest, AnInvalidTokenIsRefusedAndHealthNeedsNone) {
       &context, v1::ListJobsRequest(), &response);
   EXPECT_EQ(s.error_code(), UNAUTH);
   EXPECT_THAT(s.error_message(), Not(HasSubstr("not-a-token")));
+  // Counted by reason, for alerts on guessing or a stale worker token.
+  EXPECT_THAT(
+      testing::HttpGet(server_->metrics_port(), "/metrics"),
+      HasSubstr("mutwo_auth_refusals_total{reason=\"invalid_token\"} 1"));
 
   // Health needs no token (probes), and a valid one does no harm.
   for (Who who : {kNone, kClient}) {
