@@ -96,7 +96,7 @@ ServerMetrics::ServerMetrics()
                          .Name("mutwo_auth_refusals_total")
                          .Help("Calls refused by the bearer-token check "
                                "before any handler ran, by reason "
-                               "(invalid_token, malformed, "
+                               "(missing_token, invalid_token, malformed, "
                                "no_client_certificate)")
                          .Register(*registry_)),
       model_peak_bytes_(BuildGauge()

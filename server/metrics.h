@@ -46,7 +46,7 @@ class ServerMetrics {
   void CountValidation(const std::string& result);
   void CountUpload(bool stored);
   // A call refused by the token check before any handler ran (reason:
-  // invalid_token, malformed, no_client_certificate).
+  // missing_token, invalid_token, malformed, no_client_certificate).
   void CountAuthRefusal(const std::string& reason);
 
   // Per model: "baseline" or "planned" peak bytes / iteration seconds (the

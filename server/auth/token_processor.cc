@@ -8,7 +8,12 @@
 #include "absl/strings/string_view.h"
 
 namespace mutwo::auth {
-namespace {}  // namespace
+namespace {
+
+// The one service callable without a token (load balancers and probes).
+constexpr absl::string_view kHealthPrefix = "/grpc.health.v1.Health/";
+
+}  // namespace
 
 grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* context,
@@ -18,7 +23,18 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
   };
   const auto range = auth_metadata.equal_range(kAuthorizationHeader);
-  if (range.first == range.second) return grpc::Status::OK;  // no token
+  if (range.first == range.second) {
+    const auto path = auth_metadata.find(":path");
+    const absl::string_view method =
+        path == auth_metadata.end()
+            ? absl::string_view()
+            : absl::string_view(path->second.data(), path->second.size());
+    if (absl::StartsWith(method, kHealthPrefix)) return grpc::Status::OK;
+    return refuse("missing_token",
+                  absl::StrCat(method.empty() ? "this RPC" : method,
+                               " needs a bearer token: pass --token_file, or "
+                               "set MUTWO_TOKEN_FILE or MUTWO_TOKEN"));
+  }
   if (std::next(range.first) != range.second) {
     return refuse("malformed", "more than one authorization header");
   }

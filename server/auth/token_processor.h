@@ -2,9 +2,9 @@
 // gRPC on every call before the handler (attached to the server credentials
 // with SetAuthMetadataProcessor).
 //
-// - No `authorization` metadata: the call goes on with no principal; the
-//   handler answers UNAUTHENTICATED (grpc.health.v1 needs no token, so
-//   probes work).
+// - No `authorization` metadata: refused with UNAUTHENTICATED, except for
+//   grpc.health.v1 (probes need no token). This covers the services gRPC
+//   adds (reflection) as well as mutwo's, whose handlers check again.
 // - `authorization: Bearer TOKEN` naming a known token: the call goes on;
 //   Authorizer maps the same header to the principal for this call (the
 //   AuthContext is per connection in gRPC 1.51, see principal.h, so nothing
@@ -35,8 +35,9 @@ class TokenAuthProcessor final : public grpc::AuthMetadataProcessor {
       : tokens_(std::move(tokens)),
         require_worker_certificate_(require_worker_certificate) {}
 
-  // Called with the reason of every refused call (invalid_token, malformed,
-  // no_client_certificate), e.g. to count it. Set before the server starts.
+  // Called with the reason of every refused call (missing_token,
+  // invalid_token, malformed, no_client_certificate), e.g. to count it. Set
+  // before the server starts.
   void OnRefusal(std::function<void(const char* reason)> on_refusal) {
     on_refusal_ = std::move(on_refusal);
   }

@@ -5,6 +5,7 @@
 // job" case), and what each identity may do to leases and models.
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "mutwo/v1/planner.grpc.pb.h"
@@ -610,6 +612,31 @@ TEST_F(AuthTest, IdentityIsPerCallOnOneConnection) {
   EXPECT_EQ(get(bob.c_str()), NOT_FOUND);
   EXPECT_EQ(get(alice.c_str()), OK);
   EXPECT_EQ(get(nullptr), UNAUTH);
+}
+
+// The token check runs before any service: gRPC's own (reflection) and a
+// method that does not exist are refused without a token; with one they get
+// past it (and reach their handler, or UNIMPLEMENTED).
+TEST_F(AuthTest, EveryServiceButHealthNeedsAToken) {
+  StartServer(ServerOptions());
+  auto call = [&](Who who, const std::string& method) {
+    grpc::GenericStub stub(Channel(who));
+    grpc::ClientContext context;
+    Deadline(context);
+    grpc::Slice empty("");  // an empty message, valid for any method
+    grpc::ByteBuffer request(&empty, 1), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status s) { done.set_value(s); });
+    return done.get_future().get().error_code();
+  };
+  const std::string reflection =
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo";
+  EXPECT_EQ(call(kNone, reflection), UNAUTH);
+  EXPECT_NE(call(kClient, reflection), UNAUTH);
+  EXPECT_EQ(call(kNone, "/mutwo.v1.Planner/NoSuchMethod"), UNAUTH);
+  EXPECT_EQ(call(kClient, "/mutwo.v1.Planner/NoSuchMethod"),
+            grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST_F(AuthTest, AnInvalidTokenIsRefusedAndHealthNeedsNone) {
