@@ -20,6 +20,11 @@ absl::StatusOr<ServerSecurity> MakeServerSecurity(
     return absl::InvalidArgumentError(
         "--tls_client_ca (mTLS) needs TLS: give --tls_cert and --tls_key");
   }
+  if (options.insecure && !options.tokens_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--insecure (serve without authentication) contradicts "
+        "--auth_tokens_file: drop one of them");
+  }
   if (!options.tls_client_ca_file.empty() && options.tokens_file.empty()) {
     return absl::InvalidArgumentError(
         "--tls_client_ca binds worker certificates to the principals of the "

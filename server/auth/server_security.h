@@ -8,7 +8,8 @@
 //                       this CA; a worker principal must (its common name =
 //                       the principal name). Needs --tls_cert and tokens.
 //   --insecure          allow a server without tokens on a non-loopback
-//                       address (anyone who can reach the port is admin).
+//                       address (anyone who can reach the port is admin);
+//                       refused together with a tokens file.
 //
 // Without a tokens file authentication is off: every caller is an admin
 // named '' (jobs get owner ''), which is what a loopback development server,

@@ -709,10 +709,13 @@ TEST_F(AuthTest, RefusesToStartOpenOrWithClearTextTokensOffLoopback) {
 
   MutwoServer::Options clear = ServerOptions();
   clear.listen = "0.0.0.0:0";
-  clear.security.insecure = true;  // does not excuse tokens in clear text
   auto clear_refused = MutwoServer::Create(clear);
   ASSERT_FALSE(clear_refused.ok());
   EXPECT_THAT(clear_refused.status().message(), HasSubstr("--tls_cert"));
+  clear.security.insecure = true;  // contradicts the tokens file
+  auto contradiction = MutwoServer::Create(clear);
+  ASSERT_FALSE(contradiction.ok());
+  EXPECT_THAT(contradiction.status().message(), HasSubstr("contradicts"));
 
   MutwoServer::Options half_tls = ServerOptions();
   half_tls.security.tls_cert_file = (dir_ / "cert.pem").string();
