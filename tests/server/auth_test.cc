@@ -505,6 +505,8 @@ TEST_F(AuthTest, EveryRpcAsEveryIdentityOnAnOwnAndAnotherClientsJob) {
         << WhoName(who);
   }
   EXPECT_EQ(ReportValidation(kOtherWorker, w2, validate).error_code(), DENIED);
+  const grpc::Status reported = ReportValidation(kWorker, w1, validate);
+  EXPECT_TRUE(reported.ok()) << reported.error_message();
 
   // Listing: each client sees its own jobs only, the admin every job.
   std::vector<std::string> alice_sees, bob_sees, root_sees;
@@ -516,9 +518,13 @@ TEST_F(AuthTest, EveryRpcAsEveryIdentityOnAnOwnAndAnotherClientsJob) {
   EXPECT_THAT(bob_sees, Not(::testing::Contains(job)));
   EXPECT_THAT(root_sees, ::testing::IsSupersetOf({job, bob_job}));
 
-  // Cancel last: the refused identities first, then the owner.
+  // Cancel last, on another unfinished job of alice's: the refused
+  // identities first, then the admin, then the owner.
+  std::string to_cancel;
+  ASSERT_TRUE(
+      Submit(kClient, JobRequest(alice_model, "cuda"), &to_cancel).ok());
   ExpectMatrix(
-      "CancelJob", [&](Who who) { return Cancel(who, job); },
+      "CancelJob", [&](Who who) { return Cancel(who, to_cancel); },
       {{kNone, UNAUTH},
        {kOtherClient, NOT_FOUND},
        {kWorker, DENIED},
