@@ -128,6 +128,12 @@ ServerMetrics::ServerMetrics()
   }
   uploads_.Add({{"result", "stored"}});
   uploads_.Add({{"result", "deduplicated"}});
+  // At zero from the start, so rates (and the refusal alert) work from the
+  // first refusal.
+  for (const char* reason : {"missing_token", "invalid_token", "malformed",
+                             "no_client_certificate"}) {
+    auth_refusals_.Add({{"reason", reason}});
+  }
   SetJobs({});
   SetTasks({});
   SetWorkers({});
