@@ -104,9 +104,11 @@ VOLUME ["/var/lib/mutwo"]
 EXPOSE 50051 9464
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=15s --timeout=5s --start-period=10s --retries=3 \
-    CMD ["mutwo", "health", "--server=127.0.0.1:50051", "--timeout_ms=3000"]
+    CMD ["mutwo", "health", "--server=127.0.0.1:50051", "--tls_ca=/etc/mutwo/tls/ca.crt", "--timeout_ms=3000"]
 ENTRYPOINT ["/usr/bin/tini", "--", "mutwo-server"]
-CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--data_dir=/var/lib/mutwo"]
+# Tokens and TLS from files mounted at /etc/mutwo (deploy/gen-auth.sh makes
+# them; docs/deploy.md): without them the server refuses to start.
+CMD ["--listen=0.0.0.0:50051", "--metrics_listen=0.0.0.0:9464", "--data_dir=/var/lib/mutwo", "--auth_tokens_file=/etc/mutwo/auth/tokens.txt", "--tls_cert=/etc/mutwo/tls/tls.crt", "--tls_key=/etc/mutwo/tls/tls.key"]
 
 FROM ${DEBIAN_RUNTIME_IMAGE} AS worker-cpu
 COPY --from=build /out/worker-cpu.packages /tmp/runtime.packages

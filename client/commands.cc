@@ -55,7 +55,9 @@ int Health(const ParsedArgs&) {
 
 // The flags of every command that talks to the server.
 std::vector<std::string> Rpc(std::vector<std::string> flags) {
-  for (const char* f : {"server", "timeout_ms"}) flags.push_back(f);
+  for (const char* f : {"server", "timeout_ms", "token_file", "tls_ca"}) {
+    flags.push_back(f);
+  }
   return flags;
 }
 

@@ -1,14 +1,22 @@
 #include "client/rpc.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "common/args.h"
+#include "common/credentials.h"
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "mutwo-server address");
 ABSL_FLAG(int32_t, timeout_ms, 10000, "deadline of every RPC, in ms");
 ABSL_FLAG(std::string, output, "text", "text or json");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first line is your bearer token (else MUTWO_TOKEN_FILE, "
+          "else MUTWO_TOKEN)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA that signed the server's certificate: connect with TLS "
+          "(else MUTWO_TLS_CA)");
 
 namespace mutwo {
 
@@ -16,8 +24,20 @@ std::shared_ptr<grpc::Channel> ServerChannel() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  ClientCredentialsOptions credential_options;
+  credential_options.target = absl::GetFlag(FLAGS_server);
+  credential_options.token_file = absl::GetFlag(FLAGS_token_file);
+  credential_options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  auto credentials = MakeChannelCredentials(credential_options);
+  if (!credentials.ok()) {
+    // Every command that reaches here needs the server; a credential that
+    // cannot be used is bad input (the message names the file, never the
+    // token).
+    std::cerr << "mutwo: " << credentials.status().message() << "\n";
+    std::exit(kExitBadInput);
+  }
   return grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server),
-                                   grpc::InsecureChannelCredentials(), args);
+                                   *std::move(credentials), args);
 }
 
 std::unique_ptr<v1::Planner::Stub> PlannerStub() {

@@ -12,6 +12,10 @@
 
 namespace mutwo {
 
+// The channel to --server, with the credentials of --token_file / --tls_ca
+// (or their environment variables, common/credentials.h). Exits with
+// kExitBadInput when they cannot be used (unreadable file, token to a
+// non-loopback server without TLS).
 std::shared_ptr<grpc::Channel> ServerChannel();
 std::unique_ptr<v1::Planner::Stub> PlannerStub();
 // Sets the deadline of `context` to now + --timeout_ms (times `factor`).

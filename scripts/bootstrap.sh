@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev python3-torch python3-torchvision
   python3-grpcio python3-protobuf python3-yaml prometheus
+  openssl  # the CLI: TLS test certificates, deploy/gen-auth.sh
 )
 
 missing=()

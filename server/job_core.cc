@@ -315,11 +315,13 @@ void JobCore::Reap() {
 }
 
 absl::StatusOr<v1::UploadModelResponse> JobCore::StoreUpload(
-    const UploadSession& upload) {
+    const UploadSession& upload, const std::string& uploader) {
   MUTWO_ASSIGN_OR_RETURN(
       storage::PutModelResult put,
       store_->PutModel(upload.header().sha256(), upload.header().name(),
                        upload.header().size_bytes(), upload.bytes()));
+  MUTWO_RETURN_IF_ERROR(
+      store_->RecordModelUpload(upload.header().sha256(), uploader));
   metrics_->CountUpload(!put.already_stored);
   RefreshGauges();
   v1::UploadModelResponse response;
@@ -330,7 +332,7 @@ absl::StatusOr<v1::UploadModelResponse> JobCore::StoreUpload(
 }
 
 absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
-    const v1::SubmitJobRequest& request) {
+    const v1::SubmitJobRequest& request, const std::string& owner) {
   const v1::JobSpec& spec = request.spec();
   if (!IsSha256Hex(spec.model_sha256())) {
     return absl::InvalidArgumentError(
@@ -356,8 +358,9 @@ absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
           options_.max_concurrent_jobs, "; retry later"));
     }
   }
-  MUTWO_ASSIGN_OR_RETURN(storage::CreateJobResult created,
-                         store_->CreateJob(spec, request.client_request_id()));
+  MUTWO_ASSIGN_OR_RETURN(
+      storage::CreateJobResult created,
+      store_->CreateJob(spec, request.client_request_id(), owner));
   v1::SubmitJobResponse response;
   response.set_deduplicated(created.deduplicated);
   if (!created.deduplicated) {
@@ -402,8 +405,10 @@ void JobCore::AnnotateWaiting(v1::Job& job) {
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobCore::ListJobs(
-    const v1::ListJobsRequest& request) {
+    const v1::ListJobsRequest& request,
+    const std::optional<std::string>& owner) {
   storage::ListJobsQuery query;
+  query.owner = owner;
   for (int s : request.states()) query.states.push_back(v1::Job::State(s));
   query.model_sha256 = request.model_sha256();
   query.page_size = request.page_size();
@@ -582,7 +587,7 @@ absl::StatusOr<v1::Job> JobCore::WaitForJobChange(const std::string& job_id,
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> JobCore::RegisterWorker(
-    const v1::RegisterWorkerRequest& request) {
+    const v1::RegisterWorkerRequest& request, const std::string& principal) {
   const std::string& kind = request.worker().device().kind();
   if (kind != "cpu" && kind != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -590,7 +595,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobCore::RegisterWorker(
   }
   v1::WorkerInfo info = request.worker();
   info.set_state(v1::WorkerInfo::IDLE);
-  MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo stored, store_->UpsertWorker(info));
+  MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo stored,
+                         store_->UpsertWorker(info, principal));
   MUTWO_LOG(info, "worker {} registered: {} on {}", stored.worker_id(),
             stored.device().name(), stored.hostname());
   v1::RegisterWorkerResponse response;
@@ -681,8 +687,9 @@ absl::StatusOr<v1::HeartbeatResponse> JobCore::Heartbeat(
   }
   MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
       request.worker_id(), v1::WorkerInfo::BUSY, request.task_id()));
-  auto task = store_->ExtendLease(request.task_id(), request.fence_token(),
-                                  options_.lease_timeout_ms);
+  auto task =
+      store_->ExtendLease(request.task_id(), request.fence_token(),
+                          request.worker_id(), options_.lease_timeout_ms);
   if (absl::IsFailedPrecondition(task.status())) {
     response.set_lease_valid(false);
     auto current = store_->GetTask(request.task_id());
@@ -711,7 +718,7 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   MUTWO_ASSIGN_OR_RETURN(
       bool stored_now,
       store_->CompleteTask(request.task_id(), request.fence_token(),
-                           profile.SerializeAsString()));
+                           request.worker_id(), profile.SerializeAsString()));
   if (!stored_now) return absl::OkStatus();  // a retried report
   MUTWO_RETURN_IF_ERROR(
       store_->PutProfile(task.job_id(), task.batch_size(), profile));
@@ -809,6 +816,7 @@ absl::Status JobCore::ReportValidation(
   MUTWO_ASSIGN_OR_RETURN(
       bool stored_now,
       store_->CompleteTask(request.task_id(), request.fence_token(),
+                           request.worker_id(),
                            request.validation().SerializeAsString()));
   if (!stored_now) return absl::OkStatus();
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
@@ -956,9 +964,10 @@ absl::Status JobCore::RecordMeasurement(const v1::Job& job,
 
 absl::Status JobCore::FailTask(const v1::FailTaskRequest& request) {
   MUTWO_ASSIGN_OR_RETURN(
-      v1::Task task, store_->FailTask(request.task_id(), request.fence_token(),
-                                      request.reason(), request.retryable(),
-                                      options_.max_attempts));
+      v1::Task task,
+      store_->FailTask(request.task_id(), request.fence_token(),
+                       request.worker_id(), request.reason(),
+                       request.retryable(), options_.max_attempts));
   MUTWO_LOG(warn, "task {} attempt {} failed ({}): {}", task.task_id(),
             task.attempt(), v1::Task::State_Name(task.state()),
             request.reason());

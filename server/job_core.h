@@ -105,14 +105,19 @@ class JobCore {
   void Start();
   void Shutdown();
 
-  // Planner service.
+  // Planner service. Who may call what is decided before the core is called
+  // (server/auth/authorizer.h); the core records the identities it is given:
+  // the uploader of a model, the owner of a job ('' when authentication is
+  // off), the principal a worker id is bound to.
   [[nodiscard]] absl::StatusOr<v1::UploadModelResponse> StoreUpload(
-      const UploadSession& upload);
+      const UploadSession& upload, const std::string& uploader = "");
   [[nodiscard]] absl::StatusOr<v1::SubmitJobResponse> SubmitJob(
-      const v1::SubmitJobRequest& request);
+      const v1::SubmitJobRequest& request, const std::string& owner = "");
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Jobs of `owner` only, or of everyone when nullopt.
   [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListJobs(
-      const v1::ListJobsRequest& request);
+      const v1::ListJobsRequest& request,
+      const std::optional<std::string>& owner = std::nullopt);
   [[nodiscard]] absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(
       const v1::GetProfileRequest& request);
@@ -127,9 +132,13 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::Job> WaitForJobChange(
       const std::string& job_id, int64_t seen_updated_ms, int64_t timeout_ms);
 
-  // WorkerHub service.
+  // WorkerHub service. Heartbeats, reports and FailTask are accepted only
+  // from the worker id that holds the task's lease (PermissionDenied).
+  // PermissionDenied when the request names a live worker id registered by
+  // another principal.
   [[nodiscard]] absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
-      const v1::RegisterWorkerRequest& request);
+      const v1::RegisterWorkerRequest& request,
+      const std::string& principal = "");
   [[nodiscard]] absl::StatusOr<v1::LeaseTaskResponse> LeaseTask(
       const v1::LeaseTaskRequest& request);
   [[nodiscard]] absl::StatusOr<std::string> ModelPath(

@@ -38,6 +38,20 @@ ABSL_FLAG(int32_t, drain_timeout_ms, 10000,
           "on SIGTERM, how long in-flight RPCs may take before cancellation");
 ABSL_FLAG(std::string, log_level, "info",
           "trace, debug, info, warn, error or off");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "bearer tokens, one \"ROLE PRINCIPAL sha256:HEX\" per line (roles: "
+          "client, worker, admin); empty: no authentication, every caller is "
+          "admin (loopback --listen only, unless --insecure)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the gRPC port (TLS); with --tls_key");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA of client certificates (mTLS): a worker principal must "
+          "connect with a certificate from it whose common name is its "
+          "principal name");
+ABSL_FLAG(bool, insecure, false,
+          "allow serving a non-loopback --listen without --auth_tokens_file "
+          "(anyone reaching the port is admin)");
 
 namespace {
 constexpr char kUsage[] =
@@ -89,6 +103,11 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.security.tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.insecure = absl::GetFlag(FLAGS_insecure);
   options.core.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
   options.core.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   options.core.max_model_bytes = *max_model_bytes;

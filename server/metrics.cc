@@ -92,6 +92,13 @@ ServerMetrics::ServerMetrics()
                    .Name("mutwo_model_uploads_total")
                    .Help("Model uploads by result (stored, deduplicated)")
                    .Register(*registry_)),
+      auth_refusals_(BuildCounter()
+                         .Name("mutwo_auth_refusals_total")
+                         .Help("Calls refused by the bearer-token check "
+                               "before any handler ran, by reason "
+                               "(missing_token, invalid_token, malformed, "
+                               "no_client_certificate)")
+                         .Register(*registry_)),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model and "
@@ -121,6 +128,12 @@ ServerMetrics::ServerMetrics()
   }
   uploads_.Add({{"result", "stored"}});
   uploads_.Add({{"result", "deduplicated"}});
+  // At zero from the start, so rates (and the refusal alert) work from the
+  // first refusal.
+  for (const char* reason : {"missing_token", "invalid_token", "malformed",
+                             "no_client_certificate"}) {
+    auth_refusals_.Add({{"reason", reason}});
+  }
   SetJobs({});
   SetTasks({});
   SetWorkers({});
@@ -188,6 +201,10 @@ void ServerMetrics::CountCache(bool hit) {
 
 void ServerMetrics::CountValidation(const std::string& result) {
   validations_.Add({{"result", result}}).Increment();
+}
+
+void ServerMetrics::CountAuthRefusal(const std::string& reason) {
+  auth_refusals_.Add({{"reason", reason}}).Increment();
 }
 
 void ServerMetrics::CountUpload(bool stored) {

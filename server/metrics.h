@@ -45,6 +45,9 @@ class ServerMetrics {
   // One validation round: "fits", "over_budget" or "failed".
   void CountValidation(const std::string& result);
   void CountUpload(bool stored);
+  // A call refused by the token check before any handler ran (reason:
+  // missing_token, invalid_token, malformed, no_client_certificate).
+  void CountAuthRefusal(const std::string& reason);
 
   // Per model: "baseline" or "planned" peak bytes / iteration seconds (the
   // planned figures are measured only by a validation that fits; predicted
@@ -75,6 +78,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& cache_;
   prometheus::Family<prometheus::Counter>& validations_;
   prometheus::Family<prometheus::Counter>& uploads_;
+  prometheus::Family<prometheus::Counter>& auth_refusals_;
   prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;
   prometheus::Family<prometheus::Gauge>& model_max_batch_;

@@ -28,7 +28,11 @@ absl::StatusOr<std::unique_ptr<MutwoServer>> MutwoServer::Create(
   if (!options.plan || !options.max_batch) {
     return absl::InvalidArgumentError("the server needs a planner");
   }
-  return std::unique_ptr<MutwoServer>(new MutwoServer(std::move(options)));
+  MUTWO_ASSIGN_OR_RETURN(
+      auth::ServerSecurity security,
+      auth::MakeServerSecurity(options.security, options.listen));
+  return std::unique_ptr<MutwoServer>(
+      new MutwoServer(std::move(options), std::move(security)));
 }
 
 absl::Status MutwoServer::Start() {
@@ -38,16 +42,23 @@ absl::Status MutwoServer::Start() {
   MUTWO_ASSIGN_OR_RETURN(
       core_, JobCore::Create(options_.core, store_.get(), &server_metrics_,
                              options_.plan, options_.max_batch));
+  authorizer_ =
+      std::make_unique<auth::Authorizer>(security_.tokens, store_.get());
+  if (security_.processor != nullptr) {
+    security_.processor->OnRefusal([this](const char* reason) {
+      server_metrics_.CountAuthRefusal(reason);
+    });
+  }
   planner_service_ = std::make_unique<PlannerService>(
-      core_.get(), &server_metrics_, options_.core.max_model_bytes);
-  hub_service_ =
-      std::make_unique<WorkerHubService>(core_.get(), &server_metrics_);
+      core_.get(), authorizer_.get(), &server_metrics_,
+      options_.core.max_model_bytes);
+  hub_service_ = std::make_unique<WorkerHubService>(
+      core_.get(), authorizer_.get(), &server_metrics_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
-                           &port_);
+  builder.AddListeningPort(options_.listen, security_.credentials, &port_);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(planner_service_.get());
@@ -65,9 +76,11 @@ absl::Status MutwoServer::Start() {
   }
   core_->Start();
   server_->GetHealthCheckService()->SetServingStatus(true);
+  // Scripts parse "(port N), metrics on port M" from this line.
   MUTWO_LOG(info, "listening on {} (port {}), metrics on port {}, data in {}",
             options_.listen, port_, metrics_ != nullptr ? metrics_->port() : 0,
             options_.data_dir);
+  MUTWO_LOG(info, "gRPC port security: {}", security_.description);
   return absl::OkStatus();
 }
 

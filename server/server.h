@@ -1,7 +1,9 @@
 // MutwoServer owns everything mutwo-server runs: the Store, the JobCore (and
 // its reaper), the gRPC server with the Planner and WorkerHub services,
 // health checking (grpc.health.v1: SERVING, NOT_SERVING while draining) and
-// reflection, and the Prometheus endpoint on its own port.
+// reflection, and the Prometheus endpoint on its own port. The gRPC port is
+// secured as server/auth/server_security.h says (tokens, TLS, or neither on
+// loopback only); Create refuses an unsafe combination.
 // Start() binds and returns; Shutdown(deadline) flips health to NOT_SERVING,
 // stops accepting, lets in-flight RPCs finish until the deadline, then stops
 // the core and closes the store. Thread-safe: Shutdown may be called from
@@ -17,6 +19,8 @@
 #include "absl/time/time.h"
 #include "common/metrics_exposer.h"
 #include "grpcpp/server.h"
+#include "server/auth/authorizer.h"
+#include "server/auth/server_security.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
 #include "server/services.h"
@@ -30,6 +34,7 @@ class MutwoServer {
     std::string listen = "127.0.0.1:50051";
     std::string metrics_listen = "127.0.0.1:9464";  // empty: no metrics
     std::string data_dir = "./mutwo-data";
+    auth::ServerSecurityOptions security;
     JobCore::Options core;
     PlanFn plan;
     MaxBatchFn max_batch;
@@ -49,12 +54,15 @@ class MutwoServer {
   ~MutwoServer();
 
  private:
-  explicit MutwoServer(Options options) : options_(std::move(options)) {}
+  MutwoServer(Options options, auth::ServerSecurity security)
+      : options_(std::move(options)), security_(std::move(security)) {}
   Options options_;
+  auth::ServerSecurity security_;
   int port_ = 0;
   std::unique_ptr<storage::Store> store_;
   ServerMetrics server_metrics_;
   std::unique_ptr<JobCore> core_;
+  std::unique_ptr<auth::Authorizer> authorizer_;
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -33,6 +33,10 @@ const char* CodeName(grpc::StatusCode code) {
       return "UNAVAILABLE";
     case grpc::StatusCode::DATA_LOSS:
       return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
     default:
       return "OTHER";
   }
@@ -82,9 +86,12 @@ absl::Status RequireId(const std::string& value, const char* field) {
 }  // namespace
 
 grpc::Status PlannerService::UploadModel(
-    grpc::ServerContext*, grpc::ServerReader<v1::UploadModelRequest>* reader,
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::UploadModelRequest>* reader,
     v1::UploadModelResponse* response) {
   RpcTimer timer(metrics_, "UploadModel");
+  auto caller = auth_->ForUpload(*context);
+  if (!caller.ok()) return timer.Done(caller.status());
   UploadSession upload(max_model_bytes_);
   v1::UploadModelRequest message;
   while (reader->Read(&message)) {
@@ -94,30 +101,38 @@ grpc::Status PlannerService::UploadModel(
     if (!s.ok()) return timer.Done(s);
   }
   if (absl::Status s = upload.Finish(); !s.ok()) return timer.Done(s);
-  return timer.Done(Assign(core_->StoreUpload(upload), response));
+  return timer.Done(Assign(core_->StoreUpload(upload, caller->name), response));
 }
 
-grpc::Status PlannerService::SubmitJob(grpc::ServerContext*,
+grpc::Status PlannerService::SubmitJob(grpc::ServerContext* context,
                                        const v1::SubmitJobRequest* request,
                                        v1::SubmitJobResponse* response) {
   RpcTimer timer(metrics_, "SubmitJob");
-  return timer.Done(Assign(core_->SubmitJob(*request), response));
+  auto caller = auth_->ForSubmit(*context, request->spec().model_sha256());
+  if (!caller.ok()) return timer.Done(caller.status());
+  return timer.Done(Assign(core_->SubmitJob(*request, caller->name), response));
 }
 
-grpc::Status PlannerService::GetJob(grpc::ServerContext*,
+grpc::Status PlannerService::GetJob(grpc::ServerContext* context,
                                     const v1::GetJobRequest* request,
                                     v1::Job* response) {
   RpcTimer timer(metrics_, "GetJob");
   if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
     return timer.Done(s);
+  if (auto caller = auth_->ForJob(*context, "GetJob", request->job_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   return timer.Done(Assign(core_->GetJob(request->job_id()), response));
 }
 
-grpc::Status PlannerService::ListJobs(grpc::ServerContext*,
+grpc::Status PlannerService::ListJobs(grpc::ServerContext* context,
                                       const v1::ListJobsRequest* request,
                                       v1::ListJobsResponse* response) {
   RpcTimer timer(metrics_, "ListJobs");
-  return timer.Done(Assign(core_->ListJobs(*request), response));
+  auto owner = auth_->ForListJobs(*context);
+  if (!owner.ok()) return timer.Done(owner.status());
+  return timer.Done(Assign(core_->ListJobs(*request, *owner), response));
 }
 
 grpc::Status PlannerService::WatchJob(
@@ -126,6 +141,10 @@ grpc::Status PlannerService::WatchJob(
   RpcTimer timer(metrics_, "WatchJob");
   if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
     return timer.Done(s);
+  if (auto caller = auth_->ForJob(*context, "WatchJob", request->job_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   auto job = core_->GetJob(request->job_id());
   if (!job.ok()) return timer.Done(job.status());
   int64_t seen = -1;
@@ -156,53 +175,76 @@ grpc::Status PlannerService::WatchJob(
   return timer.Done(absl::CancelledError("client went away"));
 }
 
-grpc::Status PlannerService::CancelJob(grpc::ServerContext*,
+grpc::Status PlannerService::CancelJob(grpc::ServerContext* context,
                                        const v1::CancelJobRequest* request,
                                        v1::Job* response) {
   RpcTimer timer(metrics_, "CancelJob");
   if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
     return timer.Done(s);
+  if (auto caller = auth_->ForJob(*context, "CancelJob", request->job_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   return timer.Done(Assign(core_->CancelJob(request->job_id()), response));
 }
 
-grpc::Status PlannerService::GetProfile(grpc::ServerContext*,
+grpc::Status PlannerService::GetProfile(grpc::ServerContext* context,
                                         const v1::GetProfileRequest* request,
                                         v1::Profile* response) {
   RpcTimer timer(metrics_, "GetProfile");
   if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
     return timer.Done(s);
+  if (auto caller = auth_->ForJob(*context, "GetProfile", request->job_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   return timer.Done(Assign(core_->GetProfile(*request), response));
 }
 
-grpc::Status PlannerService::GetSchedule(grpc::ServerContext*,
+grpc::Status PlannerService::GetSchedule(grpc::ServerContext* context,
                                          const v1::GetScheduleRequest* request,
                                          v1::Schedule* response) {
   RpcTimer timer(metrics_, "GetSchedule");
   if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
     return timer.Done(s);
+  if (auto caller = auth_->ForJob(*context, "GetSchedule", request->job_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   return timer.Done(Assign(core_->GetSchedule(*request), response));
 }
 
-grpc::Status PlannerService::ListWorkers(grpc::ServerContext*,
+grpc::Status PlannerService::ListWorkers(grpc::ServerContext* context,
                                          const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {
   RpcTimer timer(metrics_, "ListWorkers");
+  if (auto caller = auth_->ForListWorkers(*context); !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   return timer.Done(Assign(core_->ListWorkers(), response));
 }
 
 grpc::Status WorkerHubService::RegisterWorker(
-    grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+    grpc::ServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
   RpcTimer timer(metrics_, "RegisterWorker");
-  return timer.Done(Assign(core_->RegisterWorker(*request), response));
+  auto caller = auth_->ForRegister(*context);
+  if (!caller.ok()) return timer.Done(caller.status());
+  return timer.Done(
+      Assign(core_->RegisterWorker(*request, caller->name), response));
 }
 
-grpc::Status WorkerHubService::LeaseTask(grpc::ServerContext*,
+grpc::Status WorkerHubService::LeaseTask(grpc::ServerContext* context,
                                          const v1::LeaseTaskRequest* request,
                                          v1::LeaseTaskResponse* response) {
   RpcTimer timer(metrics_, "LeaseTask");
   if (auto s = RequireId(request->worker_id(), "worker_id"); !s.ok()) {
     return timer.Done(s);
+  }
+  if (auto caller =
+          auth_->ForWorker(*context, "LeaseTask", request->worker_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
   }
   return timer.Done(Assign(core_->LeaseTask(*request), response));
 }
@@ -211,6 +253,10 @@ grpc::Status WorkerHubService::FetchModel(
     grpc::ServerContext* context, const v1::FetchModelRequest* request,
     grpc::ServerWriter<v1::FetchModelChunk>* writer) {
   RpcTimer timer(metrics_, "FetchModel");
+  if (auto caller = auth_->ForFetchModel(*context, request->sha256());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   auto path = core_->ModelPath(request->sha256());
   if (!path.ok()) return timer.Done(path.status());
   std::ifstream in(*path, std::ios::binary | std::ios::ate);
@@ -235,35 +281,55 @@ grpc::Status WorkerHubService::FetchModel(
   return timer.Done(absl::OkStatus());
 }
 
-grpc::Status WorkerHubService::Heartbeat(grpc::ServerContext*,
+grpc::Status WorkerHubService::Heartbeat(grpc::ServerContext* context,
                                          const v1::HeartbeatRequest* request,
                                          v1::HeartbeatResponse* response) {
   RpcTimer timer(metrics_, "Heartbeat");
+  if (auto caller =
+          auth_->ForWorker(*context, "Heartbeat", request->worker_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   return timer.Done(Assign(core_->Heartbeat(*request), response));
 }
 
 grpc::Status WorkerHubService::ReportProfile(
-    grpc::ServerContext*, const v1::ReportProfileRequest* request,
+    grpc::ServerContext* context, const v1::ReportProfileRequest* request,
     v1::ReportResponse* response) {
   RpcTimer timer(metrics_, "ReportProfile");
+  if (auto caller =
+          auth_->ForWorker(*context, "ReportProfile", request->worker_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   absl::Status s = core_->ReportProfile(*request);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }
 
 grpc::Status WorkerHubService::ReportValidation(
-    grpc::ServerContext*, const v1::ReportValidationRequest* request,
+    grpc::ServerContext* context, const v1::ReportValidationRequest* request,
     v1::ReportResponse* response) {
   RpcTimer timer(metrics_, "ReportValidation");
+  if (auto caller =
+          auth_->ForWorker(*context, "ReportValidation", request->worker_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   absl::Status s = core_->ReportValidation(*request);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }
 
-grpc::Status WorkerHubService::FailTask(grpc::ServerContext*,
+grpc::Status WorkerHubService::FailTask(grpc::ServerContext* context,
                                         const v1::FailTaskRequest* request,
                                         v1::ReportResponse* response) {
   RpcTimer timer(metrics_, "FailTask");
+  if (auto caller =
+          auth_->ForWorker(*context, "FailTask", request->worker_id());
+      !caller.ok()) {
+    return timer.Done(caller.status());
+  }
   absl::Status s = core_->FailTask(*request);
   response->set_accepted(s.ok());
   return timer.Done(s);

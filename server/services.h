@@ -1,4 +1,5 @@
-// The gRPC services of mutwo-server. Handlers are thin: validate the request
+// The gRPC services of mutwo-server. Handlers are thin: authorize the caller
+// (one Authorizer call, server/auth/authorizer.h), validate the request
 // shape, call JobCore, record RPC latency, and map absl::Status to
 // grpc::Status once (common/grpc_status.h). Long polls (LeaseTask, WatchJob)
 // are bounded by their own wait and the client's deadline.
@@ -9,6 +10,7 @@
 
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
+#include "server/auth/authorizer.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
 #include "storage/store.h"
@@ -17,8 +19,12 @@ namespace mutwo {
 
 class PlannerService final : public v1::Planner::Service {
  public:
-  PlannerService(JobCore* core, ServerMetrics* metrics, int64_t max_model_bytes)
-      : core_(core), metrics_(metrics), max_model_bytes_(max_model_bytes) {}
+  PlannerService(JobCore* core, const auth::Authorizer* auth,
+                 ServerMetrics* metrics, int64_t max_model_bytes)
+      : core_(core),
+        auth_(auth),
+        metrics_(metrics),
+        max_model_bytes_(max_model_bytes) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -50,14 +56,16 @@ class PlannerService final : public v1::Planner::Service {
 
  private:
   JobCore* core_;
+  const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
   int64_t max_model_bytes_;
 };
 
 class WorkerHubService final : public v1::WorkerHub::Service {
  public:
-  WorkerHubService(JobCore* core, ServerMetrics* metrics)
-      : core_(core), metrics_(metrics) {}
+  WorkerHubService(JobCore* core, const auth::Authorizer* auth,
+                   ServerMetrics* metrics)
+      : core_(core), auth_(auth), metrics_(metrics) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -83,6 +91,7 @@ class WorkerHubService final : public v1::WorkerHub::Service {
 
  private:
   JobCore* core_;
+  const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
 };
 

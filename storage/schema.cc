@@ -134,6 +134,29 @@ DROP TABLE validations;
 ALTER TABLE validations_v3 RENAME TO validations;
 )sql";
 
+// Version 4: identities (issue 15). A job belongs to the principal that
+// submitted it (rows of version 3 get owner '', which only an admin sees),
+// client request ids are scoped to their owner (two clients may use the same
+// id), every principal that uploaded a model is recorded (a client may only
+// submit jobs for models it uploaded itself), and a worker id is bound to
+// the principal that registered it.
+constexpr char kSchemaV4[] = R"sql(
+ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+DROP INDEX jobs_by_request;
+CREATE UNIQUE INDEX jobs_by_request ON jobs (owner, client_request_id)
+  WHERE client_request_id <> '';
+CREATE INDEX jobs_by_owner ON jobs (owner, seq);
+
+CREATE TABLE model_uploads (
+  sha256 TEXT NOT NULL REFERENCES models (sha256),
+  principal TEXT NOT NULL,
+  created_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (sha256, principal)
+);
+
+ALTER TABLE workers ADD COLUMN principal TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 static absl::Status NewerSchemaError(const Db& db, int64_t version) {
@@ -147,7 +170,7 @@ static absl::Status NewerSchemaError(const Db& db, int64_t version) {
 const std::vector<Migration>& Migrations() {
   static const std::vector<Migration>* const kMigrations =
       new std::vector<Migration>{
-          {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}};
+          {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}, {4, kSchemaV4}};
   return *kMigrations;
 }
 

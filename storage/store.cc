@@ -389,7 +389,8 @@ absl::StatusOr<v1::Job> Store::RequireJob(absl::string_view job_id) {
 }
 
 absl::StatusOr<CreateJobResult> Store::CreateJob(
-    const v1::JobSpec& spec, absl::string_view client_request_id) {
+    const v1::JobSpec& spec, absl::string_view client_request_id,
+    absl::string_view owner) {
   MUTWO_RETURN_IF_ERROR(ValidateSha256(spec.model_sha256()));
   absl::MutexLock lock(&mutex_);
   Transaction txn(db_.get());
@@ -397,8 +398,10 @@ absl::StatusOr<CreateJobResult> Store::CreateJob(
   if (!client_request_id.empty()) {
     MUTWO_ASSIGN_OR_RETURN(Stmt * find,
                            db_->Prepare("SELECT job_id, job FROM jobs "
-                                        "WHERE client_request_id = ?1"));
+                                        "WHERE client_request_id = ?1 "
+                                        "AND owner = ?2"));
     find->BindText(1, client_request_id);
+    find->BindText(2, owner);
     MUTWO_ASSIGN_OR_RETURN(bool row, find->Step());
     if (row) {
       absl::StatusOr<v1::Job> first = JobFromRow(*find);
@@ -430,17 +433,19 @@ absl::StatusOr<CreateJobResult> Store::CreateJob(
   job.set_created_unix_ms(now_ms);
   job.set_updated_unix_ms(now_ms);
   job.set_client_request_id(std::string(client_request_id));
+  job.set_owner(std::string(owner));
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * insert,
       db_->Prepare("INSERT INTO jobs (job_id, state, model_sha256, "
-                   "client_request_id, created_unix_ms, updated_unix_ms, job) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6)"));
+                   "client_request_id, created_unix_ms, updated_unix_ms, job, "
+                   "owner) VALUES (?1, ?2, ?3, ?4, ?5, ?5, ?6, ?7)"));
   insert->BindText(1, job.job_id());
   insert->BindInt(2, job.state());
   insert->BindText(3, spec.model_sha256());
   insert->BindText(4, client_request_id);
   insert->BindInt(5, now_ms);
   insert->BindBlob(6, job.SerializeAsString());
+  insert->BindText(7, owner);
   MUTWO_RETURN_IF_ERROR(insert->Run());
   MUTWO_RETURN_IF_ERROR(txn.Commit());
   return CreateJobResult{std::move(job), false};
@@ -497,6 +502,9 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsQuery& query) {
   if (!query.model_sha256.empty()) {
     absl::StrAppend(&sql, " AND model_sha256 = ?2");
   }
+  if (query.owner.has_value()) {
+    absl::StrAppend(&sql, " AND owner = ?4");
+  }
   if (!query.states.empty()) {
     std::vector<std::string> states;
     for (v1::Job::State state : query.states) {
@@ -518,6 +526,9 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsQuery& query) {
     stmt->BindText(2, query.model_sha256);
   }
   stmt->BindInt(3, page_size + 1);  // one more tells whether a page follows
+  if (query.owner.has_value()) {
+    stmt->BindText(4, *query.owner);
+  }
   JobPage page;
   int64_t last_seq = 0;
   while (true) {
@@ -557,6 +568,7 @@ absl::StatusOr<v1::Job> Store::UpdateJob(
   job.set_job_id(before.job_id());
   job.set_created_unix_ms(before.created_unix_ms());
   job.set_client_request_id(before.client_request_id());
+  job.set_owner(before.owner());
   job.set_updated_unix_ms(NowMs());
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * update,
@@ -601,6 +613,7 @@ absl::StatusOr<std::optional<v1::Task>> Store::FindTask(
 
 absl::StatusOr<v1::Task> Store::RequireLease(absl::string_view task_id,
                                              int64_t fence_token,
+                                             absl::string_view worker_id,
                                              absl::string_view action) {
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> task, FindTask(task_id));
   if (!task.has_value()) {
@@ -618,6 +631,11 @@ absl::StatusOr<v1::Task> Store::RequireLease(absl::string_view task_id,
     return absl::FailedPreconditionError(
         absl::StrCat(action, " task ", task_id, ": the task is ",
                      v1::Task::State_Name(task->state()), ", not LEASED"));
+  }
+  if (task->lease_owner() != worker_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(action, " task ", task_id, ": worker ", Quote(worker_id),
+                     " does not hold its lease"));
   }
   return *std::move(task);
 }
@@ -748,13 +766,15 @@ absl::StatusOr<std::optional<v1::Task>> Store::LeaseTask(
 
 absl::StatusOr<v1::Task> Store::ExtendLease(absl::string_view task_id,
                                             int64_t fence_token,
+                                            absl::string_view worker_id,
                                             int64_t lease_ms) {
   MUTWO_RETURN_IF_ERROR(ValidateLeaseMs(lease_ms));
   absl::MutexLock lock(&mutex_);
   Transaction txn(db_.get());
   MUTWO_RETURN_IF_ERROR(txn.Begin());
-  MUTWO_ASSIGN_OR_RETURN(v1::Task task,
-                         RequireLease(task_id, fence_token, "heartbeat for"));
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Task task,
+      RequireLease(task_id, fence_token, worker_id, "heartbeat for"));
   const int64_t now_ms = NowMs();
   task.set_lease_expiry_unix_ms(now_ms + lease_ms);
   MUTWO_RETURN_IF_ERROR(WriteTaskState(task, now_ms));
@@ -764,17 +784,19 @@ absl::StatusOr<v1::Task> Store::ExtendLease(absl::string_view task_id,
 
 absl::StatusOr<bool> Store::CompleteTask(absl::string_view task_id,
                                          int64_t fence_token,
+                                         absl::string_view worker_id,
                                          absl::string_view result) {
   absl::MutexLock lock(&mutex_);
   Transaction txn(db_.get());
   MUTWO_RETURN_IF_ERROR(txn.Begin());
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> current, FindTask(task_id));
   if (current.has_value() && current->state() == v1::Task::DONE &&
-      current->fence_token() == fence_token) {
+      current->fence_token() == fence_token &&
+      current->lease_owner() == worker_id) {
     return false;  // the same attempt reporting again
   }
-  MUTWO_ASSIGN_OR_RETURN(v1::Task task,
-                         RequireLease(task_id, fence_token, "complete"));
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Task task, RequireLease(task_id, fence_token, worker_id, "complete"));
   const int64_t now_ms = NowMs();
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * insert,
@@ -794,6 +816,7 @@ absl::StatusOr<bool> Store::CompleteTask(absl::string_view task_id,
 
 absl::StatusOr<v1::Task> Store::FailTask(absl::string_view task_id,
                                          int64_t fence_token,
+                                         absl::string_view worker_id,
                                          absl::string_view reason,
                                          bool retryable, int max_attempts) {
   MUTWO_RETURN_IF_ERROR(ValidateMaxAttempts(max_attempts));
@@ -801,7 +824,7 @@ absl::StatusOr<v1::Task> Store::FailTask(absl::string_view task_id,
   Transaction txn(db_.get());
   MUTWO_RETURN_IF_ERROR(txn.Begin());
   MUTWO_ASSIGN_OR_RETURN(v1::Task task,
-                         RequireLease(task_id, fence_token, "fail"));
+                         RequireLease(task_id, fence_token, worker_id, "fail"));
   task.set_last_error(std::string(reason));
   task.set_lease_owner("");
   task.set_lease_expiry_unix_ms(0);
@@ -1182,16 +1205,33 @@ absl::StatusOr<std::optional<v1::WorkerInfo>> Store::FindWorker(
 }
 
 absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
-    const v1::WorkerInfo& worker) {
+    const v1::WorkerInfo& worker, absl::string_view principal) {
   if (!v1::WorkerInfo::State_IsValid(worker.state())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker state ", static_cast<int>(worker.state()), " is not valid"));
   }
   absl::MutexLock lock(&mutex_);
+  Transaction txn(db_.get());
+  MUTWO_RETURN_IF_ERROR(txn.Begin());
   const int64_t now_ms = NowMs();
   v1::WorkerInfo stored = worker;
   if (stored.worker_id().empty()) {
     stored.set_worker_id(NewId("worker", now_ms));
+  } else {
+    MUTWO_ASSIGN_OR_RETURN(Stmt * owner,
+                           db_->Prepare("SELECT principal, state FROM workers "
+                                        "WHERE worker_id = ?1"));
+    owner->BindText(1, stored.worker_id());
+    MUTWO_ASSIGN_OR_RETURN(bool row, owner->Step());
+    const bool taken = row && owner->ColumnText(0) != principal &&
+                       owner->ColumnInt(1) != v1::WorkerInfo::LOST;
+    owner->Reset();
+    if (taken) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "worker id ", Quote(stored.worker_id()),
+          " is registered by another principal and still alive; register "
+          "without an id to get a new one"));
+    }
   }
   if (stored.state() == v1::WorkerInfo::STATE_UNSPECIFIED ||
       stored.state() == v1::WorkerInfo::LOST) {
@@ -1201,19 +1241,21 @@ absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * upsert,
       db_->Prepare("INSERT INTO workers (worker_id, state, "
-                   "last_heartbeat_unix_ms, current_task_id, info) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5) "
+                   "last_heartbeat_unix_ms, current_task_id, info, principal) "
+                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
                    "ON CONFLICT (worker_id) DO UPDATE SET "
                    "state = excluded.state, "
                    "last_heartbeat_unix_ms = excluded.last_heartbeat_unix_ms, "
                    "current_task_id = excluded.current_task_id, "
-                   "info = excluded.info"));
+                   "info = excluded.info, principal = excluded.principal"));
   upsert->BindText(1, stored.worker_id());
   upsert->BindInt(2, stored.state());
   upsert->BindInt(3, now_ms);
   upsert->BindText(4, stored.current_task_id());
   upsert->BindBlob(5, stored.SerializeAsString());
+  upsert->BindText(6, principal);
   MUTWO_RETURN_IF_ERROR(upsert->Run());
+  MUTWO_RETURN_IF_ERROR(txn.Commit());
   return stored;
 }
 

@@ -62,6 +62,7 @@ struct CreateJobResult {
 
 struct ListJobsQuery {
   std::vector<v1::Job::State> states;  // empty: every state
+  std::optional<std::string> owner;    // nullopt: every owner
   std::string model_sha256;            // empty: every model
   int page_size = 0;                   // 0: kDefaultPageSize
   std::string page_token;              // from the previous JobPage
@@ -123,13 +124,26 @@ class Store {
   [[nodiscard]] absl::StatusOr<ModelInfo> GetModelInfo(
       absl::string_view sha256);
   [[nodiscard]] absl::StatusOr<int64_t> TotalModelBytes();
+  // Records that `principal` uploaded the stored model `sha256` (idempotent).
+  [[nodiscard]] absl::Status RecordModelUpload(absl::string_view sha256,
+                                               absl::string_view principal);
+  // Whether `principal` ever uploaded `sha256` (RecordModelUpload).
+  [[nodiscard]] absl::StatusOr<bool> HasUploadedModel(
+      absl::string_view sha256, absl::string_view principal);
 
   // ---- Jobs ----
-  // Stores a new QUEUED job for `spec` (whose model must be stored). With a
-  // non-empty `client_request_id` seen before, returns that first job with
-  // deduplicated = true; AlreadyExists if the spec differs from the first.
+  // Stores a new QUEUED job for `spec` (whose model must be stored), owned by
+  // `owner` (the submitting principal; '' when authentication is off). With
+  // a non-empty `client_request_id` this owner used before, returns that
+  // first job with deduplicated = true; AlreadyExists if the spec differs
+  // from the first. Request ids of different owners never collide.
   [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
-      const v1::JobSpec& spec, absl::string_view client_request_id);
+      const v1::JobSpec& spec, absl::string_view client_request_id,
+      absl::string_view owner);
+  // The principal that submitted the job ('' for jobs stored before owners
+  // existed). NotFound for an unknown job, with GetJob's message.
+  [[nodiscard]] absl::StatusOr<std::string> GetJobOwner(
+      absl::string_view job_id);
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(absl::string_view job_id);
   // Newest first; page tokens stay valid while new jobs are created.
   [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query);
@@ -157,22 +171,28 @@ class Store {
   [[nodiscard]] absl::StatusOr<std::optional<v1::Task>> LeaseTask(
       absl::string_view worker_id, absl::string_view device_kind,
       int64_t lease_ms);
+  // The lease calls below name the worker that holds the lease: a fence
+  // token is bound to the worker it was handed to, so PermissionDenied when
+  // `worker_id` is not the task's lease owner (a guessed or stolen fence).
+  //
   // Heartbeat: expiry = now + lease_ms. FailedPrecondition when the fence is
   // stale or the task is no longer LEASED (re-queued, cancelled, done).
-  [[nodiscard]] absl::StatusOr<v1::Task> ExtendLease(absl::string_view task_id,
-                                                     int64_t fence_token,
-                                                     int64_t lease_ms);
+  [[nodiscard]] absl::StatusOr<v1::Task> ExtendLease(
+      absl::string_view task_id, int64_t fence_token,
+      absl::string_view worker_id, int64_t lease_ms);
   // Stores the result and marks the task DONE. Returns true when stored now,
   // false when this fence already completed it (a retried report: nothing
   // stored twice). FailedPrecondition for any other fence or state.
   [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
                                                   int64_t fence_token,
+                                                  absl::string_view worker_id,
                                                   absl::string_view result);
   // A failed attempt: when `retryable` and attempt < max_attempts the task is
   // QUEUED again with attempt + 1, else FAILED (dead letter). last_error =
   // reason either way. Same fence checks as CompleteTask.
   [[nodiscard]] absl::StatusOr<v1::Task> FailTask(absl::string_view task_id,
                                                   int64_t fence_token,
+                                                  absl::string_view worker_id,
                                                   absl::string_view reason,
                                                   bool retryable,
                                                   int max_attempts);
@@ -234,10 +254,20 @@ class Store {
       absl::string_view job_id);
 
   // ---- Workers ----
-  // Registers or re-registers a worker: assigns an id when worker_id is
-  // empty, sets last_heartbeat_unix_ms = now and state IDLE when unset.
+  // Registers or re-registers a worker for `principal` (the registering
+  // identity; '' when authentication is off): assigns an id when worker_id
+  // is empty, sets last_heartbeat_unix_ms = now and state IDLE when unset.
+  // PermissionDenied when the id belongs to another principal's worker that
+  // is not LOST (a LOST worker's id may be taken over).
   [[nodiscard]] absl::StatusOr<v1::WorkerInfo> UpsertWorker(
-      const v1::WorkerInfo& worker);
+      const v1::WorkerInfo& worker, absl::string_view principal);
+  // The principal a worker id is bound to; NotFound when not registered.
+  [[nodiscard]] absl::StatusOr<std::string> GetWorkerPrincipal(
+      absl::string_view worker_id);
+  // Whether a worker registered by `principal` holds a lease (LEASED task)
+  // of a job whose model is `sha256`: what FetchModel needs.
+  [[nodiscard]] absl::StatusOr<bool> HoldsLeaseOnModel(
+      absl::string_view principal, absl::string_view sha256);
   // A heartbeat from a registered worker (NotFound otherwise).
   [[nodiscard]] absl::Status TouchWorker(absl::string_view worker_id,
                                          v1::WorkerInfo::State state,
@@ -262,9 +292,10 @@ class Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<std::optional<v1::Task>> FindTask(absl::string_view task_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  // The task, checked to be LEASED under `fence_token`.
+  // The task, checked to be LEASED under `fence_token` by `worker_id`.
   absl::StatusOr<v1::Task> RequireLease(absl::string_view task_id,
                                         int64_t fence_token,
+                                        absl::string_view worker_id,
                                         absl::string_view action)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status WriteTaskState(const v1::Task& task, int64_t now_ms)

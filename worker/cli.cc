@@ -78,7 +78,8 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        "the worker daemon: lease tasks from mutwo-server and run them",
        "",
        {"server", "device", "metrics_listen", "work_dir", "task_memory_limit",
-        "task_time_limit_ms", "max_tasks"},
+        "task_time_limit_ms", "max_tasks", "token_file", "tls_ca", "tls_cert",
+        "tls_key"},
        // The flags' own help (worker/task_commands.cc) is written for the
        // global list; here it needs no "serve:" in front.
        {{"server", "mutwo-server address"},
@@ -88,7 +89,13 @@ std::vector<CommandSpec> Commands(const char* argv0) {
          "address-space limit of each CPU task process, e.g. 16GiB; empty: "
          "none"},
         {"task_time_limit_ms", "wall-clock limit of one task process"},
-        {"max_tasks", "exit after this many tasks; 0: never"}},
+        {"max_tasks", "exit after this many tasks; 0: never"},
+        {"token_file",
+         "file holding the worker's bearer token (or MUTWO_TOKEN_FILE, "
+         "MUTWO_TOKEN)"},
+        {"tls_ca", "PEM CA to verify the server (TLS; or MUTWO_TLS_CA)"},
+        {"tls_cert", "PEM client certificate (mTLS), with --tls_key"},
+        {"tls_key", "PEM private key of --tls_cert"}},
        [argv0](const ParsedArgs& a) {
          return worker::RunServeCommand(a, argv0);
        }},

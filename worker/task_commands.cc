@@ -28,6 +28,16 @@
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051",
           "serve: mutwo-server address");
+ABSL_FLAG(std::string, token_file, "",
+          "serve: file whose first line is the worker's bearer token (else "
+          "MUTWO_TOKEN_FILE, else MUTWO_TOKEN)");
+ABSL_FLAG(std::string, tls_ca, "",
+          "serve: PEM CA that signed the server's certificate: connect with "
+          "TLS (else MUTWO_TLS_CA)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "serve: PEM client certificate for a server run with "
+          "--tls_client_ca (mTLS); with --tls_key");
+ABSL_FLAG(std::string, tls_key, "", "serve: PEM private key of --tls_cert");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve: Prometheus /metrics address (empty: off)");
 ABSL_FLAG(std::string, work_dir, "./mutwo-worker-data",
@@ -220,6 +230,10 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
       n > 0 ? std::string(self, n) : std::string(argv0);
   WorkerDaemon::Options options;
   options.server = absl::GetFlag(FLAGS_server);
+  options.credentials.token_file = absl::GetFlag(FLAGS_token_file);
+  options.credentials.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.credentials.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.credentials.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.device = absl::GetFlag(FLAGS_device);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   options.self_executable = self_exe;

@@ -41,6 +41,12 @@ def parse_args(argv):
     p.add_argument("--device_kind", default="", choices=["", "cpu", "cuda"])
     p.add_argument("--request_id", default="",
                    help="idempotency key (default: a fresh one)")
+    p.add_argument("--token_file", default=None,
+                   help="file whose first line is your bearer token (else "
+                   "MUTWO_TOKEN_FILE, else MUTWO_TOKEN)")
+    p.add_argument("--tls_ca", default=None,
+                   help="PEM CA of the server's certificate: connect with TLS "
+                   "(else MUTWO_TLS_CA)")
     p.add_argument("--timeout_s", type=float, default=30.0,
                    help="deadline of each unary RPC")
     p.add_argument("--wait_timeout_s", type=float, default=3600.0)
@@ -123,7 +129,14 @@ def main(argv):
               file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    with mc.MutwoClient(args.server, timeout_s=args.timeout_s) as client:
+    try:
+        client = mc.MutwoClient(args.server, timeout_s=args.timeout_s,
+                                token_file=args.token_file,
+                                tls_ca=args.tls_ca)
+    except ValueError as e:
+        print("example: %s" % e, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    with client:
         try:
             uploaded = client.upload_model(args.model)
             print("uploaded %s (%s, %s)" % (

@@ -242,20 +242,90 @@ def make_job_spec(model_sha256, inputs, batch_sizes, budgets=(),
     )
 
 
+_LOOPBACK = re.compile(
+    r"^(?:dns:///|ipv4:|ipv6:)?(?:localhost|127(?:\.\d{1,3}){3}|\[::1\])"
+    r"(?::\d+)?$", re.IGNORECASE)
+
+
+def is_loopback(target):
+    """True for HOST:PORT on 127.0.0.0/8, [::1] or localhost."""
+    return bool(_LOOPBACK.match(target))
+
+
+def read_token(token=None, token_file=None):
+    """The bearer token: `token`, else the first line of `token_file`, else
+    of the file named by MUTWO_TOKEN_FILE, else MUTWO_TOKEN; None if none.
+    Errors name the file, never the token."""
+    if token:
+        return token.strip()
+    path = token_file or os.environ.get("MUTWO_TOKEN_FILE")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.readline().strip()
+        except OSError as e:
+            raise ValueError(f"token file {path!r} cannot be read: "
+                             f"{e.strerror}") from None
+        if not value:
+            raise ValueError(f"token file {path!r} has no token on its "
+                             "first line")
+        return value
+    value = os.environ.get("MUTWO_TOKEN", "").strip()
+    return value or None
+
+
+def channel_credentials(target, token=None, tls_ca=None):
+    """Channel credentials as the mutwo CLI makes them (common/credentials.h):
+    TLS verified by the PEM CA file `tls_ca` (else MUTWO_TLS_CA); the token
+    as `authorization: Bearer` on every call; a token without TLS only to a
+    loopback server (gRPC local credentials), else ValueError. None: an
+    insecure channel."""
+    tls_ca = tls_ca or os.environ.get("MUTWO_TLS_CA")
+    call = grpc.access_token_call_credentials(token) if token else None
+    if tls_ca:
+        try:
+            with open(tls_ca, "rb") as f:
+                ssl = grpc.ssl_channel_credentials(root_certificates=f.read())
+        except OSError as e:
+            raise ValueError(f"--tls_ca {tls_ca!r} cannot be read: "
+                             f"{e.strerror}") from None
+        return grpc.composite_channel_credentials(ssl, call) if call else ssl
+    if not call:
+        return None
+    if not is_loopback(target):
+        raise ValueError(f"a token is sent to {target} only over TLS: give "
+                         "tls_ca (or MUTWO_TLS_CA) with the CA that signed "
+                         "the server's certificate")
+    return grpc.composite_channel_credentials(
+        grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP),
+        call)
+
+
 class MutwoClient:
     """The Planner service with a deadline on every call.
 
     `target` is HOST:PORT; `timeout_s` bounds each unary RPC; streaming calls
     take their own timeout. Use as a context manager to close the channel.
+    Credentials: `token` or `token_file` (else MUTWO_TOKEN_FILE or
+    MUTWO_TOKEN) and `tls_ca` (else MUTWO_TLS_CA); see
+    channel_credentials().
     """
 
-    def __init__(self, target, timeout_s=30.0, channel=None):
+    def __init__(self, target, timeout_s=30.0, channel=None, token=None,
+                 token_file=None, tls_ca=None):
         self.target = target
         self.timeout_s = timeout_s
-        self._channel = channel or grpc.insecure_channel(target, options=[
+        options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ])
+        ]
+        if channel is None:
+            credentials = channel_credentials(
+                target, read_token(token, token_file), tls_ca)
+            channel = (grpc.secure_channel(target, credentials, options)
+                       if credentials else
+                       grpc.insecure_channel(target, options))
+        self._channel = channel
         self.planner = planner_pb2_grpc.PlannerStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

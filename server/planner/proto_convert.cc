@@ -487,7 +487,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
         profile.device().kind() == "cuda"
             ? " B (4 MiB + 1% of the budget) for the CUDA caching "
               "allocator's block rounding"
-            : " B (16 KiB + 1% of the budget) for what the memory model "
+            : " B (16 KiB + 1.5% of the budget) for what the memory model "
               "leaves out of replays");
   }
   if (correction > 0) {

@@ -10,8 +10,12 @@
 - compose.yaml: server, GPU worker with a device reservation, CPU profile,
   Prometheus and Grafana mounts;
 - Kubernetes manifests: StatefulSet with a PVC for the data dir, Service with
-  gRPC and metrics ports, native gRPC probes, GPU worker requesting
-  nvidia.com/gpu: 1, scrape annotations on the right ports;
+  gRPC and metrics ports, `mutwo health` probes over TLS, GPU worker
+  requesting nvidia.com/gpu: 1, scrape annotations on the right ports;
+- authentication (issue 15): the server runs with a tokens file and TLS from
+  mounted secrets in compose, Kubernetes and the image; workers get their
+  token and the CA through MUTWO_TOKEN_FILE / MUTWO_TLS_CA from mounted
+  secrets; deploy/gen-auth.sh makes a set the real server accepts;
 - the Dockerfile: build stages run scripts/bootstrap.sh (the script CI runs),
   runtime targets are non-root with tini, STOPSIGNAL, HEALTHCHECK, VOLUME;
 - deploy/docker/runtime-libs.sh lists the libraries of a real binary.
@@ -27,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import yaml
@@ -250,6 +255,12 @@ class ComposeTest(unittest.TestCase):
             self.assertEqual(w["depends_on"]["server"]["condition"],
                              "service_healthy")
 
+    def secret_targets(self, svc):
+        """{target path: the file compose mounts there}"""
+        files = self.compose["secrets"]
+        return {s["target"]: files[s["source"]]["file"]
+                for s in svc.get("secrets", [])}
+
     def test_server(self):
         server = self.services["server"]
         self.assertIn("server-data:/var/lib/mutwo", server["volumes"])
@@ -257,6 +268,30 @@ class ComposeTest(unittest.TestCase):
         self.assertEqual(server["healthcheck"]["test"][:3],
                          ["CMD", "mutwo", "health"])
         self.assertEqual(server["stop_signal"], "SIGTERM")
+
+    def test_server_runs_with_tokens_and_tls_from_secrets(self):
+        server = self.services["server"]
+        flags = dict(a[2:].split("=", 1) for a in server["command"])
+        self.assertNotIn("insecure", flags)
+        mounted = self.secret_targets(server)
+        self.assertEqual(mounted[flags["auth_tokens_file"]], "./secrets/tokens.txt")
+        self.assertEqual(mounted[flags["tls_cert"]], "./secrets/tls.crt")
+        self.assertEqual(mounted[flags["tls_key"]], "./secrets/tls.key")
+        (ca,) = [a.split("=", 1)[1] for a in server["healthcheck"]["test"]
+                 if a.startswith("--tls_ca=")]
+        self.assertEqual(mounted[ca], "./secrets/ca.crt")
+        # The secrets are made by deploy/gen-auth.sh and never committed.
+        self.assertIn("/deploy/secrets/", read(".gitignore").split())
+
+    def test_workers_get_their_token_and_the_ca(self):
+        for name in ("worker-gpu", "worker-cpu"):
+            w = self.services[name]
+            mounted = self.secret_targets(w)
+            env = w["environment"]
+            self.assertEqual(mounted[env["MUTWO_TOKEN_FILE"]],
+                             "./secrets/worker.token", name)
+            self.assertEqual(mounted[env["MUTWO_TLS_CA"]], "./secrets/ca.crt", name)
+            self.assertNotIn("./secrets/tls.key", mounted.values(), name)
 
     def test_prometheus_mounts(self):
         mounts = self.services["prometheus"]["volumes"]
@@ -309,8 +344,34 @@ class KubernetesTest(unittest.TestCase):
         self.assertEqual(self.flag(c["args"], "listen"), "0.0.0.0:%d" % ports["grpc"])
         self.assertEqual(self.flag(c["args"], "metrics_listen"),
                          "0.0.0.0:%d" % ports["metrics"])
-        for probe in ("livenessProbe", "readinessProbe"):
-            self.assertEqual(c[probe]["grpc"]["port"], ports["grpc"], probe)
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        secrets = {v["name"]: v["secret"] for v in template["spec"]["volumes"]
+                   if "secret" in v}
+
+        def secret_file(path):
+            """(secret name, key) of the mounted file at `path`."""
+            for volume, secret in secrets.items():
+                d = mounts[volume].rstrip("/") + "/"
+                if path.startswith(d):
+                    rel = path[len(d):]
+                    keys = {i["path"]: i["key"] for i in secret.get("items", [])}
+                    return secret["secretName"], keys.get(rel, rel)
+            self.fail("%s is on no mounted secret" % path)
+
+        self.assertEqual(secret_file(self.flag(c["args"], "auth_tokens_file")),
+                         ("mutwo-auth", "tokens.txt"))
+        self.assertEqual(secret_file(self.flag(c["args"], "tls_cert")),
+                         ("mutwo-tls", "tls.crt"))
+        self.assertEqual(secret_file(self.flag(c["args"], "tls_key")),
+                         ("mutwo-tls", "tls.key"))
+        self.assertIsNone(self.flag(c["args"], "insecure"))
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            command = c[probe]["exec"]["command"]
+            self.assertEqual(command[:2], ["mutwo", "health"], probe)
+            self.assertIn("--server=127.0.0.1:%d" % ports["grpc"], command)
+            (ca,) = [a.split("=", 1)[1] for a in command
+                     if a.startswith("--tls_ca=")]
+            self.assertEqual(secret_file(ca), ("mutwo-tls", "ca.crt"), probe)
         ann = template["metadata"]["annotations"]
         self.assertEqual(ann["prometheus.io/scrape"], "true")
         self.assertEqual(int(ann["prometheus.io/port"]), ports["metrics"])
@@ -343,6 +404,17 @@ class KubernetesTest(unittest.TestCase):
                       [t["key"] for t in template["spec"]["tolerations"]])
         self.assertEqual(template["spec"]["securityContext"]["runAsUser"], 1000)
         self.assertEqual(c["livenessProbe"]["httpGet"]["path"], "/metrics")
+        # Its token and the CA, from secrets, through the environment; never
+        # the server's key.
+        env = {e["name"]: e["value"] for e in c["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        secrets = {v["name"]: v["secret"] for v in template["spec"]["volumes"]
+                   if "secret" in v}
+        self.assertEqual(os.path.dirname(env["MUTWO_TOKEN_FILE"]), mounts["token"])
+        self.assertEqual(secrets["token"]["secretName"], "mutwo-worker-token")
+        self.assertEqual(os.path.dirname(env["MUTWO_TLS_CA"]), mounts["tls"])
+        self.assertEqual(secrets["tls"]["secretName"], "mutwo-tls")
+        self.assertEqual([i["key"] for i in secrets["tls"]["items"]], ["ca.crt"])
 
     def test_kustomize_renders(self):
         kubectl = shutil.which("kubectl")
@@ -423,6 +495,12 @@ class DockerfileTest(unittest.TestCase):
             self.assertIn("--uid 1000", runs, stage)
         (health,) = self.instr("server", "HEALTHCHECK")
         self.assertIn('["mutwo", "health", "--server=127.0.0.1:50051"', health)
+        self.assertIn('"--tls_ca=/etc/mutwo/tls/ca.crt"', health)
+        cmd = json.loads(self.instr("server", "CMD")[0])
+        for flag in ("--auth_tokens_file=/etc/mutwo/auth/tokens.txt",
+                     "--tls_cert=/etc/mutwo/tls/tls.crt",
+                     "--tls_key=/etc/mutwo/tls/tls.key"):
+            self.assertIn(flag, cmd)
         self.assertEqual(json.loads(self.instr("server", "ENTRYPOINT")[0])[2],
                          "mutwo-server")
         self.assertIn("--data_dir=/var/lib/mutwo",
@@ -504,6 +582,109 @@ class GpuWorkerCommandLineTest(unittest.TestCase):
                     [good[1], good[0]] + good[2:], good[:2] + ["serve"] + good[2:]):
             with self.assertRaises((AssertionError, ValueError)):
                 self.check("drift", bad, "s:1")
+
+
+class GenAuthTest(unittest.TestCase):
+    """deploy/gen-auth.sh makes tokens whose hashes are in tokens.txt, a
+    server certificate for every name the deployments use, signed by its CA,
+    and a set the real mutwo-server and mutwo CLI work with."""
+    SCRIPT = os.path.join(ROOT, "deploy", "gen-auth.sh")
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="mutwo-gen-auth-")
+        self.dir = os.path.join(self.tmp.name, "secrets")
+        r = subprocess.run([self.SCRIPT, self.dir], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def test_tokens_and_their_hashes(self):
+        import hashlib
+        lines = [line.split() for line in read_file(self.path("tokens.txt")).splitlines()
+                 if line and not line.startswith("#")]
+        self.assertEqual([(r, p) for r, p, _ in lines],
+                         [("admin", "admin"), ("client", "client"),
+                          ("worker", "worker")])
+        for role, _, field in lines:
+            token = read_file(self.path(role + ".token")).strip()
+            self.assertGreaterEqual(len(token), 40)
+            self.assertEqual(field, "sha256:" + hashlib.sha256(token.encode()).hexdigest())
+            self.assertNotIn(token, read_file(self.path("tokens.txt")))
+        self.assertEqual(os.stat(self.dir).st_mode & 0o777, 0o700)
+        self.assertEqual(os.stat(self.path("ca.key")).st_mode & 0o777, 0o600)
+        r = subprocess.run([self.SCRIPT, self.dir], capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0, "overwrote existing secrets")
+
+    def test_certificate_names_and_chain(self):
+        r = subprocess.run(["openssl", "verify", "-CAfile", self.path("ca.crt"),
+                            self.path("tls.crt")], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = subprocess.run(["openssl", "x509", "-in", self.path("tls.crt"), "-noout",
+                            "-ext", "subjectAltName"], capture_output=True, text=True)
+        names = set(re.findall(r"(?:DNS|IP Address):([^,\s]+)", r.stdout))
+        # Probes and health checks use 127.0.0.1; compose workers reach
+        # `server`, Kubernetes workers the Service `mutwo-server`.
+        self.assertLessEqual({"127.0.0.1", "localhost", "server", "mutwo-server"},
+                             names)
+
+    def test_the_server_and_cli_accept_them(self):
+        if BIN_DIR is None:
+            self.skipTest("no BIN_DIR given")
+        log_path = os.path.join(self.tmp.name, "server.log")
+        with open(log_path, "w") as log:
+            server = subprocess.Popen(
+                [os.path.join(BIN_DIR, "mutwo-server"), "--listen=127.0.0.1:0",
+                 "--metrics_listen=", "--data_dir=" + os.path.join(self.tmp.name, "d"),
+                 "--auth_tokens_file=" + self.path("tokens.txt"),
+                 "--tls_cert=" + self.path("tls.crt"),
+                 "--tls_key=" + self.path("tls.key")],
+                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            port = None
+            for _ in range(100):
+                m = re.search(r"\(port (\d+)\)", read_file(log_path))
+                if m:
+                    port = m.group(1)
+                    break
+                time.sleep(0.1)
+            self.assertIsNotNone(port, read_file(log_path))
+
+            def cli(*args, token=None):
+                argv = [os.path.join(BIN_DIR, "mutwo"), *args,
+                        "--server=localhost:" + port,
+                        "--tls_ca=" + self.path("ca.crt"), "--timeout_ms=5000"]
+                if token:
+                    argv.append("--token_file=" + self.path(token + ".token"))
+                return subprocess.run(argv, capture_output=True, text=True)
+
+            self.assertEqual(cli("health").returncode, 0)
+            r = cli("jobs", token="client")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = cli("jobs", token="worker")  # workers may not list jobs
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("needs role client or admin", r.stderr)
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
+
+    def test_the_server_refuses_an_open_network_port(self):
+        if BIN_DIR is None:
+            self.skipTest("no BIN_DIR given")
+        r = subprocess.run([os.path.join(BIN_DIR, "mutwo-server"),
+                            "--listen=0.0.0.0:0", "--metrics_listen=",
+                            "--data_dir=" + os.path.join(self.tmp.name, "open")],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--insecure", r.stderr)
+
+
+def read_file(path):
+    with open(path) as f:
+        return f.read()
 
 
 class RuntimeLibsTest(unittest.TestCase):

@@ -391,6 +391,75 @@ class LiveStackTest(unittest.TestCase):
         self.server.send_signal(signal.SIGTERM)
         self.assertEqual(self.server.wait(timeout=30), 0, self.logs())
 
+    def test_7_python_client_with_token_and_tls(self):
+        """The Python client against a server with a tokens file and TLS
+        (a certificate made here with openssl): the token and the CA from
+        arguments or the environment work; no token is UNAUTHENTICATED; a
+        token to a non-loopback server without TLS is refused locally."""
+        import hashlib
+        import grpc
+        d = os.path.join(self.tmp.name, "auth")
+        os.makedirs(d)
+        key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+               "-nodes"]
+        subprocess.run(["openssl", "req", "-x509", *key, "-keyout",
+                        d + "/ca.key", "-out", d + "/ca.pem", "-days", "2",
+                        "-subj", "/CN=mutwo-test-ca"],
+                       check=True, capture_output=True)
+        subprocess.run(["openssl", "req", *key, "-keyout", d + "/server.key",
+                        "-out", d + "/server.csr", "-subj", "/CN=localhost"],
+                       check=True, capture_output=True)
+        with open(d + "/san.ext", "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", d + "/server.csr",
+                        "-CA", d + "/ca.pem", "-CAkey", d + "/ca.key",
+                        "-CAcreateserial", "-out", d + "/server.pem", "-days",
+                        "2", "-extfile", d + "/san.ext"],
+                       check=True, capture_output=True)
+        token = "py-client-token-0123456789abcdef"
+        with open(d + "/tokens.txt", "w") as f:
+            f.write("client carol sha256:%s\n"
+                    % hashlib.sha256(token.encode()).hexdigest())
+        with open(d + "/carol.token", "w") as f:
+            f.write(token + "\n")
+        log = os.path.join(d, "server.log")
+        server = self.start(
+            [os.path.join(BIN_DIR, "mutwo-server"), "--listen=127.0.0.1:0",
+             "--metrics_listen=", "--data_dir=" + os.path.join(d, "data"),
+             "--auth_tokens_file=" + d + "/tokens.txt",
+             "--tls_cert=" + d + "/server.pem", "--tls_key=" + d + "/server.key"],
+            log)
+        m = wait_for(lambda: re.search(r"\(port (\d+)\)", read_text(log)), 30,
+                     "the TLS server's listening line")
+        target = "127.0.0.1:" + m.group(1)
+        try:
+            with mc.MutwoClient(target, timeout_s=10,
+                                token_file=d + "/carol.token",
+                                tls_ca=d + "/ca.pem") as c:
+                self.assertEqual(c.health(), "SERVING")
+                self.assertEqual(list(c.list_jobs().jobs), [])
+            os.environ["MUTWO_TOKEN"] = token
+            os.environ["MUTWO_TLS_CA"] = d + "/ca.pem"
+            try:
+                with mc.MutwoClient(target, timeout_s=10) as c:
+                    c.list_jobs()
+            finally:
+                del os.environ["MUTWO_TOKEN"]
+            with mc.MutwoClient(target, timeout_s=10) as c:
+                with self.assertRaises(grpc.RpcError) as e:
+                    c.list_jobs()
+                self.assertEqual(e.exception.code(),
+                                 grpc.StatusCode.UNAUTHENTICATED)
+            del os.environ["MUTWO_TLS_CA"]
+            with self.assertRaises(ValueError) as e:
+                mc.MutwoClient("mutwo.example.com:50051", token=token)
+            self.assertNotIn(token, str(e.exception))
+        finally:
+            os.environ.pop("MUTWO_TLS_CA", None)
+            server.send_signal(signal.SIGTERM)
+            self.assertEqual(server.wait(timeout=30), 0, read_text(log))
+        self.assertNotIn(token, read_text(log))
+
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:

@@ -181,7 +181,7 @@ TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
 }
 
 // On a CUDA device μ-TWO keeps 4 MiB + 1% of the budget free for the caching
-// allocator's rounding, on the CPU 16 KiB + 1%; the baselines, and a request
+// allocator's rounding, on the CPU 16 KiB + 1.5%; the baselines, and a request
 // without the reserve, plan to the budget itself.
 TEST(ProtoConvertTest, CudaBudgetsKeepAnAllocatorReserve) {
   v1::Profile cuda = DiamondProto();

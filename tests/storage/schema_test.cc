@@ -84,6 +84,40 @@ TEST(SchemaTest, UpgradesVersion2ValidationsToRound1) {
   EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM validations"), 2);
 }
 
+// Version 4 (identities): jobs and workers of version 3 get owner and
+// principal '' (only an admin sees such jobs), and client request ids become
+// unique per owner, not globally.
+TEST(SchemaTest, UpgradesVersion3RowsToOwnerEmpty) {
+  testing::TempDir dir;
+  auto db = OpenDb(dir);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(db->Exec(Migrations()[i].sql).ok());
+  }
+  ASSERT_TRUE(db->Exec("PRAGMA user_version = 3").ok());
+  ASSERT_TRUE(db->Exec("INSERT INTO models VALUES ('s', 'n', 1, 2);"
+                       "INSERT INTO jobs (job_id, state, model_sha256, "
+                       "client_request_id, created_unix_ms, updated_unix_ms, "
+                       "job) VALUES ('job-1', 1, 's', 'req', 0, 0, x'');"
+                       "INSERT INTO workers VALUES ('w', 1, 0, '', x'')")
+                  .ok());
+  ASSERT_TRUE(Migrate(db.get()).ok());
+  EXPECT_EQ(*db->QueryInt("PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(*db->QueryText("SELECT owner FROM jobs WHERE job_id = 'job-1'"),
+            "");
+  EXPECT_EQ(*db->QueryText("SELECT principal FROM workers"), "");
+  // Another owner may reuse the request id; the same owner may not.
+  EXPECT_TRUE(db->Exec("INSERT INTO jobs (job_id, state, model_sha256, "
+                       "client_request_id, created_unix_ms, updated_unix_ms, "
+                       "job, owner) VALUES ('job-2', 1, 's', 'req', 0, 0, "
+                       "x'', 'alice')")
+                  .ok());
+  EXPECT_FALSE(db->Exec("INSERT INTO jobs (job_id, state, model_sha256, "
+                        "client_request_id, created_unix_ms, updated_unix_ms, "
+                        "job, owner) VALUES ('job-3', 1, 's', 'req', 0, 0, "
+                        "x'', 'alice')")
+                   .ok());
+}
+
 TEST(SchemaTest, RefusesNewerVersionAndLeavesItUntouched) {
   testing::TempDir dir;
   auto db = OpenDb(dir);

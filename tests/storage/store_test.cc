@@ -88,7 +88,7 @@ class StoreTest : public ::testing::Test {
 
   v1::Job NewJob(Store& store, const std::string& device_kind = "") {
     absl::StatusOr<CreateJobResult> created =
-        store.CreateJob(Spec(kSha, device_kind), "");
+        store.CreateJob(Spec(kSha, device_kind), "", "");
     EXPECT_TRUE(created.ok()) << created.status();
     return created->job;
   }
@@ -140,7 +140,7 @@ TEST_F(StoreTest, ReopenKeepsEveryKindOfRecord) {
     auto leased = store->LeaseTask("w1", "cpu", 10'000);
     ASSERT_TRUE(leased.ok() && leased->has_value());
     first_fence = (*leased)->fence_token();
-    ASSERT_TRUE(*store->CompleteTask(task_id, first_fence, "result-1"));
+    ASSERT_TRUE(*store->CompleteTask(task_id, first_fence, "w1", "result-1"));
     v1::Profile profile;
     profile.set_graph_fingerprint("fp-1");
     ASSERT_TRUE(store->PutProfile(job_id, 8, profile).ok());
@@ -156,7 +156,7 @@ TEST_F(StoreTest, ReopenKeepsEveryKindOfRecord) {
     v1::Validation validation;
     validation.set_within_budget(true);
     ASSERT_TRUE(store->PutValidation(job_id, 8, "60%", 1, validation).ok());
-    worker_id = store->UpsertWorker(v1::WorkerInfo())->worker_id();
+    worker_id = store->UpsertWorker(v1::WorkerInfo(), "")->worker_id();
   }
   auto store = OpenStore();
   EXPECT_TRUE(*store->HasModel(kSha));
@@ -319,13 +319,13 @@ TEST_F(StoreTest, OpenRemovesOnlyStaleTempFiles) {
 TEST_F(StoreTest, RepeatedClientRequestIdReturnsTheFirstJob) {
   auto store = OpenStore();
   PutModel(*store);
-  auto first = store->CreateJob(Spec(), "req-1");
+  auto first = store->CreateJob(Spec(), "req-1", "");
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_FALSE(first->deduplicated);
   EXPECT_EQ(first->job.state(), v1::Job::QUEUED);
   EXPECT_EQ(first->job.client_request_id(), "req-1");
   now_ms_ += 1000;
-  auto again = store->CreateJob(Spec(), "req-1");
+  auto again = store->CreateJob(Spec(), "req-1", "");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->deduplicated);
   EXPECT_EQ(again->job.job_id(), first->job.job_id());
@@ -333,19 +333,19 @@ TEST_F(StoreTest, RepeatedClientRequestIdReturnsTheFirstJob) {
 
   v1::JobSpec different = Spec();
   different.add_batch_sizes(16);
-  auto misuse = store->CreateJob(different, "req-1");
+  auto misuse = store->CreateJob(different, "req-1", "");
   EXPECT_EQ(misuse.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(misuse.status().message(), HasSubstr(first->job.job_id()));
 
   // No request id: every call is a new job.
-  EXPECT_NE(store->CreateJob(Spec(), "")->job.job_id(),
-            store->CreateJob(Spec(), "")->job.job_id());
+  EXPECT_NE(store->CreateJob(Spec(), "", "")->job.job_id(),
+            store->CreateJob(Spec(), "", "")->job.job_id());
   EXPECT_EQ(store->ListJobs({})->jobs.size(), 3u);
 }
 
 TEST_F(StoreTest, CreateJobNeedsTheModelStored) {
   auto store = OpenStore();
-  auto job = store->CreateJob(Spec(kOtherSha), "");
+  auto job = store->CreateJob(Spec(kOtherSha), "", "");
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(job.status().message(), HasSubstr(kOtherSha));
 }
@@ -389,7 +389,7 @@ TEST_F(StoreTest, ListJobsFiltersByStateAndModel) {
   PutModel(*store, kSha);
   PutModel(*store, kOtherSha);
   const std::string a = NewJob(*store).job_id();
-  const std::string b = store->CreateJob(Spec(kOtherSha), "")->job.job_id();
+  const std::string b = store->CreateJob(Spec(kOtherSha), "", "")->job.job_id();
   ASSERT_TRUE(store
                   ->UpdateJob(a,
                               [](v1::Job& job) {
@@ -475,18 +475,19 @@ TEST_F(StoreTest, LeaseHeartbeatCompleteStoresOneResult) {
   EXPECT_FALSE(store->LeaseTask("w2", "cpu", 1000)->has_value());
 
   now_ms_ += 800;
-  auto extended = store->ExtendLease(task_id, task.fence_token(), 1000);
+  auto extended = store->ExtendLease(task_id, task.fence_token(), "w1", 1000);
   ASSERT_TRUE(extended.ok()) << extended.status();
   EXPECT_EQ(extended->lease_expiry_unix_ms(), now_ms_ + 1000);
   now_ms_ += 800;  // past the first expiry, within the extended one
   EXPECT_THAT(*store->RequeueExpiredLeases(3), SizeIs(0));
 
-  EXPECT_TRUE(*store->CompleteTask(task_id, task.fence_token(), "r1"));
+  EXPECT_TRUE(*store->CompleteTask(task_id, task.fence_token(), "w1", "r1"));
   // The same worker retrying its report stores nothing new.
-  EXPECT_FALSE(*store->CompleteTask(task_id, task.fence_token(), "r1-again"));
+  EXPECT_FALSE(
+      *store->CompleteTask(task_id, task.fence_token(), "w1", "r1-again"));
   EXPECT_EQ(*store->GetTaskResult(task_id), "r1");
   EXPECT_EQ(store->GetTask(task_id)->state(), v1::Task::DONE);
-  auto late = store->ExtendLease(task_id, task.fence_token(), 1000);
+  auto late = store->ExtendLease(task_id, task.fence_token(), "w1", 1000);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(late.status().message(), HasSubstr("DONE"));
   EXPECT_FALSE(store->LeaseTask("w1", "cpu", 1000)->has_value());
@@ -509,15 +510,17 @@ TEST_F(StoreTest, StaleFenceIsRejectedAfterExpiredLeaseIsRequeued) {
   EXPECT_EQ(second.task_id(), task_id);
   EXPECT_GT(second.fence_token(), first.fence_token());
 
-  auto beat = store->ExtendLease(task_id, first.fence_token(), 1000);
+  auto beat = store->ExtendLease(task_id, first.fence_token(), "slow", 1000);
   EXPECT_EQ(beat.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(beat.status().message(), HasSubstr("stale fence token"));
-  auto stale = store->CompleteTask(task_id, first.fence_token(), "slow");
+  auto stale =
+      store->CompleteTask(task_id, first.fence_token(), "slow", "slow");
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(*store->CompleteTask(task_id, second.fence_token(), "fast"));
-  stale = store->CompleteTask(task_id, first.fence_token(), "slow");
+  EXPECT_TRUE(
+      *store->CompleteTask(task_id, second.fence_token(), "fast", "fast"));
+  stale = store->CompleteTask(task_id, first.fence_token(), "slow", "slow");
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store->FailTask(task_id, first.fence_token(), "x", true, 3)
+  EXPECT_EQ(store->FailTask(task_id, first.fence_token(), "slow", "x", true, 3)
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
@@ -536,7 +539,7 @@ TEST_F(StoreTest, DeadLetterAfterMaxAttemptsKeepsTheLastReason) {
     auto leased = store->LeaseTask("w", "cpu", 1000);
     ASSERT_TRUE(leased.ok() && leased->has_value()) << attempt;
     EXPECT_EQ((*leased)->attempt(), attempt);
-    task = *store->FailTask(task_id, (*leased)->fence_token(),
+    task = *store->FailTask(task_id, (*leased)->fence_token(), "w",
                             absl::StrCat("child crashed, attempt ", attempt),
                             /*retryable=*/true, /*max_attempts=*/3);
   }
@@ -550,7 +553,7 @@ TEST_F(StoreTest, DeadLetterAfterMaxAttemptsKeepsTheLastReason) {
   const std::string second = NewTask(*store, job_id).task_id();
   auto leased = store->LeaseTask("w", "cpu", 1000);
   EXPECT_EQ(store
-                ->FailTask(second, (*leased)->fence_token(), "bad model",
+                ->FailTask(second, (*leased)->fence_token(), "w", "bad model",
                            /*retryable=*/false, 3)
                 ->state(),
             v1::Task::FAILED);
@@ -628,7 +631,7 @@ TEST_F(StoreTest, CancelledJobsTasksAreNeverLeased) {
   for (const v1::Task& task : tasks) {
     EXPECT_EQ(task.state(), v1::Task::CANCELLED);
   }
-  auto beat = store->ExtendLease(leased_before, held.fence_token(), 1000);
+  auto beat = store->ExtendLease(leased_before, held.fence_token(), "w", 1000);
   EXPECT_EQ(beat.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(beat.status().message(), HasSubstr("CANCELLED"));
   EXPECT_EQ(store->AddTask(cancelled, v1::Task::PROFILE, 8).status().code(),
@@ -665,7 +668,7 @@ TEST_F(StoreTest, ArgumentsAreValidated) {
             absl::StatusCode::kNotFound);
   EXPECT_EQ(store->RequeueExpiredLeases(0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->CompleteTask("task-nope", 1, "r").status().code(),
+  EXPECT_EQ(store->CompleteTask("task-nope", 1, "w", "r").status().code(),
             absl::StatusCode::kNotFound);
   ListJobsQuery query;
   query.page_size = -1;
@@ -743,8 +746,8 @@ TEST_F(StoreTest, ConcurrentLeasesOnTwoConnectionsNeverShareATask) {
         return;
       }
       if (!task->has_value()) return;
-      auto done =
-          store->CompleteTask((*task)->task_id(), (*task)->fence_token(), name);
+      auto done = store->CompleteTask((*task)->task_id(),
+                                      (*task)->fence_token(), name, name);
       absl::MutexLock lock(&mu);
       if (!done.ok() || !*done) errors.push_back(done.status().ToString());
       leased.push_back((*task)->task_id());
@@ -888,12 +891,12 @@ TEST_F(StoreTest, WorkersBecomeLostAfterMissedHeartbeats) {
   v1::WorkerInfo info;
   info.set_hostname("host-a");
   info.mutable_device()->set_kind("cpu");
-  auto registered = store->UpsertWorker(info);
+  auto registered = store->UpsertWorker(info, "");
   ASSERT_TRUE(registered.ok()) << registered.status();
   const std::string id = registered->worker_id();
   EXPECT_THAT(id, ::testing::StartsWith("worker-"));
   EXPECT_EQ(registered->state(), v1::WorkerInfo::IDLE);
-  const std::string other = store->UpsertWorker(info)->worker_id();
+  const std::string other = store->UpsertWorker(info, "")->worker_id();
   EXPECT_NE(other, id);
 
   now_ms_ += 20'000;
@@ -914,10 +917,131 @@ TEST_F(StoreTest, WorkersBecomeLostAfterMissedHeartbeats) {
   // A lost worker that registers again is alive.
   v1::WorkerInfo back = info;
   back.set_worker_id(other);
-  EXPECT_EQ(store->UpsertWorker(back)->state(), v1::WorkerInfo::IDLE);
+  EXPECT_EQ(store->UpsertWorker(back, "")->state(), v1::WorkerInfo::IDLE);
   auto unknown = store->TouchWorker("worker-x", v1::WorkerInfo::IDLE, "");
   EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(unknown.message(), HasSubstr("worker-x"));
+}
+
+// ---------------------------------------------------------------------------
+// Identities (issue 15): owners, uploaders, worker principals, lease holders
+// ---------------------------------------------------------------------------
+
+TEST_F(StoreTest, JobsKeepTheirOwnerAndListByOwner) {
+  auto store = OpenStore();
+  PutModel(*store);
+  const v1::Job alice = store->CreateJob(Spec(), "", "alice")->job;
+  const v1::Job bob = store->CreateJob(Spec(), "", "bob")->job;
+  EXPECT_EQ(alice.owner(), "alice");
+  EXPECT_EQ(*store->GetJobOwner(alice.job_id()), "alice");
+  EXPECT_EQ(store->GetJob(bob.job_id())->owner(), "bob");
+  // An update never changes the owner.
+  auto updated = store->UpdateJob(alice.job_id(), [](v1::Job& j) {
+    j.set_owner("mallory");
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(updated.ok());
+  EXPECT_EQ(updated->owner(), "alice");
+  EXPECT_EQ(store->GetJobOwner("job-nope").status().code(),
+            absl::StatusCode::kNotFound);
+  ListJobsQuery query;
+  query.owner = "bob";
+  auto page = store->ListJobs(query);
+  ASSERT_TRUE(page.ok());
+  ASSERT_THAT(page->jobs, SizeIs(1));
+  EXPECT_EQ(page->jobs[0].job_id(), bob.job_id());
+  query.owner.reset();
+  EXPECT_THAT(store->ListJobs(query)->jobs, SizeIs(2));
+}
+
+TEST_F(StoreTest, RequestIdsDeduplicatePerOwner) {
+  auto store = OpenStore();
+  PutModel(*store);
+  auto first = store->CreateJob(Spec(), "req", "alice");
+  auto other = store->CreateJob(Spec(), "req", "bob");
+  auto again = store->CreateJob(Spec(), "req", "alice");
+  ASSERT_TRUE(first.ok() && other.ok() && again.ok());
+  EXPECT_FALSE(other->deduplicated);
+  EXPECT_NE(other->job.job_id(), first->job.job_id());
+  EXPECT_TRUE(again->deduplicated);
+  EXPECT_EQ(again->job.job_id(), first->job.job_id());
+}
+
+TEST_F(StoreTest, ModelUploadsAreRecordedPerPrincipal) {
+  auto store = OpenStore();
+  PutModel(*store);
+  EXPECT_FALSE(*store->HasUploadedModel(kSha, "alice"));
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "alice").ok());
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "alice").ok());  // idempotent
+  EXPECT_TRUE(*store->HasUploadedModel(kSha, "alice"));
+  EXPECT_FALSE(*store->HasUploadedModel(kSha, "bob"));
+  EXPECT_FALSE(*store->HasUploadedModel(kOtherSha, "alice"));
+}
+
+TEST_F(StoreTest, AWorkerIdStaysWithItsPrincipalWhileAlive) {
+  auto store = OpenStore();
+  v1::WorkerInfo info;
+  info.mutable_device()->set_kind("cpu");
+  const std::string id = store->UpsertWorker(info, "w1")->worker_id();
+  EXPECT_EQ(*store->GetWorkerPrincipal(id), "w1");
+  info.set_worker_id(id);
+  auto stolen = store->UpsertWorker(info, "w2");
+  EXPECT_EQ(stolen.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(*store->GetWorkerPrincipal(id), "w1");
+  EXPECT_TRUE(store->UpsertWorker(info, "w1").ok());
+  // Once LOST, the id may be taken over (the old process is gone).
+  now_ms_ += 10'000;
+  ASSERT_THAT(*store->MarkLostWorkers(1000), SizeIs(1));
+  EXPECT_TRUE(store->UpsertWorker(info, "w2").ok());
+  EXPECT_EQ(*store->GetWorkerPrincipal(id), "w2");
+  EXPECT_EQ(store->GetWorkerPrincipal("worker-nope").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, AFenceIsBoundToTheWorkerHoldingTheLease) {
+  auto store = OpenStore();
+  PutModel(*store);
+  const std::string job_id = NewJob(*store).job_id();
+  NewTask(*store, job_id);
+  const v1::Task task = **store->LeaseTask("holder", "cpu", 10'000);
+  const int64_t fence = task.fence_token();
+  // The right fence from another worker: refused, and nothing changes.
+  EXPECT_EQ(
+      store->ExtendLease(task.task_id(), fence, "thief", 1000).status().code(),
+      absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->CompleteTask(task.task_id(), fence, "thief", "forged")
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->FailTask(task.task_id(), fence, "thief", "x", false, 3)
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(store->GetTask(task.task_id())->state(), v1::Task::LEASED);
+  ASSERT_TRUE(*store->CompleteTask(task.task_id(), fence, "holder", "real"));
+  EXPECT_EQ(*store->GetTaskResult(task.task_id()), "real");
+  // A retry by the holder is a no-op; the same fence from another worker is
+  // not taken for a retry.
+  EXPECT_FALSE(*store->CompleteTask(task.task_id(), fence, "holder", "real"));
+  EXPECT_FALSE(store->CompleteTask(task.task_id(), fence, "thief", "x").ok());
+}
+
+TEST_F(StoreTest, HoldsLeaseOnModelOnlyForTheLeasingPrincipal) {
+  auto store = OpenStore();
+  PutModel(*store);
+  v1::WorkerInfo info;
+  info.mutable_device()->set_kind("cpu");
+  const std::string w1 = store->UpsertWorker(info, "p1")->worker_id();
+  store->UpsertWorker(info, "p2").IgnoreError();
+  const std::string job_id = NewJob(*store).job_id();
+  NewTask(*store, job_id);
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p1", kSha));  // queued, not leased
+  const v1::Task task = **store->LeaseTask(w1, "cpu", 10'000);
+  EXPECT_TRUE(*store->HoldsLeaseOnModel("p1", kSha));
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p2", kSha));
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p1", kOtherSha));
+  ASSERT_TRUE(*store->CompleteTask(task.task_id(), task.fence_token(), w1, ""));
+  EXPECT_FALSE(*store->HoldsLeaseOnModel("p1", kSha));  // done: no lease
 }
 
 }  // namespace

@@ -83,6 +83,10 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(
   if (!options.probe_device) {
     return absl::InvalidArgumentError("no device probe");
   }
+  ClientCredentialsOptions credential_options = options.credentials;
+  credential_options.target = options.server;
+  MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                         MakeChannelCredentials(credential_options));
   MUTWO_RETURN_IF_ERROR(MakeDir(options.work_dir));
   MUTWO_RETURN_IF_ERROR(MakeDir(options.work_dir + "/models"));
   MUTWO_RETURN_IF_ERROR(MakeDir(options.work_dir + "/tasks"));
@@ -93,8 +97,8 @@ absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(
   daemon->info_.set_hostname(Hostname());
   daemon->info_.set_version(kVersion);
   daemon->info_.set_state(v1::WorkerInfo::IDLE);
-  daemon->channel_ = grpc::CreateChannel(daemon->options_.server,
-                                         grpc::InsecureChannelCredentials());
+  daemon->channel_ =
+      grpc::CreateChannel(daemon->options_.server, std::move(credentials));
   daemon->stub_ = v1::WorkerHub::NewStub(daemon->channel_);
   daemon->RefreshDeviceGauges();
   return daemon;

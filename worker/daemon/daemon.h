@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/credentials.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "prometheus/counter.h"
@@ -41,6 +42,8 @@ class WorkerDaemon {
  public:
   struct Options {
     std::string server = "127.0.0.1:50051";
+    // Token and TLS files (common/credentials.h); the target is `server`.
+    ClientCredentialsOptions credentials;
     std::string device = "cpu";           // passed to the child: cpu | cuda:N
     std::string work_dir;                 // model cache and task files
     std::string self_executable;          // the mutwo-worker binary
