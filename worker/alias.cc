@@ -205,7 +205,7 @@ absl::flat_hash_set<const Value*> OpaqueRoots(const Graph& graph) {
 }
 
 absl::flat_hash_map<const Value*, std::vector<int>> ReadersByRoot(
-    const Graph& graph, bool through_containers) {
+    const Graph& graph) {
   absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
 
   const ContainerClasses classes = ContainerAliasClasses(graph);
@@ -237,8 +237,8 @@ absl::flat_hash_map<const Value*, std::vector<int>> ReadersByRoot(
       if (it != readers_of_class.end()) out = it->second;
     } else {
       if (auto it = direct.find(root); it != direct.end()) out = it->second;
-      auto it = opaque_readers_of_class.find(cls);
-      if (through_containers && it != opaque_readers_of_class.end()) {
+      if (auto it = opaque_readers_of_class.find(cls);
+          it != opaque_readers_of_class.end()) {
         out.insert(it->second.begin(), it->second.end());
       }
     }

@@ -120,11 +120,9 @@ absl::flat_hash_set<const torch::jit::Value*> OpaqueRoots(const Graph& graph);
 // through any alias and through the containers it may have been put in (a
 // tensor appended to a list is read by whatever reads the list, or what was
 // taken out of it; not by the readers of the other tensors put there).
-// An opaque root is read by every reader of its class. Without
-// `through_containers`, a tensor's readers are only those that read it or an
-// alias of it (what a container holds is known at run time only).
+// An opaque root is read by every reader of its class.
 absl::flat_hash_map<const torch::jit::Value*, std::vector<int>> ReadersByRoot(
-    const Graph& graph, bool through_containers = true);
+    const Graph& graph);
 
 }  // namespace mutwo::worker
 

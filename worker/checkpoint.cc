@@ -373,14 +373,6 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   }
 }
 
-bool SegmentRun::HoldsFreed(
-    const absl::flat_hash_set<const c10::StorageImpl*>& storages) const {
-  for (size_t k = 0; k < tensor_impl_.size(); ++k) {
-    if (tensor_freed_[k] && storages.count(tensor_impl_[k]) != 0) return true;
-  }
-  return false;
-}
-
 std::set<int> SegmentRun::readers(
     const std::function<bool(int, const c10::StorageImpl*)>& may_read) const {
   std::set<int> readers;

@@ -33,7 +33,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "worker/execution_plan.h"
 #include "worker/graph.h"
 #include "worker/interpreter.h"
@@ -87,9 +86,6 @@ class SegmentRun {
   // Replays the range (once) and gives the freed storages their memory back.
   void Replay();
   bool replayed() const { return replayed_; }
-  // Whether one of `storages` is an output FreeAfter freed (not replayed).
-  bool HoldsFreed(
-      const absl::flat_hash_set<const c10::StorageImpl*>& storages) const;
   // Tensor inputs kept for the replay (their storages must be resident).
   const std::vector<torch::Tensor>& saved_inputs() const {
     return saved_inputs_;

@@ -26,10 +26,6 @@ struct GraphAliasing {
   // Per alias root: the top-level nodes reading it (through any alias, and
   // through the containers it was put in).
   absl::flat_hash_map<const Value*, std::vector<int>> readers_of_root;
-  // The same without the readers of the containers it may be in: where its
-  // storage is last read in forward as far as the graph says (what a
-  // container holds is seen at run time; the executor checks it then).
-  absl::flat_hash_map<const Value*, std::vector<int>> direct_readers_of_root;
   // Roots of the values forward returns (read by the loss).
   absl::flat_hash_set<const Value*> returned_roots;
 
@@ -38,18 +34,11 @@ struct GraphAliasing {
     auto it = readers_of_root.find(root);
     return it == readers_of_root.end() ? kNone : it->second;
   }
-  const std::vector<int>& DirectReadersOf(const Value* root) const {
-    static const std::vector<int> kNone;
-    auto it = direct_readers_of_root.find(root);
-    return it == direct_readers_of_root.end() ? kNone : it->second;
-  }
 };
 
 GraphAliasing AnalyzeAliasing(const Graph& graph) {
   GraphAliasing aliasing;
   aliasing.readers_of_root = ReadersByRoot(graph);
-  aliasing.direct_readers_of_root =
-      ReadersByRoot(graph, /*through_containers=*/false);
   for (const Value* v : graph.graph()->return_node()->inputs()) {
     aliasing.returned_roots.insert(AliasRoot(v));
   }
@@ -351,7 +340,7 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
                       aliasing.returned_roots.count(root) == 0 &&
                       IsTensorType(out->type());
       int last_read = plan.last_node;
-      for (int reader : aliasing.DirectReadersOf(root)) {
+      for (int reader : aliasing.ReadersOf(root)) {
         last_read = std::max(last_read, reader);
       }
       // A later write would change what autograd saved: not replayable,
@@ -418,7 +407,6 @@ absl::StatusOr<std::vector<SwapPlan>> PlanSwaps(const Graph& graph,
     }
     bool is_returned = false;
     std::set<int> readers;
-    int last_direct_read = -1;
     absl::flat_hash_set<const Value*> roots;
     for (const Value* out : graph.nodes()[plan.producer].node->outputs()) {
       const Value* root = AliasRoot(out);
@@ -426,16 +414,15 @@ absl::StatusOr<std::vector<SwapPlan>> PlanSwaps(const Graph& graph,
       for (int r : aliasing.ReadersOf(root)) {
         if (r > plan.producer) readers.insert(r);
       }
-      for (int r : aliasing.DirectReadersOf(root)) {
-        last_direct_read = std::max(last_direct_read, r);
-      }
       roots.insert(root);
       plan.values.push_back(out);
     }
     // Returned outputs feed the loss: they cannot leave during forward.
     if (is_returned) continue;
     plan.readers.assign(readers.begin(), readers.end());
-    plan.offload_after = std::max(plan.offload_after, last_direct_read);
+    if (!plan.readers.empty()) {
+      plan.offload_after = std::max(plan.offload_after, plan.readers.back());
+    }
     for (int id = plan.producer + 1; id <= plan.offload_after; ++id) {
       for (const Value* out : graph.nodes()[id].node->outputs()) {
         if (roots.count(AliasRoot(out)) > 0) plan.values.push_back(out);

@@ -300,9 +300,6 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     };
     // What each node reads in forward (top-level nodes here, a segment's
     // nodes in its forward run).
-    // A storage freed or offloaded after its last direct reader may still
-    // sit in a container a later node reads (the graph cannot say which
-    // entries a dict holds): it comes back before that node runs.
     auto record_reads = [this, r](int id, const InterpreterEnv& env) {
       absl::flat_hash_set<const c10::StorageImpl*>& read = r->reads[id];
       ForEachRead(graph->nodes()[id].node, [&](const Value* v) {
@@ -314,27 +311,6 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
           }
         }
       });
-      for (size_t s = 0; s < r->segments.size(); ++s) {
-        SegmentRun* seg = r->segments[s].get();
-        if (seg->replayed() || !seg->HoldsFreed(read)) continue;
-        MUTWO_LOG(warn,
-                  "node {} reads a storage segment {} freed in forward "
-                  "(through a container): it replays now",
-                  graph->Describe(id), compiled.segments[s].segment);
-        seg->Replay();
-      }
-      for (size_t i = 0; i < compiled.swaps.size(); ++i) {
-        for (auto& stash : r->stashes[i]) {
-          if (!stash->offloaded() || read.count(stash->storage()) == 0) {
-            continue;
-          }
-          MUTWO_LOG(warn,
-                    "node {} reads swapped value {} in forward (through a "
-                    "container): it comes back now",
-                    graph->Describe(id), compiled.swaps[i].value_id);
-          stash->Restore();
-        }
-      }
     };
     for (auto& segment : r->segments) segment->set_read_observer(record_reads);
     hooks.take_over = [this, r, after, register_swaps, observe, tracing,
