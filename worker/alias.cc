@@ -28,6 +28,19 @@ bool EntersOrLeavesWildcard(const c10::AliasInfo* info) {
   return false;
 }
 
+// Interpreter plumbing (list/tuple/dict construct and unpack, control flow:
+// no schema) with a container of tensors among its inputs or outputs.
+bool IsContainerPlumbing(const Node* node) {
+  if (node->maybeSchema() != nullptr) return false;
+  for (const Value* v : node->inputs()) {
+    if (IsContainerHoldingTensors(v->type())) return true;
+  }
+  for (const Value* v : node->outputs()) {
+    if (IsContainerHoldingTensors(v->type())) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool IsTensorType(const c10::TypePtr& type) {
@@ -95,16 +108,8 @@ ContainerClasses ContainerAliasClasses(const Graph& graph) {
       // containers) that go in or come out.
       std::vector<const Value*> containers, members;
       if (schema == nullptr) {
-        // Interpreter plumbing (list/tuple/dict construct and unpack,
-        // control flow): every output may hold or be what went in.
-        bool container_involved = false;
-        for (const Value* v : node->inputs()) {
-          container_involved |= IsContainerHoldingTensors(v->type());
-        }
-        for (const Value* v : node->outputs()) {
-          container_involved |= IsContainerHoldingTensors(v->type());
-        }
-        if (!container_involved) return;
+        // Interpreter plumbing: every output may hold or be what went in.
+        if (!IsContainerPlumbing(node)) return;
         for (const Value* v : node->inputs()) {
           if (MayHoldTensor(v->type())) members.push_back(v);
         }
@@ -178,15 +183,7 @@ absl::flat_hash_set<const Value*> OpaqueRoots(const Graph& graph) {
   for (const IrNode& ir : graph.nodes()) {
     ForEachNested(ir.node, [&](const Node* node) {
       const c10::FunctionSchema* schema = node->maybeSchema();
-      bool plumbing = false;
-      if (schema == nullptr) {
-        for (const Value* v : node->inputs()) {
-          plumbing |= IsContainerHoldingTensors(v->type());
-        }
-        for (const Value* v : node->outputs()) {
-          plumbing |= IsContainerHoldingTensors(v->type());
-        }
-      }
+      const bool plumbing = IsContainerPlumbing(node);
       for (size_t i = 0; i < node->outputs().size(); ++i) {
         const Value* v = node->output(i);
         if (!MayHoldTensor(v->type())) continue;

@@ -102,6 +102,17 @@ struct SwapPlan {
 struct ExecutionPlan {
   std::vector<SegmentPlan> segments;
   std::vector<SwapPlan> swaps;
+
+  // The segment whose range [first_node, last_node] holds `node` (ranges do
+  // not overlap), or -1.
+  int SegmentHolding(int node) const {
+    for (size_t s = 0; s < segments.size(); ++s) {
+      if (segments[s].first_node <= node && node <= segments[s].last_node) {
+        return static_cast<int>(s);
+      }
+    }
+    return -1;
+  }
 };
 
 // Compiles `schedule` for `graph` (the IR the schedule's fingerprint names;

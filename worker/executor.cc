@@ -407,13 +407,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         // replay: the hook goes on the replay's nodes it makes, so this
         // segment replays where that backward reaches the reader (the
         // planner's position), not before the whole of it.
-        int inside = -1;
-        for (size_t o = 0; o < compiled.segments.size(); ++o) {
-          if (o != s && compiled.segments[o].first_node <= reader &&
-              reader <= compiled.segments[o].last_node) {
-            inside = static_cast<int>(o);
-          }
-        }
+        const int inside = compiled.SegmentHolding(reader);
         // (`--log_level trace`: the memory around each replay.)
         const int id = compiled.segments[s].segment;
         auto replay = [this, seg, id, reader]() {
@@ -424,9 +418,7 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
           MUTWO_LOG(trace, "replay segment {}: {} B after (peak {} B)", id,
                     backend->AllocatedBytes(), backend->PeakBytes());
         };
-        // (A segment a container read replayed in forward makes no more
-        // replay nodes: the hook goes on its function then.)
-        if (inside >= 0 && !r->segments[inside]->replayed()) {
+        if (inside >= 0 && inside != static_cast<int>(s)) {
           r->segments[inside]->AddReplayHook(reader, replay);
           continue;
         }
@@ -452,16 +444,10 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
       // would copy back when that starts, not at the node's step (a
       // ResNet-152 prefetch planned at a block's first convolution came
       // back at its last one: +12% at the floor on the H100).
+      const int producer_segment = compiled.SegmentHolding(producer);
       auto replaying_segment = [&](int node) -> SegmentRun* {
-        for (size_t o = 0; o < compiled.segments.size(); ++o) {
-          const SegmentPlan& plan = compiled.segments[o];
-          if (plan.first_node <= node && node <= plan.last_node &&
-              !(plan.first_node <= producer && producer <= plan.last_node) &&
-              !r->segments[o]->replayed()) {
-            return r->segments[o].get();
-          }
-        }
-        return nullptr;
+        const int o = compiled.SegmentHolding(node);
+        return o >= 0 && o != producer_segment ? r->segments[o].get() : nullptr;
       };
       auto restore = [r, i]() {
         for (auto& stash : r->stashes[i]) stash->Restore();
