@@ -107,6 +107,11 @@ struct Decision {
   // SWAP: position at whose start the prefetch is issued; -1 means "at the
   // first backward use" (no overlap).
   int prefetch_at = -1;
+
+  bool operator==(const Decision& other) const {
+    return action == other.action && prefetch_at == other.prefetch_at;
+  }
+  bool operator!=(const Decision& other) const { return !(*this == other); }
 };
 
 // One decision per activation, indexed like PlanProfile::activations.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/planner/baselines.h"
+#include "server/planner/replay_closure.h"
 
 namespace mutwo::planner {
 namespace {
@@ -385,6 +386,16 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
   Simulator::Options sim_options;
   sim_options.record_curve = options_.record_curve;
   result.sim = sim_->Run(result.decisions, sim_options);
+  // What the executor will recompute anyway (replay_closure.h); kept when
+  // the simulation agrees it is no higher.
+  Decisions closed = CloseOverReplays(profile_, result.decisions, result.sim);
+  if (closed != result.decisions) {
+    SimResult closed_sim = sim_->Run(closed, sim_options);
+    if (closed_sim.peak_bytes <= result.sim.peak_bytes) {
+      result.decisions = std::move(closed);
+      result.sim = std::move(closed_sim);
+    }
+  }
   result.feasible = result.sim.peak_bytes <= budget_bytes;
   if (!result.feasible) {
     result.reason = absl::StrCat(
