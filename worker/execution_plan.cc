@@ -156,10 +156,17 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
         if (rest.nodes.count(k) != 0) continue;
         for (const Value* w : writes[k]) {
           // (Buffers a module updates in place, BatchNorm's counter, are
-          // restored around replays by the segment itself.)
+          // restored around replays by the segment itself. Lists and dicts
+          // are written back and snapshotted for the replay, below: a
+          // feature dict filled across the range, torchvision's
+          // IntermediateLayerGetter, would otherwise cut every segment
+          // around it and pin the tensor crossing the cut until the second
+          // part's replay, which the planner does not count: +3.5% at
+          // LRASPP's floor on an H100.)
           const int producer = graph.ProducerOf(w);
           if (producer >= 0 && producer < first &&
-              w->node()->kind() != c10::prim::GetAttr) {
+              w->node()->kind() != c10::prim::GetAttr &&
+              !IsMutableContainer(w->type())) {
             cut = k;
           }
         }
@@ -305,6 +312,16 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
         bool read_after = false;
         for (int reader : aliasing.ReadersOf(AliasRoot(in))) {
           read_after |= reader > plan.last_node;
+        }
+        // (The container itself may die inside the range, its entries read
+        // later through what was taken out of it: LRASPP's head reads
+        // features["low"] and ["high"] in the range that wrote "high".
+        // The interpreter drops it there; nothing is left to write back.)
+        for (int k = plan.first_node; k <= plan.last_node; ++k) {
+          const auto& dead = graph.nodes()[k].dead_after;
+          if (std::find(dead.begin(), dead.end(), in) != dead.end()) {
+            read_after = false;
+          }
         }
         if (!read_after) continue;
         plan.outputs.push_back(in);

@@ -120,7 +120,8 @@ class TwoInputs(nn.Module):
 
 class FeatureDict(nn.Module):
     """torchvision's IntermediateLayerGetter (segmentation backbones): each
-    stage's output may go into a dict, and the head reads one entry."""
+    stage's output may go into a dict, and the heads read the entries (the
+    dict dies at the last read; LRASPP's head reads "low" after it)."""
 
     def __init__(self):
         super().__init__()
@@ -131,6 +132,7 @@ class FeatureDict(nn.Module):
         })
         self.return_layers: Dict[str, str] = {"a": "aux", "c": "out"}
         self.head = nn.Linear(16, 4)
+        self.aux_head = nn.Linear(16, 4)
 
     def forward(self, x):
         out: Dict[str, torch.Tensor] = {}
@@ -138,7 +140,8 @@ class FeatureDict(nn.Module):
             x = torch.relu(stage(x))
             if name in self.return_layers:
                 out[self.return_layers[name]] = x
-        return self.head(out["out"])
+        aux = out["aux"]
+        return torch.relu(self.head(out["out"])) + self.aux_head(aux)
 
 
 class NoForward(nn.Module):

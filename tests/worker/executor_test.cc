@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -396,10 +397,12 @@ TEST(MutwoResNetMemoryTest, PlannedPeakFitsBudgetAndPrediction) {
   }
 }
 
-// Recomputes the activations of the nodes named by `scopes` (nothing else,
-// one segment per planner segment), with the planner's prediction.
-v1::Schedule RecomputeScopes(const v1::Profile& profile,
-                             const std::set<std::string>& scopes) {
+// Recomputes the activations whose producer node `recompute` accepts
+// (nothing else, one segment per planner segment), with the planner's
+// prediction.
+v1::Schedule RecomputeWhere(
+    const v1::Profile& profile,
+    const std::function<bool(const v1::ProfileNode&)>& recompute) {
   auto plan_profile = planner::ProfileFromProto(profile);
   EXPECT_TRUE(plan_profile.ok()) << plan_profile.status();
   if (!plan_profile.ok()) return v1::Schedule();
@@ -408,15 +411,12 @@ v1::Schedule RecomputeScopes(const v1::Profile& profile,
   if (!sim.ok()) return v1::Schedule();
   planner::PlanResult result;
   result.decisions.resize(plan_profile->activations.size());
-  std::set<std::string> found;
   for (size_t i = 0; i < plan_profile->activations.size(); ++i) {
-    const std::string& scope =
-        profile.nodes(plan_profile->activations[i].producer_node).scope();
-    if (scopes.count(scope) == 0) continue;
-    result.decisions[i].action = planner::Action::kRecompute;
-    found.insert(scope);
+    const int producer = plan_profile->activations[i].producer_node;
+    if (recompute(profile.nodes(producer))) {
+      result.decisions[i].action = planner::Action::kRecompute;
+    }
   }
-  EXPECT_EQ(found, scopes);
   result.sim = (*sim)->Run(result.decisions);
   result.feasible = true;
   result.budget_bytes = result.sim.peak_bytes;
@@ -428,6 +428,19 @@ v1::Schedule RecomputeScopes(const v1::Profile& profile,
                                   /*max_timeline_samples=*/0);
 }
 
+// Recomputes the activations of the nodes named by `scopes`.
+v1::Schedule RecomputeScopes(const v1::Profile& profile,
+                             const std::set<std::string>& scopes) {
+  std::set<std::string> found;
+  v1::Schedule schedule =
+      RecomputeWhere(profile, [&](const v1::ProfileNode& node) {
+        if (scopes.count(node.scope()) == 0) return false;
+        found.insert(node.scope());
+        return true;
+      });
+  EXPECT_EQ(found, scopes);
+  return schedule;
+}
 // The cases behind the gap, by hand: gradients and batch-norm statistics
 // equal to the plain step, memory as predicted and below the plain step.
 TEST(MutwoResNetMemoryTest, ScatteredBlockOutputsAsPredicted) {
@@ -464,6 +477,28 @@ TEST(MutwoResNetMemoryTest, ScatteredBlockOutputsAsPredicted) {
     ExpectPeakAsPredicted(*v, schedule.budget_bytes(), what);
     EXPECT_LT(v->scheduled().peak_bytes(), v->baseline().peak_bytes()) << what;
   }
+}
+
+// A segment whose range writes the last stage's output into the feature
+// dict and reads the dict's entries, with the other head reading an entry
+// after the range (LRASPP's head at its floor): the dict dies inside the
+// range, and the segment has nothing to write back.
+TEST(ExecutorTest, ASegmentOverAFeatureDictsWriteAndLastRead) {
+  const TestModel model = Model("feature_dict");
+  const v1::Profile& profile = ProfileOf(model);
+  auto executor = MakeExecutor(model);
+  ASSERT_NE(executor, nullptr);
+  // The ReLUs of the last stage and of the head: one segment from stage
+  // c's linear to the head's ReLU.
+  int relus = 0;
+  const v1::Schedule schedule =
+      RecomputeWhere(profile, [&](const v1::ProfileNode& node) {
+        return node.kind() == "aten::relu" && ++relus >= 3;
+      });
+  ASSERT_EQ(schedule.recomputed(), 2);
+  auto v = executor->Run(schedule);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectCorrect(*v, "feature_dict recomputing stage c and the head");
 }
 
 // Every activation of an op node recomputed: one segment over the graph.

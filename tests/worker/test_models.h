@@ -36,6 +36,7 @@ inline const std::vector<TestModel>& TestModels() {
        "cross_entropy:y:int64[B,16]{0,1000}"},
       {"control_flow", {"x:float32[B,16]"}},
       {"two_inputs", {"x:float32[B,8]", "y:float32[B,4]"}},
+      {"feature_dict", {"x:float32[B,16]"}},
   };
   return *models;
 }
