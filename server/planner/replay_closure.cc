@@ -30,23 +30,37 @@ Decisions CloseOverReplays(const PlanProfile& profile,
       if (replayed_by[node] < 0) replayed_by[node] = s;
     }
   }
+  // Per segment: what it holds for its replay (its members' sources).
+  std::vector<std::vector<int>> held(sim.segments);
+  for (int a = 0; a < a_count; ++a) {
+    const int s = sim.segment_of[a];
+    if (s < 0 || decisions[a].action != Action::kRecompute) continue;
+    for (int src : profile.activations[a].recompute_sources) {
+      held[s].push_back(src);
+    }
+  }
   Decisions out = decisions;
   bool changed = false;
   for (int a = 0; a < a_count; ++a) {
     if (decisions[a].action != Action::kRetain) continue;
     const PlanActivation& act = profile.activations[a];
     const int s = replayed_by[act.producer_node];
-    if (s < 0 || !act.recomputable || act.recompute_nodes.empty() ||
-        !profile.nodes[act.producer_node].is_op ||
+    if (s < 0 || !profile.nodes[act.producer_node].is_op ||
         act.last_forward_use > range_end[s]) {
       continue;
     }
-    // Rebuilt by the same replay: every node of its own lineage is in the
-    // range (what it reads from before the range the segment holds).
-    const bool inside =
-        std::all_of(act.recompute_nodes.begin(), act.recompute_nodes.end(),
-                    [&](int node) { return replayed_by[node] == s; });
-    if (!inside) continue;
+    // Rebuilt by the same replay from what the segment holds anyway: its
+    // sources are made in the range or held for it. (Also an activation the
+    // profiler would not let the policy recompute, a softmax behind Swin's
+    // attention-mask `if`: the range runs it again all the same.)
+    const bool rebuilt = std::all_of(
+        act.recompute_sources.begin(), act.recompute_sources.end(),
+        [&](int src) {
+          return replayed_by[profile.activations[src].producer_node] == s ||
+                 std::find(held[s].begin(), held[s].end(), src) !=
+                     held[s].end();
+        });
+    if (!rebuilt) continue;
     out[a].action = Action::kRecompute;
     out[a].prefetch_at = -1;
     changed = true;

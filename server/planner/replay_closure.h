@@ -5,7 +5,9 @@
 // SiLU's in-place clone of it is recomputed: the replay must run the
 // BatchNorm again) and that no node after the range reads in forward is not
 // kept by the executor: it is dropped inside the range and rebuilt by the
-// replay, exactly like a member. The planner's simulation kept it resident
+// replay, exactly like a member, from what the segment holds anyway (also
+// where the profiler would not let a policy recompute it: Swin's softmax
+// behind the attention-mask `if`, 59 MB a block at batch 32). The planner's simulation kept it resident
 // from forward to backward and over-predicted the peak by its size (up to
 // 24% on EfficientNet on an H100).
 //

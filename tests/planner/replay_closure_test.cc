@@ -54,6 +54,31 @@ TEST(ReplayClosureTest, ARetainedOutputOfAReplayedNodeIsRecomputed) {
   EXPECT_DOUBLE_EQ(after.recompute_ms, before.recompute_ms);
 }
 
+TEST(ReplayClosureTest, WhatTheRangeRunsAgainCountsEvenIfNotRecomputable) {
+  // The profiler would not let a policy recompute B (Swin's softmax behind
+  // the attention-mask `if`), and its lineage starts before the range; the
+  // range runs it again all the same, from X, which the segment holds.
+  PlanProfile p = BatchNormSilu(3);
+  p.activations[1].recomputable = false;
+  p.activations[1].recompute_nodes = {0, 1};
+  auto sim = Simulator::Create(&p);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const Decisions d = RecomputeCloneAndConv();
+  const Decisions closed = CloseOverReplays(p, d, (*sim)->Run(d));
+  EXPECT_EQ(closed[1].action, Action::kRecompute);
+}
+
+TEST(ReplayClosureTest, AnOutputRebuiltFromWhatNoSegmentHoldsStaysRetained) {
+  // B read from the head's output instead: nothing the segment holds.
+  PlanProfile p = BatchNormSilu(3);
+  p.activations[1].recompute_sources = {4};
+  auto sim = Simulator::Create(&p);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  const Decisions d = RecomputeCloneAndConv();
+  const Decisions closed = CloseOverReplays(p, d, (*sim)->Run(d));
+  EXPECT_EQ(closed[1].action, Action::kRetain);
+}
+
 TEST(ReplayClosureTest, AnOutputReadAfterTheSegmentStaysRetained) {
   // B is read by the head (node 4), after the segment's last member: the
   // executor keeps it as a segment output.
