@@ -143,6 +143,38 @@ int Planner::FirstFit(int order, int64_t budget_bytes) {
   return -2;
 }
 
+int64_t Planner::ClosedPeak(int order, int index) {
+  auto [it, added] = closed_peak_.try_emplace({order, index}, 0);
+  if (added) {
+    Simulator::Options memory_only;
+    memory_only.time_model = false;
+    const Decisions decisions = StateDecisions(tracks_[order], index);
+    const SimResult plain = sim_->Run(decisions, memory_only);
+    const Decisions closed = CloseOverReplays(profile_, decisions, plain);
+    it->second = closed == decisions
+                     ? plain.peak_bytes
+                     : std::min(plain.peak_bytes,
+                                sim_->Run(closed, memory_only).peak_bytes);
+  }
+  return it->second;
+}
+
+int Planner::ClosedFirstFit(int order, int64_t budget_bytes) {
+  const int fit = FirstFit(order, budget_bytes);
+  if (fit < -1) return fit;
+  // ClosedPeak(fit) <= StatePeak(fit) <= budget: search [-1, fit].
+  int lo = -1, hi = fit;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (ClosedPeak(order, mid) <= budget_bytes) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return hi;
+}
+
 const std::vector<TrajectoryStep>& Planner::Trajectory(int order) {
   static const std::vector<TrajectoryStep>* const kEmpty =
       new std::vector<TrajectoryStep>();
@@ -312,7 +344,9 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
     double best_ms = 0;
     int64_t best_peak = 0;
     for (int order = 0; order < orders(); ++order) {
-      const int fit = FirstFit(order, budget_bytes);
+      const int fit = options_.close_over_replays
+                          ? ClosedFirstFit(order, budget_bytes)
+                          : FirstFit(order, budget_bytes);
       if (fit < -1) continue;
       ++result.probes;
       const int64_t peak = StatePeak(tracks_[order], fit);
@@ -388,7 +422,10 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
   result.sim = sim_->Run(result.decisions, sim_options);
   // What the executor will recompute anyway (replay_closure.h); kept when
   // the simulation agrees it is no higher.
-  Decisions closed = CloseOverReplays(profile_, result.decisions, result.sim);
+  Decisions closed =
+      options_.close_over_replays
+          ? CloseOverReplays(profile_, result.decisions, result.sim)
+          : result.decisions;
   if (closed != result.decisions) {
     SimResult closed_sim = sim_->Run(closed, sim_options);
     if (closed_sim.peak_bytes <= result.sim.peak_bytes) {

@@ -93,6 +93,10 @@ class Planner {
     // (MutwoPolicy::Options::incremental); off, every round re-simulates
     // the whole timeline (the reference; the same trajectory, slower).
     bool incremental = true;
+    // Model what the executor recomputes without being told
+    // (replay_closure.h): in the final plan, and on large graphs in the
+    // choice of the first fitting state. Off: the decisions as searched.
+    bool close_over_replays = true;
   };
 
   // Errors: InvalidArgument for an inconsistent profile (Simulator::Create).
@@ -162,6 +166,13 @@ class Planner {
   // The first state of track `order` whose peak is at most `budget_bytes`
   // (extending the trajectory as far as needed); -2 when none.
   int FirstFit(int order, int64_t budget_bytes);
+  // Large graphs: the first state of track `order`, up to FirstFit's, whose
+  // peak with what the executor recomputes anyway (replay_closure.h) is at
+  // most `budget_bytes`, by bisection (that peak falls along a trajectory
+  // as the plain one does; the state found fits either way); -2 when none.
+  int ClosedFirstFit(int order, int64_t budget_bytes);
+  // Memory-only peak of a state's decisions closed over their replays.
+  int64_t ClosedPeak(int order, int index);
 
   PlanProfile profile_;
   Options options_;
@@ -175,6 +186,7 @@ class Planner {
   // Large graphs: iteration time (full time model) of trajectory states
   // already timed, by (order, state index).
   std::map<std::pair<int, int>, double> timed_ms_;
+  std::map<std::pair<int, int>, int64_t> closed_peak_;
   std::optional<SimResult> fixed_;  // the baselines' single schedule
   Decisions fixed_decisions_;
 };

@@ -116,6 +116,75 @@ TEST(PlannerTest, LargeGraphsTakeTheFirstFittingTrajectoryState) {
   EXPECT_EQ(low.sim.peak_bytes, floor);
 }
 
+// EfficientNet's conv -> batch_norm -> silu_ blocks, `blocks` of them: the
+// in-place SiLU saves a clone of BatchNorm's output, whose recomputation
+// replays the BatchNorm (see replay_closure.h). Backward step k
+// differentiates node 3 * blocks - 1 - k.
+PlanProfile ConvBatchNormSiluChain(int blocks) {
+  const int n = 3 * blocks;
+  auto back = [n](int node) { return n + (n - 1 - node); };
+  PlanProfile p;
+  p.nodes.resize(n);
+  for (auto& node : p.nodes) node.forward_ms = 1;
+  p.backward_steps.resize(n);
+  for (int k = 0; k < n; ++k) {
+    p.backward_steps[k].ms = 2;
+    p.backward_steps[k].forward_node = n - 1 - k;
+  }
+  p.fixed_bytes = 1000;
+  auto add = [&](int producer, int lfu, int fbu, int lbu,
+                 std::vector<int> sources, std::vector<int> nodes) {
+    PlanActivation a;
+    a.value_id = static_cast<int>(p.activations.size());
+    a.producer_node = producer;
+    a.size_bytes = 100;
+    a.last_forward_use = lfu;
+    a.first_backward_use = fbu;
+    a.last_backward_use = lbu;
+    a.recompute_sources = std::move(sources);
+    a.recompute_nodes = std::move(nodes);
+    a.recompute_ms = static_cast<double>(a.recompute_nodes.size());
+    p.activations.push_back(a);
+  };
+  for (int i = 0; i < blocks; ++i) {
+    const int conv = 3 * i, bn = conv + 1, silu = conv + 2;
+    const int next_conv = std::min(conv + 3, n - 1);
+    std::vector<int> x_sources;
+    if (i > 0) x_sources = {3 * (i - 1) + 1};
+    add(conv, bn, back(bn), back(bn), x_sources, {conv});          // X
+    add(bn, next_conv, back(next_conv), back(bn), {3 * i}, {bn});  // B
+    add(silu, silu, back(silu), back(silu), {3 * i}, {bn, silu});  // S
+  }
+  return p;
+}
+
+// The large-graph plan stops at the first trajectory state that fits with
+// what the executor recomputes anyway (replay_closure.h), not at the first
+// that fits without: never slower than without the closure, and faster at
+// some budget.
+TEST(PlannerTest, LargeGraphsStopWhereTheReplaysMakeTheStateFit) {
+  const PlanProfile p = ConvBatchNormSiluChain(100);
+  ASSERT_GT(p.activations.size(), 256u);
+  Planner::Options options;
+  auto closed = Planner::Create(p, options);
+  options.close_over_replays = false;
+  auto plain = Planner::Create(p, options);
+  ASSERT_TRUE(closed.ok() && plain.ok());
+  const int64_t base = (*closed)->simulator().baseline_peak_bytes();
+  int faster = 0;
+  for (int pct = 95; pct >= 30; pct -= 5) {
+    const int64_t budget = base * pct / 100;
+    const PlanResult c = (*closed)->Plan(budget);
+    const PlanResult u = (*plain)->Plan(budget);
+    if (!u.feasible) break;
+    ASSERT_TRUE(c.feasible) << pct;
+    EXPECT_LE(c.sim.peak_bytes, budget) << pct;
+    EXPECT_LE(c.sim.iteration_ms, u.sim.iteration_ms) << pct;
+    faster += c.sim.iteration_ms < u.sim.iteration_ms ? 1 : 0;
+  }
+  EXPECT_GT(faster, 0);
+}
+
 // Large graphs plan on the incremental simulator; with it off every round
 // re-simulates the whole timeline. Plans, floors and Pareto curves agree
 // exactly.
