@@ -416,6 +416,7 @@ absl::StatusOr<std::vector<SwapPlan>> PlanSwaps(const Graph& graph,
     plan.value_id = d.value_id();
     plan.producer = d.producer_node();
     plan.offload_after = d.offload_after();
+    plan.planned_offload_after = d.offload_after();
     // The prefetch point is a backward step of a node that ran before the
     // producer's readers (later in backward means too late to overlap).
     if (d.prefetch_at() >= n && d.prefetch_node() >= 0 &&

@@ -87,6 +87,10 @@ struct SwapPlan {
   int value_id = 0;
   int producer = 0;
   int offload_after = 0;  // node after which the storages leave
+  // The planner's offload_after: a storage no value of the rest of the
+  // forward holds may leave after it, before `offload_after` (whose static
+  // readers include every reader of a container it may have been put in).
+  int planned_offload_after = 0;
   // Node whose backward starts the copy back (Decision.prefetch_node); -1:
   // the copy starts at the first backward use.
   int prefetch_node = -1;

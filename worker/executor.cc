@@ -227,21 +227,57 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
         for (SegmentRun* sibling : siblings) sibling->Replay();
       });
     }
-    auto after = [this, r](int last) {
+    auto offload = [this, r](size_t i, int last) {
+      r->offloaded[i] = true;
+      int64_t offloaded_bytes = 0;
+      for (auto& stash : r->stashes[i]) {
+        stash->Offload();
+        if (stash->offloaded()) offloaded_bytes += stash->nbytes();
+      }
+      r->swapped_bytes += offloaded_bytes;
+      MUTWO_LOG(trace,
+                "swap value {}: offloaded after node {}: {} B of {} storages",
+                compiled.swaps[i].value_id, last, offloaded_bytes,
+                r->stashes[i].size());
+    };
+    auto after = [this, r, offload](int last) {
       for (auto& segment : r->segments) segment->FreeAfter(last);
       for (size_t i = 0; i < compiled.swaps.size(); ++i) {
         if (r->offloaded[i] || r->swap_free_after[i] > last) continue;
-        r->offloaded[i] = true;
-        int64_t offloaded_bytes = 0;
-        for (auto& stash : r->stashes[i]) {
-          stash->Offload();
-          if (stash->offloaded()) offloaded_bytes += stash->nbytes();
+        offload(i, last);
+      }
+    };
+    // A swap past the planner's offload point that waits only for the
+    // static readers of containers it may sit in (which dict entry a node
+    // reads is not known before it runs: torchvision's feature dicts) goes
+    // as soon as no value the rest of the forward can read holds its
+    // storages. The interpreter drops values after their last use, so what
+    // `env` holds before node `id` is all that nodes from `id` on read.
+    auto offload_unheld = [this, r, offload](int id,
+                                             const InterpreterEnv& env) {
+      std::vector<size_t> waiting;
+      for (size_t i = 0; i < compiled.swaps.size(); ++i) {
+        if (!r->offloaded[i] && !r->stashes[i].empty() &&
+            compiled.swaps[i].planned_offload_after < id &&
+            r->swap_free_after[i] >= id) {
+          waiting.push_back(i);
         }
-        r->swapped_bytes += offloaded_bytes;
-        MUTWO_LOG(trace,
-                  "swap value {}: offloaded after node {}: {} B of {} storages",
-                  compiled.swaps[i].value_id, last, offloaded_bytes,
-                  r->stashes[i].size());
+      }
+      if (waiting.empty()) return;
+      absl::flat_hash_set<const c10::StorageImpl*> held;
+      for (const auto& [value, ivalue] : env) {
+        for (const torch::Tensor& t : FlattenTensors(ivalue)) {
+          if (t.defined() && t.has_storage()) {
+            held.insert(t.storage().unsafeGetStorageImpl());
+          }
+        }
+      }
+      for (size_t i : waiting) {
+        bool still_held = false;
+        for (const auto& stash : r->stashes[i]) {
+          still_held |= held.count(stash->storage()) > 0;
+        }
+        if (!still_held) offload(i, id - 1);
       }
     };
     auto register_swaps = [this, r](int first, int last,
@@ -314,7 +350,9 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     };
     for (auto& segment : r->segments) segment->set_read_observer(record_reads);
     hooks.take_over = [this, r, after, register_swaps, observe, tracing,
-                       record_reads](int id, InterpreterEnv& env) -> int {
+                       record_reads,
+                       offload_unheld](int id, InterpreterEnv& env) -> int {
+      offload_unheld(id, env);
       if (r->segment_starting_at.count(id) == 0) record_reads(id, env);
       // Tail nodes of earlier segments: what they read is kept (and stays
       // resident) until that segment's replay.

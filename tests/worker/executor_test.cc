@@ -578,7 +578,7 @@ v1::Schedule Swapped(const v1::Profile& profile, bool every_other_recompute) {
 }
 
 TEST(ExecutorSwapTest, SwapsKeepGradientsAndLowerThePeak) {
-  for (const char* name : {"cnn", "mlp", "transformer"}) {
+  for (const char* name : {"cnn", "mlp", "transformer", "feature_dict"}) {
     const TestModel model = Model(name);
     const v1::Profile& profile = ProfileOf(model);  // before a second copy
     auto executor = MakeExecutor(model);
@@ -588,8 +588,11 @@ TEST(ExecutorSwapTest, SwapsKeepGradientsAndLowerThePeak) {
     ExpectCorrect(*v, name);
     EXPECT_GT(v->swapped(), 0) << name;
     // (The transformer peaks where nothing can be swapped: the 1000-way
-    // head output and the loss.)
-    if (std::string(name) != "transformer") {
+    // head output and the loss; feature_dict at its heads' backward. Its
+    // stage outputs leave once no value holds them, before the heads'
+    // static reads of the dict: gradients stay equal.)
+    if (std::string(name) != "transformer" &&
+        std::string(name) != "feature_dict") {
       EXPECT_LT(v->scheduled().peak_bytes(), v->baseline().peak_bytes())
           << name;
     }
