@@ -24,6 +24,14 @@ PlanProfile BatchNormSilu(int b_last_forward_use) {
   return p;
 }
 
+// CloseOverReplays(p, d) with d's own simulation.
+Decisions Closed(const PlanProfile& p, const Decisions& d) {
+  auto sim = Simulator::Create(&p);
+  EXPECT_TRUE(sim.ok()) << sim.status();
+  if (!sim.ok()) return d;
+  return CloseOverReplays(p, d, (*sim)->Run(d));
+}
+
 Decisions RecomputeCloneAndConv() {
   Decisions d(5);
   d[2].action = Action::kRecompute;
@@ -61,10 +69,8 @@ TEST(ReplayClosureTest, WhatTheRangeRunsAgainCountsEvenIfNotRecomputable) {
   PlanProfile p = BatchNormSilu(3);
   p.activations[1].recomputable = false;
   p.activations[1].recompute_nodes = {0, 1};
-  auto sim = Simulator::Create(&p);
-  ASSERT_TRUE(sim.ok()) << sim.status();
   const Decisions d = RecomputeCloneAndConv();
-  const Decisions closed = CloseOverReplays(p, d, (*sim)->Run(d));
+  const Decisions closed = Closed(p, d);
   EXPECT_EQ(closed[1].action, Action::kRecompute);
 }
 
@@ -72,10 +78,8 @@ TEST(ReplayClosureTest, AnOutputRebuiltFromWhatNoSegmentHoldsStaysRetained) {
   // B read from the head's output instead: nothing the segment holds.
   PlanProfile p = BatchNormSilu(3);
   p.activations[1].recompute_sources = {4};
-  auto sim = Simulator::Create(&p);
-  ASSERT_TRUE(sim.ok()) << sim.status();
   const Decisions d = RecomputeCloneAndConv();
-  const Decisions closed = CloseOverReplays(p, d, (*sim)->Run(d));
+  const Decisions closed = Closed(p, d);
   EXPECT_EQ(closed[1].action, Action::kRetain);
 }
 
@@ -83,20 +87,16 @@ TEST(ReplayClosureTest, AnOutputReadAfterTheSegmentStaysRetained) {
   // B is read by the head (node 4), after the segment's last member: the
   // executor keeps it as a segment output.
   const PlanProfile p = BatchNormSilu(4);
-  auto sim = Simulator::Create(&p);
-  ASSERT_TRUE(sim.ok()) << sim.status();
   const Decisions d = RecomputeCloneAndConv();
-  const Decisions closed = CloseOverReplays(p, d, (*sim)->Run(d));
+  const Decisions closed = Closed(p, d);
   EXPECT_EQ(closed[1].action, Action::kRetain);
 }
 
 TEST(ReplayClosureTest, OutputsOfNodesNoSegmentReplaysStayRetained) {
   const PlanProfile p = BatchNormSilu(3);
-  auto sim = Simulator::Create(&p);
-  ASSERT_TRUE(sim.ok()) << sim.status();
   Decisions d(5);
   d[3].action = Action::kRecompute;  // the conv alone: node 1 not replayed
-  const Decisions closed = CloseOverReplays(p, d, (*sim)->Run(d));
+  const Decisions closed = Closed(p, d);
   EXPECT_EQ(closed, d);
 }
 
