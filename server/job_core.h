@@ -127,10 +127,14 @@ class JobCore {
   // The job's tasks (WatchJob's progress: what is leased, what ended).
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
       const std::string& job_id);
-  // Blocks until the job changes from `seen_updated_ms` or `timeout_ms`
-  // passes; returns the current job.
+  // Blocks until the job's version differs from `seen_version` (Job.version
+  // grows with every stored change), `timeout_ms` passes or the core shuts
+  // down; returns the current job.
   [[nodiscard]] absl::StatusOr<v1::Job> WaitForJobChange(
-      const std::string& job_id, int64_t seen_updated_ms, int64_t timeout_ms);
+      const std::string& job_id, int64_t seen_version, int64_t timeout_ms);
+  // True once Shutdown() began: long waits (WatchJob) end instead of
+  // polling a core that no longer changes.
+  bool stopping();
 
   // WorkerHub service. Heartbeats, reports and FailTask are accepted only
   // from the worker id that holds the task's lease (PermissionDenied).
@@ -153,6 +157,9 @@ class JobCore {
 
   // One reaper pass (also called by tests).
   void Reap();
+  // Settles every unfinished job once (Start() does, after a restart), so a
+  // job whose last change was cut short cannot stay non-final forever.
+  absl::Status RecoverUnfinishedJobs();
 
  private:
   JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
@@ -166,35 +173,61 @@ class JobCore {
   // The schedule for (job spec, batch, device, budget, policy) from the
   // cache, or planned from the profile `load_profile` returns (only called on
   // a miss) and cached.
+  // A schedule cache entry written after the transaction that made it
+  // valid committed (a report that is refused must not leave a plan from
+  // its profile in the cache).
+  struct CachePut {
+    storage::ScheduleCacheKey key;
+    std::string job_id;
+    v1::Schedule schedule;
+  };
+  // With `deferred`, a planned schedule is added there instead of cached.
   absl::StatusOr<v1::Schedule> PlanCached(
       const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
       const v1::DeviceInfo& device,
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
-      bool include_timeline);
+      bool include_timeline, std::vector<CachePut>* deferred = nullptr);
+  void ApplyCachePuts(const std::vector<CachePut>& puts);
+  // The store's reason why a report with this fence from this worker is not
+  // taken (OK for a retried report of a completed task); writes nothing.
+  absl::Status RefuseReport(const std::string& task_id, int64_t fence_token,
+                            const std::string& worker_id);
   // The closed loop after round `round` of VALIDATE `task` measured
   // `validation`: the outcome for its (batch, budget), settled or with the
   // next round queued (re-planned with the correction learned), and the
   // schedule the job result shows for it (the re-planned one, or the one
   // that ran marked with its measurement). Keeps the schedule cache in step.
+  // Nothing is written: the caller stores the outcome, queues
+  // `next_round` and applies `cache_puts` with the report.
   struct RoundResult {
     v1::BudgetOutcome outcome;
     v1::Schedule schedule;
+    std::optional<v1::Schedule> next_round;  // the next VALIDATE task's
+    std::string metric_result;
   };
   absl::StatusOr<RoundResult> CloseRound(const v1::Job& job,
                                          const v1::Task& task,
                                          const v1::Validation& validation,
-                                         int round, v1::BudgetOutcome outcome);
+                                         int round, v1::BudgetOutcome outcome,
+                                         std::vector<CachePut>* cache_puts);
   // Marks the cache entry of the schedule `task` ran with `measured_bytes`
   // (over the budget: infeasible with `reason`), unless the entry is
   // another plan by now.
   absl::Status RecordMeasurement(const v1::Job& job, const v1::Task& task,
                                  int64_t measured_bytes,
-                                 const std::string& reason);
+                                 const std::string& reason,
+                                 std::vector<CachePut>* cache_puts);
   // Recomputes the job's state and counters from its tasks after any task
   // change (a failed or cancelled VALIDATE task fails its budget's
   // outcome), and finishes the job when no task is left to run.
   absl::Status Settle(const std::string& job_id);
+  // Settle's decision inside the caller's transaction, so a report, a
+  // submit or a cancel changes its tasks and its job state together.
+  absl::StatusOr<v1::Job> SettleIn(storage::Store::Writer& w,
+                                   const std::string& job_id);
+  // Gauges and the final-state log line after a settled job committed.
+  void AfterSettle(const v1::Job& job);
   void NotifyChange();
   void RefreshGauges();
   // Sets job.waiting (see types.proto) for an unfinished job with queued

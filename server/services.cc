@@ -150,9 +150,9 @@ grpc::Status PlannerService::WatchJob(
   int64_t seen = -1;
   std::optional<v1::JobEvent> last;
   while (!context->IsCancelled()) {
-    if (job->updated_unix_ms() != seen || !last.has_value() ||
+    if (job->version() != seen || !last.has_value() ||
         job->waiting() != last->waiting()) {
-      seen = job->updated_unix_ms();
+      seen = job->version();
       // Tasks first, then the job: a job read before its tasks could say
       // QUEUED while a task it does not know of yet runs.
       auto tasks = core_->ListTasks(request->job_id());
@@ -168,6 +168,12 @@ grpc::Status PlannerService::WatchJob(
         if (final) return timer.Done(absl::OkStatus());
         last = std::move(event);
       }
+    }
+    if (core_->stopping()) {
+      // Shutting down: the job will not change any more from this server;
+      // the client reconnects to the next one.
+      return timer.Done(absl::UnavailableError(
+          "the server is shutting down; watch the job again"));
     }
     job = core_->WaitForJobChange(request->job_id(), seen, 1000);
     if (!job.ok()) return timer.Done(job.status());

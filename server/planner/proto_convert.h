@@ -23,6 +23,21 @@ namespace mutwo::planner {
 [[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
     const v1::Profile& profile);
 
+// Limits on what a profile may hold, so that no profile a worker reports
+// can make the planner's arithmetic overflow or its work explode: every
+// byte figure at most kMaxProfileBytes (1 PiB), at most kMaxProfileNodes
+// nodes and backward steps and kMaxProfileActivations activations.
+inline constexpr int64_t kMaxProfileBytes = int64_t{1} << 50;
+inline constexpr int kMaxProfileNodes = 1 << 20;
+inline constexpr int kMaxProfileActivations = 1 << 20;
+
+// Whether the planner can take `profile`: the checks of ProfileFromProto
+// and of the simulator (ValidatePlanProfile), the one validation the
+// server runs on a reported profile before storing it. A profile that ran
+// out of memory (oom) carries no timeline and is checked for its counts and
+// figures only. InvalidArgument naming the first bad field.
+[[nodiscard]] absl::Status ValidateProfile(const v1::Profile& profile);
+
 // What the μ-TWO policy keeps free under a budget. On a CUDA device 4 MiB +
 // 1% of the budget, for the caching allocator's block rounding (blocks are
 // rounded to 512 B and a large block is not split when the rest would be
