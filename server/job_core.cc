@@ -116,6 +116,7 @@ PlanFn PlannerPlanFn(int pareto_points) {
         r.policy = request.policy;
         r.pareto_points = request.include_pareto ? pareto_points : 0;
         r.correction_bytes = request.correction_bytes;
+        r.interrupt = request.interrupt;
         return planner::PlanSchedule(profile, r);
       };
 }
@@ -224,6 +225,9 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
         options.replan_margin_fraction < 1)) {
     return absl::InvalidArgumentError(
         "the re-plan margin must be a fraction of the budget in [0, 1)");
+  }
+  if (options.max_plan_ms <= 0) {
+    return absl::InvalidArgumentError("max_plan_ms must be positive");
   }
   if (options.worker_lost_after_ms <= 0) {
     options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
@@ -369,18 +373,18 @@ absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
   // finds a job without tasks. The concurrency limit is checked inside it
   // too, so concurrent submits cannot all pass it.
   storage::CreateJobResult created;
-  MUTWO_RETURN_IF_ERROR(store_->Write([&](storage::Store::Writer& w)
-                                          -> absl::Status {
-    MUTWO_ASSIGN_OR_RETURN(
-        created, w.CreateJob(spec, request.client_request_id(), owner,
-                             options_.max_concurrent_jobs));
-    if (created.deduplicated) return absl::OkStatus();
-    for (int64_t b : spec.batch_sizes()) {
-      MUTWO_RETURN_IF_ERROR(
-          w.AddTask(created.job.job_id(), v1::Task::PROFILE, b).status());
-    }
-    return SettleIn(w, created.job.job_id()).status();
-  }));
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            created, w.CreateJob(spec, request.client_request_id(), owner,
+                                 options_.max_concurrent_jobs));
+        if (created.deduplicated) return absl::OkStatus();
+        for (int64_t b : spec.batch_sizes()) {
+          MUTWO_RETURN_IF_ERROR(
+              w.AddTask(created.job.job_id(), v1::Task::PROFILE, b).status());
+        }
+        return SettleIn(w, created.job.job_id()).status();
+      }));
   v1::SubmitJobResponse response;
   response.set_deduplicated(created.deduplicated);
   if (!created.deduplicated) {
@@ -436,22 +440,22 @@ absl::StatusOr<v1::ListJobsResponse> JobCore::ListJobs(
 }
 
 absl::StatusOr<v1::Job> JobCore::CancelJob(const std::string& job_id) {
-  MUTWO_RETURN_IF_ERROR(store_->Write([&](storage::Store::Writer& w)
-                                          -> absl::Status {
-    MUTWO_RETURN_IF_ERROR(
-        w.UpdateJob(job_id, [&](v1::Job& j) {
-           if (IsFinal(j.state())) {
-             return absl::FailedPreconditionError(
-                 absl::StrCat("job ", job_id, " is already ",
-                              v1::Job::State_Name(j.state())));
-           }
-           j.set_state(v1::Job::CANCELLED);
-           j.set_error("cancelled by the client");
-           return absl::OkStatus();
-         }).status());
-    MUTWO_RETURN_IF_ERROR(w.CancelJobTasks(job_id).status());
-    return SettleIn(w, job_id).status();
-  }));
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_RETURN_IF_ERROR(
+            w.UpdateJob(job_id, [&](v1::Job& j) {
+               if (IsFinal(j.state())) {
+                 return absl::FailedPreconditionError(
+                     absl::StrCat("job ", job_id, " is already ",
+                                  v1::Job::State_Name(j.state())));
+               }
+               j.set_state(v1::Job::CANCELLED);
+               j.set_error("cancelled by the client");
+               return absl::OkStatus();
+             }).status());
+        MUTWO_RETURN_IF_ERROR(w.CancelJobTasks(job_id).status());
+        return SettleIn(w, job_id).status();
+      }));
   MUTWO_LOG(info, "job {} cancelled", job_id);
   RefreshGauges();
   NotifyChange();
@@ -464,10 +468,10 @@ absl::StatusOr<v1::Profile> JobCore::GetProfile(
   return store_->GetProfile(request.job_id(), request.batch_size());
 }
 
-absl::StatusOr<v1::Schedule> JobCore::Plan(const v1::Profile& profile,
-                                           const v1::MemoryBudget& budget,
-                                           v1::Policy policy,
-                                           int64_t correction_bytes) {
+absl::StatusOr<v1::Schedule> JobCore::Plan(
+    const v1::Profile& profile, const v1::MemoryBudget& budget,
+    v1::Policy policy, int64_t correction_bytes,
+    const std::function<bool()>& cancelled) {
   if (profile.oom()) {
     return absl::FailedPreconditionError(
         absl::StrCat("batch size ", profile.batch_size(),
@@ -481,6 +485,9 @@ absl::StatusOr<v1::Schedule> JobCore::Plan(const v1::Profile& profile,
   // requests with and without it.
   request.include_pareto = true;
   request.correction_bytes = correction_bytes;
+  planner::Interrupt interrupt(
+      absl::Now() + absl::Milliseconds(options_.max_plan_ms), cancelled);
+  request.interrupt = &interrupt;
   const auto start = std::chrono::steady_clock::now();
   auto schedule = plan_(profile, request);
   metrics_->ObservePlanner(ElapsedSeconds(start));
@@ -492,7 +499,8 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
     const v1::DeviceInfo& device,
     const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
     const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
-    bool include_timeline, std::vector<CachePut>* deferred) {
+    bool include_timeline, std::vector<CachePut>* deferred,
+    const std::function<bool()>& cancelled) {
   const storage::ScheduleCacheKey key =
       storage::MakeScheduleCacheKey(spec, batch_size, device, budget, policy);
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
@@ -500,8 +508,9 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
   if (cached.has_value()) return *std::move(cached);
   // Only a miss needs the whole profile.
   MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
-  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
-                         Plan(profile, budget, policy, /*correction_bytes=*/0));
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Schedule schedule,
+      Plan(profile, budget, policy, /*correction_bytes=*/0, cancelled));
   if (deferred != nullptr) {
     deferred->push_back(CachePut{key, job_id, schedule});
   } else {
@@ -552,7 +561,7 @@ absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> JobCore::ProfileDeviceOf(
 }
 
 absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
-    const v1::GetScheduleRequest& request) {
+    const v1::GetScheduleRequest& request, std::function<bool()> cancelled) {
   if (request.budget().kind_case() == v1::MemoryBudget::KIND_NOT_SET) {
     return absl::InvalidArgumentError(
         "GetSchedule needs a budget (bytes, fraction of baseline or device)");
@@ -571,7 +580,7 @@ absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
         return store_->GetProfile(request.job_id(), request.batch_size());
       },
       request.budget(), policy, request.include_pareto(),
-      request.include_timeline());
+      request.include_timeline(), /*deferred=*/nullptr, cancelled);
 }
 
 absl::StatusOr<v1::ListWorkersResponse> JobCore::ListWorkers() {
@@ -756,8 +765,8 @@ absl::Status JobCore::RefuseReport(const std::string& task_id,
   // The store names what is wrong (stale fence, not leased, another
   // worker's lease); nothing is written either way.
   return store_->Write([&](storage::Store::Writer& w) -> absl::Status {
-    MUTWO_ASSIGN_OR_RETURN(
-        bool stored, w.CompleteTask(task_id, fence_token, worker_id, ""));
+    MUTWO_ASSIGN_OR_RETURN(bool stored,
+                           w.CompleteTask(task_id, fence_token, worker_id, ""));
     if (stored) {
       return absl::AbortedError(absl::StrCat(
           "task ", task_id, " changed while its report was read; retry"));
@@ -806,8 +815,7 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
                          store_->ListTasks(task.job_id()));
   const bool others_pending =
       std::any_of(job_tasks.begin(), job_tasks.end(), [&](const v1::Task& t) {
-        return t.kind() == v1::Task::PROFILE &&
-               t.task_id() != task.task_id() &&
+        return t.kind() == v1::Task::PROFILE && t.task_id() != task.task_id() &&
                (t.state() == v1::Task::QUEUED || t.state() == v1::Task::LEASED);
       });
   if (!IsFinal(job.state()) && !others_pending &&
@@ -884,48 +892,49 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
                   prediction.status().ToString());
       }
     }
-    absl::Status written = store_->Write([&](storage::Store::Writer& w)
-                                             -> absl::Status {
-      MUTWO_ASSIGN_OR_RETURN(
-          bool stored_now,
-          w.CompleteTask(request.task_id(), request.fence_token(),
-                         request.worker_id(), profile.SerializeAsString()));
-      if (!stored_now) {
-        retried = true;  // a retried report: it was stored whole before
-        return absl::OkStatus();
-      }
-      MUTWO_RETURN_IF_ERROR(
-          w.PutProfile(task.job_id(), task.batch_size(), profile));
-      MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
-                             w.ListTasks(task.job_id()));
-      std::vector<int64_t> done;
-      for (const v1::Task& t : now_tasks) {
-        if (t.kind() == v1::Task::PROFILE && t.state() == v1::Task::DONE &&
-            t.task_id() != task.task_id()) {
-          done.push_back(t.batch_size());
-        }
-      }
-      if (done != used && prediction_round < kMaxPredictions) {
-        return absl::AbortedError("another profile was stored meanwhile");
-      }
-      bool final = false;
-      MUTWO_RETURN_IF_ERROR(
-          w.UpdateJob(task.job_id(), [&](v1::Job& j) {
-             final = IsFinal(j.state());
-             *FindOrAddResult(j, task.batch_size()) = result;
-             if (max_batch.has_value()) *j.mutable_max_batch() = *max_batch;
-             return absl::OkStatus();
-           }).status());
-      if (!final) {
-        for (const v1::Schedule& schedule : to_validate) {
-          MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::VALIDATE,
-                                          task.batch_size(), schedule)
-                                    .status());
-        }
-      }
-      MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
-      return absl::OkStatus();
-    });
+    absl::Status written =
+        store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+          MUTWO_ASSIGN_OR_RETURN(
+              bool stored_now,
+              w.CompleteTask(request.task_id(), request.fence_token(),
+                             request.worker_id(), profile.SerializeAsString()));
+          if (!stored_now) {
+            retried = true;  // a retried report: it was stored whole before
+            return absl::OkStatus();
+          }
+          MUTWO_RETURN_IF_ERROR(
+              w.PutProfile(task.job_id(), task.batch_size(), profile));
+          MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
+                                 w.ListTasks(task.job_id()));
+          std::vector<int64_t> done;
+          for (const v1::Task& t : now_tasks) {
+            if (t.kind() == v1::Task::PROFILE && t.state() == v1::Task::DONE &&
+                t.task_id() != task.task_id()) {
+              done.push_back(t.batch_size());
+            }
+          }
+          if (done != used && prediction_round < kMaxPredictions) {
+            return absl::AbortedError("another profile was stored meanwhile");
+          }
+          bool final = false;
+          MUTWO_RETURN_IF_ERROR(w.UpdateJob(task.job_id(), [&](v1::Job& j) {
+                                   final = IsFinal(j.state());
+                                   *FindOrAddResult(j, task.batch_size()) =
+                                       result;
+                                   if (max_batch.has_value())
+                                     *j.mutable_max_batch() = *max_batch;
+                                   return absl::OkStatus();
+                                 }).status());
+          if (!final) {
+            for (const v1::Schedule& schedule : to_validate) {
+              MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::VALIDATE,
+                                              task.batch_size(), schedule)
+                                        .status());
+            }
+          }
+          MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+          return absl::OkStatus();
+        });
     if (absl::IsAborted(written)) continue;
     MUTWO_RETURN_IF_ERROR(written);
     break;
@@ -968,50 +977,51 @@ absl::Status JobCore::ReportValidation(
                          CloseRound(job, task, validation, round,
                                     std::move(outcome), &cache_puts));
   bool retried = false;
-  MUTWO_RETURN_IF_ERROR(store_->Write([&](storage::Store::Writer& w)
-                                          -> absl::Status {
-    MUTWO_ASSIGN_OR_RETURN(
-        bool stored_now,
-        w.CompleteTask(request.task_id(), request.fence_token(),
-                       request.worker_id(),
-                       request.validation().SerializeAsString()));
-    if (!stored_now) {
-      retried = true;
-      return absl::OkStatus();
-    }
-    MUTWO_RETURN_IF_ERROR(w.PutValidation(
-        task.job_id(), task.batch_size(),
-        budget.text().empty() ? FormatBudget(budget) : budget.text(), round,
-        validation));
-    bool final = false;
-    MUTWO_RETURN_IF_ERROR(
-        w.UpdateJob(task.job_id(), [&](v1::Job& j) {
-           final = IsFinal(j.state());
-           v1::BatchResult& r = *FindOrAddResult(j, task.batch_size());
-           *r.add_validations() = validation;
-           bool shown = false;
-           for (v1::Schedule& s : *r.mutable_schedules()) {
-             if (s.budget().SerializeAsString() == budget.SerializeAsString()) {
-               s = next.schedule;
-               shown = true;
-             }
-           }
-           if (!shown) *r.add_schedules() = next.schedule;
-           if (v1::BudgetOutcome* o = FindOutcome(r, budget)) {
-             *o = next.outcome;
-           } else {
-             *r.add_outcomes() = next.outcome;
-           }
-           return absl::OkStatus();
-         }).status());
-    if (next.next_round.has_value() && !final) {
-      MUTWO_RETURN_IF_ERROR(w.AddTask(job.job_id(), v1::Task::VALIDATE,
-                                      task.batch_size(), *next.next_round)
-                                .status());
-    }
-    MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
-    return absl::OkStatus();
-  }));
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            bool stored_now,
+            w.CompleteTask(request.task_id(), request.fence_token(),
+                           request.worker_id(),
+                           request.validation().SerializeAsString()));
+        if (!stored_now) {
+          retried = true;
+          return absl::OkStatus();
+        }
+        MUTWO_RETURN_IF_ERROR(w.PutValidation(
+            task.job_id(), task.batch_size(),
+            budget.text().empty() ? FormatBudget(budget) : budget.text(), round,
+            validation));
+        bool final = false;
+        MUTWO_RETURN_IF_ERROR(
+            w.UpdateJob(task.job_id(), [&](v1::Job& j) {
+               final = IsFinal(j.state());
+               v1::BatchResult& r = *FindOrAddResult(j, task.batch_size());
+               *r.add_validations() = validation;
+               bool shown = false;
+               for (v1::Schedule& s : *r.mutable_schedules()) {
+                 if (s.budget().SerializeAsString() ==
+                     budget.SerializeAsString()) {
+                   s = next.schedule;
+                   shown = true;
+                 }
+               }
+               if (!shown) *r.add_schedules() = next.schedule;
+               if (v1::BudgetOutcome* o = FindOutcome(r, budget)) {
+                 *o = next.outcome;
+               } else {
+                 *r.add_outcomes() = next.outcome;
+               }
+               return absl::OkStatus();
+             }).status());
+        if (next.next_round.has_value() && !final) {
+          MUTWO_RETURN_IF_ERROR(w.AddTask(job.job_id(), v1::Task::VALIDATE,
+                                          task.batch_size(), *next.next_round)
+                                    .status());
+        }
+        MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+        return absl::OkStatus();
+      }));
   if (retried) return absl::OkStatus();
   ApplyCachePuts(cache_puts);
   metrics_->CountValidation(next.metric_result);
@@ -1068,11 +1078,11 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
       if (replanned.feasible()) {
         // The corrected plan replaces the one that overshot, for this job's
         // next round and for every later job with the same key.
-        cache_puts->push_back(
-            CachePut{storage::MakeScheduleCacheKey(
-                         job.spec(), task.batch_size(), profile.device(),
-                         ran.budget(), ran.policy()),
-                     job.job_id(), replanned});
+        cache_puts->push_back(CachePut{
+            storage::MakeScheduleCacheKey(job.spec(), task.batch_size(),
+                                          profile.device(), ran.budget(),
+                                          ran.policy()),
+            job.job_id(), replanned});
         result.schedule = ScheduleCache::Trim(std::move(replanned),
                                               /*include_pareto=*/false,
                                               /*include_timeline=*/false);
@@ -1126,15 +1136,15 @@ absl::Status JobCore::RecordMeasurement(const v1::Job& job,
 absl::Status JobCore::FailTask(const v1::FailTaskRequest& request) {
   v1::Task task;
   v1::Job job;
-  MUTWO_RETURN_IF_ERROR(store_->Write([&](storage::Store::Writer& w)
-                                          -> absl::Status {
-    MUTWO_ASSIGN_OR_RETURN(
-        task, w.FailTask(request.task_id(), request.fence_token(),
-                         request.worker_id(), request.reason(),
-                         request.retryable(), options_.max_attempts));
-    MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
-    return absl::OkStatus();
-  }));
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            task, w.FailTask(request.task_id(), request.fence_token(),
+                             request.worker_id(), request.reason(),
+                             request.retryable(), options_.max_attempts));
+        MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+        return absl::OkStatus();
+      }));
   MUTWO_LOG(warn, "task {} attempt {} failed ({}): {}", task.task_id(),
             task.attempt(), v1::Task::State_Name(task.state()),
             request.reason());
@@ -1194,8 +1204,8 @@ absl::StatusOr<v1::Job> JobCore::SettleIn(storage::Store::Writer& w,
     j.set_tasks_done(finished);
     // A round that will never report ends its budget's loop.
     for (const v1::Task& t : tasks) {
-      if (t.kind() != v1::Task::VALIDATE || (t.state() != v1::Task::FAILED &&
-                                             t.state() != v1::Task::CANCELLED)) {
+      if (t.kind() != v1::Task::VALIDATE ||
+          (t.state() != v1::Task::FAILED && t.state() != v1::Task::CANCELLED)) {
         continue;
       }
       v1::BudgetOutcome* o = FindOutcome(*FindOrAddResult(j, t.batch_size()),
@@ -1223,8 +1233,9 @@ absl::StatusOr<v1::Job> JobCore::SettleIn(storage::Store::Writer& w,
       // jobs and tasks in separate transactions and died between them):
       // nothing will run it.
       j.set_state(v1::Job::FAILED);
-      j.set_error("the job has no tasks (its submit was interrupted); "
-                  "submit it again");
+      j.set_error(
+          "the job has no tasks (its submit was interrupted); "
+          "submit it again");
     } else {
       j.set_state(v1::Job::SUCCEEDED);
       if (!first_error.empty()) j.set_error(first_error);

@@ -35,6 +35,7 @@
 #include "mutwo/v1/worker_hub.pb.h"
 #include "server/closed_loop.h"
 #include "server/metrics.h"
+#include "server/planner/interrupt.h"
 #include "server/schedule_cache.h"
 #include "storage/store.h"
 
@@ -48,6 +49,8 @@ struct PlanRequest {
   // Plan this many bytes below the budget (Schedule.correction_bytes),
   // learned by the closed loop.
   int64_t correction_bytes = 0;
+  // Stops planning (time allowed, caller gone); not owned, may be null.
+  planner::Interrupt* interrupt = nullptr;
 };
 // Plans one schedule for a profile (server/planner through its proto
 // conversion).
@@ -96,6 +99,9 @@ class JobCore {
     // Added to a round's measured overshoot when re-planning, as a fraction
     // of the budget.
     double replan_margin_fraction = 0.01;
+    // Time allowed to plan one schedule (with its Pareto curve); past it
+    // the request fails with DeadlineExceeded (--max_plan_ms).
+    int64_t max_plan_ms = 10000;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -121,8 +127,11 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(
       const v1::GetProfileRequest& request);
+  // `cancelled` (may be empty) tells whether the caller left; planning
+  // then stops within a poll (Cancelled).
   [[nodiscard]] absl::StatusOr<v1::Schedule> GetSchedule(
-      const v1::GetScheduleRequest& request);
+      const v1::GetScheduleRequest& request,
+      std::function<bool()> cancelled = nullptr);
   [[nodiscard]] absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
   // The job's tasks (WatchJob's progress: what is leased, what ended).
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
@@ -166,10 +175,10 @@ class JobCore {
           PlanFn plan, MaxBatchFn max_batch);
   // Plans `profile` (the whole schedule, with the Pareto curve), timing the
   // planner. FailedPrecondition for a profile that ran out of memory.
-  absl::StatusOr<v1::Schedule> Plan(const v1::Profile& profile,
-                                    const v1::MemoryBudget& budget,
-                                    v1::Policy policy,
-                                    int64_t correction_bytes);
+  absl::StatusOr<v1::Schedule> Plan(
+      const v1::Profile& profile, const v1::MemoryBudget& budget,
+      v1::Policy policy, int64_t correction_bytes,
+      const std::function<bool()>& cancelled = nullptr);
   // The schedule for (job spec, batch, device, budget, policy) from the
   // cache, or planned from the profile `load_profile` returns (only called on
   // a miss) and cached.
@@ -187,7 +196,8 @@ class JobCore {
       const v1::DeviceInfo& device,
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
-      bool include_timeline, std::vector<CachePut>* deferred = nullptr);
+      bool include_timeline, std::vector<CachePut>* deferred = nullptr,
+      const std::function<bool()>& cancelled = nullptr);
   void ApplyCachePuts(const std::vector<CachePut>& puts);
   // The store's reason why a report with this fence from this worker is not
   // taken (OK for a retried report of a completed task); writes nothing.

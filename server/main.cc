@@ -31,6 +31,9 @@ ABSL_FLAG(int32_t, validation_rounds, 3,
           "validation rounds per batch size and budget: a schedule measured "
           "over its budget is re-planned below it by the overshoot and "
           "validated again, at most this many rounds in all");
+ABSL_FLAG(int64_t, max_plan_ms, 10000,
+          "time allowed to plan one schedule (with its Pareto curve); past "
+          "it the request fails with DEADLINE_EXCEEDED");
 ABSL_FLAG(double, replan_margin, 0.01,
           "re-planning after an overshoot: margin added to the measured "
           "overshoot, as a fraction of the budget");
@@ -114,6 +117,7 @@ int main(int argc, char** argv) {
   options.core.max_concurrent_jobs = absl::GetFlag(FLAGS_max_concurrent_jobs);
   options.core.max_validation_rounds = absl::GetFlag(FLAGS_validation_rounds);
   options.core.replan_margin_fraction = absl::GetFlag(FLAGS_replan_margin);
+  options.core.max_plan_ms = absl::GetFlag(FLAGS_max_plan_ms);
   options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
   options.max_batch = [](const std::vector<mutwo::v1::Profile>& profiles,
                          double max_overhead) {

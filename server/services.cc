@@ -217,7 +217,12 @@ grpc::Status PlannerService::GetSchedule(grpc::ServerContext* context,
       !caller.ok()) {
     return timer.Done(caller.status());
   }
-  return timer.Done(Assign(core_->GetSchedule(*request), response));
+  // Planning stops when the caller leaves (or its deadline passes, which
+  // cancels the call): an abandoned request uses no more CPU.
+  return timer.Done(
+      Assign(core_->GetSchedule(*request,
+                                [context] { return context->IsCancelled(); }),
+             response));
 }
 
 grpc::Status PlannerService::ListWorkers(grpc::ServerContext* context,

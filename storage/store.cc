@@ -343,9 +343,8 @@ absl::StatusOr<bool> Store::Writer::CompleteTask(absl::string_view task_id,
 }
 
 absl::StatusOr<v1::Task> Store::Writer::FailTask(
-    absl::string_view task_id, int64_t fence_token,
-    absl::string_view worker_id, absl::string_view reason, bool retryable,
-    int max_attempts) {
+    absl::string_view task_id, int64_t fence_token, absl::string_view worker_id,
+    absl::string_view reason, bool retryable, int max_attempts) {
   MUTWO_RETURN_IF_ERROR(store_->FaultPoint("FailTask"));
   store_->mutex_.AssertHeld();
   return store_->FailTaskLocked(task_id, fence_token, worker_id, reason,
@@ -586,10 +585,11 @@ absl::StatusOr<CreateJobResult> Store::CreateJobLocked(
     MUTWO_ASSIGN_OR_RETURN(const int64_t unfinished,
                            CountUnfinishedJobsLocked());
     if (unfinished >= max_unfinished_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          unfinished, " jobs are unfinished, the limit "
-          "(--max_concurrent_jobs) is ", max_unfinished_jobs,
-          "; retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(unfinished,
+                       " jobs are unfinished, the limit "
+                       "(--max_concurrent_jobs) is ",
+                       max_unfinished_jobs, "; retry later"));
     }
   }
   const int64_t now_ms = NowMs();
@@ -1023,12 +1023,9 @@ absl::StatusOr<v1::Task> Store::FailTask(absl::string_view task_id,
   });
 }
 
-absl::StatusOr<v1::Task> Store::FailTaskLocked(absl::string_view task_id,
-                                               int64_t fence_token,
-                                               absl::string_view worker_id,
-                                               absl::string_view reason,
-                                               bool retryable,
-                                               int max_attempts) {
+absl::StatusOr<v1::Task> Store::FailTaskLocked(
+    absl::string_view task_id, int64_t fence_token, absl::string_view worker_id,
+    absl::string_view reason, bool retryable, int max_attempts) {
   MUTWO_RETURN_IF_ERROR(ValidateMaxAttempts(max_attempts));
   MUTWO_ASSIGN_OR_RETURN(v1::Task task,
                          RequireLease(task_id, fence_token, worker_id, "fail"));

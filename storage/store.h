@@ -337,8 +337,7 @@ class Store {
   absl::Status PutProfileLocked(absl::string_view job_id, int64_t batch_size,
                                 const v1::Profile& profile)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::Status PutValidationLocked(absl::string_view job_id,
-                                   int64_t batch_size,
+  absl::Status PutValidationLocked(absl::string_view job_id, int64_t batch_size,
                                    absl::string_view budget_text, int round,
                                    const v1::Validation& validation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -348,7 +347,8 @@ class Store {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Runs `body` with the mutex held inside BEGIN IMMEDIATE ... COMMIT.
   template <typename T>
-  absl::StatusOr<T> InTransaction(const std::function<absl::StatusOr<T>()>& body)
+  absl::StatusOr<T> InTransaction(
+      const std::function<absl::StatusOr<T>()>& body)
       ABSL_LOCKS_EXCLUDED(mutex_);
   absl::Status InTransaction(const std::function<absl::Status()>& body)
       ABSL_LOCKS_EXCLUDED(mutex_);

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/planner/interrupt.h"
 #include "server/planner/model.h"
 #include "server/planner/mutwo_policy.h"
 #include "server/planner/pareto.h"
@@ -72,6 +73,8 @@ struct PlanResult {
   Decisions decisions;
   SimResult sim;
   std::string reason;  // why infeasible
+  // Options::interrupt stopped the search: the result is not to be used.
+  bool interrupted = false;
 };
 
 class Planner {
@@ -93,6 +96,10 @@ class Planner {
     // (MutwoPolicy::Options::incremental); off, every round re-simulates
     // the whole timeline (the reference; the same trajectory, slower).
     bool incremental = true;
+    // When set (not owned; must outlive the Planner), polled by every loop:
+    // once it stops, trajectories end where they are, no more candidates
+    // are tried, and PlanResult::interrupted is set.
+    Interrupt* interrupt = nullptr;
   };
 
   // Errors: InvalidArgument for an inconsistent profile (Simulator::Create).
@@ -132,6 +139,9 @@ class Planner {
       : profile_(std::move(profile)), options_(options) {}
 
   Candidate MakeCandidate(int64_t budget_bytes);
+  bool Interrupted() {
+    return options_.interrupt != nullptr && options_.interrupt->Stopped();
+  }
   // Improves `decisions` (fitting `budget_bytes`) by pruning and exchange.
   void Improve(int64_t budget_bytes, Candidate& c);
 

@@ -94,7 +94,8 @@ absl::Status CheckProfileMagnitudes(const v1::Profile& profile) {
                absl::StrCat("at most ", kMaxProfileActivations));
   }
   const v1::FixedMemory& f = profile.fixed();
-  MUTWO_RETURN_IF_ERROR(CheckBytes("fixed.parameter_bytes", f.parameter_bytes()));
+  MUTWO_RETURN_IF_ERROR(
+      CheckBytes("fixed.parameter_bytes", f.parameter_bytes()));
   MUTWO_RETURN_IF_ERROR(CheckBytes("fixed.gradient_bytes", f.gradient_bytes()));
   MUTWO_RETURN_IF_ERROR(
       CheckBytes("fixed.optimizer_state_bytes", f.optimizer_state_bytes()));
@@ -110,8 +111,8 @@ absl::Status CheckProfileMagnitudes(const v1::Profile& profile) {
   for (int i = 0; i < profile.nodes_size(); ++i) {
     const v1::ProfileNode& node = profile.nodes(i);
     const std::string f = absl::StrCat("nodes[", i, "]");
-    MUTWO_RETURN_IF_ERROR(CheckBytes(f + ".allocated_bytes_after",
-                                     node.allocated_bytes_after()));
+    MUTWO_RETURN_IF_ERROR(
+        CheckBytes(f + ".allocated_bytes_after", node.allocated_bytes_after()));
     MUTWO_RETURN_IF_ERROR(
         CheckBytes(f + ".peak_bytes_during", node.peak_bytes_during()));
     if (node.transient_bytes() > kMaxProfileBytes) {
@@ -122,10 +123,26 @@ absl::Status CheckProfileMagnitudes(const v1::Profile& profile) {
   for (int k = 0; k < profile.backward_steps_size(); ++k) {
     const v1::BackwardStep& step = profile.backward_steps(k);
     const std::string f = absl::StrCat("backward_steps[", k, "]");
-    MUTWO_RETURN_IF_ERROR(CheckBytes(f + ".allocated_bytes_after",
-                                     step.allocated_bytes_after()));
+    MUTWO_RETURN_IF_ERROR(
+        CheckBytes(f + ".allocated_bytes_after", step.allocated_bytes_after()));
     MUTWO_RETURN_IF_ERROR(
         CheckBytes(f + ".peak_bytes_during", step.peak_bytes_during()));
+  }
+  int64_t sources = 0;
+  for (const v1::Activation& a : profile.activations()) {
+    sources += a.recompute_sources_size();
+  }
+  const int64_t max_sources = int64_t{kMaxMeanRecomputeSources} *
+                              std::max<int64_t>(1, profile.activations_size());
+  if (sources > max_sources) {
+    // Recompute lineages this dense cost the planner cubic time (a valid
+    // 4k-activation profile with every activation rebuilt from all earlier
+    // ones took over a minute); real ops have a few inputs each.
+    return Bad(
+        "activations[].recompute_sources (total)", sources,
+        absl::StrCat("at most ", kMaxMeanRecomputeSources,
+                     " per activation on average (", max_sources, " for ",
+                     profile.activations_size(), " activations)"));
   }
   int64_t activation_bytes = 0;
   for (int i = 0; i < profile.activations_size(); ++i) {
@@ -153,6 +170,10 @@ absl::Status CheckProfileMagnitudes(const v1::Profile& profile) {
 absl::Status ValidateProfile(const v1::Profile& profile) {
   if (profile.batch_size() <= 0) {
     return Bad("batch_size", profile.batch_size(), "must be positive");
+  }
+  if (!profile.oom() && profile.nodes_size() == 0) {
+    return absl::InvalidArgumentError(
+        "nodes: the profile has no forward nodes");
   }
   MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
   if (profile.oom()) return absl::OkStatus();
@@ -553,6 +574,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   options.policy = PolicyFromProto(request.policy);
   options.allow_swap = request.allow_swap;
   options.record_curve = request.max_timeline_samples > 0;
+  options.interrupt = request.interrupt;
   MUTWO_ASSIGN_OR_RETURN(auto planner, Planner::Create(plan_profile, options));
   MUTWO_ASSIGN_OR_RETURN(
       int64_t budget_bytes,
@@ -572,6 +594,9 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   const int64_t correction = request.correction_bytes;
   PlanResult result =
       planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
+  if (request.interrupt != nullptr && request.interrupt->Stopped()) {
+    return request.interrupt->status();
+  }
   if (reserve > 0 || correction > 0) result.budget_bytes = budget_bytes;
   if (reserve > 0) {
     // The lowest budget that is feasible.
@@ -605,6 +630,9 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
       out->set_recomputed(pt.recomputed);
       out->set_swapped(pt.swapped);
     }
+  }
+  if (request.interrupt != nullptr && request.interrupt->Stopped()) {
+    return request.interrupt->status();
   }
   return schedule;
 }
