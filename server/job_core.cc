@@ -332,6 +332,14 @@ void JobCore::Reap() {
   }
   auto lost = store_->MarkLostWorkers(options_.worker_lost_after_ms);
   if (lost.ok() && !lost->empty()) changed = true;
+  auto forgotten =
+      store_->DeleteForgottenWorkers(options_.worker_forget_after_ms);
+  if (forgotten.ok() && *forgotten > 0) {
+    MUTWO_LOG(info, "forgot {} workers silent for over {} ms", *forgotten,
+              options_.worker_forget_after_ms);
+  } else if (!forgotten.ok()) {
+    MUTWO_LOG(error, "forget workers: {}", forgotten.status().ToString());
+  }
   RefreshGauges();
   if (changed) NotifyChange();
 }
@@ -650,25 +658,23 @@ absl::StatusOr<std::vector<v1::Task>> JobCore::ListTasks(
 }
 
 absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
-    const v1::LeaseTaskRequest& request) {
-  MUTWO_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
-  std::string device_kind;
-  bool known = false;
-  for (const auto& w : workers) {
-    if (w.worker_id() == request.worker_id()) {
-      device_kind = w.device().kind();
-      known = true;
-    }
-  }
-  if (!known) {
-    return absl::NotFoundError(
-        absl::StrCat("worker \"", request.worker_id(), "\" is not registered"));
-  }
+    const v1::LeaseTaskRequest& request, std::function<bool()> cancelled) {
+  // One row, not every worker: leasing stays flat however many registered.
+  MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo worker,
+                         store_->GetWorker(request.worker_id()));
+  auto refuse_stopped = [&](const v1::WorkerInfo& w) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker \"", w.worker_id(),
+        "\" deregistered (it said it stops); register again to lease"));
+  };
+  if (worker.state() == v1::WorkerInfo::STOPPED) return refuse_stopped(worker);
+  const std::string device_kind = worker.device().kind();
   MUTWO_RETURN_IF_ERROR(
       store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
   const int64_t wait_ms =
       std::clamp<int64_t>(request.wait_ms(), 0, options_.max_lease_wait_ms);
   const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+  auto gone = [&] { return cancelled && cancelled(); };
   v1::LeaseTaskResponse response;
   while (true) {
     int64_t generation;
@@ -677,9 +683,18 @@ absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
       if (stopping_) return response;
       generation = generation_;
     }
+    if (gone()) return absl::CancelledError("the lease poll was abandoned");
     MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> task,
                            store_->LeaseTask(request.worker_id(), device_kind,
                                              options_.lease_timeout_ms));
+    if (task.has_value() && gone()) {
+      // Nobody will receive this lease: give it back now instead of
+      // letting the task wait out the lease timeout.
+      MUTWO_RETURN_IF_ERROR(store_->ReleaseLease(
+          task->task_id(), task->fence_token(), request.worker_id()));
+      NotifyChange();
+      return absl::CancelledError("the lease poll was abandoned");
+    }
     if (task.has_value()) {
       MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task->job_id()));
       MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
@@ -693,15 +708,24 @@ absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
       *response.mutable_spec() = job.spec();
       response.set_lease_timeout_ms(options_.lease_timeout_ms);
       MUTWO_RETURN_IF_ERROR(Settle(job.job_id()));
-      RefreshGauges();
       NotifyChange();
       return response;
     }
-    absl::MutexLock lock(&mu_);
-    while (!stopping_ && generation_ == generation && absl::Now() < deadline) {
-      changed_.WaitWithDeadline(&mu_, deadline);
+    {
+      absl::MutexLock lock(&mu_);
+      // Woken by a change, or every 100 ms to see whether the caller left.
+      const absl::Time until =
+          std::min(deadline, absl::Now() + absl::Milliseconds(100));
+      while (!stopping_ && generation_ == generation && absl::Now() < until) {
+        changed_.WaitWithDeadline(&mu_, until);
+      }
+      if (stopping_ || absl::Now() >= deadline) return response;
     }
-    if (stopping_ || absl::Now() >= deadline) return response;
+    // A worker that deregistered meanwhile is leased nothing more.
+    MUTWO_ASSIGN_OR_RETURN(worker, store_->GetWorker(request.worker_id()));
+    if (worker.state() == v1::WorkerInfo::STOPPED) {
+      return refuse_stopped(worker);
+    }
   }
 }
 
@@ -716,6 +740,17 @@ absl::StatusOr<std::string> JobCore::ModelPath(const std::string& sha256) {
 absl::StatusOr<v1::HeartbeatResponse> JobCore::Heartbeat(
     const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
+  if (request.stopping()) {
+    // The worker deregisters: no task is leased to it any more (its running
+    // task, if any, it fails itself as it stops).
+    MUTWO_RETURN_IF_ERROR(
+        store_->TouchWorker(request.worker_id(), v1::WorkerInfo::STOPPED, ""));
+    MUTWO_LOG(info, "worker {} stopped (deregistered)", request.worker_id());
+    RefreshGauges();
+    NotifyChange();
+    response.set_lease_valid(false);
+    return response;
+  }
   if (request.task_id().empty()) {
     MUTWO_RETURN_IF_ERROR(
         store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));

@@ -92,6 +92,9 @@ class JobCore {
     int64_t max_model_bytes = int64_t{512} << 20;
     int max_concurrent_jobs = 0;       // 0: unlimited
     int64_t worker_lost_after_ms = 0;  // 0: 3 x lease timeout
+    // LOST and STOPPED workers are forgotten (deleted) this long after their
+    // last heartbeat.
+    int64_t worker_forget_after_ms = 60 * 60 * 1000;
     int64_t reaper_interval_ms = 500;
     int64_t max_lease_wait_ms = 30000;
     // Validation rounds per batch size and budget, the first included.
@@ -152,8 +155,12 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request,
       const std::string& principal = "");
+  // Long poll. `cancelled` (may be empty) tells whether the caller left: the
+  // wait ends, and a task leased for a caller that left is given back at
+  // once (not left to expire). FailedPrecondition for a STOPPED worker.
   [[nodiscard]] absl::StatusOr<v1::LeaseTaskResponse> LeaseTask(
-      const v1::LeaseTaskRequest& request);
+      const v1::LeaseTaskRequest& request,
+      std::function<bool()> cancelled = nullptr);
   [[nodiscard]] absl::StatusOr<std::string> ModelPath(
       const std::string& sha256);
   [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(

@@ -257,7 +257,11 @@ grpc::Status WorkerHubService::LeaseTask(grpc::ServerContext* context,
       !caller.ok()) {
     return timer.Done(caller.status());
   }
-  return timer.Done(Assign(core_->LeaseTask(*request), response));
+  // The long poll ends when the worker goes away, and a task leased for a
+  // poll nobody waits on any more is given back at once.
+  return timer.Done(Assign(
+      core_->LeaseTask(*request, [context] { return context->IsCancelled(); }),
+      response));
 }
 
 grpc::Status WorkerHubService::FetchModel(

@@ -947,6 +947,18 @@ absl::StatusOr<std::optional<v1::Task>> Store::LeaseTask(
   return task;
 }
 
+absl::Status Store::ReleaseLease(absl::string_view task_id, int64_t fence_token,
+                                 absl::string_view worker_id) {
+  return InTransaction([&]() -> absl::Status {
+    MUTWO_ASSIGN_OR_RETURN(v1::Task task, RequireLease(task_id, fence_token,
+                                                       worker_id, "release"));
+    task.set_state(v1::Task::QUEUED);
+    task.set_lease_owner("");
+    task.set_lease_expiry_unix_ms(0);
+    return WriteTaskState(task, NowMs());
+  });
+}
+
 absl::StatusOr<v1::Task> Store::ExtendLease(absl::string_view task_id,
                                             int64_t fence_token,
                                             absl::string_view worker_id,
@@ -1446,7 +1458,8 @@ absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
     owner->BindText(1, stored.worker_id());
     MUTWO_ASSIGN_OR_RETURN(bool row, owner->Step());
     const bool taken = row && owner->ColumnText(0) != principal &&
-                       owner->ColumnInt(1) != v1::WorkerInfo::LOST;
+                       owner->ColumnInt(1) != v1::WorkerInfo::LOST &&
+                       owner->ColumnInt(1) != v1::WorkerInfo::STOPPED;
     owner->Reset();
     if (taken) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -1456,7 +1469,8 @@ absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
     }
   }
   if (stored.state() == v1::WorkerInfo::STATE_UNSPECIFIED ||
-      stored.state() == v1::WorkerInfo::LOST) {
+      stored.state() == v1::WorkerInfo::LOST ||
+      stored.state() == v1::WorkerInfo::STOPPED) {
     stored.set_state(v1::WorkerInfo::IDLE);  // registering means alive
   }
   stored.set_last_heartbeat_unix_ms(now_ms);
@@ -1506,6 +1520,33 @@ absl::Status Store::TouchWorker(absl::string_view worker_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::WorkerInfo> Store::GetWorker(absl::string_view worker_id) {
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(std::optional<v1::WorkerInfo> worker,
+                         FindWorker(worker_id));
+  if (!worker.has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "worker ", Quote(worker_id), " is not registered; register first"));
+  }
+  return *std::move(worker);
+}
+
+absl::StatusOr<int64_t> Store::DeleteForgottenWorkers(int64_t older_than_ms) {
+  if (older_than_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("older_than_ms must be positive, got ", older_than_ms));
+  }
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(Stmt * del,
+                         db_->Prepare(absl::StrFormat(
+                             "DELETE FROM workers WHERE state IN (%d, %d) AND "
+                             "last_heartbeat_unix_ms < ?1",
+                             v1::WorkerInfo::LOST, v1::WorkerInfo::STOPPED)));
+  del->BindInt(1, NowMs() - older_than_ms);
+  MUTWO_RETURN_IF_ERROR(del->Run());  // one statement: atomic
+  return db_->Changes();
+}
+
 absl::StatusOr<std::vector<v1::WorkerInfo>> Store::ListWorkers() {
   absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(Stmt * stmt,
@@ -1540,10 +1581,10 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Store::MarkLostWorkers(
   const int64_t cutoff_ms = NowMs() - older_than_ms;
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * stmt,
-      db_->Prepare(absl::StrFormat("SELECT %s FROM workers WHERE state <> %d "
-                                   "AND last_heartbeat_unix_ms < ?1 "
-                                   "ORDER BY worker_id",
-                                   kWorkerColumns, v1::WorkerInfo::LOST)));
+      db_->Prepare(absl::StrFormat(
+          "SELECT %s FROM workers WHERE state NOT IN (%d, %d) "
+          "AND last_heartbeat_unix_ms < ?1 ORDER BY worker_id",
+          kWorkerColumns, v1::WorkerInfo::LOST, v1::WorkerInfo::STOPPED)));
   stmt->BindInt(1, cutoff_ms);
   std::vector<v1::WorkerInfo> lost;
   while (true) {

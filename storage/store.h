@@ -193,6 +193,12 @@ class Store {
   // token is bound to the worker it was handed to, so PermissionDenied when
   // `worker_id` is not the task's lease owner (a guessed or stolen fence).
   //
+  // Gives a lease back untouched (the poll that took it was abandoned
+  // before the worker saw it): QUEUED again with the same attempt, no lease
+  // owner. Same checks as ExtendLease.
+  [[nodiscard]] absl::Status ReleaseLease(absl::string_view task_id,
+                                          int64_t fence_token,
+                                          absl::string_view worker_id);
   // Heartbeat: expiry = now + lease_ms. FailedPrecondition when the fence is
   // stale or the task is no longer LEASED (re-queued, cancelled, done).
   [[nodiscard]] absl::StatusOr<v1::Task> ExtendLease(
@@ -296,6 +302,14 @@ class Store {
                                          v1::WorkerInfo::State state,
                                          absl::string_view current_task_id);
   [[nodiscard]] absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // One worker (NotFound when not registered): what leasing needs, without
+  // reading every worker.
+  [[nodiscard]] absl::StatusOr<v1::WorkerInfo> GetWorker(
+      absl::string_view worker_id);
+  // Forgets workers LOST or STOPPED whose last heartbeat is older than now -
+  // older_than_ms (their ids may be registered again); returns how many.
+  [[nodiscard]] absl::StatusOr<int64_t> DeleteForgottenWorkers(
+      int64_t older_than_ms);
   // Workers not LOST whose last heartbeat is older than now - older_than_ms
   // become LOST; returns them.
   [[nodiscard]] absl::StatusOr<std::vector<v1::WorkerInfo>> MarkLostWorkers(

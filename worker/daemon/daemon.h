@@ -71,6 +71,9 @@ class WorkerDaemon {
   // Runs until Shutdown() or max_tasks; returns the last fatal error if any.
   absl::Status Run();
   void Shutdown();
+  // Tells the server this worker stops (Heartbeat with `stopping`), so it
+  // is leased nothing more; Run() does it on its way out.
+  void Deregister();
 
  private:
   explicit WorkerDaemon(Options options);
