@@ -124,13 +124,25 @@ PlanFn PlannerPlanFn(int pareto_points) {
 // ---------------------------------------------------------------------------
 // UploadSession
 
+UploadSession::UploadSession(int64_t max_model_bytes, OpenFile open_file,
+                             std::function<absl::Status(int64_t)> admit,
+                             std::function<void()> done)
+    : max_model_bytes_(max_model_bytes),
+      open_file_(std::move(open_file)),
+      admit_(std::move(admit)),
+      done_(std::move(done)) {}
+
+UploadSession::~UploadSession() {
+  if (done_) done_();
+}
+
 absl::Status UploadSession::Header(const v1::UploadModelHeader& header) {
   if (has_header_) {
     return absl::InvalidArgumentError("upload: a second header was sent");
   }
   if (!IsSha256Hex(header.sha256())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("upload: sha256 \"", header.sha256(),
+        absl::StrCat("upload: sha256 \"", header.sha256().substr(0, 80),
                      "\" is not 64 lowercase hex digits"));
   }
   if (header.size_bytes() <= 0) {
@@ -143,9 +155,14 @@ absl::Status UploadSession::Header(const v1::UploadModelHeader& header) {
                      " bytes is over the limit of ", max_model_bytes_,
                      " bytes (--max_model_bytes)"));
   }
+  if (admit_) {
+    MUTWO_RETURN_IF_ERROR(admit_(header.size_bytes()));
+  }
+  if (open_file_) {
+    MUTWO_ASSIGN_OR_RETURN(file_, open_file_());
+  }
   header_ = header;
   has_header_ = true;
-  bytes_.reserve(static_cast<size_t>(header.size_bytes()));
   return absl::OkStatus();
 }
 
@@ -158,28 +175,30 @@ absl::Status UploadSession::Chunk(const std::string& bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "upload: chunk of ", bytes.size(), " bytes is over the 1 MiB limit"));
   }
-  if (static_cast<int64_t>(bytes_.size() + bytes.size()) >
-      header_.size_bytes()) {
-    const bool over_limit =
-        static_cast<int64_t>(bytes_.size() + bytes.size()) > max_model_bytes_;
+  const int64_t total = received_ + static_cast<int64_t>(bytes.size());
+  if (total > header_.size_bytes()) {
     const std::string msg =
         absl::StrCat("upload: received more than the declared ",
                      header_.size_bytes(), " bytes");
-    return over_limit ? absl::ResourceExhaustedError(msg)
-                      : absl::InvalidArgumentError(msg);
+    return total > max_model_bytes_ ? absl::ResourceExhaustedError(msg)
+                                    : absl::InvalidArgumentError(msg);
   }
-  bytes_ += bytes;
+  sha_.Update(bytes);
+  if (file_ != nullptr) {
+    MUTWO_RETURN_IF_ERROR(file_->Append(bytes));
+  }
+  received_ = total;
   return absl::OkStatus();
 }
 
 absl::Status UploadSession::Finish() {
   if (!has_header_) return absl::InvalidArgumentError("upload: no header sent");
-  if (static_cast<int64_t>(bytes_.size()) != header_.size_bytes()) {
+  if (received_ != header_.size_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload: declared ", header_.size_bytes(),
-                     " bytes but received ", bytes_.size()));
+                     " bytes but received ", received_));
   }
-  const std::string got = Sha256Hex(bytes_);
+  const std::string got = sha_.HexDigest();
   if (got != header_.sha256()) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload: declared sha256 ", header_.sha256(),
@@ -344,12 +363,60 @@ void JobCore::Reap() {
   if (changed) NotifyChange();
 }
 
+absl::StatusOr<std::unique_ptr<UploadSession>> JobCore::NewUpload(
+    const std::string& principal) {
+  const int64_t max_bytes = options_.max_upload_bytes_per_client > 0
+                                ? options_.max_upload_bytes_per_client
+                                : 2 * options_.max_model_bytes;
+  {
+    absl::MutexLock lock(&uploads_mu_);
+    ClientUploads& mine = uploads_[principal];
+    if (mine.running >= options_.max_uploads_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("upload: ", mine.running,
+                       " uploads of this client are running, "
+                       "the limit is ",
+                       options_.max_uploads_per_client,
+                       " (--max_uploads_per_client); retry when one ended"));
+    }
+    ++mine.running;
+  }
+  auto admitted = std::make_shared<int64_t>(0);
+  return std::make_unique<UploadSession>(
+      options_.max_model_bytes, [this] { return store_->NewModelFile(); },
+      [this, principal, max_bytes, admitted](int64_t declared) {
+        absl::MutexLock lock(&uploads_mu_);
+        ClientUploads& mine = uploads_[principal];
+        if (mine.declared_bytes + declared > max_bytes) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("upload: this client's running uploads declare ",
+                           mine.declared_bytes, " bytes; ", declared,
+                           " more would pass the limit of ", max_bytes,
+                           " bytes (--max_upload_bytes_per_client)"));
+        }
+        mine.declared_bytes += declared;
+        *admitted = declared;
+        return absl::OkStatus();
+      },
+      [this, principal, admitted] {
+        absl::MutexLock lock(&uploads_mu_);
+        auto it = uploads_.find(principal);
+        if (it == uploads_.end()) return;
+        it->second.declared_bytes -= *admitted;
+        if (--it->second.running <= 0) uploads_.erase(it);
+      });
+}
+
 absl::StatusOr<v1::UploadModelResponse> JobCore::StoreUpload(
-    const UploadSession& upload, const std::string& uploader) {
+    UploadSession& upload, const std::string& uploader) {
+  if (upload.file() == nullptr) {
+    return absl::FailedPreconditionError(
+        "upload: the session has no file (not made by NewUpload)");
+  }
   MUTWO_ASSIGN_OR_RETURN(
       storage::PutModelResult put,
-      store_->PutModel(upload.header().sha256(), upload.header().name(),
-                       upload.header().size_bytes(), upload.bytes()));
+      store_->PutModelFile(upload.header().sha256(), upload.header().name(),
+                           upload.header().size_bytes(), *upload.file()));
   MUTWO_RETURN_IF_ERROR(
       store_->RecordModelUpload(upload.header().sha256(), uploader));
   metrics_->CountUpload(!put.already_stored);

@@ -30,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sha256.h"
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
@@ -63,23 +64,42 @@ PlanFn PlannerPlanFn(int pareto_points);
 using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
     const std::vector<v1::Profile>& profiles, double max_overhead)>;
 
-// Verifies one streamed upload: header first, then chunks; nothing touches
-// the store until Finish() has checked the size and the sha256.
+// Verifies one streamed upload: header first, then chunks. The bytes are
+// never held in memory: each chunk is hashed and appended to a temp file of
+// the model store (`open_file`; none: only hashed, for tests), which only
+// becomes a model once Finish() has checked the size and the sha256 and
+// JobCore::StoreUpload commits it. `admit` (may be empty) is asked for the
+// declared size before anything is written (the per-client byte quota);
+// `done` runs when the session ends, however it ends.
 class UploadSession {
  public:
-  UploadSession(int64_t max_model_bytes) : max_model_bytes_(max_model_bytes) {}
+  using OpenFile =
+      std::function<absl::StatusOr<std::unique_ptr<storage::TempFile>>()>;
+  explicit UploadSession(int64_t max_model_bytes, OpenFile open_file = nullptr,
+                         std::function<absl::Status(int64_t)> admit = nullptr,
+                         std::function<void()> done = nullptr);
+  ~UploadSession();
+  UploadSession(const UploadSession&) = delete;
+  UploadSession& operator=(const UploadSession&) = delete;
   [[nodiscard]] absl::Status Header(const v1::UploadModelHeader& header);
   [[nodiscard]] absl::Status Chunk(const std::string& bytes);
-  // The verified bytes and header; errors name the mismatch.
+  // Errors name the mismatch.
   [[nodiscard]] absl::Status Finish();
   const v1::UploadModelHeader& header() const { return header_; }
-  const std::string& bytes() const { return bytes_; }
+  int64_t received_bytes() const { return received_; }
+  // The temp file holding the bytes (null without `open_file`).
+  storage::TempFile* file() { return file_.get(); }
 
  private:
   int64_t max_model_bytes_;
+  OpenFile open_file_;
+  std::function<absl::Status(int64_t)> admit_;
+  std::function<void()> done_;
   bool has_header_ = false;
   v1::UploadModelHeader header_;
-  std::string bytes_;
+  Sha256 sha_;
+  int64_t received_ = 0;
+  std::unique_ptr<storage::TempFile> file_;
 };
 
 class JobCore {
@@ -105,6 +125,10 @@ class JobCore {
     // Time allowed to plan one schedule (with its Pareto curve); past it
     // the request fails with DeadlineExceeded (--max_plan_ms).
     int64_t max_plan_ms = 10000;
+    // Uploads running at once per principal, and their declared bytes
+    // together (0: 2 x max_model_bytes).
+    int max_uploads_per_client = 2;
+    int64_t max_upload_bytes_per_client = 0;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -118,8 +142,15 @@ class JobCore {
   // (server/auth/authorizer.h); the core records the identities it is given:
   // the uploader of a model, the owner of a job ('' when authentication is
   // off), the principal a worker id is bound to.
+  // A new upload of `principal`, streamed to a temp file of the store.
+  // ResourceExhausted when the principal already runs
+  // Options::max_uploads_per_client uploads; its Header() is refused when
+  // the declared sizes of the principal's running uploads would pass
+  // Options::max_upload_bytes_per_client.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<UploadSession>> NewUpload(
+      const std::string& principal);
   [[nodiscard]] absl::StatusOr<v1::UploadModelResponse> StoreUpload(
-      const UploadSession& upload, const std::string& uploader = "");
+      UploadSession& upload, const std::string& uploader = "");
   [[nodiscard]] absl::StatusOr<v1::SubmitJobResponse> SubmitJob(
       const v1::SubmitJobRequest& request, const std::string& owner = "");
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
@@ -274,6 +305,14 @@ class JobCore {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
+
+  struct ClientUploads {
+    int running = 0;
+    int64_t declared_bytes = 0;
+  };
+  absl::Mutex uploads_mu_;
+  absl::flat_hash_map<std::string, ClientUploads> uploads_
+      ABSL_GUARDED_BY(uploads_mu_);
 
   absl::Mutex hot_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::JobSpec>>

@@ -92,16 +92,20 @@ grpc::Status PlannerService::UploadModel(
   RpcTimer timer(metrics_, "UploadModel");
   auto caller = auth_->ForUpload(*context);
   if (!caller.ok()) return timer.Done(caller.status());
-  UploadSession upload(max_model_bytes_);
+  // Streamed to a temp file chunk by chunk (never whole in memory), within
+  // the caller's concurrency and byte quota.
+  auto upload = core_->NewUpload(caller->name);
+  if (!upload.ok()) return timer.Done(upload.status());
   v1::UploadModelRequest message;
   while (reader->Read(&message)) {
-    absl::Status s = message.has_header() ? upload.Header(message.header())
-                                          : upload.Chunk(message.chunk());
+    absl::Status s = message.has_header() ? (*upload)->Header(message.header())
+                                          : (*upload)->Chunk(message.chunk());
     // Stop reading at the first error: nothing has been stored.
     if (!s.ok()) return timer.Done(s);
   }
-  if (absl::Status s = upload.Finish(); !s.ok()) return timer.Done(s);
-  return timer.Done(Assign(core_->StoreUpload(upload, caller->name), response));
+  if (absl::Status s = (*upload)->Finish(); !s.ok()) return timer.Done(s);
+  return timer.Done(
+      Assign(core_->StoreUpload(**upload, caller->name), response));
 }
 
 grpc::Status PlannerService::SubmitJob(grpc::ServerContext* context,

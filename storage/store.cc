@@ -418,6 +418,11 @@ absl::StatusOr<std::optional<ModelInfo>> Store::FindModel(
   return info;
 }
 
+absl::StatusOr<std::unique_ptr<TempFile>> Store::NewModelFile() {
+  return TempFile::Create(absl::StrCat(options_.data_dir, "/", kModelsDir),
+                          "upload");
+}
+
 absl::StatusOr<PutModelResult> Store::PutModel(absl::string_view sha256,
                                                absl::string_view name,
                                                int64_t size_bytes,
@@ -428,24 +433,45 @@ absl::StatusOr<PutModelResult> Store::PutModel(absl::string_view sha256,
         "model ", sha256, ": declared size ", size_bytes,
         " bytes but received ", bytes.size(), " bytes; nothing stored"));
   }
-  MUTWO_ASSIGN_OR_RETURN(const std::string path, ModelPath(sha256));
-  {
-    absl::MutexLock lock(&mutex_);
-    MUTWO_ASSIGN_OR_RETURN(std::optional<ModelInfo> existing,
-                           FindModel(sha256));
-    if (existing.has_value()) {
-      absl::StatusOr<int64_t> on_disk = FileSize(path);
-      if (on_disk.ok() && *on_disk == existing->size_bytes) {
-        return PutModelResult{*std::move(existing), true};
-      }
-      // The row outlived its file (deleted by hand): write the file again.
-    }
-  }
+  MUTWO_ASSIGN_OR_RETURN(std::optional<PutModelResult> stored,
+                         StoredModel(sha256));
+  if (stored.has_value()) return *std::move(stored);
   // The file write (fsyncs included) runs without the lock, so other calls
   // are not held up by a large upload; rename makes it atomic.
-  MUTWO_RETURN_IF_ERROR(
-      WriteFileDurably(absl::StrCat(options_.data_dir, "/", kModelsDir),
-                       absl::StrCat(sha256, ".pt"), bytes));
+  MUTWO_ASSIGN_OR_RETURN(std::unique_ptr<TempFile> file, NewModelFile());
+  MUTWO_RETURN_IF_ERROR(file->Append(bytes));
+  return PutModelFile(sha256, name, size_bytes, *file);
+}
+
+absl::StatusOr<std::optional<PutModelResult>> Store::StoredModel(
+    absl::string_view sha256) {
+  MUTWO_ASSIGN_OR_RETURN(const std::string path, ModelPath(sha256));
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(std::optional<ModelInfo> existing, FindModel(sha256));
+  if (existing.has_value()) {
+    absl::StatusOr<int64_t> on_disk = FileSize(path);
+    if (on_disk.ok() && *on_disk == existing->size_bytes) {
+      return PutModelResult{*std::move(existing), true};
+    }
+    // The row outlived its file (deleted by hand): write the file again.
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<PutModelResult> Store::PutModelFile(absl::string_view sha256,
+                                                   absl::string_view name,
+                                                   int64_t size_bytes,
+                                                   TempFile& file) {
+  MUTWO_RETURN_IF_ERROR(ValidateSha256(sha256));
+  if (size_bytes != file.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", sha256, ": declared size ", size_bytes,
+        " bytes but received ", file.size(), " bytes; nothing stored"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(std::optional<PutModelResult> stored,
+                         StoredModel(sha256));
+  if (stored.has_value()) return *std::move(stored);  // `file` is dropped
+  MUTWO_RETURN_IF_ERROR(file.Commit(absl::StrCat(sha256, ".pt")));
   absl::MutexLock lock(&mutex_);
   Transaction txn(db_.get());
   MUTWO_RETURN_IF_ERROR(txn.Begin());

@@ -37,6 +37,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "mutwo/v1/types.pb.h"
+#include "storage/durable_file.h"
 #include "storage/schedule_key.h"
 #include "storage/sqlite.h"
 
@@ -132,6 +133,15 @@ class Store {
   [[nodiscard]] absl::StatusOr<PutModelResult> PutModel(
       absl::string_view sha256, absl::string_view name, int64_t size_bytes,
       absl::string_view bytes);
+  // A temp file in the model directory for an upload streamed to disk
+  // (JobCore's UploadSession), for PutModelFile.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<TempFile>> NewModelFile();
+  // PutModel for bytes already written to `file` (NewModelFile): the file
+  // becomes models/<sha256>.pt unless the model is stored already (then it
+  // is dropped). `size_bytes` must equal the file's size.
+  [[nodiscard]] absl::StatusOr<PutModelResult> PutModelFile(
+      absl::string_view sha256, absl::string_view name, int64_t size_bytes,
+      TempFile& file);
   [[nodiscard]] absl::StatusOr<bool> HasModel(absl::string_view sha256);
   // The file path for a stored model (InvalidArgument for a malformed sha256;
   // the file exists only if HasModel).
@@ -374,6 +384,9 @@ class Store {
       absl::string_view table);
   absl::StatusOr<std::optional<ModelInfo>> FindModel(absl::string_view sha256)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The model's row and file, when both are there (PutModel need not write).
+  absl::StatusOr<std::optional<PutModelResult>> StoredModel(
+      absl::string_view sha256) ABSL_LOCKS_EXCLUDED(mutex_);
   absl::StatusOr<std::optional<v1::Job>> FindJob(absl::string_view job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<v1::Job> RequireJob(absl::string_view job_id)

@@ -628,6 +628,53 @@ TEST(UploadSessionTest, VerifiesSizeHashAndLimit) {
   }
 }
 
+// Uploads stream to a temp file of the store (never whole in memory), and a
+// principal runs at most 2 at once with at most 2 x max_model_bytes (2 MiB
+// here) declared between them.
+TEST_F(JobCoreTest, UploadsStreamToDiskWithinPerClientLimits) {
+  const std::string bytes(300 << 10, 'm');
+  v1::UploadModelHeader header;
+  header.set_sha256(Sha256Hex(bytes));
+  header.set_size_bytes(bytes.size());
+  header.set_name("streamed");
+  auto first = core_->NewUpload("alice");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->Header(header).ok());
+  ASSERT_NE((*first)->file(), nullptr);
+  const std::string temp = (*first)->file()->path();
+  ASSERT_TRUE((*first)->Chunk(bytes.substr(0, 100 << 10)).ok());
+  // Already on disk while the upload runs.
+  EXPECT_EQ(std::filesystem::file_size(temp), size_t{100} << 10);
+  auto second = core_->NewUpload("alice");
+  ASSERT_TRUE(second.ok());
+  auto third = core_->NewUpload("alice");
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_TRUE(core_->NewUpload("bob").ok()) << "another client is not limited";
+  // The byte quota: 300 KiB running, 1.9 MiB more would pass 2 MiB.
+  v1::UploadModelHeader big = header;
+  big.set_size_bytes(1900 << 10);
+  EXPECT_TRUE(absl::IsResourceExhausted((*second)->Header(big)));
+  ASSERT_TRUE((*first)->Chunk(bytes.substr(100 << 10)).ok());
+  ASSERT_TRUE((*first)->Finish().ok());
+  auto stored = core_->StoreUpload(**first, "alice");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_FALSE(std::filesystem::exists(temp));
+  EXPECT_EQ(std::filesystem::file_size(*store_->ModelPath(header.sha256())),
+            bytes.size());
+  first->reset();
+  second->reset();
+  EXPECT_TRUE(core_->NewUpload("alice").ok()) << "slots are given back";
+  // An abandoned upload leaves no file behind.
+  {
+    auto abandoned = core_->NewUpload("carol");
+    ASSERT_TRUE((*abandoned)->Header(header).ok());
+    const std::string path = (*abandoned)->file()->path();
+    ASSERT_TRUE((*abandoned)->Chunk("partial").ok());
+    abandoned->reset();
+    EXPECT_FALSE(std::filesystem::exists(path));
+  }
+}
+
 // Issue 17: a job for a device kind no live worker has says so, and the
 // gauge counts it, until such a worker registers.
 TEST_F(JobCoreTest, JobWaitingForADeviceNoLiveWorkerHasSaysWhy) {
