@@ -229,12 +229,16 @@ class FuzzTest : public ::testing::Test {
             leased.task().task_id(),
             "cpu",
             "60%"};
+    worker_id_ = registered.worker_id();
+    task_ = leased.task();
   }
 
   std::filesystem::path dir_;
   std::unique_ptr<MutwoServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::vector<std::string> ids_;
+  std::string worker_id_;
+  v1::Task task_;  // leased by worker_id_
 };
 
 TEST_F(FuzzTest, EveryRequestTypeGetsADefinedStatus) {
@@ -322,6 +326,105 @@ TEST_F(FuzzTest, EveryRequestTypeGetsADefinedStatus) {
   std::cout << "{\"fuzz_requests\": " << requests << ", \"codes\": " << json
             << "}, \"undefined\": " << undefined.size() << "}\n";
   for (const std::string& u : undefined) ADD_FAILURE() << u;
+
+  // Profiles with one field spoiled, reported by the worker that holds the
+  // lease (so only validation stands between them and the store).
+  auto hub = v1::WorkerHub::NewStub(channel_);
+  {
+    // A fresh worker and lease: the fuzzer may have cancelled the seeded
+    // job or deregistered the seeded worker.
+    grpc::ClientContext reg_ctx;
+    v1::RegisterWorkerRequest reg;
+    reg.mutable_worker()->mutable_device()->set_kind("cpu");
+    v1::RegisterWorkerResponse registered;
+    ASSERT_TRUE(hub->RegisterWorker(&reg_ctx, reg, &registered).ok());
+    worker_id_ = registered.worker_id();
+    auto planner_stub = v1::Planner::NewStub(channel_);
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      grpc::ClientContext submit_ctx;
+      v1::SubmitJobRequest submit;
+      submit.mutable_spec()->set_model_sha256(ids_[0]);
+      *submit.mutable_spec()->add_inputs() =
+          *ParseTensorSpec("x:float32[B,16]");
+      submit.mutable_spec()->add_batch_sizes(2);
+      v1::SubmitJobResponse submitted;
+      ASSERT_TRUE(
+          planner_stub->SubmitJob(&submit_ctx, submit, &submitted).ok());
+      grpc::ClientContext lease_ctx;
+      v1::LeaseTaskRequest lease;
+      lease.set_worker_id(worker_id_);
+      v1::LeaseTaskResponse leased;
+      ASSERT_TRUE(hub->LeaseTask(&lease_ctx, lease, &leased).ok());
+      if (leased.task().kind() == v1::Task::PROFILE) {
+        task_ = leased.task();
+        break;
+      }
+    }
+    ASSERT_FALSE(task_.task_id().empty());
+  }
+  std::mt19937_64 rng(seed);
+  int64_t refused = 0, accepted = 0;
+  const int64_t profile_reports = std::max<int64_t>(200, requests / 100);
+  for (int64_t i = 0; i < profile_reports; ++i) {
+    v1::ReportProfileRequest r;
+    r.set_worker_id(worker_id_);
+    r.set_task_id(task_.task_id());
+    r.set_fence_token(task_.fence_token());
+    v1::Profile* p = r.mutable_profile();
+    *p = testing::ChainProfile(task_.batch_size());
+    // One random scalar of a random node, activation or step.
+    pb::Message* target = p;
+    switch (rng() % 4) {
+      case 0:
+        target = p->mutable_nodes(rng() % p->nodes_size());
+        break;
+      case 1:
+        target = p->mutable_activations(rng() % p->activations_size());
+        break;
+      case 2:
+        target = p->mutable_backward_steps(rng() % p->backward_steps_size());
+        break;
+      default:
+        target = p->mutable_fixed();
+        break;
+    }
+    const pb::Descriptor* d = target->GetDescriptor();
+    const pb::FieldDescriptor* f = d->field(rng() % d->field_count());
+    const int64_t values[] = {-1, 0, 1, 1000000, INT64_MIN, INT64_MAX};
+    const int64_t v = values[rng() % 6];
+    const pb::Reflection* refl = target->GetReflection();
+    switch (f->cpp_type()) {
+      case pb::FieldDescriptor::CPPTYPE_INT64:
+        f->is_repeated() ? refl->AddInt64(target, f, v)
+                         : refl->SetInt64(target, f, v);
+        break;
+      case pb::FieldDescriptor::CPPTYPE_INT32:
+        f->is_repeated() ? refl->AddInt32(target, f, static_cast<int32_t>(v))
+                         : refl->SetInt32(target, f, static_cast<int32_t>(v));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+        if (!f->is_repeated()) refl->SetDouble(target, f, -1.0 * (rng() % 3));
+        break;
+      default:
+        break;
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(10));
+    v1::ReportResponse response;
+    const grpc::Status s = hub->ReportProfile(&ctx, r, &response);
+    if (s.ok()) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << s.error_message();
+      EXPECT_FALSE(s.error_message().empty());
+      ++refused;
+    }
+  }
+  std::cout << "{\"spoiled_profile_reports\": " << profile_reports
+            << ", \"refused\": " << refused << ", \"accepted\": " << accepted
+            << "}\n";
 
   // Still serving: a well-formed call answers.
   auto planner = v1::Planner::NewStub(channel_);
