@@ -32,7 +32,8 @@ ABSL_FLAG(int32_t, validation_rounds, 3,
           "over its budget is re-planned below it by the overshoot and "
           "validated again, at most this many rounds in all");
 ABSL_FLAG(int32_t, max_uploads_per_client, 2,
-          "uploads one principal may run at once (RESOURCE_EXHAUSTED past it)");
+          "uploads one principal may run at once; more are refused with "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, max_upload_bytes_per_client, "",
           "declared bytes of one principal's running uploads together, e.g. "
           "1GiB; empty: twice --max_model_bytes");
