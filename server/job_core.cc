@@ -774,7 +774,7 @@ absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
       *response.mutable_task() = *std::move(task);
       *response.mutable_spec() = job.spec();
       response.set_lease_timeout_ms(options_.lease_timeout_ms);
-      MUTWO_RETURN_IF_ERROR(Settle(job.job_id()));
+      MUTWO_RETURN_IF_ERROR(Settle(job.job_id(), /*refresh_gauges=*/false));
       NotifyChange();
       return response;
     }
@@ -1258,19 +1258,19 @@ absl::Status JobCore::FailTask(const v1::FailTaskRequest& request) {
   return absl::OkStatus();
 }
 
-absl::Status JobCore::Settle(const std::string& job_id) {
+absl::Status JobCore::Settle(const std::string& job_id, bool refresh_gauges) {
   v1::Job job;
   MUTWO_RETURN_IF_ERROR(
       store_->Write([&](storage::Store::Writer& w) -> absl::Status {
         MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, job_id));
         return absl::OkStatus();
       }));
-  AfterSettle(job);
+  AfterSettle(job, refresh_gauges);
   return absl::OkStatus();
 }
 
-void JobCore::AfterSettle(const v1::Job& job) {
-  RefreshGauges();
+void JobCore::AfterSettle(const v1::Job& job, bool refresh_gauges) {
+  if (refresh_gauges) RefreshGauges();
   if (IsFinal(job.state())) {
     MUTWO_LOG(info, "job {} {}{}", job.job_id(),
               v1::Job::State_Name(job.state()),

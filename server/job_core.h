@@ -269,13 +269,15 @@ class JobCore {
   // Recomputes the job's state and counters from its tasks after any task
   // change (a failed or cancelled VALIDATE task fails its budget's
   // outcome), and finishes the job when no task is left to run.
-  absl::Status Settle(const std::string& job_id);
+  // `refresh_gauges` false on the lease path: the gauges read every worker,
+  // and the reaper refreshes them twice a second anyway.
+  absl::Status Settle(const std::string& job_id, bool refresh_gauges = true);
   // Settle's decision inside the caller's transaction, so a report, a
   // submit or a cancel changes its tasks and its job state together.
   absl::StatusOr<v1::Job> SettleIn(storage::Store::Writer& w,
                                    const std::string& job_id);
   // Gauges and the final-state log line after a settled job committed.
-  void AfterSettle(const v1::Job& job);
+  void AfterSettle(const v1::Job& job, bool refresh_gauges = true);
   void NotifyChange();
   void RefreshGauges();
   // Sets job.waiting (see types.proto) for an unfinished job with queued
