@@ -452,5 +452,35 @@ TEST_F(FuzzTest, EveryRequestTypeGetsADefinedStatus) {
   std::cout << "{\"profiles_stored\": " << profiles << "}\n";
 }
 
+// SIGTERM with a WatchJob stream open (issue 15: the drain took its whole
+// 10 s timeout at ~100% CPU): the stream ends with UNAVAILABLE as soon as
+// the server shuts down, so the drain is short.
+TEST_F(FuzzTest, ShutdownWithAWatchOpenDrainsAtOnce) {
+  auto planner = v1::Planner::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WatchJobRequest watch;
+  watch.set_job_id(ids_[1]);
+  auto reader = planner->WatchJob(&ctx, watch);
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));  // the watch is open
+  std::thread watcher([&] {
+    while (reader->Read(&event)) {
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  server_->Shutdown(absl::Seconds(10));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  watcher.join();
+  const grpc::Status status = reader->Finish();
+  server_.reset();
+  std::cout << "{\"drain_s_with_watch_open\": " << seconds << "}\n";
+  EXPECT_LT(seconds, 2.0);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+}
+
 }  // namespace
 }  // namespace mutwo
