@@ -116,6 +116,7 @@ PlanFn PlannerPlanFn(int pareto_points) {
         r.policy = request.policy;
         r.pareto_points = request.include_pareto ? pareto_points : 0;
         r.correction_bytes = request.correction_bytes;
+        r.interrupt = request.interrupt;
         return planner::PlanSchedule(profile, r);
       };
 }
@@ -123,13 +124,25 @@ PlanFn PlannerPlanFn(int pareto_points) {
 // ---------------------------------------------------------------------------
 // UploadSession
 
+UploadSession::UploadSession(int64_t max_model_bytes, OpenFile open_file,
+                             std::function<absl::Status(int64_t)> admit,
+                             std::function<void()> done)
+    : max_model_bytes_(max_model_bytes),
+      open_file_(std::move(open_file)),
+      admit_(std::move(admit)),
+      done_(std::move(done)) {}
+
+UploadSession::~UploadSession() {
+  if (done_) done_();
+}
+
 absl::Status UploadSession::Header(const v1::UploadModelHeader& header) {
   if (has_header_) {
     return absl::InvalidArgumentError("upload: a second header was sent");
   }
   if (!IsSha256Hex(header.sha256())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("upload: sha256 \"", header.sha256(),
+        absl::StrCat("upload: sha256 \"", header.sha256().substr(0, 80),
                      "\" is not 64 lowercase hex digits"));
   }
   if (header.size_bytes() <= 0) {
@@ -142,9 +155,14 @@ absl::Status UploadSession::Header(const v1::UploadModelHeader& header) {
                      " bytes is over the limit of ", max_model_bytes_,
                      " bytes (--max_model_bytes)"));
   }
+  if (admit_) {
+    MUTWO_RETURN_IF_ERROR(admit_(header.size_bytes()));
+  }
+  if (open_file_) {
+    MUTWO_ASSIGN_OR_RETURN(file_, open_file_());
+  }
   header_ = header;
   has_header_ = true;
-  bytes_.reserve(static_cast<size_t>(header.size_bytes()));
   return absl::OkStatus();
 }
 
@@ -157,28 +175,30 @@ absl::Status UploadSession::Chunk(const std::string& bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "upload: chunk of ", bytes.size(), " bytes is over the 1 MiB limit"));
   }
-  if (static_cast<int64_t>(bytes_.size() + bytes.size()) >
-      header_.size_bytes()) {
-    const bool over_limit =
-        static_cast<int64_t>(bytes_.size() + bytes.size()) > max_model_bytes_;
+  const int64_t total = received_ + static_cast<int64_t>(bytes.size());
+  if (total > header_.size_bytes()) {
     const std::string msg =
         absl::StrCat("upload: received more than the declared ",
                      header_.size_bytes(), " bytes");
-    return over_limit ? absl::ResourceExhaustedError(msg)
-                      : absl::InvalidArgumentError(msg);
+    return total > max_model_bytes_ ? absl::ResourceExhaustedError(msg)
+                                    : absl::InvalidArgumentError(msg);
   }
-  bytes_ += bytes;
+  sha_.Update(bytes);
+  if (file_ != nullptr) {
+    MUTWO_RETURN_IF_ERROR(file_->Append(bytes));
+  }
+  received_ = total;
   return absl::OkStatus();
 }
 
 absl::Status UploadSession::Finish() {
   if (!has_header_) return absl::InvalidArgumentError("upload: no header sent");
-  if (static_cast<int64_t>(bytes_.size()) != header_.size_bytes()) {
+  if (received_ != header_.size_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload: declared ", header_.size_bytes(),
-                     " bytes but received ", bytes_.size()));
+                     " bytes but received ", received_));
   }
-  const std::string got = Sha256Hex(bytes_);
+  const std::string got = sha_.HexDigest();
   if (got != header_.sha256()) {
     return absl::InvalidArgumentError(
         absl::StrCat("upload: declared sha256 ", header_.sha256(),
@@ -225,6 +245,9 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
     return absl::InvalidArgumentError(
         "the re-plan margin must be a fraction of the budget in [0, 1)");
   }
+  if (options.max_plan_ms <= 0) {
+    return absl::InvalidArgumentError("max_plan_ms must be positive");
+  }
   if (options.worker_lost_after_ms <= 0) {
     options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
   }
@@ -234,7 +257,25 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
 
 JobCore::~JobCore() { Shutdown(); }
 
+absl::Status JobCore::RecoverUnfinishedJobs() {
+  storage::ListJobsQuery query;
+  query.states = {v1::Job::QUEUED, v1::Job::PROFILING, v1::Job::PLANNING,
+                  v1::Job::VALIDATING};
+  query.page_size = storage::Store::kMaxPageSize;
+  std::vector<std::string> ids;
+  do {
+    MUTWO_ASSIGN_OR_RETURN(storage::JobPage page, store_->ListJobs(query));
+    for (const v1::Job& job : page.jobs) ids.push_back(job.job_id());
+    query.page_token = page.next_page_token;
+  } while (!query.page_token.empty());
+  for (const std::string& id : ids) MUTWO_RETURN_IF_ERROR(Settle(id));
+  return absl::OkStatus();
+}
+
 void JobCore::Start() {
+  if (absl::Status s = RecoverUnfinishedJobs(); !s.ok()) {
+    MUTWO_LOG(error, "settling unfinished jobs at start: {}", s.ToString());
+  }
   RefreshGauges();
   reaper_ = std::thread([this] {
     while (true) {
@@ -310,16 +351,72 @@ void JobCore::Reap() {
   }
   auto lost = store_->MarkLostWorkers(options_.worker_lost_after_ms);
   if (lost.ok() && !lost->empty()) changed = true;
+  auto forgotten =
+      store_->DeleteForgottenWorkers(options_.worker_forget_after_ms);
+  if (forgotten.ok() && *forgotten > 0) {
+    MUTWO_LOG(info, "forgot {} workers silent for over {} ms", *forgotten,
+              options_.worker_forget_after_ms);
+  } else if (!forgotten.ok()) {
+    MUTWO_LOG(error, "forget workers: {}", forgotten.status().ToString());
+  }
   RefreshGauges();
   if (changed) NotifyChange();
 }
 
+absl::StatusOr<std::unique_ptr<UploadSession>> JobCore::NewUpload(
+    const std::string& principal) {
+  const int64_t max_bytes = options_.max_upload_bytes_per_client > 0
+                                ? options_.max_upload_bytes_per_client
+                                : 2 * options_.max_model_bytes;
+  {
+    absl::MutexLock lock(&uploads_mu_);
+    ClientUploads& mine = uploads_[principal];
+    if (mine.running >= options_.max_uploads_per_client) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("upload: ", mine.running,
+                       " uploads of this client are running, "
+                       "the limit is ",
+                       options_.max_uploads_per_client,
+                       " (--max_uploads_per_client); retry when one ended"));
+    }
+    ++mine.running;
+  }
+  auto admitted = std::make_shared<int64_t>(0);
+  return std::make_unique<UploadSession>(
+      options_.max_model_bytes, [this] { return store_->NewModelFile(); },
+      [this, principal, max_bytes, admitted](int64_t declared) {
+        absl::MutexLock lock(&uploads_mu_);
+        ClientUploads& mine = uploads_[principal];
+        if (mine.declared_bytes + declared > max_bytes) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("upload: this client's running uploads declare ",
+                           mine.declared_bytes, " bytes; ", declared,
+                           " more would pass the limit of ", max_bytes,
+                           " bytes (--max_upload_bytes_per_client)"));
+        }
+        mine.declared_bytes += declared;
+        *admitted = declared;
+        return absl::OkStatus();
+      },
+      [this, principal, admitted] {
+        absl::MutexLock lock(&uploads_mu_);
+        auto it = uploads_.find(principal);
+        if (it == uploads_.end()) return;
+        it->second.declared_bytes -= *admitted;
+        if (--it->second.running <= 0) uploads_.erase(it);
+      });
+}
+
 absl::StatusOr<v1::UploadModelResponse> JobCore::StoreUpload(
-    const UploadSession& upload, const std::string& uploader) {
+    UploadSession& upload, const std::string& uploader) {
+  if (upload.file() == nullptr) {
+    return absl::FailedPreconditionError(
+        "upload: the session has no file (not made by NewUpload)");
+  }
   MUTWO_ASSIGN_OR_RETURN(
       storage::PutModelResult put,
-      store_->PutModel(upload.header().sha256(), upload.header().name(),
-                       upload.header().size_bytes(), upload.bytes()));
+      store_->PutModelFile(upload.header().sha256(), upload.header().name(),
+                           upload.header().size_bytes(), *upload.file()));
   MUTWO_RETURN_IF_ERROR(
       store_->RecordModelUpload(upload.header().sha256(), uploader));
   metrics_->CountUpload(!put.already_stored);
@@ -346,29 +443,26 @@ absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
                      " is not uploaded; upload it first (mutwo submit does)"));
   }
   MUTWO_RETURN_IF_ERROR(ValidateSpec(spec));
-  if (options_.max_concurrent_jobs > 0) {
-    MUTWO_ASSIGN_OR_RETURN(auto counts, store_->CountJobsByState());
-    int64_t active = 0;
-    for (const auto& [s, n] : counts) {
-      if (!IsFinal(s)) active += n;
-    }
-    if (active >= options_.max_concurrent_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          active, " jobs are running, the limit (--max_concurrent_jobs) is ",
-          options_.max_concurrent_jobs, "; retry later"));
-    }
-  }
-  MUTWO_ASSIGN_OR_RETURN(
-      storage::CreateJobResult created,
-      store_->CreateJob(spec, request.client_request_id(), owner));
+  // The job, its PROFILE tasks and its first state in one transaction: a
+  // submit either stored all of it or nothing, so a retried submit never
+  // finds a job without tasks. The concurrency limit is checked inside it
+  // too, so concurrent submits cannot all pass it.
+  storage::CreateJobResult created;
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            created, w.CreateJob(spec, request.client_request_id(), owner,
+                                 options_.max_concurrent_jobs));
+        if (created.deduplicated) return absl::OkStatus();
+        for (int64_t b : spec.batch_sizes()) {
+          MUTWO_RETURN_IF_ERROR(
+              w.AddTask(created.job.job_id(), v1::Task::PROFILE, b).status());
+        }
+        return SettleIn(w, created.job.job_id()).status();
+      }));
   v1::SubmitJobResponse response;
   response.set_deduplicated(created.deduplicated);
   if (!created.deduplicated) {
-    for (int64_t b : spec.batch_sizes()) {
-      MUTWO_RETURN_IF_ERROR(
-          store_->AddTask(created.job.job_id(), v1::Task::PROFILE, b).status());
-    }
-    MUTWO_RETURN_IF_ERROR(Settle(created.job.job_id()));
     MUTWO_LOG(info,
               "job {} submitted: model {} ({}), {} batch sizes, {} budgets",
               created.job.job_id(), spec.model_name(), spec.model_sha256(),
@@ -421,18 +515,22 @@ absl::StatusOr<v1::ListJobsResponse> JobCore::ListJobs(
 }
 
 absl::StatusOr<v1::Job> JobCore::CancelJob(const std::string& job_id) {
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Job job, store_->UpdateJob(job_id, [&](v1::Job& j) {
-        if (IsFinal(j.state())) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "job ", job_id, " is already ", v1::Job::State_Name(j.state())));
-        }
-        j.set_state(v1::Job::CANCELLED);
-        j.set_error("cancelled by the client");
-        return absl::OkStatus();
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_RETURN_IF_ERROR(
+            w.UpdateJob(job_id, [&](v1::Job& j) {
+               if (IsFinal(j.state())) {
+                 return absl::FailedPreconditionError(
+                     absl::StrCat("job ", job_id, " is already ",
+                                  v1::Job::State_Name(j.state())));
+               }
+               j.set_state(v1::Job::CANCELLED);
+               j.set_error("cancelled by the client");
+               return absl::OkStatus();
+             }).status());
+        MUTWO_RETURN_IF_ERROR(w.CancelJobTasks(job_id).status());
+        return SettleIn(w, job_id).status();
       }));
-  MUTWO_RETURN_IF_ERROR(store_->CancelJobTasks(job_id).status());
-  MUTWO_RETURN_IF_ERROR(Settle(job_id));
   MUTWO_LOG(info, "job {} cancelled", job_id);
   RefreshGauges();
   NotifyChange();
@@ -445,10 +543,10 @@ absl::StatusOr<v1::Profile> JobCore::GetProfile(
   return store_->GetProfile(request.job_id(), request.batch_size());
 }
 
-absl::StatusOr<v1::Schedule> JobCore::Plan(const v1::Profile& profile,
-                                           const v1::MemoryBudget& budget,
-                                           v1::Policy policy,
-                                           int64_t correction_bytes) {
+absl::StatusOr<v1::Schedule> JobCore::Plan(
+    const v1::Profile& profile, const v1::MemoryBudget& budget,
+    v1::Policy policy, int64_t correction_bytes,
+    const std::function<bool()>& cancelled) {
   if (profile.oom()) {
     return absl::FailedPreconditionError(
         absl::StrCat("batch size ", profile.batch_size(),
@@ -462,6 +560,9 @@ absl::StatusOr<v1::Schedule> JobCore::Plan(const v1::Profile& profile,
   // requests with and without it.
   request.include_pareto = true;
   request.correction_bytes = correction_bytes;
+  planner::Interrupt interrupt(
+      absl::Now() + absl::Milliseconds(options_.max_plan_ms), cancelled);
+  request.interrupt = &interrupt;
   const auto start = std::chrono::steady_clock::now();
   auto schedule = plan_(profile, request);
   metrics_->ObservePlanner(ElapsedSeconds(start));
@@ -473,7 +574,8 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
     const v1::DeviceInfo& device,
     const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
     const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
-    bool include_timeline) {
+    bool include_timeline, std::vector<CachePut>* deferred,
+    const std::function<bool()>& cancelled) {
   const storage::ScheduleCacheKey key =
       storage::MakeScheduleCacheKey(spec, batch_size, device, budget, policy);
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
@@ -481,9 +583,14 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
   if (cached.has_value()) return *std::move(cached);
   // Only a miss needs the whole profile.
   MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
-  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
-                         Plan(profile, budget, policy, /*correction_bytes=*/0));
-  MUTWO_RETURN_IF_ERROR(cache_.Put(key, job_id, schedule));
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Schedule schedule,
+      Plan(profile, budget, policy, /*correction_bytes=*/0, cancelled));
+  if (deferred != nullptr) {
+    deferred->push_back(CachePut{key, job_id, schedule});
+  } else {
+    MUTWO_RETURN_IF_ERROR(cache_.Put(key, job_id, schedule));
+  }
   return ScheduleCache::Trim(std::move(schedule), include_pareto,
                              include_timeline);
 }
@@ -529,7 +636,7 @@ absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> JobCore::ProfileDeviceOf(
 }
 
 absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
-    const v1::GetScheduleRequest& request) {
+    const v1::GetScheduleRequest& request, std::function<bool()> cancelled) {
   if (request.budget().kind_case() == v1::MemoryBudget::KIND_NOT_SET) {
     return absl::InvalidArgumentError(
         "GetSchedule needs a budget (bytes, fraction of baseline or device)");
@@ -548,7 +655,7 @@ absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
         return store_->GetProfile(request.job_id(), request.batch_size());
       },
       request.budget(), policy, request.include_pareto(),
-      request.include_timeline());
+      request.include_timeline(), /*deferred=*/nullptr, cancelled);
 }
 
 absl::StatusOr<v1::ListWorkersResponse> JobCore::ListWorkers() {
@@ -558,8 +665,13 @@ absl::StatusOr<v1::ListWorkersResponse> JobCore::ListWorkers() {
   return response;
 }
 
+bool JobCore::stopping() {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
 absl::StatusOr<v1::Job> JobCore::WaitForJobChange(const std::string& job_id,
-                                                  int64_t seen_updated_ms,
+                                                  int64_t seen_version,
                                                   int64_t timeout_ms) {
   const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
   while (true) {
@@ -569,7 +681,7 @@ absl::StatusOr<v1::Job> JobCore::WaitForJobChange(const std::string& job_id,
       generation = generation_;
     }
     MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(job_id));
-    if (job.updated_unix_ms() != seen_updated_ms || IsFinal(job.state())) {
+    if (job.version() != seen_version || IsFinal(job.state())) {
       AnnotateWaiting(job);
       return job;
     }
@@ -613,25 +725,23 @@ absl::StatusOr<std::vector<v1::Task>> JobCore::ListTasks(
 }
 
 absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
-    const v1::LeaseTaskRequest& request) {
-  MUTWO_ASSIGN_OR_RETURN(auto workers, store_->ListWorkers());
-  std::string device_kind;
-  bool known = false;
-  for (const auto& w : workers) {
-    if (w.worker_id() == request.worker_id()) {
-      device_kind = w.device().kind();
-      known = true;
-    }
-  }
-  if (!known) {
-    return absl::NotFoundError(
-        absl::StrCat("worker \"", request.worker_id(), "\" is not registered"));
-  }
+    const v1::LeaseTaskRequest& request, std::function<bool()> cancelled) {
+  // One row, not every worker: leasing stays flat however many registered.
+  MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo worker,
+                         store_->GetWorker(request.worker_id()));
+  auto refuse_stopped = [&](const v1::WorkerInfo& w) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker \"", w.worker_id(),
+        "\" deregistered (it said it stops); register again to lease"));
+  };
+  if (worker.state() == v1::WorkerInfo::STOPPED) return refuse_stopped(worker);
+  const std::string device_kind = worker.device().kind();
   MUTWO_RETURN_IF_ERROR(
       store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
   const int64_t wait_ms =
       std::clamp<int64_t>(request.wait_ms(), 0, options_.max_lease_wait_ms);
   const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
+  auto gone = [&] { return cancelled && cancelled(); };
   v1::LeaseTaskResponse response;
   while (true) {
     int64_t generation;
@@ -640,9 +750,18 @@ absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
       if (stopping_) return response;
       generation = generation_;
     }
+    if (gone()) return absl::CancelledError("the lease poll was abandoned");
     MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> task,
                            store_->LeaseTask(request.worker_id(), device_kind,
                                              options_.lease_timeout_ms));
+    if (task.has_value() && gone()) {
+      // Nobody will receive this lease: give it back now instead of
+      // letting the task wait out the lease timeout.
+      MUTWO_RETURN_IF_ERROR(store_->ReleaseLease(
+          task->task_id(), task->fence_token(), request.worker_id()));
+      NotifyChange();
+      return absl::CancelledError("the lease poll was abandoned");
+    }
     if (task.has_value()) {
       MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task->job_id()));
       MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
@@ -655,16 +774,25 @@ absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
       *response.mutable_task() = *std::move(task);
       *response.mutable_spec() = job.spec();
       response.set_lease_timeout_ms(options_.lease_timeout_ms);
-      MUTWO_RETURN_IF_ERROR(Settle(job.job_id()));
-      RefreshGauges();
+      MUTWO_RETURN_IF_ERROR(Settle(job.job_id(), /*refresh_gauges=*/false));
       NotifyChange();
       return response;
     }
-    absl::MutexLock lock(&mu_);
-    while (!stopping_ && generation_ == generation && absl::Now() < deadline) {
-      changed_.WaitWithDeadline(&mu_, deadline);
+    {
+      absl::MutexLock lock(&mu_);
+      // Woken by a change, or every 100 ms to see whether the caller left.
+      const absl::Time until =
+          std::min(deadline, absl::Now() + absl::Milliseconds(100));
+      while (!stopping_ && generation_ == generation && absl::Now() < until) {
+        changed_.WaitWithDeadline(&mu_, until);
+      }
+      if (stopping_ || absl::Now() >= deadline) return response;
     }
-    if (stopping_ || absl::Now() >= deadline) return response;
+    // A worker that deregistered meanwhile is leased nothing more.
+    MUTWO_ASSIGN_OR_RETURN(worker, store_->GetWorker(request.worker_id()));
+    if (worker.state() == v1::WorkerInfo::STOPPED) {
+      return refuse_stopped(worker);
+    }
   }
 }
 
@@ -679,6 +807,17 @@ absl::StatusOr<std::string> JobCore::ModelPath(const std::string& sha256) {
 absl::StatusOr<v1::HeartbeatResponse> JobCore::Heartbeat(
     const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
+  if (request.stopping()) {
+    // The worker deregisters: no task is leased to it any more (its running
+    // task, if any, it fails itself as it stops).
+    MUTWO_RETURN_IF_ERROR(
+        store_->TouchWorker(request.worker_id(), v1::WorkerInfo::STOPPED, ""));
+    MUTWO_LOG(info, "worker {} stopped (deregistered)", request.worker_id());
+    RefreshGauges();
+    NotifyChange();
+    response.set_lease_valid(false);
+    return response;
+  }
   if (request.task_id().empty()) {
     MUTWO_RETURN_IF_ERROR(
         store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
@@ -703,6 +842,51 @@ absl::StatusOr<v1::HeartbeatResponse> JobCore::Heartbeat(
   return response;
 }
 
+namespace {
+
+// Whether a report for `task` with this fence from this worker can be
+// taken now (the lease it holds, or one that expired with nobody leasing
+// the task since), so that planning for it is worth doing.
+bool MayComplete(const v1::Task& task, int64_t fence_token,
+                 const std::string& worker_id) {
+  return task.fence_token() == fence_token && task.lease_owner() == worker_id &&
+         (task.state() == v1::Task::LEASED || task.state() == v1::Task::QUEUED);
+}
+
+bool IsRetriedReport(const v1::Task& task, int64_t fence_token,
+                     const std::string& worker_id) {
+  return task.state() == v1::Task::DONE && task.fence_token() == fence_token &&
+         task.lease_owner() == worker_id;
+}
+
+}  // namespace
+
+absl::Status JobCore::RefuseReport(const std::string& task_id,
+                                   int64_t fence_token,
+                                   const std::string& worker_id) {
+  // The store names what is wrong (stale fence, not leased, another
+  // worker's lease); nothing is written either way.
+  return store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+    MUTWO_ASSIGN_OR_RETURN(bool stored,
+                           w.CompleteTask(task_id, fence_token, worker_id, ""));
+    if (stored) {
+      return absl::AbortedError(absl::StrCat(
+          "task ", task_id, " changed while its report was read; retry"));
+    }
+    return absl::OkStatus();  // a retried report of a completed task
+  });
+}
+
+void JobCore::ApplyCachePuts(const std::vector<CachePut>& puts) {
+  for (const CachePut& put : puts) {
+    if (absl::Status s = cache_.Put(put.key, put.job_id, put.schedule);
+        !s.ok()) {
+      // The cache is derived data: a later request plans again.
+      MUTWO_LOG(warn, "schedule cache: {}", s.ToString());
+    }
+  }
+}
+
 absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
   if (task.kind() != v1::Task::PROFILE) {
@@ -715,34 +899,41 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
         "profile is for batch size ", profile.batch_size(), " but task ",
         task.task_id(), " is for ", task.batch_size()));
   }
-  MUTWO_ASSIGN_OR_RETURN(
-      bool stored_now,
-      store_->CompleteTask(request.task_id(), request.fence_token(),
-                           request.worker_id(), profile.SerializeAsString()));
-  if (!stored_now) return absl::OkStatus();  // a retried report
-  MUTWO_RETURN_IF_ERROR(
-      store_->PutProfile(task.job_id(), task.batch_size(), profile));
-  // PLANNING only once profiling is over: while other batch sizes are still
-  // profiled the job stays PROFILING (Settle would set it back, and a
-  // watcher saw PROFILING and PLANNING alternate).
+  // Refused before anything is stored or planned: what the planner would
+  // refuse later, named by field.
+  MUTWO_RETURN_IF_ERROR(planner::ValidateProfile(profile));
+  if (IsRetriedReport(task, request.fence_token(), request.worker_id())) {
+    return absl::OkStatus();
+  }
+  if (!MayComplete(task, request.fence_token(), request.worker_id())) {
+    return RefuseReport(request.task_id(), request.fence_token(),
+                        request.worker_id());
+  }
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
+  // PLANNING while this batch size is planned, once no other profile is
+  // pending (else the job stays PROFILING). A state shown, not a fact: the
+  // report below settles the job again.
   MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> job_tasks,
                          store_->ListTasks(task.job_id()));
-  const bool profiles_pending =
-      std::any_of(job_tasks.begin(), job_tasks.end(), [](const v1::Task& t) {
-        return t.kind() == v1::Task::PROFILE &&
+  const bool others_pending =
+      std::any_of(job_tasks.begin(), job_tasks.end(), [&](const v1::Task& t) {
+        return t.kind() == v1::Task::PROFILE && t.task_id() != task.task_id() &&
                (t.state() == v1::Task::QUEUED || t.state() == v1::Task::LEASED);
       });
-  MUTWO_ASSIGN_OR_RETURN(v1::Job job,
-                         store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
-                           if (!IsFinal(j.state()) && !profiles_pending) {
-                             j.set_state(v1::Job::PLANNING);
-                           }
-                           return absl::OkStatus();
-                         }));
-  NotifyChange();
-  if (IsFinal(job.state())) return absl::OkStatus();
+  if (!IsFinal(job.state()) && !others_pending &&
+      job.state() != v1::Job::PLANNING) {
+    auto planning = store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+      if (!IsFinal(j.state())) j.set_state(v1::Job::PLANNING);
+      return absl::OkStatus();
+    });
+    if (planning.ok()) NotifyChange();
+  }
 
+  // Everything that takes time (planning, the max batch prediction) is done
+  // before the transaction; the transaction stores it all or nothing.
   v1::BatchResult result;
+  std::vector<v1::Schedule> to_validate;
+  std::vector<CachePut> cache_puts;
   result.set_batch_size(task.batch_size());
   result.set_baseline_peak_bytes(profile.measured().peak_bytes());
   // The step time the schedules' predicted times are scaled to.
@@ -752,12 +943,13 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
     result.set_oom(true);
     result.set_error(
         absl::StrCat("out of memory while profiling at ", profile.oom_step()));
-  } else {
+  } else if (!IsFinal(job.state())) {
     for (const v1::MemoryBudget& budget : job.spec().budgets()) {
       auto schedule = PlanCached(
           job.spec(), job.job_id(), task.batch_size(), profile.device(),
           [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
-          v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false);
+          v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false,
+          &cache_puts);
       if (!schedule.ok()) {
         result.set_error(absl::StrCat("planning for budget ",
                                       FormatBudget(budget), ": ",
@@ -766,42 +958,93 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
       }
       // Feasible is a prediction: only a validation round makes it fit.
       *result.add_outcomes() = PlannedOutcome(*schedule);
-      if (schedule->feasible()) {
-        MUTWO_RETURN_IF_ERROR(store_
-                                  ->AddTask(task.job_id(), v1::Task::VALIDATE,
-                                            task.batch_size(), *schedule)
-                                  .status());
-      }
+      if (schedule->feasible()) to_validate.push_back(*schedule);
       *result.add_schedules() = *std::move(schedule);
     }
   }
-  // Max batch size from every usable profile of the job so far.
-  std::vector<v1::Profile> profiles;
-  MUTWO_ASSIGN_OR_RETURN(auto tasks, store_->ListTasks(task.job_id()));
-  for (const v1::Task& t : tasks) {
-    if (t.kind() != v1::Task::PROFILE || t.state() != v1::Task::DONE) continue;
-    auto p = store_->GetProfile(task.job_id(), t.batch_size());
-    if (p.ok() && !p->oom()) profiles.push_back(*std::move(p));
-  }
-  std::optional<v1::MaxBatchPrediction> max_batch;
-  if (profiles.size() >= 2) {
-    const double overhead =
-        job.spec().max_overhead() > 0 ? job.spec().max_overhead() : 0.25;
-    auto prediction = max_batch_(profiles, overhead);
-    if (prediction.ok()) {
-      max_batch = *std::move(prediction);
-    } else {
-      MUTWO_LOG(warn, "job {}: max batch: {}", job.job_id(),
-                prediction.status().ToString());
+
+  // Max batch size from every usable profile of the job with this one. The
+  // profiles used are checked again inside the transaction: a profile
+  // another report stored meanwhile means predicting again.
+  bool retried = false;
+  constexpr int kMaxPredictions = 4;
+  for (int prediction_round = 1;; ++prediction_round) {
+    std::vector<v1::Profile> profiles;
+    std::vector<int64_t> used;  // batch sizes of the other DONE profiles
+    MUTWO_ASSIGN_OR_RETURN(job_tasks, store_->ListTasks(task.job_id()));
+    for (const v1::Task& t : job_tasks) {
+      if (t.kind() != v1::Task::PROFILE || t.state() != v1::Task::DONE ||
+          t.task_id() == task.task_id()) {
+        continue;
+      }
+      used.push_back(t.batch_size());
+      auto p = store_->GetProfile(task.job_id(), t.batch_size());
+      if (p.ok() && !p->oom()) profiles.push_back(*std::move(p));
     }
+    if (!profile.oom()) profiles.push_back(profile);
+    std::optional<v1::MaxBatchPrediction> max_batch;
+    if (profiles.size() >= 2) {
+      const double overhead =
+          job.spec().max_overhead() > 0 ? job.spec().max_overhead() : 0.25;
+      auto prediction = max_batch_(profiles, overhead);
+      if (prediction.ok()) {
+        max_batch = *std::move(prediction);
+      } else {
+        MUTWO_LOG(warn, "job {}: max batch: {}", job.job_id(),
+                  prediction.status().ToString());
+      }
+    }
+    absl::Status written =
+        store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+          MUTWO_ASSIGN_OR_RETURN(
+              bool stored_now,
+              w.CompleteTask(request.task_id(), request.fence_token(),
+                             request.worker_id(), profile.SerializeAsString()));
+          if (!stored_now) {
+            retried = true;  // a retried report: it was stored whole before
+            return absl::OkStatus();
+          }
+          MUTWO_RETURN_IF_ERROR(
+              w.PutProfile(task.job_id(), task.batch_size(), profile));
+          MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
+                                 w.ListTasks(task.job_id()));
+          std::vector<int64_t> done;
+          for (const v1::Task& t : now_tasks) {
+            if (t.kind() == v1::Task::PROFILE && t.state() == v1::Task::DONE &&
+                t.task_id() != task.task_id()) {
+              done.push_back(t.batch_size());
+            }
+          }
+          if (done != used && prediction_round < kMaxPredictions) {
+            return absl::AbortedError("another profile was stored meanwhile");
+          }
+          bool final = false;
+          MUTWO_RETURN_IF_ERROR(w.UpdateJob(task.job_id(), [&](v1::Job& j) {
+                                   final = IsFinal(j.state());
+                                   *FindOrAddResult(j, task.batch_size()) =
+                                       result;
+                                   if (max_batch.has_value())
+                                     *j.mutable_max_batch() = *max_batch;
+                                   return absl::OkStatus();
+                                 }).status());
+          if (!final) {
+            for (const v1::Schedule& schedule : to_validate) {
+              MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::VALIDATE,
+                                              task.batch_size(), schedule)
+                                        .status());
+            }
+          }
+          MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+          return absl::OkStatus();
+        });
+    if (absl::IsAborted(written)) continue;
+    MUTWO_RETURN_IF_ERROR(written);
+    break;
   }
-  MUTWO_ASSIGN_OR_RETURN(job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
-    *FindOrAddResult(j, task.batch_size()) = result;
-    if (max_batch.has_value()) *j.mutable_max_batch() = *max_batch;
-    return absl::OkStatus();
-  }));
+  if (retried) return absl::OkStatus();
+  ApplyCachePuts(cache_puts);
+  AfterSettle(job);
   PublishModelMetrics(job);
-  MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
   NotifyChange();
   return absl::OkStatus();
 }
@@ -813,12 +1056,13 @@ absl::Status JobCore::ReportValidation(
     return absl::InvalidArgumentError(
         absl::StrCat("task ", task.task_id(), " is not a VALIDATE task"));
   }
-  MUTWO_ASSIGN_OR_RETURN(
-      bool stored_now,
-      store_->CompleteTask(request.task_id(), request.fence_token(),
-                           request.worker_id(),
-                           request.validation().SerializeAsString()));
-  if (!stored_now) return absl::OkStatus();
+  if (IsRetriedReport(task, request.fence_token(), request.worker_id())) {
+    return absl::OkStatus();
+  }
+  if (!MayComplete(task, request.fence_token(), request.worker_id())) {
+    return RefuseReport(request.task_id(), request.fence_token(),
+                        request.worker_id());
+  }
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
   const v1::MemoryBudget& budget = task.schedule().budget();
   // The outcome so far; a job of an older server has none yet.
@@ -830,31 +1074,59 @@ absl::Status JobCore::ReportValidation(
   const int round = outcome.rounds() + 1;
   v1::Validation validation = request.validation();
   validation.set_round(round);
-  MUTWO_RETURN_IF_ERROR(store_->PutValidation(
-      task.job_id(), task.batch_size(),
-      budget.text().empty() ? FormatBudget(budget) : budget.text(), round,
-      validation));
-  MUTWO_ASSIGN_OR_RETURN(
-      RoundResult next,
-      CloseRound(job, task, validation, round, std::move(outcome)));
-  MUTWO_ASSIGN_OR_RETURN(job, store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
-    v1::BatchResult& r = *FindOrAddResult(j, task.batch_size());
-    *r.add_validations() = validation;
-    bool shown = false;
-    for (v1::Schedule& s : *r.mutable_schedules()) {
-      if (s.budget().SerializeAsString() == budget.SerializeAsString()) {
-        s = next.schedule;
-        shown = true;
-      }
-    }
-    if (!shown) *r.add_schedules() = next.schedule;
-    if (v1::BudgetOutcome* o = FindOutcome(r, budget)) {
-      *o = next.outcome;
-    } else {
-      *r.add_outcomes() = next.outcome;
-    }
-    return absl::OkStatus();
-  }));
+  std::vector<CachePut> cache_puts;
+  MUTWO_ASSIGN_OR_RETURN(RoundResult next,
+                         CloseRound(job, task, validation, round,
+                                    std::move(outcome), &cache_puts));
+  bool retried = false;
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            bool stored_now,
+            w.CompleteTask(request.task_id(), request.fence_token(),
+                           request.worker_id(),
+                           request.validation().SerializeAsString()));
+        if (!stored_now) {
+          retried = true;
+          return absl::OkStatus();
+        }
+        MUTWO_RETURN_IF_ERROR(w.PutValidation(
+            task.job_id(), task.batch_size(),
+            budget.text().empty() ? FormatBudget(budget) : budget.text(), round,
+            validation));
+        bool final = false;
+        MUTWO_RETURN_IF_ERROR(
+            w.UpdateJob(task.job_id(), [&](v1::Job& j) {
+               final = IsFinal(j.state());
+               v1::BatchResult& r = *FindOrAddResult(j, task.batch_size());
+               *r.add_validations() = validation;
+               bool shown = false;
+               for (v1::Schedule& s : *r.mutable_schedules()) {
+                 if (s.budget().SerializeAsString() ==
+                     budget.SerializeAsString()) {
+                   s = next.schedule;
+                   shown = true;
+                 }
+               }
+               if (!shown) *r.add_schedules() = next.schedule;
+               if (v1::BudgetOutcome* o = FindOutcome(r, budget)) {
+                 *o = next.outcome;
+               } else {
+                 *r.add_outcomes() = next.outcome;
+               }
+               return absl::OkStatus();
+             }).status());
+        if (next.next_round.has_value() && !final) {
+          MUTWO_RETURN_IF_ERROR(w.AddTask(job.job_id(), v1::Task::VALIDATE,
+                                          task.batch_size(), *next.next_round)
+                                    .status());
+        }
+        MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+        return absl::OkStatus();
+      }));
+  if (retried) return absl::OkStatus();
+  ApplyCachePuts(cache_puts);
+  metrics_->CountValidation(next.metric_result);
   MUTWO_LOG(info, "job {} batch {} budget {}: round {} measured {}: {}{}",
             task.job_id(), task.batch_size(), FormatBudget(budget), round,
             FormatBytes(validation.scheduled().peak_bytes()),
@@ -866,19 +1138,18 @@ absl::Status JobCore::ReportValidation(
             : next.outcome.reason().empty()
                 ? ""
                 : absl::StrCat(" (", next.outcome.reason(), ")"));
+  AfterSettle(job);
   PublishModelMetrics(job);
-  MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
   NotifyChange();
   return absl::OkStatus();
 }
 
 absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
     const v1::Job& job, const v1::Task& task, const v1::Validation& validation,
-    int round, v1::BudgetOutcome outcome) {
+    int round, v1::BudgetOutcome outcome, std::vector<CachePut>* cache_puts) {
   const v1::Schedule& ran = task.schedule();
   const RoundDecision decision =
       JudgeRound(ran, validation, round, loop_options_);
-  metrics_->CountValidation(decision.metric_result);
   const int64_t measured = validation.scheduled().peak_bytes();
   const bool measured_over = !validation.oom() && measured > ran.budget_bytes();
   outcome.set_rounds(round);
@@ -886,6 +1157,7 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
   outcome.set_fits(false);
   outcome.clear_reason();
   RoundResult result;
+  result.metric_result = decision.metric_result;
   std::string reason = decision.reason;
   switch (decision.next) {
     case RoundDecision::Next::kFits:
@@ -908,18 +1180,15 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
       if (replanned.feasible()) {
         // The corrected plan replaces the one that overshot, for this job's
         // next round and for every later job with the same key.
-        MUTWO_RETURN_IF_ERROR(cache_.Put(
+        cache_puts->push_back(CachePut{
             storage::MakeScheduleCacheKey(job.spec(), task.batch_size(),
                                           profile.device(), ran.budget(),
                                           ran.policy()),
-            job.job_id(), replanned));
+            job.job_id(), replanned});
         result.schedule = ScheduleCache::Trim(std::move(replanned),
                                               /*include_pareto=*/false,
                                               /*include_timeline=*/false);
-        MUTWO_RETURN_IF_ERROR(store_
-                                  ->AddTask(job.job_id(), v1::Task::VALIDATE,
-                                            task.batch_size(), result.schedule)
-                                  .status());
+        result.next_round = result.schedule;
         outcome.set_state(v1::BudgetOutcome::VALIDATING);
         outcome.set_predicted_peak_bytes(
             result.schedule.predicted_peak_bytes());
@@ -936,7 +1205,8 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
   // Whatever else went wrong, a peak over the budget is a fact about the
   // plan that ran: the cache must not serve it as fitting again.
   if (decision.next == RoundDecision::Next::kFits || measured_over) {
-    MUTWO_RETURN_IF_ERROR(RecordMeasurement(job, task, measured, reason));
+    MUTWO_RETURN_IF_ERROR(
+        RecordMeasurement(job, task, measured, reason, cache_puts));
   }
   result.schedule =
       validation.oom() ? ran : MarkMeasured(ran, measured, reason);
@@ -947,7 +1217,8 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
 absl::Status JobCore::RecordMeasurement(const v1::Job& job,
                                         const v1::Task& task,
                                         int64_t measured_bytes,
-                                        const std::string& reason) {
+                                        const std::string& reason,
+                                        std::vector<CachePut>* cache_puts) {
   const v1::Schedule& ran = task.schedule();
   MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::DeviceInfo> device,
                          ProfileDeviceOf(job.job_id(), task.batch_size()));
@@ -957,32 +1228,59 @@ absl::Status JobCore::RecordMeasurement(const v1::Job& job,
   if (entry.has_value() && !SamePlan(*entry, ran)) {
     return absl::OkStatus();  // re-planned or marked since this round began
   }
-  return cache_.Put(key, job.job_id(),
-                    MarkMeasured(entry.has_value() ? *std::move(entry) : ran,
-                                 measured_bytes, reason));
+  cache_puts->push_back(
+      CachePut{key, job.job_id(),
+               MarkMeasured(entry.has_value() ? *std::move(entry) : ran,
+                            measured_bytes, reason)});
+  return absl::OkStatus();
 }
 
 absl::Status JobCore::FailTask(const v1::FailTaskRequest& request) {
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Task task,
-      store_->FailTask(request.task_id(), request.fence_token(),
-                       request.worker_id(), request.reason(),
-                       request.retryable(), options_.max_attempts));
+  v1::Task task;
+  v1::Job job;
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            task, w.FailTask(request.task_id(), request.fence_token(),
+                             request.worker_id(), request.reason(),
+                             request.retryable(), options_.max_attempts));
+        MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+        return absl::OkStatus();
+      }));
   MUTWO_LOG(warn, "task {} attempt {} failed ({}): {}", task.task_id(),
             task.attempt(), v1::Task::State_Name(task.state()),
             request.reason());
   // The worker may have been forgotten (LOST, server restarted): the task
   // state above is what matters.
   (void)store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, "");
-  MUTWO_RETURN_IF_ERROR(Settle(task.job_id()));
-  RefreshGauges();
+  AfterSettle(job);
   NotifyChange();
   return absl::OkStatus();
 }
 
-absl::Status JobCore::Settle(const std::string& job_id) {
-  MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> tasks,
-                         store_->ListTasks(job_id));
+absl::Status JobCore::Settle(const std::string& job_id, bool refresh_gauges) {
+  v1::Job job;
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, job_id));
+        return absl::OkStatus();
+      }));
+  AfterSettle(job, refresh_gauges);
+  return absl::OkStatus();
+}
+
+void JobCore::AfterSettle(const v1::Job& job, bool refresh_gauges) {
+  if (refresh_gauges) RefreshGauges();
+  if (IsFinal(job.state())) {
+    MUTWO_LOG(info, "job {} {}{}", job.job_id(),
+              v1::Job::State_Name(job.state()),
+              job.error().empty() ? "" : absl::StrCat(": ", job.error()));
+  }
+}
+
+absl::StatusOr<v1::Job> JobCore::SettleIn(storage::Store::Writer& w,
+                                          const std::string& job_id) {
+  MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> tasks, w.ListTasks(job_id));
   int pending_profile = 0, pending_validate = 0, started = 0, finished = 0;
   int profiles_failed = 0, profiles_total = 0;
   std::string first_error;
@@ -1003,49 +1301,49 @@ absl::Status JobCore::Settle(const std::string& job_id) {
                                  t.batch_size(), ": ", t.last_error());
     }
   }
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Job job, store_->UpdateJob(job_id, [&](v1::Job& j) {
-        j.set_tasks_total(static_cast<int32_t>(tasks.size()));
-        j.set_tasks_done(finished);
-        // A round that will never report ends its budget's loop.
-        for (const v1::Task& t : tasks) {
-          if (t.kind() != v1::Task::VALIDATE ||
-              (t.state() != v1::Task::FAILED &&
-               t.state() != v1::Task::CANCELLED)) {
-            continue;
-          }
-          v1::BudgetOutcome* o = FindOutcome(
-              *FindOrAddResult(j, t.batch_size()), t.schedule().budget());
-          if (o == nullptr || o->state() != v1::BudgetOutcome::VALIDATING) {
-            continue;
-          }
-          o->set_state(v1::BudgetOutcome::FAILED);
-          o->set_reason(t.state() == v1::Task::FAILED
-                            ? absl::StrCat("validation round ", o->rounds() + 1,
-                                           " failed: ", t.last_error())
-                            : "the job was cancelled before the validation "
-                              "ended");
-        }
-        if (IsFinal(j.state())) return absl::OkStatus();
-        if (pending_profile > 0) {
-          j.set_state(started > 0 ? v1::Job::PROFILING : v1::Job::QUEUED);
-        } else if (pending_validate > 0) {
-          j.set_state(v1::Job::VALIDATING);
-        } else if (profiles_total > 0 && profiles_failed == profiles_total) {
-          j.set_state(v1::Job::FAILED);
-          j.set_error(first_error);
-        } else {
-          j.set_state(v1::Job::SUCCEEDED);
-          if (!first_error.empty()) j.set_error(first_error);
-        }
-        return absl::OkStatus();
-      }));
-  RefreshGauges();
-  if (IsFinal(job.state())) {
-    MUTWO_LOG(info, "job {} {}{}", job_id, v1::Job::State_Name(job.state()),
-              job.error().empty() ? "" : absl::StrCat(": ", job.error()));
-  }
-  return absl::OkStatus();
+  return w.UpdateJob(job_id, [&](v1::Job& j) {
+    j.set_tasks_total(static_cast<int32_t>(tasks.size()));
+    j.set_tasks_done(finished);
+    // A round that will never report ends its budget's loop.
+    for (const v1::Task& t : tasks) {
+      if (t.kind() != v1::Task::VALIDATE ||
+          (t.state() != v1::Task::FAILED && t.state() != v1::Task::CANCELLED)) {
+        continue;
+      }
+      v1::BudgetOutcome* o = FindOutcome(*FindOrAddResult(j, t.batch_size()),
+                                         t.schedule().budget());
+      if (o == nullptr || o->state() != v1::BudgetOutcome::VALIDATING) {
+        continue;
+      }
+      o->set_state(v1::BudgetOutcome::FAILED);
+      o->set_reason(t.state() == v1::Task::FAILED
+                        ? absl::StrCat("validation round ", o->rounds() + 1,
+                                       " failed: ", t.last_error())
+                        : "the job was cancelled before the validation "
+                          "ended");
+    }
+    if (IsFinal(j.state())) return absl::OkStatus();
+    if (pending_profile > 0) {
+      j.set_state(started > 0 ? v1::Job::PROFILING : v1::Job::QUEUED);
+    } else if (pending_validate > 0) {
+      j.set_state(v1::Job::VALIDATING);
+    } else if (profiles_total > 0 && profiles_failed == profiles_total) {
+      j.set_state(v1::Job::FAILED);
+      j.set_error(first_error);
+    } else if (profiles_total == 0) {
+      // No task was ever stored with it (a job of a server that created
+      // jobs and tasks in separate transactions and died between them):
+      // nothing will run it.
+      j.set_state(v1::Job::FAILED);
+      j.set_error(
+          "the job has no tasks (its submit was interrupted); "
+          "submit it again");
+    } else {
+      j.set_state(v1::Job::SUCCEEDED);
+      if (!first_error.empty()) j.set_error(first_error);
+    }
+    return absl::OkStatus();
+  });
 }
 
 void JobCore::PublishModelMetrics(const v1::Job& job) {

@@ -30,11 +30,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sha256.h"
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
 #include "server/closed_loop.h"
 #include "server/metrics.h"
+#include "server/planner/interrupt.h"
 #include "server/schedule_cache.h"
 #include "storage/store.h"
 
@@ -48,6 +50,8 @@ struct PlanRequest {
   // Plan this many bytes below the budget (Schedule.correction_bytes),
   // learned by the closed loop.
   int64_t correction_bytes = 0;
+  // Stops planning (time allowed, caller gone); not owned, may be null.
+  planner::Interrupt* interrupt = nullptr;
 };
 // Plans one schedule for a profile (server/planner through its proto
 // conversion).
@@ -60,23 +64,42 @@ PlanFn PlannerPlanFn(int pareto_points);
 using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
     const std::vector<v1::Profile>& profiles, double max_overhead)>;
 
-// Verifies one streamed upload: header first, then chunks; nothing touches
-// the store until Finish() has checked the size and the sha256.
+// Verifies one streamed upload: header first, then chunks. The bytes are
+// never held in memory: each chunk is hashed and appended to a temp file of
+// the model store (`open_file`; none: only hashed, for tests), which only
+// becomes a model once Finish() has checked the size and the sha256 and
+// JobCore::StoreUpload commits it. `admit` (may be empty) is asked for the
+// declared size before anything is written (the per-client byte quota);
+// `done` runs when the session ends, however it ends.
 class UploadSession {
  public:
-  UploadSession(int64_t max_model_bytes) : max_model_bytes_(max_model_bytes) {}
+  using OpenFile =
+      std::function<absl::StatusOr<std::unique_ptr<storage::TempFile>>()>;
+  explicit UploadSession(int64_t max_model_bytes, OpenFile open_file = nullptr,
+                         std::function<absl::Status(int64_t)> admit = nullptr,
+                         std::function<void()> done = nullptr);
+  ~UploadSession();
+  UploadSession(const UploadSession&) = delete;
+  UploadSession& operator=(const UploadSession&) = delete;
   [[nodiscard]] absl::Status Header(const v1::UploadModelHeader& header);
   [[nodiscard]] absl::Status Chunk(const std::string& bytes);
-  // The verified bytes and header; errors name the mismatch.
+  // Errors name the mismatch.
   [[nodiscard]] absl::Status Finish();
   const v1::UploadModelHeader& header() const { return header_; }
-  const std::string& bytes() const { return bytes_; }
+  int64_t received_bytes() const { return received_; }
+  // The temp file holding the bytes (null without `open_file`).
+  storage::TempFile* file() { return file_.get(); }
 
  private:
   int64_t max_model_bytes_;
+  OpenFile open_file_;
+  std::function<absl::Status(int64_t)> admit_;
+  std::function<void()> done_;
   bool has_header_ = false;
   v1::UploadModelHeader header_;
-  std::string bytes_;
+  Sha256 sha_;
+  int64_t received_ = 0;
+  std::unique_ptr<storage::TempFile> file_;
 };
 
 class JobCore {
@@ -89,6 +112,9 @@ class JobCore {
     int64_t max_model_bytes = int64_t{512} << 20;
     int max_concurrent_jobs = 0;       // 0: unlimited
     int64_t worker_lost_after_ms = 0;  // 0: 3 x lease timeout
+    // LOST and STOPPED workers are forgotten (deleted) this long after their
+    // last heartbeat.
+    int64_t worker_forget_after_ms = 60 * 60 * 1000;
     int64_t reaper_interval_ms = 500;
     int64_t max_lease_wait_ms = 30000;
     // Validation rounds per batch size and budget, the first included.
@@ -96,6 +122,13 @@ class JobCore {
     // Added to a round's measured overshoot when re-planning, as a fraction
     // of the budget.
     double replan_margin_fraction = 0.01;
+    // Time allowed to plan one schedule (with its Pareto curve); past it
+    // the request fails with DeadlineExceeded (--max_plan_ms).
+    int64_t max_plan_ms = 10000;
+    // Uploads running at once per principal, and their declared bytes
+    // together (0: 2 x max_model_bytes).
+    int max_uploads_per_client = 2;
+    int64_t max_upload_bytes_per_client = 0;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -109,8 +142,15 @@ class JobCore {
   // (server/auth/authorizer.h); the core records the identities it is given:
   // the uploader of a model, the owner of a job ('' when authentication is
   // off), the principal a worker id is bound to.
+  // A new upload of `principal`, streamed to a temp file of the store.
+  // ResourceExhausted when the principal already runs
+  // Options::max_uploads_per_client uploads; its Header() is refused when
+  // the declared sizes of the principal's running uploads would pass
+  // Options::max_upload_bytes_per_client.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<UploadSession>> NewUpload(
+      const std::string& principal);
   [[nodiscard]] absl::StatusOr<v1::UploadModelResponse> StoreUpload(
-      const UploadSession& upload, const std::string& uploader = "");
+      UploadSession& upload, const std::string& uploader = "");
   [[nodiscard]] absl::StatusOr<v1::SubmitJobResponse> SubmitJob(
       const v1::SubmitJobRequest& request, const std::string& owner = "");
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
@@ -121,16 +161,23 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(
       const v1::GetProfileRequest& request);
+  // `cancelled` (may be empty) tells whether the caller left; planning
+  // then stops within a poll (Cancelled).
   [[nodiscard]] absl::StatusOr<v1::Schedule> GetSchedule(
-      const v1::GetScheduleRequest& request);
+      const v1::GetScheduleRequest& request,
+      std::function<bool()> cancelled = nullptr);
   [[nodiscard]] absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
   // The job's tasks (WatchJob's progress: what is leased, what ended).
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
       const std::string& job_id);
-  // Blocks until the job changes from `seen_updated_ms` or `timeout_ms`
-  // passes; returns the current job.
+  // Blocks until the job's version differs from `seen_version` (Job.version
+  // grows with every stored change), `timeout_ms` passes or the core shuts
+  // down; returns the current job.
   [[nodiscard]] absl::StatusOr<v1::Job> WaitForJobChange(
-      const std::string& job_id, int64_t seen_updated_ms, int64_t timeout_ms);
+      const std::string& job_id, int64_t seen_version, int64_t timeout_ms);
+  // True once Shutdown() began: long waits (WatchJob) end instead of
+  // polling a core that no longer changes.
+  bool stopping();
 
   // WorkerHub service. Heartbeats, reports and FailTask are accepted only
   // from the worker id that holds the task's lease (PermissionDenied).
@@ -139,8 +186,12 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request,
       const std::string& principal = "");
+  // Long poll. `cancelled` (may be empty) tells whether the caller left: the
+  // wait ends, and a task leased for a caller that left is given back at
+  // once (not left to expire). FailedPrecondition for a STOPPED worker.
   [[nodiscard]] absl::StatusOr<v1::LeaseTaskResponse> LeaseTask(
-      const v1::LeaseTaskRequest& request);
+      const v1::LeaseTaskRequest& request,
+      std::function<bool()> cancelled = nullptr);
   [[nodiscard]] absl::StatusOr<std::string> ModelPath(
       const std::string& sha256);
   [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -153,48 +204,80 @@ class JobCore {
 
   // One reaper pass (also called by tests).
   void Reap();
+  // Settles every unfinished job once (Start() does, after a restart), so a
+  // job whose last change was cut short cannot stay non-final forever.
+  absl::Status RecoverUnfinishedJobs();
 
  private:
   JobCore(Options options, storage::Store* store, ServerMetrics* metrics,
           PlanFn plan, MaxBatchFn max_batch);
   // Plans `profile` (the whole schedule, with the Pareto curve), timing the
   // planner. FailedPrecondition for a profile that ran out of memory.
-  absl::StatusOr<v1::Schedule> Plan(const v1::Profile& profile,
-                                    const v1::MemoryBudget& budget,
-                                    v1::Policy policy,
-                                    int64_t correction_bytes);
+  absl::StatusOr<v1::Schedule> Plan(
+      const v1::Profile& profile, const v1::MemoryBudget& budget,
+      v1::Policy policy, int64_t correction_bytes,
+      const std::function<bool()>& cancelled = nullptr);
   // The schedule for (job spec, batch, device, budget, policy) from the
   // cache, or planned from the profile `load_profile` returns (only called on
   // a miss) and cached.
+  // A schedule cache entry written after the transaction that made it
+  // valid committed (a report that is refused must not leave a plan from
+  // its profile in the cache).
+  struct CachePut {
+    storage::ScheduleCacheKey key;
+    std::string job_id;
+    v1::Schedule schedule;
+  };
+  // With `deferred`, a planned schedule is added there instead of cached.
   absl::StatusOr<v1::Schedule> PlanCached(
       const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
       const v1::DeviceInfo& device,
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
-      bool include_timeline);
+      bool include_timeline, std::vector<CachePut>* deferred = nullptr,
+      const std::function<bool()>& cancelled = nullptr);
+  void ApplyCachePuts(const std::vector<CachePut>& puts);
+  // The store's reason why a report with this fence from this worker is not
+  // taken (OK for a retried report of a completed task); writes nothing.
+  absl::Status RefuseReport(const std::string& task_id, int64_t fence_token,
+                            const std::string& worker_id);
   // The closed loop after round `round` of VALIDATE `task` measured
   // `validation`: the outcome for its (batch, budget), settled or with the
   // next round queued (re-planned with the correction learned), and the
   // schedule the job result shows for it (the re-planned one, or the one
   // that ran marked with its measurement). Keeps the schedule cache in step.
+  // Nothing is written: the caller stores the outcome, queues
+  // `next_round` and applies `cache_puts` with the report.
   struct RoundResult {
     v1::BudgetOutcome outcome;
     v1::Schedule schedule;
+    std::optional<v1::Schedule> next_round;  // the next VALIDATE task's
+    std::string metric_result;
   };
   absl::StatusOr<RoundResult> CloseRound(const v1::Job& job,
                                          const v1::Task& task,
                                          const v1::Validation& validation,
-                                         int round, v1::BudgetOutcome outcome);
+                                         int round, v1::BudgetOutcome outcome,
+                                         std::vector<CachePut>* cache_puts);
   // Marks the cache entry of the schedule `task` ran with `measured_bytes`
   // (over the budget: infeasible with `reason`), unless the entry is
   // another plan by now.
   absl::Status RecordMeasurement(const v1::Job& job, const v1::Task& task,
                                  int64_t measured_bytes,
-                                 const std::string& reason);
+                                 const std::string& reason,
+                                 std::vector<CachePut>* cache_puts);
   // Recomputes the job's state and counters from its tasks after any task
   // change (a failed or cancelled VALIDATE task fails its budget's
   // outcome), and finishes the job when no task is left to run.
-  absl::Status Settle(const std::string& job_id);
+  // `refresh_gauges` false on the lease path: the gauges read every worker,
+  // and the reaper refreshes them twice a second anyway.
+  absl::Status Settle(const std::string& job_id, bool refresh_gauges = true);
+  // Settle's decision inside the caller's transaction, so a report, a
+  // submit or a cancel changes its tasks and its job state together.
+  absl::StatusOr<v1::Job> SettleIn(storage::Store::Writer& w,
+                                   const std::string& job_id);
+  // Gauges and the final-state log line after a settled job committed.
+  void AfterSettle(const v1::Job& job, bool refresh_gauges = true);
   void NotifyChange();
   void RefreshGauges();
   // Sets job.waiting (see types.proto) for an unfinished job with queued
@@ -224,6 +307,14 @@ class JobCore {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;
+
+  struct ClientUploads {
+    int running = 0;
+    int64_t declared_bytes = 0;
+  };
+  absl::Mutex uploads_mu_;
+  absl::flat_hash_map<std::string, ClientUploads> uploads_
+      ABSL_GUARDED_BY(uploads_mu_);
 
   absl::Mutex hot_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::JobSpec>>

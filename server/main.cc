@@ -31,6 +31,15 @@ ABSL_FLAG(int32_t, validation_rounds, 3,
           "validation rounds per batch size and budget: a schedule measured "
           "over its budget is re-planned below it by the overshoot and "
           "validated again, at most this many rounds in all");
+ABSL_FLAG(int32_t, max_uploads_per_client, 2,
+          "uploads one principal may run at once; more are refused with "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, max_upload_bytes_per_client, "",
+          "declared bytes of one principal's running uploads together, e.g. "
+          "1GiB; empty: twice --max_model_bytes");
+ABSL_FLAG(int64_t, max_plan_ms, 10000,
+          "time allowed to plan one schedule (with its Pareto curve); past "
+          "it the request fails with DEADLINE_EXCEEDED");
 ABSL_FLAG(double, replan_margin, 0.01,
           "re-planning after an overshoot: margin added to the measured "
           "overshoot, as a fraction of the budget");
@@ -114,6 +123,20 @@ int main(int argc, char** argv) {
   options.core.max_concurrent_jobs = absl::GetFlag(FLAGS_max_concurrent_jobs);
   options.core.max_validation_rounds = absl::GetFlag(FLAGS_validation_rounds);
   options.core.replan_margin_fraction = absl::GetFlag(FLAGS_replan_margin);
+  options.core.max_plan_ms = absl::GetFlag(FLAGS_max_plan_ms);
+  options.core.max_uploads_per_client =
+      absl::GetFlag(FLAGS_max_uploads_per_client);
+  if (const std::string quota =
+          absl::GetFlag(FLAGS_max_upload_bytes_per_client);
+      !quota.empty()) {
+    auto bytes = mutwo::ParseBytes(quota);
+    if (!bytes.ok()) {
+      std::cerr << "mutwo-server: --max_upload_bytes_per_client: "
+                << bytes.status().message() << "\n";
+      return mutwo::kExitBadInput;
+    }
+    options.core.max_upload_bytes_per_client = *bytes;
+  }
   options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
   options.max_batch = [](const std::vector<mutwo::v1::Profile>& profiles,
                          double max_overhead) {

@@ -8,6 +8,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
+#include "server/defined_status.h"
 
 namespace mutwo {
 
@@ -63,6 +64,13 @@ absl::Status MutwoServer::Start() {
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(planner_service_.get());
   builder.RegisterService(hub_service_.get());
+  {
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(std::make_unique<DefinedStatusInterceptorFactory>());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(

@@ -92,16 +92,20 @@ grpc::Status PlannerService::UploadModel(
   RpcTimer timer(metrics_, "UploadModel");
   auto caller = auth_->ForUpload(*context);
   if (!caller.ok()) return timer.Done(caller.status());
-  UploadSession upload(max_model_bytes_);
+  // Streamed to a temp file chunk by chunk (never whole in memory), within
+  // the caller's concurrency and byte quota.
+  auto upload = core_->NewUpload(caller->name);
+  if (!upload.ok()) return timer.Done(upload.status());
   v1::UploadModelRequest message;
   while (reader->Read(&message)) {
-    absl::Status s = message.has_header() ? upload.Header(message.header())
-                                          : upload.Chunk(message.chunk());
+    absl::Status s = message.has_header() ? (*upload)->Header(message.header())
+                                          : (*upload)->Chunk(message.chunk());
     // Stop reading at the first error: nothing has been stored.
     if (!s.ok()) return timer.Done(s);
   }
-  if (absl::Status s = upload.Finish(); !s.ok()) return timer.Done(s);
-  return timer.Done(Assign(core_->StoreUpload(upload, caller->name), response));
+  if (absl::Status s = (*upload)->Finish(); !s.ok()) return timer.Done(s);
+  return timer.Done(
+      Assign(core_->StoreUpload(**upload, caller->name), response));
 }
 
 grpc::Status PlannerService::SubmitJob(grpc::ServerContext* context,
@@ -150,9 +154,9 @@ grpc::Status PlannerService::WatchJob(
   int64_t seen = -1;
   std::optional<v1::JobEvent> last;
   while (!context->IsCancelled()) {
-    if (job->updated_unix_ms() != seen || !last.has_value() ||
+    if (job->version() != seen || !last.has_value() ||
         job->waiting() != last->waiting()) {
-      seen = job->updated_unix_ms();
+      seen = job->version();
       // Tasks first, then the job: a job read before its tasks could say
       // QUEUED while a task it does not know of yet runs.
       auto tasks = core_->ListTasks(request->job_id());
@@ -168,6 +172,12 @@ grpc::Status PlannerService::WatchJob(
         if (final) return timer.Done(absl::OkStatus());
         last = std::move(event);
       }
+    }
+    if (core_->stopping()) {
+      // Shutting down: the job will not change any more from this server;
+      // the client reconnects to the next one.
+      return timer.Done(absl::UnavailableError(
+          "the server is shutting down; watch the job again"));
     }
     job = core_->WaitForJobChange(request->job_id(), seen, 1000);
     if (!job.ok()) return timer.Done(job.status());
@@ -211,7 +221,12 @@ grpc::Status PlannerService::GetSchedule(grpc::ServerContext* context,
       !caller.ok()) {
     return timer.Done(caller.status());
   }
-  return timer.Done(Assign(core_->GetSchedule(*request), response));
+  // Planning stops when the caller leaves (or its deadline passes, which
+  // cancels the call): an abandoned request uses no more CPU.
+  return timer.Done(
+      Assign(core_->GetSchedule(*request,
+                                [context] { return context->IsCancelled(); }),
+             response));
 }
 
 grpc::Status PlannerService::ListWorkers(grpc::ServerContext* context,
@@ -246,7 +261,11 @@ grpc::Status WorkerHubService::LeaseTask(grpc::ServerContext* context,
       !caller.ok()) {
     return timer.Done(caller.status());
   }
-  return timer.Done(Assign(core_->LeaseTask(*request), response));
+  // The long poll ends when the worker goes away, and a task leased for a
+  // poll nobody waits on any more is given back at once.
+  return timer.Done(Assign(
+      core_->LeaseTask(*request, [context] { return context->IsCancelled(); }),
+      response));
 }
 
 grpc::Status WorkerHubService::FetchModel(

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace mutwo::storage {
 namespace {
@@ -121,6 +122,62 @@ absl::Status WriteFileDurably(const std::string& dir, const std::string& name,
   }
   // The rename is durable only once the directory entry is on disk.
   return FsyncPath(dir, O_RDONLY | O_DIRECTORY);
+}
+
+absl::StatusOr<std::unique_ptr<TempFile>> TempFile::Create(
+    const std::string& dir, const std::string& name_hint) {
+  std::string path =
+      absl::StrCat(dir, "/", kTempFilePrefix, name_hint, "-", RandomSuffix());
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return ErrnoStatus(errno, "create", path);
+  }
+  return std::unique_ptr<TempFile>(new TempFile(dir, std::move(path), fd));
+}
+
+TempFile::~TempFile() {
+  if (fd_ >= 0) close(fd_);
+  if (!committed_) unlink(path_.c_str());
+}
+
+absl::Status TempFile::Append(absl::string_view bytes) {
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": already committed or failed"));
+  }
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n =
+        write(fd_, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "write", path_);
+    }
+    written += static_cast<size_t>(n);
+  }
+  size_ += static_cast<int64_t>(bytes.size());
+  return absl::OkStatus();
+}
+
+absl::Status TempFile::Commit(const std::string& final_name) {
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": already committed or failed"));
+  }
+  absl::Status status;
+  if (fsync(fd_) != 0) status = ErrnoStatus(errno, "fsync", path_);
+  if (close(fd_) != 0 && status.ok()) {
+    status = ErrnoStatus(errno, "close", path_);
+  }
+  fd_ = -1;
+  MUTWO_RETURN_IF_ERROR(status);
+  const std::string final_path = absl::StrCat(dir_, "/", final_name);
+  if (rename(path_.c_str(), final_path.c_str()) != 0) {
+    return ErrnoStatus(errno, "rename to " + final_path, path_);
+  }
+  committed_ = true;
+  return FsyncPath(dir_, O_RDONLY | O_DIRECTORY);
 }
 
 absl::StatusOr<int> RemoveStaleTempFiles(const std::string& dir,

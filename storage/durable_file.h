@@ -8,6 +8,7 @@
 #define MUTWO_STORAGE_DURABLE_FILE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -24,6 +25,34 @@ inline constexpr char kTempFilePrefix[] = ".tmp-";
 [[nodiscard]] absl::Status WriteFileDurably(const std::string& dir,
                                             const std::string& name,
                                             absl::string_view bytes);
+
+// A file written in pieces (an upload streamed to disk) under a temp name
+// in `dir`, made visible whole by Commit: fsync, rename to the final name,
+// fsync of the directory. Never committed, it is removed by the destructor
+// (or, after a crash, by RemoveStaleTempFiles). Not thread-safe.
+class TempFile {
+ public:
+  // Errors name the path and errno (ResourceExhausted for a full disk).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TempFile>> Create(
+      const std::string& dir, const std::string& name_hint);
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile();
+
+  [[nodiscard]] absl::Status Append(absl::string_view bytes);
+  // Makes the bytes `dir/final_name`; the object is spent afterwards.
+  [[nodiscard]] absl::Status Commit(const std::string& final_name);
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TempFile(std::string dir, std::string path, int fd)
+      : dir_(std::move(dir)), path_(std::move(path)), fd_(fd) {}
+  std::string dir_, path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+  bool committed_ = false;
+};
 
 // Creates `dir` (and parents) when missing; FailedPrecondition when it exists
 // and is not a directory.

@@ -205,6 +205,29 @@ absl::StatusOr<std::map<State, int64_t>> StateCounts(
   return counts;
 }
 
+// Switching a new file to WAL needs an exclusive lock, and SQLite answers
+// SQLITE_BUSY at once (the busy handler is not called there) while another
+// connection opens or migrates the same file; so two stores opening one
+// empty data_dir together retry, with jittered backoff, until the busy
+// timeout.
+absl::StatusOr<std::string> SetWalMode(Db* db, int busy_timeout_ms) {
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(std::max(busy_timeout_ms, 100));
+  thread_local std::mt19937 rng(std::random_device{}());
+  absl::Duration backoff = absl::Milliseconds(1);
+  while (true) {
+    absl::StatusOr<std::string> mode = db->QueryText("PRAGMA journal_mode=WAL");
+    if (mode.ok() || !absl::IsUnavailable(mode.status()) ||
+        absl::Now() >= deadline) {
+      return mode;
+    }
+    std::uniform_int_distribution<int64_t> jitter(
+        0, absl::ToInt64Microseconds(backoff));
+    absl::SleepFor(backoff + absl::Microseconds(jitter(rng)));
+    backoff = std::min(backoff * 2, absl::Milliseconds(50));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(Options options) {
@@ -232,7 +255,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(Options options) {
                          Db::Open(absl::StrCat(options.data_dir, "/", kDbFile),
                                   options.busy_timeout_ms));
   MUTWO_ASSIGN_OR_RETURN(std::string journal,
-                         db->QueryText("PRAGMA journal_mode=WAL"));
+                         SetWalMode(db.get(), options.busy_timeout_ms));
   if (absl::AsciiStrToLower(journal) != "wal") {
     return absl::FailedPreconditionError(
         absl::StrCat("store: ", db->path(), " cannot use WAL (journal mode ",
@@ -248,6 +271,122 @@ Store::Store(Options options, std::unique_ptr<Db> db)
     : options_(std::move(options)), db_(std::move(db)) {}
 
 Store::~Store() = default;
+
+absl::Status Store::FaultPoint(absl::string_view step) const {
+  return options_.fault_hook ? options_.fault_hook(step) : absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<T> Store::InTransaction(
+    const std::function<absl::StatusOr<T>()>& body) {
+  absl::MutexLock lock(&mutex_);
+  Transaction txn(db_.get());
+  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  MUTWO_ASSIGN_OR_RETURN(T result, body());
+  MUTWO_RETURN_IF_ERROR(txn.Commit());
+  return result;
+}
+
+absl::Status Store::InTransaction(const std::function<absl::Status()>& body) {
+  absl::MutexLock lock(&mutex_);
+  Transaction txn(db_.get());
+  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  MUTWO_RETURN_IF_ERROR(body());
+  return txn.Commit();
+}
+
+absl::Status Store::Write(
+    const std::function<absl::Status(Writer& writer)>& body) {
+  return InTransaction([&]() -> absl::Status {
+    Writer writer(this);
+    MUTWO_RETURN_IF_ERROR(body(writer));
+    return FaultPoint("commit");
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Writer: the Store's writes inside a Write (mutex held, transaction open)
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<CreateJobResult> Store::Writer::CreateJob(
+    const v1::JobSpec& spec, absl::string_view client_request_id,
+    absl::string_view owner, int64_t max_unfinished_jobs) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("CreateJob"));
+  store_->mutex_.AssertHeld();
+  return store_->CreateJobLocked(spec, client_request_id, owner,
+                                 max_unfinished_jobs);
+}
+
+absl::StatusOr<v1::Job> Store::Writer::UpdateJob(
+    absl::string_view job_id,
+    const std::function<absl::Status(v1::Job&)>& mutate) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("UpdateJob"));
+  store_->mutex_.AssertHeld();
+  return store_->UpdateJobLocked(job_id, mutate);
+}
+
+absl::StatusOr<v1::Task> Store::Writer::AddTask(
+    absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
+    const std::optional<v1::Schedule>& schedule) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("AddTask"));
+  store_->mutex_.AssertHeld();
+  return store_->AddTaskLocked(job_id, kind, batch_size, schedule);
+}
+
+absl::StatusOr<bool> Store::Writer::CompleteTask(absl::string_view task_id,
+                                                 int64_t fence_token,
+                                                 absl::string_view worker_id,
+                                                 absl::string_view result) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("CompleteTask"));
+  store_->mutex_.AssertHeld();
+  return store_->CompleteTaskLocked(task_id, fence_token, worker_id, result);
+}
+
+absl::StatusOr<v1::Task> Store::Writer::FailTask(
+    absl::string_view task_id, int64_t fence_token, absl::string_view worker_id,
+    absl::string_view reason, bool retryable, int max_attempts) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("FailTask"));
+  store_->mutex_.AssertHeld();
+  return store_->FailTaskLocked(task_id, fence_token, worker_id, reason,
+                                retryable, max_attempts);
+}
+
+absl::StatusOr<int64_t> Store::Writer::CancelJobTasks(
+    absl::string_view job_id) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("CancelJobTasks"));
+  store_->mutex_.AssertHeld();
+  return store_->CancelJobTasksLocked(job_id);
+}
+
+absl::Status Store::Writer::PutProfile(absl::string_view job_id,
+                                       int64_t batch_size,
+                                       const v1::Profile& profile) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("PutProfile"));
+  store_->mutex_.AssertHeld();
+  return store_->PutProfileLocked(job_id, batch_size, profile);
+}
+
+absl::Status Store::Writer::PutValidation(absl::string_view job_id,
+                                          int64_t batch_size,
+                                          absl::string_view budget_text,
+                                          int round,
+                                          const v1::Validation& validation) {
+  MUTWO_RETURN_IF_ERROR(store_->FaultPoint("PutValidation"));
+  store_->mutex_.AssertHeld();
+  return store_->PutValidationLocked(job_id, batch_size, budget_text, round,
+                                     validation);
+}
+
+absl::StatusOr<std::vector<v1::Task>> Store::Writer::ListTasks(
+    absl::string_view job_id) {
+  store_->mutex_.AssertHeld();
+  return store_->ListTasksLocked(job_id);
+}
+
+absl::StatusOr<v1::Task> Store::Writer::GetTask(absl::string_view task_id) {
+  store_->mutex_.AssertHeld();
+  return store_->GetTaskLocked(task_id);
+}
 
 // ---------------------------------------------------------------------------
 // Models
@@ -279,6 +418,11 @@ absl::StatusOr<std::optional<ModelInfo>> Store::FindModel(
   return info;
 }
 
+absl::StatusOr<std::unique_ptr<TempFile>> Store::NewModelFile() {
+  return TempFile::Create(absl::StrCat(options_.data_dir, "/", kModelsDir),
+                          "upload");
+}
+
 absl::StatusOr<PutModelResult> Store::PutModel(absl::string_view sha256,
                                                absl::string_view name,
                                                int64_t size_bytes,
@@ -289,24 +433,45 @@ absl::StatusOr<PutModelResult> Store::PutModel(absl::string_view sha256,
         "model ", sha256, ": declared size ", size_bytes,
         " bytes but received ", bytes.size(), " bytes; nothing stored"));
   }
-  MUTWO_ASSIGN_OR_RETURN(const std::string path, ModelPath(sha256));
-  {
-    absl::MutexLock lock(&mutex_);
-    MUTWO_ASSIGN_OR_RETURN(std::optional<ModelInfo> existing,
-                           FindModel(sha256));
-    if (existing.has_value()) {
-      absl::StatusOr<int64_t> on_disk = FileSize(path);
-      if (on_disk.ok() && *on_disk == existing->size_bytes) {
-        return PutModelResult{*std::move(existing), true};
-      }
-      // The row outlived its file (deleted by hand): write the file again.
-    }
-  }
+  MUTWO_ASSIGN_OR_RETURN(std::optional<PutModelResult> stored,
+                         StoredModel(sha256));
+  if (stored.has_value()) return *std::move(stored);
   // The file write (fsyncs included) runs without the lock, so other calls
   // are not held up by a large upload; rename makes it atomic.
-  MUTWO_RETURN_IF_ERROR(
-      WriteFileDurably(absl::StrCat(options_.data_dir, "/", kModelsDir),
-                       absl::StrCat(sha256, ".pt"), bytes));
+  MUTWO_ASSIGN_OR_RETURN(std::unique_ptr<TempFile> file, NewModelFile());
+  MUTWO_RETURN_IF_ERROR(file->Append(bytes));
+  return PutModelFile(sha256, name, size_bytes, *file);
+}
+
+absl::StatusOr<std::optional<PutModelResult>> Store::StoredModel(
+    absl::string_view sha256) {
+  MUTWO_ASSIGN_OR_RETURN(const std::string path, ModelPath(sha256));
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(std::optional<ModelInfo> existing, FindModel(sha256));
+  if (existing.has_value()) {
+    absl::StatusOr<int64_t> on_disk = FileSize(path);
+    if (on_disk.ok() && *on_disk == existing->size_bytes) {
+      return PutModelResult{*std::move(existing), true};
+    }
+    // The row outlived its file (deleted by hand): write the file again.
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<PutModelResult> Store::PutModelFile(absl::string_view sha256,
+                                                   absl::string_view name,
+                                                   int64_t size_bytes,
+                                                   TempFile& file) {
+  MUTWO_RETURN_IF_ERROR(ValidateSha256(sha256));
+  if (size_bytes != file.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", sha256, ": declared size ", size_bytes,
+        " bytes but received ", file.size(), " bytes; nothing stored"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(std::optional<PutModelResult> stored,
+                         StoredModel(sha256));
+  if (stored.has_value()) return *std::move(stored);  // `file` is dropped
+  MUTWO_RETURN_IF_ERROR(file.Commit(absl::StrCat(sha256, ".pt")));
   absl::MutexLock lock(&mutex_);
   Transaction txn(db_.get());
   MUTWO_RETURN_IF_ERROR(txn.Begin());
@@ -391,10 +556,27 @@ absl::StatusOr<v1::Job> Store::RequireJob(absl::string_view job_id) {
 absl::StatusOr<CreateJobResult> Store::CreateJob(
     const v1::JobSpec& spec, absl::string_view client_request_id,
     absl::string_view owner) {
-  MUTWO_RETURN_IF_ERROR(ValidateSha256(spec.model_sha256()));
+  return InTransaction<CreateJobResult>([&] {
+    return CreateJobLocked(spec, client_request_id, owner,
+                           /*max_unfinished_jobs=*/0);
+  });
+}
+
+absl::StatusOr<int64_t> Store::CountUnfinishedJobs() {
   absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  return CountUnfinishedJobsLocked();
+}
+
+absl::StatusOr<int64_t> Store::CountUnfinishedJobsLocked() {
+  return db_->QueryInt(absl::StrFormat(
+      "SELECT COUNT(*) FROM jobs WHERE state NOT IN (%d, %d, %d)",
+      v1::Job::SUCCEEDED, v1::Job::FAILED, v1::Job::CANCELLED));
+}
+
+absl::StatusOr<CreateJobResult> Store::CreateJobLocked(
+    const v1::JobSpec& spec, absl::string_view client_request_id,
+    absl::string_view owner, int64_t max_unfinished_jobs) {
+  MUTWO_RETURN_IF_ERROR(ValidateSha256(spec.model_sha256()));
   if (!client_request_id.empty()) {
     MUTWO_ASSIGN_OR_RETURN(Stmt * find,
                            db_->Prepare("SELECT job_id, job FROM jobs "
@@ -425,6 +607,17 @@ absl::StatusOr<CreateJobResult> Store::CreateJob(
         absl::StrCat("model ", spec.model_sha256(),
                      " is not stored; upload it before submitting a job"));
   }
+  if (max_unfinished_jobs > 0) {
+    MUTWO_ASSIGN_OR_RETURN(const int64_t unfinished,
+                           CountUnfinishedJobsLocked());
+    if (unfinished >= max_unfinished_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(unfinished,
+                       " jobs are unfinished, the limit "
+                       "(--max_concurrent_jobs) is ",
+                       max_unfinished_jobs, "; retry later"));
+    }
+  }
   const int64_t now_ms = NowMs();
   v1::Job job;
   job.set_job_id(NewId("job", now_ms));
@@ -447,7 +640,6 @@ absl::StatusOr<CreateJobResult> Store::CreateJob(
   insert->BindBlob(6, job.SerializeAsString());
   insert->BindText(7, owner);
   MUTWO_RETURN_IF_ERROR(insert->Run());
-  MUTWO_RETURN_IF_ERROR(txn.Commit());
   return CreateJobResult{std::move(job), false};
 }
 
@@ -555,9 +747,13 @@ absl::StatusOr<JobPage> Store::ListJobs(const ListJobsQuery& query) {
 absl::StatusOr<v1::Job> Store::UpdateJob(
     absl::string_view job_id,
     const std::function<absl::Status(v1::Job&)>& mutate) {
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  return InTransaction<v1::Job>(
+      [&] { return UpdateJobLocked(job_id, mutate); });
+}
+
+absl::StatusOr<v1::Job> Store::UpdateJobLocked(
+    absl::string_view job_id,
+    const std::function<absl::Status(v1::Job&)>& mutate) {
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, RequireJob(job_id));
   const v1::Job before = job;
   MUTWO_RETURN_IF_ERROR(mutate(job));
@@ -570,6 +766,8 @@ absl::StatusOr<v1::Job> Store::UpdateJob(
   job.set_client_request_id(before.client_request_id());
   job.set_owner(before.owner());
   job.set_updated_unix_ms(NowMs());
+  // WatchJob's change marker: strictly increasing per job, unlike the clock.
+  job.set_version(before.version() + 1);
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * update,
       db_->Prepare("UPDATE jobs SET state = ?2, updated_unix_ms = ?3, "
@@ -579,7 +777,6 @@ absl::StatusOr<v1::Job> Store::UpdateJob(
   update->BindInt(3, job.updated_unix_ms());
   update->BindBlob(4, job.SerializeAsString());
   MUTWO_RETURN_IF_ERROR(update->Run());
-  MUTWO_RETURN_IF_ERROR(txn.Commit());
   return job;
 }
 
@@ -669,9 +866,22 @@ absl::StatusOr<v1::Task> Store::AddTask(
     return absl::InvalidArgumentError(absl::StrCat(
         "VALIDATE task for job ", job_id, " needs the schedule to execute"));
   }
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  return InTransaction<v1::Task>(
+      [&] { return AddTaskLocked(job_id, kind, batch_size, schedule); });
+}
+
+absl::StatusOr<v1::Task> Store::AddTaskLocked(
+    absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
+    const std::optional<v1::Schedule>& schedule) {
+  if (kind != v1::Task::PROFILE && kind != v1::Task::VALIDATE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task kind must be PROFILE or VALIDATE, got ", static_cast<int>(kind)));
+  }
+  MUTWO_RETURN_IF_ERROR(ValidateBatchSize(batch_size));
+  if (kind == v1::Task::VALIDATE && !schedule.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "VALIDATE task for job ", job_id, " needs the schedule to execute"));
+  }
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, RequireJob(job_id));
   if (IsFinished(job.state())) {
     return absl::FailedPreconditionError(
@@ -709,7 +919,6 @@ absl::StatusOr<v1::Task> Store::AddTask(
   }
   insert->BindInt(9, now_ms);
   MUTWO_RETURN_IF_ERROR(insert->Run());
-  MUTWO_RETURN_IF_ERROR(txn.Commit());
   return task;
 }
 
@@ -764,6 +973,18 @@ absl::StatusOr<std::optional<v1::Task>> Store::LeaseTask(
   return task;
 }
 
+absl::Status Store::ReleaseLease(absl::string_view task_id, int64_t fence_token,
+                                 absl::string_view worker_id) {
+  return InTransaction([&]() -> absl::Status {
+    MUTWO_ASSIGN_OR_RETURN(v1::Task task, RequireLease(task_id, fence_token,
+                                                       worker_id, "release"));
+    task.set_state(v1::Task::QUEUED);
+    task.set_lease_owner("");
+    task.set_lease_expiry_unix_ms(0);
+    return WriteTaskState(task, NowMs());
+  });
+}
+
 absl::StatusOr<v1::Task> Store::ExtendLease(absl::string_view task_id,
                                             int64_t fence_token,
                                             absl::string_view worker_id,
@@ -786,17 +1007,33 @@ absl::StatusOr<bool> Store::CompleteTask(absl::string_view task_id,
                                          int64_t fence_token,
                                          absl::string_view worker_id,
                                          absl::string_view result) {
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  return InTransaction<bool>([&] {
+    return CompleteTaskLocked(task_id, fence_token, worker_id, result);
+  });
+}
+
+absl::StatusOr<bool> Store::CompleteTaskLocked(absl::string_view task_id,
+                                               int64_t fence_token,
+                                               absl::string_view worker_id,
+                                               absl::string_view result) {
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> current, FindTask(task_id));
-  if (current.has_value() && current->state() == v1::Task::DONE &&
-      current->fence_token() == fence_token &&
-      current->lease_owner() == worker_id) {
+  const bool same_attempt = current.has_value() &&
+                            current->fence_token() == fence_token &&
+                            current->lease_owner() == worker_id;
+  if (same_attempt && current->state() == v1::Task::DONE) {
     return false;  // the same attempt reporting again
   }
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Task task, RequireLease(task_id, fence_token, worker_id, "complete"));
+  v1::Task task;
+  if (same_attempt && current->state() == v1::Task::QUEUED &&
+      !worker_id.empty()) {
+    // The lease expired and the task was re-queued, but nobody leased it
+    // since (a new lease draws a new fence): the result is still the latest
+    // work on it, so take it rather than run the task again.
+    task = *std::move(current);
+  } else {
+    MUTWO_ASSIGN_OR_RETURN(
+        task, RequireLease(task_id, fence_token, worker_id, "complete"));
+  }
   const int64_t now_ms = NowMs();
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * insert,
@@ -810,7 +1047,6 @@ absl::StatusOr<bool> Store::CompleteTask(absl::string_view task_id,
   task.set_state(v1::Task::DONE);
   task.set_lease_expiry_unix_ms(0);
   MUTWO_RETURN_IF_ERROR(WriteTaskState(task, now_ms));
-  MUTWO_RETURN_IF_ERROR(txn.Commit());
   return true;
 }
 
@@ -819,10 +1055,16 @@ absl::StatusOr<v1::Task> Store::FailTask(absl::string_view task_id,
                                          absl::string_view worker_id,
                                          absl::string_view reason,
                                          bool retryable, int max_attempts) {
+  return InTransaction<v1::Task>([&] {
+    return FailTaskLocked(task_id, fence_token, worker_id, reason, retryable,
+                          max_attempts);
+  });
+}
+
+absl::StatusOr<v1::Task> Store::FailTaskLocked(
+    absl::string_view task_id, int64_t fence_token, absl::string_view worker_id,
+    absl::string_view reason, bool retryable, int max_attempts) {
   MUTWO_RETURN_IF_ERROR(ValidateMaxAttempts(max_attempts));
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
   MUTWO_ASSIGN_OR_RETURN(v1::Task task,
                          RequireLease(task_id, fence_token, worker_id, "fail"));
   task.set_last_error(std::string(reason));
@@ -835,7 +1077,6 @@ absl::StatusOr<v1::Task> Store::FailTask(absl::string_view task_id,
     task.set_state(v1::Task::FAILED);
   }
   MUTWO_RETURN_IF_ERROR(WriteTaskState(task, NowMs()));
-  MUTWO_RETURN_IF_ERROR(txn.Commit());
   return task;
 }
 
@@ -878,7 +1119,8 @@ absl::StatusOr<std::vector<v1::Task>> Store::RequeueExpiredLeases(
                                        ") on attempt ", task.attempt(), " of ",
                                        max_attempts));
     }
-    task.set_lease_owner("");
+    // The owner and the fence stay until the next lease: a result the
+    // owner reports before that is still taken (CompleteTask).
     task.set_lease_expiry_unix_ms(0);
     MUTWO_RETURN_IF_ERROR(WriteTaskState(task, now_ms));
   }
@@ -888,6 +1130,10 @@ absl::StatusOr<std::vector<v1::Task>> Store::RequeueExpiredLeases(
 
 absl::StatusOr<v1::Task> Store::GetTask(absl::string_view task_id) {
   absl::MutexLock lock(&mutex_);
+  return GetTaskLocked(task_id);
+}
+
+absl::StatusOr<v1::Task> Store::GetTaskLocked(absl::string_view task_id) {
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> task, FindTask(task_id));
   if (!task.has_value()) {
     return absl::NotFoundError(
@@ -915,6 +1161,11 @@ absl::StatusOr<std::string> Store::GetTaskResult(absl::string_view task_id) {
 absl::StatusOr<std::vector<v1::Task>> Store::ListTasks(
     absl::string_view job_id) {
   absl::MutexLock lock(&mutex_);
+  return ListTasksLocked(job_id);
+}
+
+absl::StatusOr<std::vector<v1::Task>> Store::ListTasksLocked(
+    absl::string_view job_id) {
   MUTWO_RETURN_IF_ERROR(RequireJob(job_id).status());
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * stmt,
@@ -984,9 +1235,10 @@ absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> Store::CountStates(
 }
 
 absl::StatusOr<int64_t> Store::CancelJobTasks(absl::string_view job_id) {
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
+  return InTransaction<int64_t>([&] { return CancelJobTasksLocked(job_id); });
+}
+
+absl::StatusOr<int64_t> Store::CancelJobTasksLocked(absl::string_view job_id) {
   MUTWO_RETURN_IF_ERROR(RequireJob(job_id).status());
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * update,
@@ -997,9 +1249,7 @@ absl::StatusOr<int64_t> Store::CancelJobTasks(absl::string_view job_id) {
   update->BindText(1, job_id);
   update->BindInt(2, NowMs());
   MUTWO_RETURN_IF_ERROR(update->Run());
-  const int64_t cancelled = db_->Changes();
-  MUTWO_RETURN_IF_ERROR(txn.Commit());
-  return cancelled;
+  return db_->Changes();
 }
 
 // ---------------------------------------------------------------------------
@@ -1008,10 +1258,14 @@ absl::StatusOr<int64_t> Store::CancelJobTasks(absl::string_view job_id) {
 
 absl::Status Store::PutProfile(absl::string_view job_id, int64_t batch_size,
                                const v1::Profile& profile) {
+  return InTransaction(
+      [&] { return PutProfileLocked(job_id, batch_size, profile); });
+}
+
+absl::Status Store::PutProfileLocked(absl::string_view job_id,
+                                     int64_t batch_size,
+                                     const v1::Profile& profile) {
   MUTWO_RETURN_IF_ERROR(ValidateBatchSize(batch_size));
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
   MUTWO_RETURN_IF_ERROR(RequireJob(job_id).status());
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * upsert,
@@ -1029,8 +1283,7 @@ absl::Status Store::PutProfile(absl::string_view job_id, int64_t batch_size,
   upsert->BindBlob(4, profile.SerializeAsString());
   upsert->BindInt(5, NowMs());
   upsert->BindBlob(6, profile.device().SerializeAsString());
-  MUTWO_RETURN_IF_ERROR(upsert->Run());
-  return txn.Commit();
+  return upsert->Run();
 }
 
 absl::StatusOr<v1::Profile> Store::GetProfile(absl::string_view job_id,
@@ -1119,15 +1372,23 @@ absl::Status Store::PutSchedule(const ScheduleCacheKey& key,
 absl::Status Store::PutValidation(absl::string_view job_id, int64_t batch_size,
                                   absl::string_view budget_text, int round,
                                   const v1::Validation& validation) {
+  return InTransaction([&] {
+    return PutValidationLocked(job_id, batch_size, budget_text, round,
+                               validation);
+  });
+}
+
+absl::Status Store::PutValidationLocked(absl::string_view job_id,
+                                        int64_t batch_size,
+                                        absl::string_view budget_text,
+                                        int round,
+                                        const v1::Validation& validation) {
   MUTWO_RETURN_IF_ERROR(ValidateBatchSize(batch_size));
   MUTWO_RETURN_IF_ERROR(RequireNonEmpty(budget_text, "budget text"));
   if (round < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("validation round ", round, ": must be >= 1"));
   }
-  absl::MutexLock lock(&mutex_);
-  Transaction txn(db_.get());
-  MUTWO_RETURN_IF_ERROR(txn.Begin());
   MUTWO_RETURN_IF_ERROR(RequireJob(job_id).status());
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * upsert,
@@ -1143,8 +1404,7 @@ absl::Status Store::PutValidation(absl::string_view job_id, int64_t batch_size,
   upsert->BindInt(4, round);
   upsert->BindBlob(5, validation.SerializeAsString());
   upsert->BindInt(6, NowMs());
-  MUTWO_RETURN_IF_ERROR(upsert->Run());
-  return txn.Commit();
+  return upsert->Run();
 }
 
 absl::StatusOr<std::vector<ValidationRecord>> Store::ListValidations(
@@ -1224,7 +1484,8 @@ absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
     owner->BindText(1, stored.worker_id());
     MUTWO_ASSIGN_OR_RETURN(bool row, owner->Step());
     const bool taken = row && owner->ColumnText(0) != principal &&
-                       owner->ColumnInt(1) != v1::WorkerInfo::LOST;
+                       owner->ColumnInt(1) != v1::WorkerInfo::LOST &&
+                       owner->ColumnInt(1) != v1::WorkerInfo::STOPPED;
     owner->Reset();
     if (taken) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -1234,7 +1495,8 @@ absl::StatusOr<v1::WorkerInfo> Store::UpsertWorker(
     }
   }
   if (stored.state() == v1::WorkerInfo::STATE_UNSPECIFIED ||
-      stored.state() == v1::WorkerInfo::LOST) {
+      stored.state() == v1::WorkerInfo::LOST ||
+      stored.state() == v1::WorkerInfo::STOPPED) {
     stored.set_state(v1::WorkerInfo::IDLE);  // registering means alive
   }
   stored.set_last_heartbeat_unix_ms(now_ms);
@@ -1284,6 +1546,33 @@ absl::Status Store::TouchWorker(absl::string_view worker_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::WorkerInfo> Store::GetWorker(absl::string_view worker_id) {
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(std::optional<v1::WorkerInfo> worker,
+                         FindWorker(worker_id));
+  if (!worker.has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "worker ", Quote(worker_id), " is not registered; register first"));
+  }
+  return *std::move(worker);
+}
+
+absl::StatusOr<int64_t> Store::DeleteForgottenWorkers(int64_t older_than_ms) {
+  if (older_than_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("older_than_ms must be positive, got ", older_than_ms));
+  }
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(Stmt * del,
+                         db_->Prepare(absl::StrFormat(
+                             "DELETE FROM workers WHERE state IN (%d, %d) AND "
+                             "last_heartbeat_unix_ms < ?1",
+                             v1::WorkerInfo::LOST, v1::WorkerInfo::STOPPED)));
+  del->BindInt(1, NowMs() - older_than_ms);
+  MUTWO_RETURN_IF_ERROR(del->Run());  // one statement: atomic
+  return db_->Changes();
+}
+
 absl::StatusOr<std::vector<v1::WorkerInfo>> Store::ListWorkers() {
   absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(Stmt * stmt,
@@ -1318,10 +1607,10 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Store::MarkLostWorkers(
   const int64_t cutoff_ms = NowMs() - older_than_ms;
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * stmt,
-      db_->Prepare(absl::StrFormat("SELECT %s FROM workers WHERE state <> %d "
-                                   "AND last_heartbeat_unix_ms < ?1 "
-                                   "ORDER BY worker_id",
-                                   kWorkerColumns, v1::WorkerInfo::LOST)));
+      db_->Prepare(absl::StrFormat(
+          "SELECT %s FROM workers WHERE state NOT IN (%d, %d) "
+          "AND last_heartbeat_unix_ms < ?1 ORDER BY worker_id",
+          kWorkerColumns, v1::WorkerInfo::LOST, v1::WorkerInfo::STOPPED)));
   stmt->BindInt(1, cutoff_ms);
   std::vector<v1::WorkerInfo> lost;
   while (true) {

@@ -37,6 +37,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "mutwo/v1/types.pb.h"
+#include "storage/durable_file.h"
 #include "storage/schedule_key.h"
 #include "storage/sqlite.h"
 
@@ -93,7 +94,15 @@ class Store {
     // Wall clock in Unix milliseconds; injectable so tests can expire leases
     // and workers without sleeping. Defaults to the system clock.
     std::function<int64_t()> now_ms;
+    // Fault injection (tests only, leveldb's `log_test` style): called with
+    // the name of each step of a Write ("CreateJob", "AddTask", ...,
+    // "commit") before it runs; a non-OK status fails that step, so the
+    // transaction rolls back. A test may also end the process there (kill
+    // -9 between two steps).
+    std::function<absl::Status(absl::string_view step)> fault_hook;
   };
+
+  class Writer;
 
   // Creates data_dir and data_dir/models when missing, opens (or creates)
   // mutwo.db and migrates its schema. FailedPrecondition when the file was
@@ -107,6 +116,14 @@ class Store {
   const std::string& data_dir() const { return options_.data_dir; }
   int64_t NowMs() const { return options_.now_ms(); }
 
+  // Runs `body` in one BEGIN IMMEDIATE transaction: every write it makes
+  // through the Writer is committed together when it returns OK, and none is
+  // when it returns an error (or the process dies first). `body` runs under
+  // the Store's mutex and holds SQLite's write lock: keep it short (plan
+  // before, not inside) and never call the Store from it.
+  [[nodiscard]] absl::Status Write(
+      const std::function<absl::Status(Writer& writer)>& body);
+
   // ---- Models (content-addressed files) ----
   // Stores `bytes` as models/<sha256>.pt (temp file, fsync, rename, dir
   // fsync), then its row. The caller has verified the sha256; this checks
@@ -116,6 +133,15 @@ class Store {
   [[nodiscard]] absl::StatusOr<PutModelResult> PutModel(
       absl::string_view sha256, absl::string_view name, int64_t size_bytes,
       absl::string_view bytes);
+  // A temp file in the model directory for an upload streamed to disk
+  // (JobCore's UploadSession), for PutModelFile.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<TempFile>> NewModelFile();
+  // PutModel for bytes already written to `file` (NewModelFile): the file
+  // becomes models/<sha256>.pt unless the model is stored already (then it
+  // is dropped). `size_bytes` must equal the file's size.
+  [[nodiscard]] absl::StatusOr<PutModelResult> PutModelFile(
+      absl::string_view sha256, absl::string_view name, int64_t size_bytes,
+      TempFile& file);
   [[nodiscard]] absl::StatusOr<bool> HasModel(absl::string_view sha256);
   // The file path for a stored model (InvalidArgument for a malformed sha256;
   // the file exists only if HasModel).
@@ -140,6 +166,8 @@ class Store {
   [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
       const v1::JobSpec& spec, absl::string_view client_request_id,
       absl::string_view owner);
+  // Jobs not SUCCEEDED, FAILED or CANCELLED.
+  [[nodiscard]] absl::StatusOr<int64_t> CountUnfinishedJobs();
   // The principal that submitted the job ('' for jobs stored before owners
   // existed). NotFound for an unknown job, with GetJob's message.
   [[nodiscard]] absl::StatusOr<std::string> GetJobOwner(
@@ -175,6 +203,12 @@ class Store {
   // token is bound to the worker it was handed to, so PermissionDenied when
   // `worker_id` is not the task's lease owner (a guessed or stolen fence).
   //
+  // Gives a lease back untouched (the poll that took it was abandoned
+  // before the worker saw it): QUEUED again with the same attempt, no lease
+  // owner. Same checks as ExtendLease.
+  [[nodiscard]] absl::Status ReleaseLease(absl::string_view task_id,
+                                          int64_t fence_token,
+                                          absl::string_view worker_id);
   // Heartbeat: expiry = now + lease_ms. FailedPrecondition when the fence is
   // stale or the task is no longer LEASED (re-queued, cancelled, done).
   [[nodiscard]] absl::StatusOr<v1::Task> ExtendLease(
@@ -182,7 +216,10 @@ class Store {
       absl::string_view worker_id, int64_t lease_ms);
   // Stores the result and marks the task DONE. Returns true when stored now,
   // false when this fence already completed it (a retried report: nothing
-  // stored twice). FailedPrecondition for any other fence or state.
+  // stored twice). FailedPrecondition for any other fence or state. A result
+  // that arrives after its lease expired is still taken while nobody leased
+  // the task since (QUEUED again, same fence and lease owner): the work was
+  // done, re-running it would only cost time.
   [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
                                                   int64_t fence_token,
                                                   absl::string_view worker_id,
@@ -197,7 +234,9 @@ class Store {
                                                   bool retryable,
                                                   int max_attempts);
   // Leases whose expiry is <= now: re-queued with attempt + 1 and last_error
-  // "lease expired ...", or FAILED once attempt reached max_attempts.
+  // "lease expired ...", or FAILED once attempt reached max_attempts. A
+  // re-queued task keeps its fence and lease owner until it is leased again
+  // (see CompleteTask).
   // Returns the tasks changed, in their new state.
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> RequeueExpiredLeases(
       int max_attempts);
@@ -273,19 +312,81 @@ class Store {
                                          v1::WorkerInfo::State state,
                                          absl::string_view current_task_id);
   [[nodiscard]] absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // One worker (NotFound when not registered): what leasing needs, without
+  // reading every worker.
+  [[nodiscard]] absl::StatusOr<v1::WorkerInfo> GetWorker(
+      absl::string_view worker_id);
+  // Forgets workers LOST or STOPPED whose last heartbeat is older than now -
+  // older_than_ms (their ids may be registered again); returns how many.
+  [[nodiscard]] absl::StatusOr<int64_t> DeleteForgottenWorkers(
+      int64_t older_than_ms);
   // Workers not LOST whose last heartbeat is older than now - older_than_ms
   // become LOST; returns them.
   [[nodiscard]] absl::StatusOr<std::vector<v1::WorkerInfo>> MarkLostWorkers(
       int64_t older_than_ms);
 
  private:
+  friend class Writer;
   Store(Options options, std::unique_ptr<Db> db);
+
+  // The bodies of the writes above, run with the mutex held and inside an
+  // open transaction (by the public method or by a Writer).
+  absl::StatusOr<CreateJobResult> CreateJobLocked(
+      const v1::JobSpec& spec, absl::string_view client_request_id,
+      absl::string_view owner, int64_t max_unfinished_jobs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<int64_t> CountUnfinishedJobsLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<v1::Job> UpdateJobLocked(
+      absl::string_view job_id,
+      const std::function<absl::Status(v1::Job&)>& mutate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<v1::Task> AddTaskLocked(
+      absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
+      const std::optional<v1::Schedule>& schedule)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<bool> CompleteTaskLocked(absl::string_view task_id,
+                                          int64_t fence_token,
+                                          absl::string_view worker_id,
+                                          absl::string_view result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<v1::Task> FailTaskLocked(absl::string_view task_id,
+                                          int64_t fence_token,
+                                          absl::string_view worker_id,
+                                          absl::string_view reason,
+                                          bool retryable, int max_attempts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<int64_t> CancelJobTasksLocked(absl::string_view job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status PutProfileLocked(absl::string_view job_id, int64_t batch_size,
+                                const v1::Profile& profile)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status PutValidationLocked(absl::string_view job_id, int64_t batch_size,
+                                   absl::string_view budget_text, int round,
+                                   const v1::Validation& validation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<std::vector<v1::Task>> ListTasksLocked(
+      absl::string_view job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<v1::Task> GetTaskLocked(absl::string_view task_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Runs `body` with the mutex held inside BEGIN IMMEDIATE ... COMMIT.
+  template <typename T>
+  absl::StatusOr<T> InTransaction(
+      const std::function<absl::StatusOr<T>()>& body)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  absl::Status InTransaction(const std::function<absl::Status()>& body)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // options_.fault_hook at a named step of a Write.
+  absl::Status FaultPoint(absl::string_view step) const;
 
   // (state, count) rows of `table` ("jobs" or "tasks").
   absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> CountStates(
       absl::string_view table);
   absl::StatusOr<std::optional<ModelInfo>> FindModel(absl::string_view sha256)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The model's row and file, when both are there (PutModel need not write).
+  absl::StatusOr<std::optional<PutModelResult>> StoredModel(
+      absl::string_view sha256) ABSL_LOCKS_EXCLUDED(mutex_);
   absl::StatusOr<std::optional<v1::Job>> FindJob(absl::string_view job_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::StatusOr<v1::Job> RequireJob(absl::string_view job_id)
@@ -316,6 +417,58 @@ class Store {
   const Options options_;
   mutable absl::Mutex mutex_;
   std::unique_ptr<Db> db_ ABSL_GUARDED_BY(mutex_);
+};
+
+// The operations a Store::Write body may combine into one transaction; each
+// behaves as the Store method of the same name (same checks, same errors),
+// but commits only with the whole Write. Valid only inside the Write that
+// handed it out.
+class Store::Writer {
+ public:
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  // CreateJob; with max_unfinished_jobs > 0, ResourceExhausted when that
+  // many jobs are unfinished (checked in the same transaction as the insert,
+  // so concurrent submits cannot overshoot the limit). A deduplicated submit
+  // is never refused by the limit.
+  [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
+      const v1::JobSpec& spec, absl::string_view client_request_id,
+      absl::string_view owner, int64_t max_unfinished_jobs = 0);
+  [[nodiscard]] absl::StatusOr<v1::Job> UpdateJob(
+      absl::string_view job_id,
+      const std::function<absl::Status(v1::Job&)>& mutate);
+  [[nodiscard]] absl::StatusOr<v1::Task> AddTask(
+      absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
+      const std::optional<v1::Schedule>& schedule = std::nullopt);
+  [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
+                                                  int64_t fence_token,
+                                                  absl::string_view worker_id,
+                                                  absl::string_view result);
+  [[nodiscard]] absl::StatusOr<v1::Task> FailTask(absl::string_view task_id,
+                                                  int64_t fence_token,
+                                                  absl::string_view worker_id,
+                                                  absl::string_view reason,
+                                                  bool retryable,
+                                                  int max_attempts);
+  [[nodiscard]] absl::StatusOr<int64_t> CancelJobTasks(
+      absl::string_view job_id);
+  [[nodiscard]] absl::Status PutProfile(absl::string_view job_id,
+                                        int64_t batch_size,
+                                        const v1::Profile& profile);
+  [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
+                                           int64_t batch_size,
+                                           absl::string_view budget_text,
+                                           int round,
+                                           const v1::Validation& validation);
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
+      absl::string_view job_id);
+  [[nodiscard]] absl::StatusOr<v1::Task> GetTask(absl::string_view task_id);
+
+ private:
+  friend class Store;
+  explicit Writer(Store* store) : store_(store) {}
+  Store* store_;
 };
 
 }  // namespace mutwo::storage

@@ -86,8 +86,8 @@ std::vector<CommandSpec> Commands(const char* argv0) {
         {"metrics_listen", "Prometheus /metrics address; empty: off"},
         {"work_dir", "model cache and task files"},
         {"task_memory_limit",
-         "address-space limit of each CPU task process, e.g. 16GiB; empty: "
-         "none"},
+         "address-space limit of each CPU task process, e.g. 16GiB; auto: "
+         "half the machine's memory; none: no limit"},
         {"task_time_limit_ms", "wall-clock limit of one task process"},
         {"max_tasks", "exit after this many tasks; 0: never"},
         {"token_file",

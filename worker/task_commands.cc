@@ -42,10 +42,10 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "serve: Prometheus /metrics address (empty: off)");
 ABSL_FLAG(std::string, work_dir, "./mutwo-worker-data",
           "serve: model cache and task files");
-ABSL_FLAG(std::string, task_memory_limit, "",
+ABSL_FLAG(std::string, task_memory_limit, "auto",
           "serve: address-space limit of each CPU task process (e.g. 16GiB; "
-          "empty: none)");
-ABSL_FLAG(int64_t, task_time_limit_ms, 30 * 60 * 1000,
+          "auto: half the machine's memory; none: no limit)");
+ABSL_FLAG(int64_t, task_time_limit_ms, 10 * 60 * 1000,
           "serve: wall-clock limit of one task process");
 ABSL_FLAG(int32_t, max_tasks, 0,
           "serve: exit after this many tasks (0: never)");
@@ -239,8 +239,11 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   options.self_executable = self_exe;
   options.task_time_limit_ms = absl::GetFlag(FLAGS_task_time_limit_ms);
   options.max_tasks = absl::GetFlag(FLAGS_max_tasks);
-  if (!absl::GetFlag(FLAGS_task_memory_limit).empty()) {
-    auto limit = ParseBytes(absl::GetFlag(FLAGS_task_memory_limit));
+  const std::string memory_limit = absl::GetFlag(FLAGS_task_memory_limit);
+  if (memory_limit == "none" || memory_limit == "0") {
+    options.task_memory_limit_bytes = 0;
+  } else if (memory_limit != "auto" && !memory_limit.empty()) {
+    auto limit = ParseBytes(memory_limit);
     if (!limit.ok()) return CommandFailure(cmd, limit.status());
     options.task_memory_limit_bytes = *limit;
   }

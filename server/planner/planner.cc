@@ -125,7 +125,8 @@ void Planner::Extend(int order, int64_t peak_bytes) {
   TrajectoryStep step;
   while (!track.exhausted &&
          (track.steps.empty() ? track.seed_peak_bytes
-                              : track.steps.back().peak_bytes) > peak_bytes) {
+                              : track.steps.back().peak_bytes) > peak_bytes &&
+         !Interrupted()) {
     if (track.policy->Step(&step)) {
       track.steps.push_back(std::move(step));
     } else {
@@ -203,7 +204,9 @@ void Planner::Improve(int64_t budget_bytes, Candidate& c) {
   SimResult current = sim_->Run(d);
   ++c.simulations;
   auto budget_left = [&] {
-    if (c.simulations < options_.max_improve_simulations) return true;
+    if (c.simulations < options_.max_improve_simulations && !Interrupted()) {
+      return true;
+    }
     c.bounded = true;
     return false;
   };
@@ -398,7 +401,7 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
     Candidate best;
     bool found = false;
     int64_t b = budget_bytes;
-    while (b >= result.floor_bytes) {
+    while (b >= result.floor_bytes && !Interrupted()) {
       if (result.probes >= options_.max_probes) {
         result.bounded = true;
         break;
@@ -434,6 +437,7 @@ PlanResult Planner::Plan(int64_t budget_bytes) {
     }
   }
   result.feasible = result.sim.peak_bytes <= budget_bytes;
+  result.interrupted = Interrupted();
   if (!result.feasible) {
     result.reason = absl::StrCat(
         "budget of ", budget_bytes, " bytes is below the lowest peak the ",
@@ -461,6 +465,7 @@ std::vector<ParetoPoint> Planner::Pareto(int points) {
   std::sort(budgets.begin(), budgets.end());
   budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
   for (int64_t budget : budgets) {
+    if (Interrupted()) break;
     PlanResult r = Plan(budget);
     if (!r.feasible) continue;
     out.push_back(ParetoPoint{budget, r.sim.peak_bytes, r.sim.iteration_ms,

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/planner/interrupt.h"
 #include "server/planner/model.h"
 #include "server/planner/mutwo_policy.h"
 #include "server/planner/pareto.h"
@@ -72,6 +73,8 @@ struct PlanResult {
   Decisions decisions;
   SimResult sim;
   std::string reason;  // why infeasible
+  // Options::interrupt stopped the search: the result is not to be used.
+  bool interrupted = false;
 };
 
 class Planner {
@@ -97,6 +100,10 @@ class Planner {
     // (replay_closure.h): in the final plan, and on large graphs in the
     // choice of the first fitting state. Off: the decisions as searched.
     bool close_over_replays = true;
+    // When set (not owned; must outlive the Planner), polled by every loop:
+    // once it stops, trajectories end where they are, no more candidates
+    // are tried, and PlanResult::interrupted is set.
+    Interrupt* interrupt = nullptr;
   };
 
   // Errors: InvalidArgument for an inconsistent profile (Simulator::Create).
@@ -136,6 +143,9 @@ class Planner {
       : profile_(std::move(profile)), options_(options) {}
 
   Candidate MakeCandidate(int64_t budget_bytes);
+  bool Interrupted() {
+    return options_.interrupt != nullptr && options_.interrupt->Stopped();
+  }
   // Improves `decisions` (fitting `budget_bytes`) by pruning and exchange.
   void Improve(int64_t budget_bytes, Candidate& c);
 

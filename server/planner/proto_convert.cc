@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "server/planner/simulator.h"
 
 namespace mutwo::planner {
 namespace {
@@ -67,7 +68,122 @@ absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(
   return batch_profiles;
 }
 
+namespace {
+
+absl::Status CheckBytes(const std::string& field, int64_t value) {
+  if (value < 0 || value > kMaxProfileBytes) {
+    return Bad(field, value,
+               absl::StrCat("must be in [0, ", kMaxProfileBytes, "] bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Counts and byte figures, before anything is converted: the checks that
+// keep sums of figures from overflowing int64.
+absl::Status CheckProfileMagnitudes(const v1::Profile& profile) {
+  if (profile.nodes_size() > kMaxProfileNodes) {
+    return Bad("nodes (count)", profile.nodes_size(),
+               absl::StrCat("at most ", kMaxProfileNodes));
+  }
+  if (profile.backward_steps_size() > kMaxProfileNodes) {
+    return Bad("backward_steps (count)", profile.backward_steps_size(),
+               absl::StrCat("at most ", kMaxProfileNodes));
+  }
+  if (profile.activations_size() > kMaxProfileActivations) {
+    return Bad("activations (count)", profile.activations_size(),
+               absl::StrCat("at most ", kMaxProfileActivations));
+  }
+  const v1::FixedMemory& f = profile.fixed();
+  MUTWO_RETURN_IF_ERROR(
+      CheckBytes("fixed.parameter_bytes", f.parameter_bytes()));
+  MUTWO_RETURN_IF_ERROR(CheckBytes("fixed.gradient_bytes", f.gradient_bytes()));
+  MUTWO_RETURN_IF_ERROR(
+      CheckBytes("fixed.optimizer_state_bytes", f.optimizer_state_bytes()));
+  MUTWO_RETURN_IF_ERROR(CheckBytes("fixed.input_bytes", f.input_bytes()));
+  const v1::MeasuredStep& m = profile.measured();
+  MUTWO_RETURN_IF_ERROR(CheckBytes("measured.peak_bytes", m.peak_bytes()));
+  MUTWO_RETURN_IF_ERROR(
+      CheckBytes("measured.loss_peak_bytes", m.loss_peak_bytes()));
+  MUTWO_RETURN_IF_ERROR(
+      CheckBytes("measured.optimizer_peak_bytes", m.optimizer_peak_bytes()));
+  MUTWO_RETURN_IF_ERROR(
+      CheckBytes("device.total_bytes", profile.device().total_bytes()));
+  for (int i = 0; i < profile.nodes_size(); ++i) {
+    const v1::ProfileNode& node = profile.nodes(i);
+    const std::string f = absl::StrCat("nodes[", i, "]");
+    MUTWO_RETURN_IF_ERROR(
+        CheckBytes(f + ".allocated_bytes_after", node.allocated_bytes_after()));
+    MUTWO_RETURN_IF_ERROR(
+        CheckBytes(f + ".peak_bytes_during", node.peak_bytes_during()));
+    if (node.transient_bytes() > kMaxProfileBytes) {
+      return Bad(f + ".transient_bytes", node.transient_bytes(),
+                 absl::StrCat("must be at most ", kMaxProfileBytes));
+    }
+  }
+  for (int k = 0; k < profile.backward_steps_size(); ++k) {
+    const v1::BackwardStep& step = profile.backward_steps(k);
+    const std::string f = absl::StrCat("backward_steps[", k, "]");
+    MUTWO_RETURN_IF_ERROR(
+        CheckBytes(f + ".allocated_bytes_after", step.allocated_bytes_after()));
+    MUTWO_RETURN_IF_ERROR(
+        CheckBytes(f + ".peak_bytes_during", step.peak_bytes_during()));
+  }
+  int64_t sources = 0;
+  for (const v1::Activation& a : profile.activations()) {
+    sources += a.recompute_sources_size();
+  }
+  const int64_t max_sources = int64_t{kMaxMeanRecomputeSources} *
+                              std::max<int64_t>(1, profile.activations_size());
+  if (sources > max_sources) {
+    // Recompute lineages this dense cost the planner cubic time (a valid
+    // 4k-activation profile with every activation rebuilt from all earlier
+    // ones took over a minute); real ops have a few inputs each.
+    return Bad(
+        "activations[].recompute_sources (total)", sources,
+        absl::StrCat("at most ", kMaxMeanRecomputeSources,
+                     " per activation on average (", max_sources, " for ",
+                     profile.activations_size(), " activations)"));
+  }
+  int64_t activation_bytes = 0;
+  for (int i = 0; i < profile.activations_size(); ++i) {
+    const v1::Activation& a = profile.activations(i);
+    const std::string f =
+        absl::StrCat("activations[", i, "] (value_id ", a.value_id(), ")");
+    MUTWO_RETURN_IF_ERROR(CheckBytes(f + ".size_bytes", a.size_bytes()));
+    activation_bytes += a.size_bytes();
+    if (activation_bytes > kMaxProfileBytes) {
+      return Bad("activations (total size_bytes)", activation_bytes,
+                 absl::StrCat("must be at most ", kMaxProfileBytes));
+    }
+    if (a.recompute_sources_size() > profile.activations_size() ||
+        a.recompute_nodes_size() > profile.nodes_size()) {
+      return Bad(f + ".recompute_sources/recompute_nodes (count)",
+                 std::max(a.recompute_sources_size(), a.recompute_nodes_size()),
+                 "more entries than the profile has activations or nodes");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateProfile(const v1::Profile& profile) {
+  if (profile.batch_size() <= 0) {
+    return Bad("batch_size", profile.batch_size(), "must be positive");
+  }
+  if (!profile.oom() && profile.nodes_size() == 0) {
+    return absl::InvalidArgumentError(
+        "nodes: the profile has no forward nodes");
+  }
+  MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
+  if (profile.oom()) return absl::OkStatus();
+  MUTWO_ASSIGN_OR_RETURN(const PlanProfile plan_profile,
+                         ProfileFromProto(profile));
+  return ValidatePlanProfile(&plan_profile);
+}
+
 absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
+  MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
   PlanProfile out;
   const int n = profile.nodes_size();
   const int p = n + profile.backward_steps_size();
@@ -458,6 +574,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   options.policy = PolicyFromProto(request.policy);
   options.allow_swap = request.allow_swap;
   options.record_curve = request.max_timeline_samples > 0;
+  options.interrupt = request.interrupt;
   MUTWO_ASSIGN_OR_RETURN(auto planner, Planner::Create(plan_profile, options));
   MUTWO_ASSIGN_OR_RETURN(
       int64_t budget_bytes,
@@ -477,6 +594,9 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   const int64_t correction = request.correction_bytes;
   PlanResult result =
       planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
+  if (request.interrupt != nullptr && request.interrupt->Stopped()) {
+    return request.interrupt->status();
+  }
   if (reserve > 0 || correction > 0) result.budget_bytes = budget_bytes;
   if (reserve > 0) {
     // The lowest budget that is feasible.
@@ -510,6 +630,9 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
       out->set_recomputed(pt.recomputed);
       out->set_swapped(pt.swapped);
     }
+  }
+  if (request.interrupt != nullptr && request.interrupt->Stopped()) {
+    return request.interrupt->status();
   }
   return schedule;
 }

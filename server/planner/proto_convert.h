@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mutwo/v1/types.pb.h"
+#include "server/planner/interrupt.h"
 #include "server/planner/max_batch.h"
 #include "server/planner/model.h"
 #include "server/planner/planner.h"
@@ -22,6 +23,25 @@ namespace mutwo::planner {
 // last_forward_use 5 and before position 12`.
 [[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
     const v1::Profile& profile);
+
+// Limits on what a profile may hold, so that no profile a worker reports
+// can make the planner's arithmetic overflow or its work explode: every
+// byte figure at most kMaxProfileBytes (1 PiB), at most kMaxProfileNodes
+// nodes and backward steps, kMaxProfileActivations activations and
+// kMaxMeanRecomputeSources recompute sources per activation on average.
+inline constexpr int64_t kMaxProfileBytes = int64_t{1} << 50;
+inline constexpr int kMaxProfileNodes = 1 << 20;
+inline constexpr int kMaxProfileActivations = 1 << 20;
+// Recompute sources per activation, on average over the profile (a real op
+// has a few inputs; DenseNet's widest concat a few dozen).
+inline constexpr int kMaxMeanRecomputeSources = 32;
+
+// Whether the planner can take `profile`: the checks of ProfileFromProto
+// and of the simulator (ValidatePlanProfile), the one validation the
+// server runs on a reported profile before storing it. A profile that ran
+// out of memory (oom) carries no timeline and is checked for its counts and
+// figures only. InvalidArgument naming the first bad field.
+[[nodiscard]] absl::Status ValidateProfile(const v1::Profile& profile);
 
 // What the μ-TWO policy keeps free under a budget. On a CUDA device 4 MiB +
 // 1% of the budget, for the caching allocator's block rounding (blocks are
@@ -77,6 +97,10 @@ struct ScheduleRequest {
   // --reserve=false`, and the planner's tests on synthetic profiles of a
   // few KB, where 16 KiB would leave nothing).
   bool device_reserve = true;
+  // Stops the planner (a deadline, the caller leaving); not owned. When it
+  // stopped, PlanSchedule answers its status (DeadlineExceeded or
+  // Cancelled) instead of a schedule.
+  Interrupt* interrupt = nullptr;
 };
 
 // Plans one profile for one budget: the whole v1::Schedule.

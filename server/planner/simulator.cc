@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace mutwo::planner {
 namespace {
@@ -81,8 +82,7 @@ bool PlanProfile::HasAllocatorFigures() const {
 
 Simulator::Simulator(const PlanProfile* profile) : profile_(profile) {}
 
-absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
-    const PlanProfile* profile) {
+absl::Status ValidatePlanProfile(const PlanProfile* profile) {
   if (profile == nullptr || profile->nodes.empty()) {
     return absl::InvalidArgumentError("profile has no forward nodes");
   }
@@ -142,7 +142,15 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
           "backward step ", k, ": forward_node ", f, " not in [-1, ", n, ")"));
     }
   }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
+    const PlanProfile* profile) {
+  MUTWO_RETURN_IF_ERROR(ValidatePlanProfile(profile));
+  const int n = static_cast<int>(profile->nodes.size());
+  const int p = profile->positions();
+  const int a_count = static_cast<int>(profile->activations.size());
   auto sim = std::unique_ptr<Simulator>(new Simulator(profile));
   sim->positions_ = p;
   sim->nodes_ = n;

@@ -69,6 +69,13 @@ struct SimResult {
   std::vector<int64_t> planned_after_bytes;
 };
 
+// The structural invariants the simulator relies on (positions in range,
+// uses ordered, ids that exist). One check for every way a profile reaches
+// the planner: Simulator::Create runs it, and so does ValidateProfile
+// (proto_convert.h) when the server takes a profile from a worker.
+// InvalidArgument naming the activation and the field.
+[[nodiscard]] absl::Status ValidatePlanProfile(const PlanProfile* profile);
+
 class Simulator {
  public:
   struct Options {

@@ -5,7 +5,9 @@
 #include "server/job_core.h"
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "common/parse.h"
 #include "common/sha256.h"
@@ -626,6 +628,53 @@ TEST(UploadSessionTest, VerifiesSizeHashAndLimit) {
   }
 }
 
+// Uploads stream to a temp file of the store (never whole in memory), and a
+// principal runs at most 2 at once with at most 2 x max_model_bytes (2 MiB
+// here) declared between them.
+TEST_F(JobCoreTest, UploadsStreamToDiskWithinPerClientLimits) {
+  const std::string bytes(300 << 10, 'm');
+  v1::UploadModelHeader header;
+  header.set_sha256(Sha256Hex(bytes));
+  header.set_size_bytes(bytes.size());
+  header.set_name("streamed");
+  auto first = core_->NewUpload("alice");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->Header(header).ok());
+  ASSERT_NE((*first)->file(), nullptr);
+  const std::string temp = (*first)->file()->path();
+  ASSERT_TRUE((*first)->Chunk(bytes.substr(0, 100 << 10)).ok());
+  // Already on disk while the upload runs.
+  EXPECT_EQ(std::filesystem::file_size(temp), size_t{100} << 10);
+  auto second = core_->NewUpload("alice");
+  ASSERT_TRUE(second.ok());
+  auto third = core_->NewUpload("alice");
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_TRUE(core_->NewUpload("bob").ok()) << "another client is not limited";
+  // The byte quota: 300 KiB running, 1.9 MiB more would pass 2 MiB.
+  v1::UploadModelHeader big = header;
+  big.set_size_bytes(1900 << 10);
+  EXPECT_TRUE(absl::IsResourceExhausted((*second)->Header(big)));
+  ASSERT_TRUE((*first)->Chunk(bytes.substr(100 << 10)).ok());
+  ASSERT_TRUE((*first)->Finish().ok());
+  auto stored = core_->StoreUpload(**first, "alice");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_FALSE(std::filesystem::exists(temp));
+  EXPECT_EQ(std::filesystem::file_size(*store_->ModelPath(header.sha256())),
+            bytes.size());
+  first->reset();
+  second->reset();
+  EXPECT_TRUE(core_->NewUpload("alice").ok()) << "slots are given back";
+  // An abandoned upload leaves no file behind.
+  {
+    auto abandoned = core_->NewUpload("carol");
+    ASSERT_TRUE((*abandoned)->Header(header).ok());
+    const std::string path = (*abandoned)->file()->path();
+    ASSERT_TRUE((*abandoned)->Chunk("partial").ok());
+    abandoned->reset();
+    EXPECT_FALSE(std::filesystem::exists(path));
+  }
+}
+
 // Issue 17: a job for a device kind no live worker has says so, and the
 // gauge counts it, until such a worker registers.
 TEST_F(JobCoreTest, JobWaitingForADeviceNoLiveWorkerHasSaysWhy) {
@@ -668,6 +717,77 @@ TEST_F(JobCoreTest, JobWaitingForADeviceNoLiveWorkerHasSaysWhy) {
   ASSERT_TRUE(core_->CancelJob(cpu_id).ok());
   EXPECT_EQ(core_->GetJob(cpu_id)->waiting(), "");
   EXPECT_EQ(GaugeValue(metrics_, gauge, "cpu"), 0);
+}
+
+// A poll whose worker went away (the RPC was cancelled) must not keep the
+// task it leased: it is given back at once, attempt unchanged, and the next
+// worker gets it (issue 15: 8 of 8 jobs went to a dead worker's poll).
+TEST_F(JobCoreTest, TaskLeasedForAnAbandonedPollIsGivenBackAtOnce) {
+  auto submitted = core_->SubmitJob(Request({2}, {"60%"}));
+  ASSERT_TRUE(submitted.ok());
+  v1::LeaseTaskRequest r;
+  r.set_worker_id(worker_);
+  auto abandoned = core_->LeaseTask(r, [] { return true; });
+  EXPECT_TRUE(absl::IsCancelled(abandoned.status())) << abandoned.status();
+  auto tasks = *store_->ListTasks(submitted->job().job_id());
+  ASSERT_EQ(tasks.size(), 1u);
+  EXPECT_EQ(tasks[0].state(), v1::Task::QUEUED);
+  EXPECT_EQ(tasks[0].attempt(), 1);
+  auto lease = Lease();
+  ASSERT_TRUE(lease.has_task());
+  EXPECT_EQ(lease.task().task_id(), tasks[0].task_id());
+}
+
+TEST_F(JobCoreTest, LongPollEndsSoonAfterTheCallerLeaves) {
+  v1::LeaseTaskRequest r;
+  r.set_worker_id(worker_);
+  r.set_wait_ms(20000);
+  std::atomic<bool> gone{false};
+  std::thread leave([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gone = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto lease = core_->LeaseTask(r, [&] { return gone.load(); });
+  const double ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+  leave.join();
+  EXPECT_TRUE(absl::IsCancelled(lease.status())) << lease.status();
+  EXPECT_LT(ms, 1000);
+}
+
+TEST_F(JobCoreTest, StoppedWorkerIsNeverLeasedUntilItRegistersAgain) {
+  v1::HeartbeatRequest bye;
+  bye.set_worker_id(worker_);
+  bye.set_stopping(true);
+  ASSERT_TRUE(core_->Heartbeat(bye).ok());
+  EXPECT_EQ(store_->GetWorker(worker_)->state(), v1::WorkerInfo::STOPPED);
+  ASSERT_TRUE(core_->SubmitJob(Request({2}, {"60%"})).ok());
+  v1::LeaseTaskRequest r;
+  r.set_worker_id(worker_);
+  auto refused = core_->LeaseTask(r);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("register again"));
+  // Nothing was leased to it.
+  EXPECT_EQ(store_->CountTasksByState()->at(v1::Task::LEASED), 0);
+  v1::RegisterWorkerRequest reg;
+  reg.mutable_worker()->set_worker_id(worker_);
+  reg.mutable_worker()->mutable_device()->set_kind("cpu");
+  ASSERT_TRUE(core_->RegisterWorker(reg).ok());
+  EXPECT_TRUE(Lease().has_task());
+}
+
+TEST_F(JobCoreTest, SilentWorkersAreForgottenAfterTheGracePeriod) {
+  // Lost after 3 lease timeouts (3 s here), forgotten an hour later.
+  now_ms_ += 4000;
+  core_->Reap();
+  EXPECT_EQ(store_->GetWorker(worker_)->state(), v1::WorkerInfo::LOST);
+  now_ms_ += 60 * 60 * 1000;
+  core_->Reap();
+  EXPECT_TRUE(absl::IsNotFound(store_->GetWorker(worker_).status()));
+  EXPECT_TRUE(store_->ListWorkers()->empty());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <regex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/proto_io.h"
 #include "common/sha256.h"
@@ -96,8 +97,8 @@ class ServiceTest : public ::testing::Test {
   }
 
   // `preload`: a library for LD_PRELOAD (the worker runs under env(1)).
-  Subprocess& StartWorker(int metrics_port = 0,
-                          const std::string& preload = "") {
+  Subprocess& StartWorker(int metrics_port = 0, const std::string& preload = "",
+                          const std::vector<std::string>& extra = {}) {
     auto w = std::make_unique<Subprocess>();
     const int n = static_cast<int>(workers_.size());
     std::vector<std::string> argv;
@@ -112,6 +113,7 @@ class ServiceTest : public ::testing::Test {
     if (metrics_port > 0) {
       argv.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port));
     }
+    argv.insert(argv.end(), extra.begin(), extra.end());
     EXPECT_TRUE(
         w->Start(argv, (dir_ / absl::StrCat("worker", n, ".log")).string()));
     workers_.push_back(std::move(w));
@@ -383,6 +385,79 @@ TEST_F(ServiceTest, MalformedModelFailsTheJobAndTheServerStaysServing) {
   EXPECT_EQ(list.jobs(0).state(), v1::Job::FAILED);
   EXPECT_THAT(list.jobs(0).error(), HasSubstr("garbage.pt"));
   EXPECT_EQ(RunCommand(Cli("health")).exit_code, 0);
+}
+
+// Hostile models (issue 15): an endless loop and a memory bomb, run by a
+// real worker daemon. Each job ends with a reason naming what happened,
+// and the worker and the server go on serving: a well-behaved job
+// submitted after them succeeds.
+TEST_F(ServiceTest, HostileModelsEndWithAReasonAndEverythingKeepsServing) {
+  const std::string script = (dir_ / "hostile.py").string();
+  std::ofstream(script) << R"(import sys, torch
+class Loop(torch.nn.Module):
+    def forward(self, x):
+        i = 0
+        while i >= 0:
+            i = i + 1
+        return x * 1.0
+class Bomb(torch.nn.Module):
+    def forward(self, x):
+        y = torch.ones([1 << 36])
+        return x * y.sum()
+torch.jit.script(Loop()).save(sys.argv[1] + "/loop.pt")
+torch.jit.script(Bomb()).save(sys.argv[1] + "/bomb.pt")
+)";
+  const auto made =
+      RunCommand(absl::StrCat("/usr/bin/python3 ", script, " ", dir_.string()));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  // The worker with a short time limit (the default is 10 minutes) and the
+  // default memory limit (half the machine).
+  StartWorker(0, "", {"--task_time_limit_ms=3000", "--task_memory_limit=auto"});
+  auto submit = [&](const std::string& model) {
+    return RunCommand(Cli(
+        absl::StrCat("submit ", (dir_ / model).string(),
+                     " --input=x:float32[B,4] --batch=2 --budget=60% --wait "
+                     "--wait_timeout_s=120")));
+  };
+  auto job_of = [&](const std::string& model) {
+    auto jobs = RunCommand(Cli("jobs --output=json"));
+    v1::ListJobsResponse list;
+    EXPECT_TRUE(ProtoFromJson(jobs.output, "jobs", &list).ok()) << jobs.output;
+    for (const v1::Job& j : list.jobs()) {
+      if (j.spec().model_name() == model) return j;
+    }
+    ADD_FAILURE() << "no job for " << model;
+    return v1::Job();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const auto loop = submit("loop.pt");
+  EXPECT_EQ(loop.exit_code, 1) << loop.output;
+  const v1::Job loop_job = job_of("loop");
+  EXPECT_EQ(loop_job.state(), v1::Job::FAILED);
+  EXPECT_THAT(loop_job.error(), HasSubstr("time limit"));
+  const double loop_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  const auto bomb = submit("bomb.pt");
+  const v1::Job bomb_job = job_of("bomb");
+  // Out of memory is a recorded result (the batch size does not fit) or a
+  // failed task; either way the job is over and says so.
+  std::string reason = bomb_job.error();
+  for (const v1::BatchResult& r : bomb_job.results()) reason += r.error();
+  EXPECT_TRUE(bomb_job.state() == v1::Job::FAILED ||
+              bomb_job.state() == v1::Job::SUCCEEDED)
+      << bomb.output;
+  EXPECT_THAT(absl::AsciiStrToLower(reason), HasSubstr("memory")) << reason;
+  std::cout << "{\"endless_loop_s\": " << loop_s << ", \"loop_reason\": \""
+            << loop_job.error().substr(0, 120) << "\", \"bomb_state\": \""
+            << v1::Job::State_Name(bomb_job.state()) << "\"}\n";
+  // Everyone still serving: a real model runs through.
+  EXPECT_EQ(RunCommand(Cli("health")).exit_code, 0);
+  const auto good =
+      RunCommand(Cli(absl::StrCat("submit ", ModelDir(),
+                                  "/mlp.pt --input=x:float32[B,32] --batch=4 "
+                                  "--budget=95% --wait --wait_timeout_s=120")));
+  EXPECT_EQ(job_of("mlp").state(), v1::Job::SUCCEEDED) << good.output;
 }
 
 TEST_F(ServiceTest, UploadLimitsAndHashAreEnforcedAndNothingIsStored) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +34,20 @@ std::string ReadTail(const std::string& path) {
 }
 
 }  // namespace
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_bytes <= 0) return 0;
+  return static_cast<int64_t>(pages) * page_bytes;
+}
+
+ChildLimits DefaultTaskLimits() {
+  ChildLimits limits;
+  limits.memory_limit_bytes = PhysicalMemoryBytes() / 2;
+  limits.wall_limit_ms = 10 * 60 * 1000;
+  return limits;
+}
 
 std::string ChildResult::Describe() const {
   std::string what;
@@ -66,13 +81,18 @@ absl::StatusOr<ChildResult> RunChild(const std::vector<std::string>& argv,
     cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   const auto start = std::chrono::steady_clock::now();
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
-    // Child: own process group, limits, stderr to the file, then exec.
+    // Child: dies with the daemon (even kill -9 of it: the kernel sends
+    // SIGKILL when the parent thread exits), own process group, limits,
+    // stderr to the file, then exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);  // the daemon died before prctl
     setpgid(0, 0);
     sigset_t none;
     sigemptyset(&none);

@@ -1,6 +1,10 @@
 // Runs one task in a child process with limits, so a model that crashes,
 // hangs or eats memory costs one task and not the worker daemon.
-// The child gets its own process group (killed as a whole), an address-space
+// The child dies with the daemon (PR_SET_PDEATHSIG: SIGKILL when the
+// thread that forked it exits, kill -9 of the daemon included; the caller
+// must keep that thread alive while the child runs, as RunChild does by
+// waiting). The child gets its own process group (killed as a whole), an
+// address-space
 // limit (RLIMIT_AS, when memory_limit_bytes > 0; not for CUDA, whose driver
 // reserves huge virtual ranges) and a wall-clock deadline. stderr goes to a
 // file whose tail is returned as the failure reason.
@@ -38,6 +42,16 @@ struct ChildResult {
   // One line for a FailTask reason.
   std::string Describe() const;
 };
+
+// The machine's physical memory (sysconf), 0 when unknown.
+int64_t PhysicalMemoryBytes();
+// Safe limits for a task process when none are given: half the machine's
+// memory as its address-space limit (a model that allocates without bound
+// fails its task instead of pushing the node into swap or the OOM killer),
+// and 10 minutes of wall clock (an endless loop costs minutes per attempt,
+// not half an hour). `mutwo-worker serve --task_memory_limit
+// --task_time_limit_ms` override them.
+ChildLimits DefaultTaskLimits();
 
 // argv[0] is the executable path. stderr_path receives the child's stderr.
 [[nodiscard]] absl::StatusOr<ChildResult> RunChild(

@@ -385,8 +385,28 @@ absl::Status WorkerDaemon::Run() {
     MUTWO_RETURN_IF_ERROR(RunOneTask(response));
     if (options_.max_tasks > 0 && ++done >= options_.max_tasks) break;
   }
+  Deregister();
   stopped_.Notify();
   return absl::OkStatus();
+}
+
+void WorkerDaemon::Deregister() {
+  if (info_.worker_id().empty()) return;
+  // Best effort: a server that does not hear it marks the worker LOST
+  // after missed heartbeats instead.
+  v1::HeartbeatRequest request;
+  request.set_worker_id(info_.worker_id());
+  request.set_stopping(true);
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(
+      Deadline(std::min<int64_t>(options_.rpc_timeout_ms, 2000)));
+  const grpc::Status s = stub_->Heartbeat(&context, request, &response);
+  if (s.ok()) {
+    MUTWO_LOG(info, "worker {} deregistered", info_.worker_id());
+  } else {
+    MUTWO_LOG(warn, "deregister: {}", s.error_message());
+  }
 }
 
 void WorkerDaemon::SetActiveCall(grpc::ClientContext* context) {

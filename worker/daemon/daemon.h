@@ -30,6 +30,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "worker/daemon/child_process.h"
 
 namespace mutwo {
 
@@ -44,11 +45,13 @@ class WorkerDaemon {
     std::string server = "127.0.0.1:50051";
     // Token and TLS files (common/credentials.h); the target is `server`.
     ClientCredentialsOptions credentials;
-    std::string device = "cpu";           // passed to the child: cpu | cuda:N
-    std::string work_dir;                 // model cache and task files
-    std::string self_executable;          // the mutwo-worker binary
-    int64_t task_memory_limit_bytes = 0;  // RLIMIT_AS of the child; 0: none
-    int64_t task_time_limit_ms = 30 * 60 * 1000;
+    std::string device = "cpu";   // passed to the child: cpu | cuda:N
+    std::string work_dir;         // model cache and task files
+    std::string self_executable;  // the mutwo-worker binary
+    // RLIMIT_AS of a CPU task process; 0: none. Default: half the machine's
+    // memory (DefaultTaskLimits).
+    int64_t task_memory_limit_bytes = DefaultTaskLimits().memory_limit_bytes;
+    int64_t task_time_limit_ms = DefaultTaskLimits().wall_limit_ms;
     int64_t lease_wait_ms = 10000;
     int64_t rpc_timeout_ms = 30000;
     int64_t max_backoff_ms = 30000;
@@ -68,6 +71,9 @@ class WorkerDaemon {
   // Runs until Shutdown() or max_tasks; returns the last fatal error if any.
   absl::Status Run();
   void Shutdown();
+  // Tells the server this worker stops (Heartbeat with `stopping`), so it
+  // is leased nothing more; Run() does it on its way out.
+  void Deregister();
 
  private:
   explicit WorkerDaemon(Options options);

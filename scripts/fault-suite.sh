@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The fault and abuse suite of issue 15, long form (docs/reliability.md).
+# The short form runs in CI as `ctest -L reliability`; this runs the same
+# binaries at full size and prints their JSON figure lines.
+#   scripts/fault-suite.sh [BUILD_DIR]
+#   FUZZ_REQUESTS=100000 CRASH_ROUNDS=100 scripts/fault-suite.sh   # defaults
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+FUZZ_REQUESTS=${FUZZ_REQUESTS:-100000}
+CRASH_ROUNDS=${CRASH_ROUNDS:-100}
+run() {
+  echo "== $*" >&2
+  local start=$SECONDS
+  "$@" 2>&1 | grep -E '^\{|^\[  (PASSED|FAILED)|Failure' || true
+  echo "   (${*: -1}: $((SECONDS - start)) s)" >&2
+}
+run "$BUILD/bin/atomic_writes_test"
+run "$BUILD/bin/child_process_test"
+run "$BUILD/bin/planner_test" --gtest_filter='BoundedPlanningTest.*'
+MUTWO_FUZZ_REQUESTS=$FUZZ_REQUESTS run "$BUILD/bin/fuzz_test"
+MUTWO_CRASH_ROUNDS=$CRASH_ROUNDS run "$BUILD/bin/crash_restart_test"
