@@ -426,6 +426,19 @@ TEST_F(ServiceTest, UploadLimitsAndHashAreEnforcedAndNothingIsStored) {
 TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
   const int worker_metrics = FreePort();
   StartWorker(worker_metrics);
+  // Before any task: the series the task-failure alert compares exist at 0.
+  std::string before;
+  for (int i = 0; i < 100 && before.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    before = HttpGet(worker_metrics, "/metrics");
+  }
+  for (const char* kind : {"PROFILE", "VALIDATE"}) {
+    for (const char* result : {"succeeded", "failed", "unreported"}) {
+      EXPECT_THAT(before, HasSubstr(absl::StrCat(
+                              "mutwo_worker_tasks_total{kind=\"", kind,
+                              "\",result=\"", result, "\"} 0")));
+    }
+  }
   auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait")));
   ASSERT_EQ(r.exit_code, 3) << r.output;  // 1B fits at no batch size
   for (int port : {metrics_port_, worker_metrics}) {
@@ -445,10 +458,36 @@ TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
         "mutwo_model_max_batch_size", "mutwo_workers{state=\"LOST\"} 0"}) {
     EXPECT_NE(server_body.find(name), std::string::npos) << name;
   }
+  for (const std::string& body :
+       {server_body, HttpGet(worker_metrics, "/metrics")}) {
+    EXPECT_THAT(body, ::testing::Not(HasSubstr("summary")));
+    EXPECT_THAT(body, ::testing::Not(HasSubstr("Nan")));
+  }
+  // One series per batch size, not the last one written.
+  static const std::regex baseline_re(
+      "mutwo_model_peak_bytes\\{batch=\"(256|512)\",budget=\"none\","
+      "kind=\"baseline\",model=\"[^\"]+\"\\} [0-9]+");
+  std::vector<std::string> baselines;
+  for (auto it = std::sregex_iterator(server_body.begin(), server_body.end(),
+                                      baseline_re);
+       it != std::sregex_iterator(); ++it) {
+    baselines.push_back(it->str());
+  }
+  EXPECT_EQ(baselines.size(), 2u) << server_body;
   EXPECT_THAT(
       HttpGet(worker_metrics, "/metrics"),
       HasSubstr(
           "mutwo_worker_tasks_total{kind=\"PROFILE\",result=\"succeeded\"} 2"));
+  // A restarted server exports the same model gauges from its store, before
+  // any job runs.
+  server_->Kill(SIGTERM);
+  ASSERT_EQ(server_->Wait(std::chrono::seconds(20)), 0) << server_->Log();
+  StartServer();
+  const std::string restarted = HttpGet(metrics_port_, "/metrics");
+  for (const std::string& line : baselines) {
+    EXPECT_THAT(restarted, HasSubstr(line));
+  }
+  EXPECT_THAT(restarted, HasSubstr("mutwo_model_max_batch_size{"));
   // A real Prometheus server scrapes both endpoints.
   const int prom_port = FreePort();
   const std::string config = (dir_ / "prometheus.yml").string();
