@@ -89,7 +89,7 @@ TEST(MutwoHelp, EachCommandPrintsItsUsageAndOnlyItsFlags) {
   EXPECT_THAT(top.output, HasSubstr("  watch "));
   EXPECT_THAT(top.output, Not(HasSubstr("--budget")));  // commands' flags
   CommandResult plot = RunCommand(Mutwo("plot --help"));
-  EXPECT_THAT(plot.output, HasSubstr("-o, --svg"));
+  EXPECT_THAT(plot.output, HasSubstr("-o, --out"));
   CommandResult submit = RunCommand(Mutwo("submit --help"));
   EXPECT_THAT(submit.output, HasSubstr("(default: random)"));
   EXPECT_THAT(submit.output, HasSubstr("--unbatched"));

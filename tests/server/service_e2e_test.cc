@@ -8,6 +8,7 @@
 #include <fstream>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/proto_io.h"
@@ -277,15 +278,31 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
       RunCommand(Cli("profile " + job.job_id() + " --batch=256 --format=csv"));
   EXPECT_EQ(profile.exit_code, 0);
   EXPECT_THAT(profile.output, HasSubstr("value_id,producer_node"));
-  const std::string svg = (dir_ / "timeline.svg").string();
-  EXPECT_EQ(RunCommand(Cli("plot " + job.job_id() +
-                           " --kind=timeline --batch=256 -o " + svg))
+  // Plots, rendered by matplotlib (client/plot/mutwo_plot.py); the plot
+  // data; a PyTorch memory snapshot.
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const auto& [args, file, magic] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--kind=timeline --batch=256", "timeline.svg", "<svg"},
+           {"--kind=batch", "batch.png", "\x89PNG"},
+           {"--kind=pareto --batch=512", "pareto.pdf", "%PDF"},
+           {"--kind=timeline --batch=512 --budget=1B", "infeasible.json",
+            "\"feasible\":false"},
+           {"--kind=timeline --batch=256 --timeline=measured",
+            "measured.pickle", "device_traces"}}) {
+    const std::string path = (dir_ / file).string();
+    auto plot =
+        RunCommand(Cli("plot " + job.job_id() + " " + args + " -o " + path));
+    EXPECT_EQ(plot.exit_code, 0) << args << "\n" << plot.output;
+    EXPECT_THAT(slurp(path), HasSubstr(magic)) << file;
+  }
+  // A kind of file the renderer cannot write is refused before any RPC.
+  EXPECT_EQ(RunCommand(Cli("plot " + job.job_id() + " --kind=batch -o x.gif"))
                 .exit_code,
-            0);
-  std::ifstream in(svg);
-  std::string first_line;
-  std::getline(in, first_line);
-  EXPECT_THAT(first_line, HasSubstr("<svg"));
+            2);
   auto workers = RunCommand(Cli("workers"));
   EXPECT_THAT(workers.output, HasSubstr("IDLE"));
 }
