@@ -174,12 +174,11 @@ Struct TimelinePlotData(const v1::Schedule& schedule,
   planned.backward_start_ms = BackwardStartMs(planned, forward_positions);
   std::vector<Value> series;
   if (!baseline.position.empty()) {
-    series.push_back(CurveValue(baseline,
-                                "baseline (no checkpointing), simulated",
+    series.push_back(CurveValue(baseline, "no checkpointing, simulated",
                                 "baseline", "simulated"));
-    series.push_back(
-        CurveValue(planned, absl::StrCat("planned (", policy, "), simulated"),
-                   "planned", "simulated"));
+    series.push_back(CurveValue(planned,
+                                absl::StrCat(policy, " schedule, simulated"),
+                                "planned", "simulated"));
   }
   // What the profiler measured of the step without checkpointing.
   Curve measured;
@@ -202,12 +201,16 @@ Struct TimelinePlotData(const v1::Schedule& schedule,
     add(forward_positions + k, s.ms(), s.allocated_bytes_after(),
         s.peak_bytes_during());
   }
-  measured.backward_start_ms = BackwardStartMs(measured, forward_positions);
   if (has_measured && !baseline.position.empty() &&
-      baseline.end_ms.back() > 0) {
+      baseline.end_ms.back() > 0 && t > 0) {
+    // The profiler times ops in its interpreter, slower than the step the
+    // planner models (it scales them to the measured module step): the
+    // measured curve is put on the simulated step's time base.
+    const double scale = baseline.end_ms.back() / t;
+    for (double& ms : measured.end_ms) ms *= scale;
+    measured.backward_start_ms = BackwardStartMs(measured, forward_positions);
     series.push_back(CurveValue(measured,
-                                "baseline (no checkpointing), measured by the "
-                                "profiler",
+                                "no checkpointing, profiled (time rescaled)",
                                 "baseline", "measured"));
   }
   Set(data, "series", List(std::move(series)));
@@ -344,8 +347,17 @@ Struct ParetoPlotData(const v1::Schedule& mutwo,
   Struct data = NewData(
       "pareto", absl::StrCat("Peak memory vs iteration time: ", model_name,
                              ", batch ", mutwo.batch_size()));
-  Set(data, "subtitle",
-      Str("predicted by the planner's memory and time model"));
+  if (mutwo.feasible()) {
+    Set(data, "subtitle",
+        Str("predicted by the planner's memory and time model"));
+  } else {
+    Set(data, "infeasible", Bool(true));
+    Set(data, "subtitle",
+        Str(absl::StrCat("INFEASIBLE: the budget ",
+                         FormatBytes(mutwo.budget_bytes()),
+                         " is below the lowest peak mutwo reaches (floor ",
+                         FormatBytes(mutwo.floor_bytes()), ")")));
+  }
   Set(data, "model", Str(model_name));
   Set(data, "batch", Num(static_cast<double>(mutwo.batch_size())));
   {

@@ -144,9 +144,16 @@ def timeline_figure(data):
     title = data.get("title") or "Memory over one training step"
     subtitle = None
     color = None
+    budget = data.get("budget_bytes", 0)
+    floor = data.get("floor_bytes", 0)
     if not feasible:
-        subtitle = "INFEASIBLE: " + (data.get("reason") or
-                                     "the budget is below the floor")
+        if 0 < budget < floor:
+            subtitle = ("INFEASIBLE: the budget %s is below the lowest peak "
+                        "this policy reaches (floor %s)" % (
+                            format_bytes(budget), format_bytes(floor)))
+        else:
+            subtitle = "INFEASIBLE: " + (data.get("reason") or
+                                         "the schedule does not fit")
         color = INFEASIBLE_COLOR
     elif data.get("reason"):
         subtitle = data["reason"]
@@ -188,14 +195,16 @@ def timeline_figure(data):
         fw = s.get("backward_start_ms") if timed else data.get("forward_positions")
         if fw:
             x = fw if timed else fw - 0.5
-            if all(abs(x - other) > 1e-9 for other in backward_marks):
-                backward_marks.append(x)
+            # Curves whose backward passes start together share one line.
+            close = 0.005 * max(edges[-1], 1e-9)
+            if all(abs(x - other) > close for other in backward_marks):
                 ax.axvline(x, color=style["color"], linestyle=":",
                            linewidth=1.0, label="backward starts%s" % (
-                               "" if not timed else
-                               " (%s)" % s["name"].split(",")[0]))
+                               "" if not backward_marks else
+                               " (%s)" % (key[1] if key[1] == "measured"
+                                          else key[0])))
+                backward_marks.append(x)
 
-    budget = data.get("budget_bytes", 0)
     if budget > 0:
         text = data.get("budget_text")
         ax.axhline(budget / div, color=BUDGET_COLOR, linestyle="-.",
@@ -249,7 +258,7 @@ def batch_figure(data):
     title = data.get("title") or "Peak memory vs batch size"
     subtitle = None
     if infeasible:
-        subtitle = "%d request(s) infeasible (below the floor), marked x" % len(
+        subtitle = "%d (batch, budget) request(s) infeasible, marked x" % len(
             infeasible)
     fig, ax = _new_figure(title, subtitle,
                           INFEASIBLE_COLOR if infeasible else None)
@@ -302,12 +311,16 @@ def batch_figure(data):
                 markerfacecolor="none" if predicted else color,
                 markeredgewidth=1.5, color=color, label=s["name"],
                 zorder=2 if is_baseline else 4 if predicted else 3)
-    if infeasible:
-        ax.plot([p["batch"] for p in infeasible],
-                [p["budget_bytes"] / div for p in infeasible],
+    by_budget = {}
+    for p in infeasible:
+        by_budget.setdefault(p.get("budget", ""), []).append(p)
+    for text, pts in by_budget.items():
+        whys = sorted({p.get("why", "below the floor") for p in pts})
+        ax.plot([p["batch"] for p in pts], [p["budget_bytes"] / div for p in pts],
                 linestyle="none", marker="x", markersize=10,
                 markeredgewidth=2.5, color=INFEASIBLE_COLOR, zorder=5,
-                label="infeasible: budget below the floor (at the budget)")
+                label="%sinfeasible (%s), x at the budget" % (
+                    "budget %s: " % text if text else "", ", ".join(whys)))
     if capacity > 0:
         label = "device capacity %s" % format_bytes(capacity)
         if draw_capacity:
@@ -347,7 +360,8 @@ def pareto_figure(data):
     base = data.get("baseline") or {}
     base_ms = base.get("iteration_ms", 0)
     title = data.get("title") or "Peak memory vs iteration time"
-    fig, ax = _new_figure(title, data.get("subtitle"))
+    fig, ax = _new_figure(title, data.get("subtitle"),
+                          INFEASIBLE_COLOR if data.get("infeasible") else None)
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     def overhead(p):
@@ -384,8 +398,9 @@ def pareto_figure(data):
                 markeredgewidth=1.5, color=color, label=s["name"],
                 zorder=4 if predicted else 3)
     if base.get("peak_bytes"):
+        # Large and underneath: mutwo's curve starts at the baseline.
         ax.plot([0], [base["peak_bytes"] / div], linestyle="none", marker="s",
-                markersize=8, color=POLICY_COLORS["none"],
+                markersize=12, color=POLICY_COLORS["none"], zorder=1,
                 label="baseline (no checkpointing) %s" %
                 format_bytes(base["peak_bytes"]))
     if budget > 0:

@@ -44,6 +44,7 @@ def timeline_data(feasible=True):
         "reason": "" if feasible else "budget 65.00 MiB is below the floor 70.00 MiB",
         "predicted_peak_bytes": 70 * MIB,
         "baseline_peak_bytes": 100 * MIB,
+        "floor_bytes": 70 * MIB,
         "measured_peak_bytes": 69 * MIB if feasible else 0,
         "fixed_bytes": 10 * MIB,
         "forward_positions": 3,
@@ -54,7 +55,7 @@ def timeline_data(feasible=True):
              "peak_bytes": [v * MIB for v in [40, 70, 100, 100, 80, 50]],
              "after_bytes": [v * MIB for v in [30, 60, 90, 70, 40, 10]],
              "backward_start_ms": 3.0},
-            {"name": "planned (MUTWO), simulated", "role": "planned",
+            {"name": "MUTWO schedule, simulated", "role": "planned",
              "source": "simulated", "position": [0, 1, 2, 3, 4, 5],
              "end_ms": [1.0, 2.0, 3.0, 5.0, 8.0, 10.0],
              "peak_bytes": [v * MIB for v in [40, 50, 60, 60, 70, 50]],
@@ -164,7 +165,7 @@ class TimelineTest(unittest.TestCase, FigureChecks):
         self.assertAlmostEqual(ax.get_xlim()[1], 10.1, places=3)
         from matplotlib.patches import StepPatch
         steps = {p.get_label(): p for p in ax.patches if isinstance(p, StepPatch)}
-        planned = steps["planned (MUTWO), simulated"]
+        planned = steps["MUTWO schedule, simulated"]
         values, edges, _ = planned.get_data()
         # The peak during each op (70 MiB during position 4), not the
         # memory after it (never above 50 MiB).
@@ -190,7 +191,8 @@ class TimelineTest(unittest.TestCase, FigureChecks):
         self.check_legend_outside(fig)
         banner = [t for t in ax.texts if t.get_text().startswith("INFEASIBLE")]
         self.assertEqual(len(banner), 1)
-        self.assertIn("below the floor", banner[0].get_text())
+        self.assertIn("below the lowest peak this policy reaches (floor "
+                      "70.00 MiB)", banner[0].get_text())
         # Above the axes, so it covers no data.
         r = render(fig)
         self.assertGreaterEqual(banner[0].get_window_extent(r).y0,
@@ -221,8 +223,9 @@ class BatchTest(unittest.TestCase, FigureChecks):
         self.assertEqual(list(cap[0].get_ydata()), [128, 128])
         mb = [l for l in ax.lines if l.get_label().startswith("max batch")]
         self.assertEqual(sorted(l.get_xdata()[0] for l in mb), [59, 98])
-        x = [l for l in ax.lines if l.get_label().startswith("infeasible")]
+        x = [l for l in ax.lines if "infeasible" in l.get_label()]
         self.assertEqual(len(x), 1)
+        self.assertTrue(x[0].get_label().startswith("budget 30MiB: infeasible"))
         self.assertEqual(x[0].get_marker(), "x")
         self.assertEqual(list(x[0].get_ydata()), [30])
         # The predicted series is drawn above the measured one (hollow,
