@@ -505,16 +505,48 @@ def snapshot(data, timeline="planned"):
 
     trace = []
     next_addr = [_ALIGN * 2 + ((fixed + _ALIGN - 1) // _ALIGN) * _ALIGN]
+    holes = []  # [addr, size] of freed ranges below next_addr, by address
+    high = [next_addr[0]]  # the top's high-water mark: the pool's size
+
+    def rounded(size):
+        return max(_ALIGN, ((size + _ALIGN - 1) // _ALIGN) * _ALIGN)
 
     def alloc(size, name, position, t_ms):
-        addr = next_addr[0]
-        next_addr[0] += max(_ALIGN, ((size + _ALIGN - 1) // _ALIGN) * _ALIGN)
+        # First fit over the freed ranges, else the top: the pool stays
+        # about as large as the peak, as an allocator's would.
+        need = rounded(size)
+        for i, (start, length) in enumerate(holes):
+            if length >= need:
+                addr = start
+                if length == need:
+                    del holes[i]
+                else:
+                    holes[i] = [start + need, length - need]
+                break
+        else:
+            addr = next_addr[0]
+            next_addr[0] += need
+            high[0] = max(high[0], next_addr[0])
         trace.append({"action": "alloc", "addr": addr, "size": int(size),
                       "stream": 0, "frames": _frames(name, position),
                       "time_us": int(round(t_ms * 1000))})
         return addr
 
+    def release(addr, size):
+        holes.append([addr, rounded(size)])
+        holes.sort()
+        merged = []
+        for start, length in holes:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1][1] += length
+            else:
+                merged.append([start, length])
+        if merged and merged[-1][0] + merged[-1][1] == next_addr[0]:
+            next_addr[0] = merged.pop()[0]
+        holes[:] = merged
+
     def free(addr, size, name, position, t_ms):
+        release(addr, size)
         for action in ("free_requested", "free_completed"):
             trace.append({"action": action, "addr": addr, "size": int(size),
                           "stream": 0, "frames": _frames(name, position),
@@ -563,18 +595,19 @@ def snapshot(data, timeline="planned"):
             "frames": _frames("parameters, gradients, optimizer state, inputs",
                               0)}]))
     pool_start = _ALIGN * 2 + ((fixed + _ALIGN - 1) // _ALIGN) * _ALIGN
-    pool_size = next_addr[0] - pool_start
+    pool_size = high[0] - pool_start
     if pool_size > 0:
         blocks = []
         cursor = pool_start
         # Blocks still allocated at the end of the trace stay allocated.
-        for addr, size in sorted((v[0], v[1]) for v in live.values()) + (
-                [other] if other else []):
+        held = [(v[0], v[1]) for v in live.values()]
+        if other:
+            held.append(tuple(other))
+        for addr, size in sorted(held):
             if addr > cursor:
                 blocks.append(_block(cursor, addr - cursor, "inactive"))
-            blocks.append(_block(addr, ((size + _ALIGN - 1) // _ALIGN) * _ALIGN,
-                                 "active_allocated", size))
-            cursor = addr + ((size + _ALIGN - 1) // _ALIGN) * _ALIGN
+            blocks.append(_block(addr, rounded(size), "active_allocated", size))
+            cursor = addr + rounded(size)
         if cursor < pool_start + pool_size:
             blocks.append(_block(cursor, pool_start + pool_size - cursor,
                                  "inactive"))

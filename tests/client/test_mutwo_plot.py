@@ -329,6 +329,19 @@ class SnapshotTest(unittest.TestCase):
             self.assertEqual(after_position[pos],
                              (int(round(end * 1000)), after), (which, pos))
         self.assertEqual(max(now for _, now, _ in points), max(s["peak_bytes"]))
+        # Freed ranges are reused: the pool is about the peak, not the sum
+        # of every allocation; no two live blocks overlap.
+        pool = sum(seg["total_size"] for seg in snap["segments"])
+        self.assertLessEqual(pool, max(s["peak_bytes"]) + 16 * 512)
+        live = {}
+        for e in snap["device_traces"][0]:
+            if e["action"] == "alloc":
+                for a, size in live.items():
+                    self.assertTrue(e["addr"] + e["size"] <= a or
+                                    a + size <= e["addr"], "overlap")
+                live[e["addr"]] = e["size"]
+            elif e["action"] == "free_completed":
+                del live[e["addr"]]
         return snap
 
     def test_planned_baseline_and_measured_timelines(self):
