@@ -127,8 +127,7 @@ std::vector<CommandSpec> Commands() {
        "       mutwo plot JOB_ID --kind pareto --batch N [--budget B] -o "
        "FILE.png\n"
        "       mutwo plot JOB_ID --kind batch -o FILE.pdf",
-       "plots (matplotlib): memory over a step, peak vs batch size, peak vs "
-       "time",
+       "plot memory over a step, peak vs batch size or vs time",
        "timeline: the high-water mark during each op over time, without and "
        "with the\nschedule (simulated) and as the profiler measured it, the "
        "budget, the peaks;\nan infeasible schedule is marked. batch: peak "
