@@ -124,14 +124,26 @@ std::vector<CommandSpec> Commands() {
        ProfileCommand},
       {"plot",
        "JOB_ID --kind timeline --batch N [--budget B] -o FILE.svg\n"
-       "       mutwo plot JOB_ID --kind batch -o FILE.svg",
-       "SVG: memory over a step before/after, or peak vs batch size",
-       "",
-       Rpc({"kind", "batch", "budget", "svg"}),
-       {{"batch", "timeline: the batch size"},
+       "       mutwo plot JOB_ID --kind pareto --batch N [--budget B] -o "
+       "FILE.png\n"
+       "       mutwo plot JOB_ID --kind batch -o FILE.pdf",
+       "plot memory over a step, peak vs batch size or vs time",
+       "timeline: the high-water mark during each op over time, without and "
+       "with the\nschedule (simulated) and as the profiler measured it, the "
+       "budget, the peaks;\nan infeasible schedule is marked. batch: peak "
+       "memory per batch size and budget,\npredicted and measured, "
+       "infeasible requests, the capacity and the max batch.\npareto: "
+       "mutwo's peak vs iteration-time curve beside sqrt_n and per_block.\n"
+       "-o FILE.json writes the plot data; -o FILE.pickle (timeline) a "
+       "PyTorch memory\nsnapshot (open it at https://pytorch.org/memory_viz)."
+       " Rendering runs\nmutwo_plot.py (share/mutwo/ next to the binary) "
+       "with a Python that has\nmatplotlib: $MUTWO_PYTHON, python3 or "
+       "/usr/bin/python3.",
+       Rpc({"kind", "batch", "budget", "out", "timeline"}),
+       {{"batch", "timeline, pareto: the batch size"},
         {"budget",
-         "timeline: memory budget, 60%, 80%dev or 4GiB (default: the job's "
-         "first)"}},
+         "timeline, pareto: memory budget, 60%, 80%dev or 4GiB (default: "
+         "the job's first)"}},
        PlotCommand},
       {"cancel", "JOB_ID", "cancel a job", "", Rpc({}), {}, CancelCommand},
       {"workers", "", "registered workers", "", Rpc({}), {}, WorkersCommand},
@@ -176,7 +188,7 @@ int RunCli(int argc, char** argv) {
       "4 server\nunavailable or deadline exceeded.";
   options.global_flags = {"output"};
   options.parse.repeated = {"input", "budget", "unbatched"};
-  options.parse.short_names = {{"o", "svg"}};
+  options.parse.short_names = {{"o", "out"}};
   options.before_run = [](const CommandSpec&) -> absl::Status {
     auto output =
         ParseChoice("--output", absl::GetFlag(FLAGS_output), {"text", "json"});

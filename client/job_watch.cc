@@ -63,6 +63,16 @@ std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
                   event.batch_sizes_total(), " batch sizes, ",
                   event.budgets_decided(), "/", event.budgets_total(),
                   " budgets decided");
+  // A rough ETA: the time so far per unit of work (a batch size profiled, a
+  // budget decided), times the units left.
+  const int64_t total = event.batch_sizes_total() + event.budgets_total();
+  const int64_t done = event.batch_sizes_profiled() + event.budgets_decided();
+  if (created_unix_ms > 0 && event.unix_ms() > created_unix_ms && done > 0 &&
+      done < total && !IsFinal(event.state())) {
+    const int64_t elapsed_ms = event.unix_ms() - created_unix_ms;
+    absl::StrAppend(&line, ", ~", Elapsed(elapsed_ms * (total - done) / done),
+                    " left");
+  }
   if (!event.running().empty()) {
     absl::StrAppend(&line, "; running ", event.running());
   }

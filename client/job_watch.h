@@ -4,7 +4,11 @@
 // submitted, the stage, what runs and counts against fixed denominators:
 //
 //   16:04:05 +1m23s  PROFILING   profiled 1/3 batch sizes, 0/6 budgets
-//                                decided; running profile batch 16
+//                                decided, ~6m32s left; running profile
+//                                batch 16
+//
+// (the estimate: the time so far per batch size profiled or budget decided,
+// times those left; none before the first nor once the job is final)
 //
 // then judges the final job for the exit code.
 #ifndef MUTWO_CLIENT_JOB_WATCH_H_

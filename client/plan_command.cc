@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/schedule_text.h"
+#include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
@@ -190,6 +191,16 @@ int MaxBatchCommand(const ParsedArgs& args) {
                  " (profiles of one model at two or more batch sizes)\n";
     return kExitBadInput;
   }
+  // Flags before files: a bad flag is reported without reading anything.
+  int64_t capacity = 0;
+  if (!absl::GetFlag(FLAGS_capacity).empty()) {
+    auto bytes = ParseMemorySize("--capacity", absl::GetFlag(FLAGS_capacity));
+    if (!bytes.ok()) {
+      std::cerr << cmd << bytes.status().message() << "\n";
+      return kExitBadInput;
+    }
+    capacity = *bytes;
+  }
   std::vector<v1::Profile> profiles;
   for (const std::string& path : args.positional) {
     v1::Profile profile;
@@ -198,15 +209,6 @@ int MaxBatchCommand(const ParsedArgs& args) {
       return kExitBadInput;
     }
     profiles.push_back(std::move(profile));
-  }
-  int64_t capacity = 0;
-  if (!absl::GetFlag(FLAGS_capacity).empty()) {
-    auto bytes = ParseBytes(absl::GetFlag(FLAGS_capacity));
-    if (!bytes.ok()) {
-      std::cerr << cmd << "--capacity: " << bytes.status().message() << "\n";
-      return kExitBadInput;
-    }
-    capacity = *bytes;
   }
   auto prediction = planner::PredictMaxBatchProto(
       profiles, capacity, absl::GetFlag(FLAGS_max_overhead));

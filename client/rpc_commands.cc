@@ -12,9 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/job_watch.h"
+#include "client/plot_data.h"
+#include "client/plot_render.h"
 #include "client/rpc.h"
 #include "client/schedule_text.h"
-#include "client/svg_chart.h"
 #include "client/text_table.h"
 #include "common/flag_values.h"
 #include "common/parse.h"
@@ -63,9 +64,16 @@ ABSL_FLAG(std::string, max_model_bytes, "512MiB",
           "refuse model files larger than this before uploading");
 
 ABSL_FLAG(std::string, kind, "timeline",
-          "timeline (memory over one step, before and after the schedule) "
-          "or batch (peak memory vs batch size)");
-ABSL_FLAG(std::string, svg, "", "the SVG file to write");
+          "timeline (memory over one step, before and after the schedule), "
+          "batch (peak memory vs batch size) or pareto (peak memory vs "
+          "iteration time: mutwo's curve, sqrt_n, per_block)");
+ABSL_FLAG(std::string, out, "",
+          "the file to write: .svg, .png or .pdf (rendered with matplotlib), "
+          ".json (the plot data) or .pickle (--kind timeline: a PyTorch "
+          "memory snapshot for pytorch.org/memory_viz)");
+ABSL_FLAG(std::string, timeline, "planned",
+          "the timeline a .pickle snapshot holds: planned (simulated), "
+          "baseline (simulated) or measured (the profiler's baseline)");
 
 ABSL_DECLARE_FLAG(std::string, budget);
 ABSL_DECLARE_FLAG(std::string, policy);
@@ -581,21 +589,44 @@ int ProfileCommand(const ParsedArgs& args) {
 
 int PlotCommand(const ParsedArgs& args) {
   const std::string cmd = "plot";
-  const std::string svg = absl::GetFlag(FLAGS_svg);
-  if (args.positional.size() != 1 || svg.empty()) {
-    return BadInput(
-        cmd,
-        "usage: mutwo plot JOB_ID --kind timeline|batch [--batch N] "
-        "[--budget B] -o FILE.svg");
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (args.positional.size() != 1 || out.empty()) {
+    return BadInput(cmd,
+                    "usage: mutwo plot JOB_ID --kind timeline|batch|pareto "
+                    "[--batch N] [--budget B] -o FILE.svg|.png|.pdf|.json"
+                    "|.pickle");
   }
-  auto kind =
-      ParseChoice("--kind", absl::GetFlag(FLAGS_kind), {"timeline", "batch"});
+  auto kind = ParseChoice("--kind", absl::GetFlag(FLAGS_kind),
+                          {"timeline", "batch", "pareto"});
   if (!kind.ok()) return BadInput(cmd, kind.status().message());
   // Everything checkable is checked before the first RPC.
+  const std::string ext = absl::AsciiStrToLower(
+      out.rfind('.') == std::string::npos ? "" : out.substr(out.rfind('.')));
+  if (ext != ".svg" && ext != ".png" && ext != ".pdf" && ext != ".json" &&
+      ext != ".pickle") {
+    return BadInput(cmd, absl::StrCat("-o ", out,
+                                      ": write .svg, .png or .pdf (rendered "
+                                      "with matplotlib), .json (the plot "
+                                      "data) or .pickle (--kind timeline: a "
+                                      "PyTorch memory snapshot)"));
+  }
+  if (ext == ".pickle" && *kind != "timeline") {
+    return BadInput(cmd,
+                    "a .pickle memory snapshot is a timeline: use "
+                    "--kind timeline");
+  }
+  auto timeline = ParseChoice("--timeline", absl::GetFlag(FLAGS_timeline),
+                              {"planned", "baseline", "measured"});
+  if (!timeline.ok()) return BadInput(cmd, timeline.status().message());
+  if (args.Given("timeline") && ext != ".pickle") {
+    return BadInput(cmd,
+                    "--timeline chooses the memory snapshot of a "
+                    ".pickle; the plots show all three");
+  }
   std::optional<int64_t> batch;
   std::optional<v1::MemoryBudget> budget;
   const auto& budgets = args.Repeated("budget");
-  if (*kind == "timeline") {
+  if (*kind != "batch") {
     auto b = OneBatch();
     if (!b.ok()) return BadInput(cmd, b.status().message());
     batch = *b;
@@ -608,7 +639,8 @@ int PlotCommand(const ParsedArgs& args) {
   } else if (!budgets.empty() || !absl::GetFlag(FLAGS_batch).empty()) {
     return BadInput(cmd,
                     "--kind batch plots every batch size and budget of the "
-                    "job; --batch and --budget are for --kind timeline");
+                    "job; --batch and --budget are for --kind timeline and "
+                    "pareto");
   }
   auto stub = PlannerStub();
   v1::GetJobRequest job_request;
@@ -620,13 +652,46 @@ int PlotCommand(const ParsedArgs& args) {
     grpc::Status status = stub->GetJob(&context, job_request, &job);
     if (!status.ok()) return RpcError(cmd, status);
   }
-  LineChart chart;
+  auto get_schedule = [&](v1::Policy policy, bool pareto, bool curve,
+                          v1::Schedule* schedule) {
+    v1::GetScheduleRequest request;
+    request.set_job_id(job.job_id());
+    request.set_batch_size(*batch);
+    *request.mutable_budget() = *budget;
+    request.set_policy(policy);
+    request.set_include_pareto(pareto);
+    request.set_include_timeline(curve);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return stub->GetSchedule(&context, request, schedule);
+  };
+  if (*kind != "batch" && !budget.has_value()) {
+    budget = job.spec().budgets().empty() ? *ParseBudget("60%")
+                                          : job.spec().budgets(0);
+  }
+  google::protobuf::Struct data;
   if (*kind == "batch") {
     if (job.results().empty()) {
       return BadInput(cmd, absl::StrCat("job ", job.job_id(),
                                         " has no profiled batch sizes yet"));
     }
-    chart = BatchChart(job);
+    data = BatchPlotData(job);
+  } else if (*kind == "pareto") {
+    v1::Schedule mutwo;
+    if (grpc::Status s = get_schedule(v1::MUTWO, true, false, &mutwo);
+        !s.ok()) {
+      return RpcError(cmd, s);
+    }
+    std::vector<v1::Schedule> others;
+    for (v1::Policy policy : {v1::SQRT_N, v1::PER_BLOCK}) {
+      v1::Schedule schedule;
+      if (grpc::Status s = get_schedule(policy, false, false, &schedule);
+          !s.ok()) {
+        return RpcError(cmd, s);
+      }
+      others.push_back(std::move(schedule));
+    }
+    data = ParetoPlotData(mutwo, others, job.spec().model_name());
   } else {
     v1::GetProfileRequest profile_request;
     profile_request.set_job_id(job.job_id());
@@ -639,33 +704,32 @@ int PlotCommand(const ParsedArgs& args) {
           stub->GetProfile(&context, profile_request, &profile);
       if (!status.ok()) return RpcError(cmd, status);
     }
-    v1::GetScheduleRequest request;
-    request.set_job_id(job.job_id());
-    request.set_batch_size(*batch);
-    if (!budget.has_value()) {
-      budget = job.spec().budgets().empty() ? *ParseBudget("60%")
-                                            : job.spec().budgets(0);
-    }
-    *request.mutable_budget() = *budget;
-    request.set_include_timeline(true);
     v1::Schedule schedule;
-    {
-      grpc::ClientContext context;
-      SetDeadline(context);
-      grpc::Status status = stub->GetSchedule(&context, request, &schedule);
-      if (!status.ok()) return RpcError(cmd, status);
+    if (grpc::Status s = get_schedule(v1::MUTWO, false, true, &schedule);
+        !s.ok()) {
+      return RpcError(cmd, s);
     }
-    chart =
-        TimelineChart(schedule, profile.nodes_size(), job.spec().model_name());
+    data = TimelinePlotData(schedule, profile, job.spec().model_name());
   }
-  if (absl::Status s = WriteFileAtomically(svg, RenderSvg(chart)); !s.ok()) {
-    return BadInput(cmd, s.message());
+  const std::string json = PlotDataJson(data);
+  if (ext == ".json") {
+    if (absl::Status s = WriteFileAtomically(out, json); !s.ok()) {
+      return BadInput(cmd, s.message());
+    }
+  } else {
+    std::vector<std::string> extra;
+    if (ext == ".pickle") extra.push_back("--timeline=" + *timeline);
+    if (absl::Status s = RenderPlot(json, out, extra); !s.ok()) {
+      std::cerr << "mutwo " << cmd << ": " << s.message() << "\n";
+      return s.code() == absl::StatusCode::kInvalidArgument ? kExitBadInput
+                                                            : kExitFailure;
+    }
   }
   if (JsonOutput()) {
-    std::cout << "{\"svg\": " << JsonQuote(svg) << ", \"kind\": \"" << *kind
+    std::cout << "{\"file\": " << JsonQuote(out) << ", \"kind\": \"" << *kind
               << "\"}\n";
   } else {
-    std::cout << "wrote " << svg << "\n";
+    std::cout << "wrote " << out << "\n";
   }
   return kExitOk;
 }

@@ -2,8 +2,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parse.h"
 
 namespace mutwo {
 
@@ -33,6 +35,23 @@ absl::StatusOr<std::string> ParseDeviceKind(absl::string_view flag,
         kind.status().message(), " (or leave it out: any worker)"));
   }
   return kind;
+}
+
+absl::StatusOr<int64_t> ParseMemorySize(absl::string_view flag,
+                                        absl::string_view value) {
+  const absl::string_view s = absl::StripAsciiWhitespace(value);
+  double bare = 0;
+  if (absl::SimpleAtod(s, &bare)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " \"", s, "\": a bare number is ambiguous; say ", s,
+                     "GiB, ", s, "GB or ", s, "B"));
+  }
+  auto bytes = ParseBytes(s);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", bytes.status().message()));
+  }
+  return bytes;
 }
 
 }  // namespace mutwo

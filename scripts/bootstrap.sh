@@ -12,7 +12,7 @@ PACKAGES=(
   libabsl-dev libssl-dev libsqlite3-dev prometheus-cpp-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev python3-torch python3-torchvision
-  python3-grpcio python3-protobuf python3-yaml prometheus
+  python3-grpcio python3-protobuf python3-yaml python3-matplotlib prometheus
   openssl  # the CLI: TLS test certificates, deploy/gen-auth.sh
 )
 

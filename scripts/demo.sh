@@ -50,5 +50,10 @@ job=$("$BIN/mutwo" jobs --server="$ADDR" --output=json | \
 "$BIN/mutwo" plot "$job" --server="$ADDR" --kind=timeline --batch=32 --budget=60% \
   -o "$DEMO_DIR/timeline_b32.svg"
 "$BIN/mutwo" plot "$job" --server="$ADDR" --kind=batch -o "$DEMO_DIR/peak_vs_batch.svg"
+"$BIN/mutwo" plot "$job" --server="$ADDR" --kind=pareto --batch=32 --budget=60% \
+  -o "$DEMO_DIR/pareto_b32.svg"
+# Open it at https://pytorch.org/memory_viz.
+"$BIN/mutwo" plot "$job" --server="$ADDR" --kind=timeline --batch=32 --budget=60% \
+  -o "$DEMO_DIR/timeline_b32.pickle"
 "$BIN/mutwo" workers --server="$ADDR"
-echo "demo: results in $DEMO_DIR/results.txt, plots $DEMO_DIR/*.svg, metrics were on :$METRICS and :$WORKER_METRICS" >&2
+echo "demo: results in $DEMO_DIR/results.txt, plots $DEMO_DIR/*.svg, memory snapshot $DEMO_DIR/timeline_b32.pickle, metrics were on :$METRICS and :$WORKER_METRICS" >&2

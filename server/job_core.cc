@@ -1347,43 +1347,7 @@ absl::StatusOr<v1::Job> JobCore::SettleIn(storage::Store::Writer& w,
 }
 
 void JobCore::PublishModelMetrics(const v1::Job& job) {
-  const std::string& model = job.spec().model_name();
-  auto planned = [&](int64_t peak_bytes, double iteration_ms) {
-    metrics_->SetModelPeakBytes(model, "planned",
-                                static_cast<double>(peak_bytes));
-    metrics_->SetModelIterationSeconds(model, "planned", iteration_ms / 1000.0);
-  };
-  for (const v1::BatchResult& r : job.results()) {
-    if (r.baseline_peak_bytes() > 0) {
-      metrics_->SetModelPeakBytes(model, "baseline",
-                                  static_cast<double>(r.baseline_peak_bytes()));
-      metrics_->SetModelIterationSeconds(model, "baseline",
-                                         r.baseline_iteration_ms() / 1000.0);
-    }
-    // Measured figures only from a round that fits; predicted ones while a
-    // round runs; nothing for a budget that does not fit.
-    for (int i = 0; i < r.outcomes_size() && i < r.schedules_size(); ++i) {
-      const v1::BudgetOutcome& o = r.outcomes(i);
-      const v1::Schedule& s = r.schedules(i);
-      if (o.state() == v1::BudgetOutcome::VALIDATING) {
-        planned(s.predicted_peak_bytes(), s.predicted_iteration_ms());
-      } else if (o.fits()) {
-        for (const v1::Validation& v : r.validations()) {
-          if (v.budget_bytes() == o.budget_bytes() && v.round() == o.rounds()) {
-            planned(v.scheduled().peak_bytes(), v.scheduled().iteration_ms());
-          }
-        }
-      }
-    }
-  }
-  if (job.has_max_batch()) {
-    metrics_->SetModelMaxBatch(
-        model, "without",
-        static_cast<double>(job.max_batch().max_batch_without_checkpointing()));
-    metrics_->SetModelMaxBatch(
-        model, "with",
-        static_cast<double>(job.max_batch().max_batch_with_schedule()));
-  }
+  metrics_->PublishJobResults(job);
 }
 
 }  // namespace mutwo

@@ -1,5 +1,8 @@
 #include "server/metrics.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/parse.h"
+#include "common/status_macros.h"
 #include "common/version.h"
 
 namespace mutwo {
@@ -101,19 +104,21 @@ ServerMetrics::ServerMetrics()
                          .Register(*registry_)),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
-                            .Help("Peak training-step memory per model and "
-                                  "kind (baseline, planned)")
+                            .Help("Peak training-step memory per model, "
+                                  "batch size, budget and kind (baseline, "
+                                  "planned)")
                             .Register(*registry_)),
       model_iteration_seconds_(
           BuildGauge()
               .Name("mutwo_model_iteration_seconds")
-              .Help("Training-step time per model and kind (baseline, "
-                    "planned)")
+              .Help("Training-step time per model, batch size, budget and "
+                    "kind (baseline, planned)")
               .Register(*registry_)),
       model_max_batch_(BuildGauge()
                            .Name("mutwo_model_max_batch_size")
-                           .Help("Predicted largest batch per model, without "
-                                 "and with a schedule")
+                           .Help("Predicted largest batch per model and "
+                                 "device capacity, without and with a "
+                                 "schedule")
                            .Register(*registry_)) {
   BuildGauge()
       .Name("mutwo_build_info")
@@ -222,23 +227,81 @@ std::string ServerMetrics::ModelLabel(const std::string& model) {
   return "other";
 }
 
-void ServerMetrics::SetModelPeakBytes(const std::string& model,
-                                      const std::string& kind, double bytes) {
-  model_peak_bytes_.Add({{"model", ModelLabel(model)}, {"kind", kind}})
-      .Set(bytes);
+bool ServerMetrics::AdmitSeries(const std::string& model,
+                                const std::string& batch,
+                                const std::string& budget) {
+  absl::MutexLock lock(&mu_);
+  auto& pairs = model_series_[model];
+  if (pairs.count({batch, budget}) > 0) return true;
+  if (static_cast<int>(pairs.size()) >= kMaxSeriesPerModel) return false;
+  pairs.insert({batch, budget});
+  return true;
 }
 
-void ServerMetrics::SetModelIterationSeconds(const std::string& model,
-                                             const std::string& kind,
-                                             double seconds) {
-  model_iteration_seconds_.Add({{"model", ModelLabel(model)}, {"kind", kind}})
-      .Set(seconds);
+void ServerMetrics::PublishJobResults(const v1::Job& job) {
+  const std::string model = ModelLabel(job.spec().model_name());
+  auto set = [&](const std::string& kind, int64_t batch_size,
+                 const std::string& budget, int64_t peak_bytes,
+                 double iteration_ms) {
+    const std::string batch = absl::StrCat(batch_size);
+    if (!AdmitSeries(model, batch, budget)) return;
+    const prometheus::Labels labels = {
+        {"model", model}, {"kind", kind}, {"batch", batch}, {"budget", budget}};
+    model_peak_bytes_.Add(labels).Set(static_cast<double>(peak_bytes));
+    model_iteration_seconds_.Add(labels).Set(iteration_ms / 1000.0);
+  };
+  for (const v1::BatchResult& r : job.results()) {
+    if (r.baseline_peak_bytes() > 0) {
+      set("baseline", r.batch_size(), "none", r.baseline_peak_bytes(),
+          r.baseline_iteration_ms());
+    }
+    for (int i = 0; i < r.outcomes_size() && i < r.schedules_size(); ++i) {
+      const v1::BudgetOutcome& o = r.outcomes(i);
+      const v1::Schedule& s = r.schedules(i);
+      const std::string budget = FormatBudget(o.budget());
+      if (o.state() == v1::BudgetOutcome::VALIDATING) {
+        set("planned", r.batch_size(), budget, s.predicted_peak_bytes(),
+            s.predicted_iteration_ms());
+      } else if (o.fits()) {
+        for (const v1::Validation& v : r.validations()) {
+          if (v.budget_bytes() == o.budget_bytes() && v.round() == o.rounds()) {
+            set("planned", r.batch_size(), budget, v.scheduled().peak_bytes(),
+                v.scheduled().iteration_ms());
+          }
+        }
+      }
+    }
+  }
+  if (job.has_max_batch()) {
+    const v1::MaxBatchPrediction& m = job.max_batch();
+    const std::string capacity = FormatBytes(m.capacity_bytes());
+    model_max_batch_
+        .Add({{"model", model}, {"kind", "without"}, {"capacity", capacity}})
+        .Set(static_cast<double>(m.max_batch_without_checkpointing()));
+    model_max_batch_
+        .Add({{"model", model}, {"kind", "with"}, {"capacity", capacity}})
+        .Set(static_cast<double>(m.max_batch_with_schedule()));
+  }
 }
 
-void ServerMetrics::SetModelMaxBatch(const std::string& model,
-                                     const std::string& kind, double batch) {
-  model_max_batch_.Add({{"model", ModelLabel(model)}, {"kind", kind}})
-      .Set(batch);
+absl::Status PublishStoredResults(storage::Store& store,
+                                  ServerMetrics& metrics) {
+  std::vector<v1::Job> jobs;
+  storage::ListJobsQuery query;
+  query.page_size = storage::Store::kMaxPageSize;
+  do {
+    MUTWO_ASSIGN_OR_RETURN(storage::JobPage page, store.ListJobs(query));
+    for (v1::Job& job : page.jobs) {
+      if (job.results_size() > 0 || job.has_max_batch()) {
+        jobs.push_back(std::move(job));
+      }
+    }
+    query.page_token = page.next_page_token;
+  } while (!query.page_token.empty());
+  for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
+    metrics.PublishJobResults(*it);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace mutwo

@@ -1,8 +1,16 @@
 // ServerMetrics: every Prometheus metric mutwo-server exports, in one place.
 // Names follow Prometheus conventions (mutwo_ prefix, base units, _total for
-// counters). Per-model series use the job's model name as a bounded label:
-// at most kMaxModelLabels distinct names, later ones fold into "other".
-// Thread-safe (prometheus-cpp metrics are atomic; the label map has a mutex).
+// counters; histograms, never summaries, so no quantile is ever NaN). Every
+// series an alert or a dashboard panel reads exists from construction, at 0.
+// Per-model series use the job's model name as a bounded label: at most
+// kMaxModelLabels distinct names, later ones fold into "other"; each model
+// has at most kMaxSeriesPerModel (batch, budget) pairs, later pairs are not
+// exported. They are labelled by batch and budget, so two batch sizes or
+// budgets of one model never overwrite each other; the same (model, batch,
+// budget) from a newer job replaces the older figure. At start-up
+// PublishStoredResults() rebuilds them from the store.
+// Thread-safe (prometheus-cpp metrics are atomic; the label maps have a
+// mutex).
 #ifndef MUTWO_SERVER_METRICS_H_
 #define MUTWO_SERVER_METRICS_H_
 
@@ -11,18 +19,22 @@
 #include <set>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "mutwo/v1/types.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "storage/store.h"
 
 namespace mutwo {
 
 class ServerMetrics {
  public:
   static constexpr int kMaxModelLabels = 50;
+  static constexpr int kMaxSeriesPerModel = 200;
 
   ServerMetrics();
   const std::shared_ptr<prometheus::Registry>& registry() const {
@@ -49,18 +61,19 @@ class ServerMetrics {
   // missing_token, invalid_token, malformed, no_client_certificate).
   void CountAuthRefusal(const std::string& reason);
 
-  // Per model: "baseline" or "planned" peak bytes / iteration seconds (the
-  // planned figures are measured only by a validation that fits; predicted
-  // while one runs), and max batch "without" / "with" checkpointing.
-  void SetModelPeakBytes(const std::string& model, const std::string& kind,
-                         double bytes);
-  void SetModelIterationSeconds(const std::string& model,
-                                const std::string& kind, double seconds);
-  void SetModelMaxBatch(const std::string& model, const std::string& kind,
-                        double batch);
+  // Per model, batch size and budget: peak bytes and iteration seconds of
+  // kind "baseline" (budget="none") and "planned" (measured by the last
+  // validation round that fits; predicted while a round runs; nothing for a
+  // budget that does not fit), and the max batch "without" / "with"
+  // checkpointing under the job's capacity. Called whenever a job's results
+  // change.
+  void PublishJobResults(const v1::Job& job);
 
  private:
   std::string ModelLabel(const std::string& model);
+  // False when `model` already has kMaxSeriesPerModel other pairs.
+  bool AdmitSeries(const std::string& model, const std::string& batch,
+                   const std::string& budget);
   static void SetByState(prometheus::Family<prometheus::Gauge>& family,
                          const std::map<std::string, int64_t>& by_state,
                          const std::set<std::string>& all_states);
@@ -85,7 +98,15 @@ class ServerMetrics {
 
   absl::Mutex mu_;
   std::set<std::string> model_labels_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<std::pair<std::string, std::string>>>
+      model_series_ ABSL_GUARDED_BY(mu_);
 };
+
+// Publishes the results of every stored job, oldest first (so the newest
+// job's figure wins for a (model, batch, budget)): the model gauges of a
+// restarted server match those it exported before. Errors of the store.
+[[nodiscard]] absl::Status PublishStoredResults(storage::Store& store,
+                                                ServerMetrics& metrics);
 
 }  // namespace mutwo
 

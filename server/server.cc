@@ -40,6 +40,9 @@ absl::Status MutwoServer::Start() {
   storage::Store::Options store_options;
   store_options.data_dir = options_.data_dir;
   MUTWO_ASSIGN_OR_RETURN(store_, storage::Store::Open(store_options));
+  // The per-model gauges of the results already stored, before the first
+  // scrape.
+  MUTWO_RETURN_IF_ERROR(PublishStoredResults(*store_, server_metrics_));
   MUTWO_ASSIGN_OR_RETURN(
       core_, JobCore::Create(options_.core, store_.get(), &server_metrics_,
                              options_.plan, options_.max_batch));

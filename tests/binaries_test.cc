@@ -2,9 +2,11 @@
 // commands and flags with exit code 2 and a line naming them; each command
 // has its own help and refuses the flags of other commands; what can be
 // checked is checked before anything is uploaded (issue 16).
+#include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -89,7 +91,7 @@ TEST(MutwoHelp, EachCommandPrintsItsUsageAndOnlyItsFlags) {
   EXPECT_THAT(top.output, HasSubstr("  watch "));
   EXPECT_THAT(top.output, Not(HasSubstr("--budget")));  // commands' flags
   CommandResult plot = RunCommand(Mutwo("plot --help"));
-  EXPECT_THAT(plot.output, HasSubstr("-o, --svg"));
+  EXPECT_THAT(plot.output, HasSubstr("-o, --out"));
   CommandResult submit = RunCommand(Mutwo("submit --help"));
   EXPECT_THAT(submit.output, HasSubstr("(default: random)"));
   EXPECT_THAT(submit.output, HasSubstr("--unbatched"));
@@ -115,6 +117,27 @@ TEST(MutwoFlags, BareNumberBudgetsAreRefusedAsAmbiguous) {
   r = RunCommand(Mutwo("schedule job-1 --batch 8 --budget 60") + kNoServer);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("a bare number is ambiguous"));
+}
+
+// Memory sizes need a unit, as budgets do; refused before any file is read.
+TEST(MutwoFlags, BareNumberSizesAreRefusedAsAmbiguous) {
+  CommandResult r =
+      RunCommand(Mutwo("max-batch /nonexistent/a.json /nonexistent/b.json "
+                       "--capacity 80"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--capacity \"80\": a bare number is "
+                                  "ambiguous; say 80GiB, 80GB or 80B"));
+  r = RunCommand(BinPath("mutwo-worker") +
+                 " profile /nonexistent.pt --input x:float32[B,4] --batch 2 "
+                 "--memory_limit 300");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--memory_limit \"300\": a bare number is "
+                                  "ambiguous"));
+  r = RunCommand(BinPath("mutwo-worker") +
+                 " serve --server=127.0.0.1:1 --task_memory_limit=16");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--task_memory_limit \"16\": a bare "
+                                  "number is ambiguous"));
 }
 
 TEST(MutwoFlags, EnumValuesInAnyCase) {
@@ -199,6 +222,26 @@ TEST(WorkerHelp, InputWithoutBatchDimensionIsRefusedBeforeLoading) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("\"x:float32[64,3,32,32]\" has no batch "
                                   "dimension B"));
+}
+
+// `serve` without --work_dir keeps its model cache where caches go
+// ($XDG_CACHE_HOME/mutwo/worker), not in the directory it was started in (a
+// checkout).
+TEST(WorkerServe, DefaultWorkDirIsTheUserCache) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrCat("mutwo_workdir_", getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / "cwd");
+  // No server listens on port 1: serve keeps retrying until the TERM.
+  CommandResult r = RunCommand(absl::StrCat(
+      "cd ", (dir / "cwd").string(),
+      " && XDG_CACHE_HOME=", (dir / "cache").string(), " timeout -s TERM 10 ",
+      BinPath("mutwo-worker"), " serve --server=127.0.0.1:1 --device=cpu"));
+  EXPECT_TRUE(fs::is_directory(dir / "cache" / "mutwo" / "worker" / "models"))
+      << r.output;
+  EXPECT_TRUE(fs::is_empty(dir / "cwd")) << r.output;
+  fs::remove_all(dir);
 }
 
 }  // namespace

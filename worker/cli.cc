@@ -84,7 +84,9 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        // global list; here it needs no "serve:" in front.
        {{"server", "mutwo-server address"},
         {"metrics_listen", "Prometheus /metrics address; empty: off"},
-        {"work_dir", "model cache and task files"},
+        {"work_dir",
+         "model cache and task files (default: $XDG_CACHE_HOME/mutwo/worker, "
+         "else ~/.cache/mutwo/worker, else /tmp/mutwo-worker-UID)"},
         {"task_memory_limit",
          "address-space limit of each CPU task process, e.g. 16GiB; auto: "
          "half the machine's memory; none: no limit"},

@@ -105,12 +105,8 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
   flags.seed = absl::GetFlag(FLAGS_seed);
   if (const std::string limit = absl::GetFlag(FLAGS_memory_limit);
       !limit.empty()) {
-    auto bytes = ParseBytes(limit);
-    if (!bytes.ok() || *bytes <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--memory_limit: expected a positive size like 2GiB, got \"", limit,
-          "\""));
-    }
+    auto bytes = ParseMemorySize("--memory_limit", limit);
+    if (!bytes.ok()) return bytes.status();
     flags.memory_limit_bytes = *bytes;
   }
   return absl::OkStatus();

@@ -4,6 +4,8 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -14,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flag_values.h"
 #include "common/logging.h"
 #include "common/metrics_exposer.h"
 #include "common/parse.h"
@@ -40,8 +43,10 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "serve: PEM private key of --tls_cert");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve: Prometheus /metrics address (empty: off)");
-ABSL_FLAG(std::string, work_dir, "./mutwo-worker-data",
-          "serve: model cache and task files");
+ABSL_FLAG(std::string, work_dir, "",
+          "serve: model cache and task files (default: "
+          "$XDG_CACHE_HOME/mutwo/worker, else ~/.cache/mutwo/worker, else "
+          "/tmp/mutwo-worker-UID)");
 ABSL_FLAG(std::string, task_memory_limit, "auto",
           "serve: address-space limit of each CPU task process (e.g. 16GiB; "
           "auto: half the machine's memory; none: no limit)");
@@ -57,6 +62,20 @@ ABSL_DECLARE_FLAG(std::string, device);
 
 namespace mutwo::worker {
 namespace {
+
+// A cache, so where caches go (XDG base directories), never the current
+// directory: a worker started in a checkout must not fill it.
+std::string DefaultWorkDir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && xdg[0] == '/') {
+    return absl::StrCat(xdg, "/mutwo/worker");
+  }
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] == '/' && std::string(home) != "/") {
+    return absl::StrCat(home, "/.cache/mutwo/worker");
+  }
+  return absl::StrCat("/tmp/mutwo-worker-", getuid());
+}
 
 // Device memory used/total without creating a CUDA context in the daemon:
 // nvidia-smi for GPUs, /proc/meminfo for the host.
@@ -236,6 +255,8 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   options.credentials.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.device = absl::GetFlag(FLAGS_device);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
+  const bool default_work_dir = options.work_dir.empty();
+  if (default_work_dir) options.work_dir = DefaultWorkDir();
   options.self_executable = self_exe;
   options.task_time_limit_ms = absl::GetFlag(FLAGS_task_time_limit_ms);
   options.max_tasks = absl::GetFlag(FLAGS_max_tasks);
@@ -243,7 +264,7 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   if (memory_limit == "none" || memory_limit == "0") {
     options.task_memory_limit_bytes = 0;
   } else if (memory_limit != "auto" && !memory_limit.empty()) {
-    auto limit = ParseBytes(memory_limit);
+    auto limit = ParseMemorySize("--task_memory_limit", memory_limit);
     if (!limit.ok()) return CommandFailure(cmd, limit.status());
     options.task_memory_limit_bytes = *limit;
   }
@@ -252,6 +273,18 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
     return CommandFailure(
         cmd, absl::InvalidArgumentError(absl::StrCat(
                  "--device \"", device, "\": use cpu, cuda or cuda:N")));
+  }
+  if (default_work_dir) {
+    // Its parents (~/.cache) may not exist yet; the daemon makes the last
+    // level.
+    std::error_code ec;
+    std::filesystem::create_directories(options.work_dir, ec);
+    if (ec) {
+      return CommandFailure(
+          cmd, absl::PermissionDeniedError(absl::StrCat(
+                   "cannot create the work directory \"", options.work_dir,
+                   "\": ", ec.message(), "; give --work_dir")));
+    }
   }
   const std::string work_dir = options.work_dir;
   options.probe_device = [self_exe, device, work_dir] {

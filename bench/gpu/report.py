@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tables (Markdown, stdout) and SVG plots from a GPU benchmark run
-(run_benchmark.py's JSON files), for docs/benchmarks.md:
+(run_benchmark.py's JSON files), for docs/benchmarks.md. The plots are
+drawn by mutwo's one renderer, client/plot/mutwo_plot.py (matplotlib):
 
     report.py RESULTS_DIR SVG_DIR
 
@@ -10,72 +11,17 @@
 - SVG_DIR/<model>_peak_vs_batch.svg: measured peak vs batch size for the
   baseline, sqrt(n), per-block and mutwo's lowest feasible budget.
 
-Only the standard library (no plotting package on the GPU machine).
+Without matplotlib (a GPU machine may lack it) the tables are printed and
+the plots skipped: copy the results and run it where matplotlib is.
 """
 import glob
 import json
 import os
 import sys
 
-GIB = 2 ** 30
-COLORS = {"none": "#444444", "sqrt_n": "#1f77b4", "per_block": "#2ca02c",
-          "mutwo": "#d62728", "mutwo predicted": "#d62728"}
-
-
-def svg_chart(path, title, xlabel, ylabel, series, xfmt="{:g}"):
-    """series: list of (name, [(x, y)], hollow, line)."""
-    w, h, ml, mr, mt, mb = 640, 400, 70, 170, 40, 50
-    pts = [p for _, s, _, _ in series for p in s]
-    if not pts:
-        return
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = 0.0, max(p[1] for p in pts) * 1.08
-    if x1 == x0:
-        x1 = x0 + 1
-    x0, x1 = x0 - 0.04 * (x1 - x0), x1 + 0.04 * (x1 - x0)
-
-    def X(v):
-        return ml + (v - x0) / (x1 - x0) * (w - ml - mr)
-
-    def Y(v):
-        return h - mb - (v - y0) / (y1 - y0) * (h - mt - mb)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-           f'font-family="sans-serif" font-size="12">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2 - mr / 2}" y="22" text-anchor="middle" '
-           f'font-size="14">{title}</text>',
-           f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="black"/>',
-           f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="black"/>',
-           f'<text x="{(ml + w - mr) / 2}" y="{h - 12}" text-anchor="middle">{xlabel}</text>',
-           f'<text x="16" y="{(mt + h - mb) / 2}" text-anchor="middle" '
-           f'transform="rotate(-90 16 {(mt + h - mb) / 2})">{ylabel}</text>']
-    for i in range(6):
-        xv = x0 + (x1 - x0) * i / 5
-        yv = y0 + (y1 - y0) * i / 5
-        out.append(f'<text x="{X(xv)}" y="{h - mb + 16}" text-anchor="middle">'
-                   f'{xfmt.format(xv)}</text>')
-        out.append(f'<text x="{ml - 6}" y="{Y(yv) + 4}" text-anchor="end">'
-                   f'{yv:.1f}</text>')
-        out.append(f'<line x1="{ml}" y1="{Y(yv)}" x2="{w - mr}" y2="{Y(yv)}" '
-                   f'stroke="#eeeeee"/>')
-    for k, (name, s, hollow, line) in enumerate(series):
-        c = COLORS.get(name, "#9467bd")
-        s = sorted(s)
-        if line and len(s) > 1:
-            d = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in s)
-            out.append(f'<polyline points="{d}" fill="none" stroke="{c}"/>')
-        for x, y in s:
-            fill = "none" if hollow else c
-            out.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="4" '
-                       f'fill="{fill}" stroke="{c}"/>')
-        ly = mt + 10 + 18 * k
-        out.append(f'<circle cx="{w - mr + 16}" cy="{ly}" r="4" '
-                   f'fill="{"none" if hollow else c}" stroke="{c}"/>')
-        out.append(f'<text x="{w - mr + 26}" y="{ly + 4}">{name}</text>')
-    out.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(out) + "\n")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "client", "plot"))
+import mutwo_plot  # noqa: E402  (the CLI's renderer: one look for every plot)
 
 
 def load(results):
@@ -125,47 +71,75 @@ def table(run):
               f"{'match' if p.get('gradients_match') else 'DIFFER'} |")
 
 
+def tradeoff_data(run):
+    """Measured peak vs measured time overhead (against the baseline step
+    timed in the same process), one series per policy; mutwo's predictions
+    as hollow marks."""
+    series = {}
+    predicted = []
+    for p in run["points"]:
+        if "measured_peak_bytes" not in p:
+            continue
+        series.setdefault(p["policy"], []).append({
+            "peak_bytes": p["measured_peak_bytes"],
+            "overhead": p["measured_iteration_ms"] / p["baseline_iteration_ms"] - 1})
+        if p["policy"] == "mutwo":
+            predicted.append({
+                "peak_bytes": p["predicted_peak_bytes"],
+                "overhead": p["predicted_iteration_ms"] /
+                run["points"][0]["predicted_iteration_ms"] - 1})
+    out = [{"name": "%s (measured)" % k, "policy": k, "source": "measured",
+            "line": False, "marker": mutwo_plot.POLICY_MARKERS.get(k, "o"),
+            "points": v} for k, v in series.items()]
+    if predicted:
+        out.append({"name": "mutwo (predicted)", "policy": "mutwo",
+                    "source": "predicted", "line": False, "points": predicted})
+    return {"format": mutwo_plot.FORMAT, "kind": "pareto",
+            "title": "%s, batch %d: peak vs time" % (run["model"], run["batch"]),
+            "series": out}
+
+
+def peak_vs_batch_data(model, runs):
+    """Measured peak vs batch size per policy (mutwo: its lowest budget)."""
+    series = {}
+    for run in runs:
+        best = {}
+        for p in run["points"]:
+            if "measured_peak_bytes" not in p:
+                continue
+            k = p["policy"]
+            v = p["measured_peak_bytes"]
+            if k == "mutwo":
+                v = min(v, best.get(k, v))
+            best[k] = v
+        for k, v in best.items():
+            series.setdefault(k, []).append({"batch": run["batch"],
+                                             "peak_bytes": v})
+    names = {"mutwo": "mutwo (lowest budget)", "none": "baseline (none)"}
+    return {"format": mutwo_plot.FORMAT, "kind": "batch",
+            "title": "%s: measured peak vs batch size" % model,
+            "series": [{"name": names.get(k, k), "policy": k,
+                        "source": "measured", "points": v}
+                       for k, v in series.items()]}
+
+
 def plots(runs, svg_dir):
+    try:
+        mutwo_plot._pyplot()
+    except ImportError:
+        print("report.py: no matplotlib (Debian: python3-matplotlib); "
+              "tables only, no plots", file=sys.stderr)
+        return
     os.makedirs(svg_dir, exist_ok=True)
     by_model = {}
     for run in runs:
         by_model.setdefault(run["model"], []).append(run)
-        series = {}
-        predicted = []
-        for p in run["points"]:
-            if "measured_peak_bytes" not in p:
-                continue
-            ov = 100 * (p["measured_iteration_ms"] / p["baseline_iteration_ms"] - 1)
-            series.setdefault(p["policy"], []).append(
-                (ov, p["measured_peak_bytes"] / GIB))
-            if p["policy"] == "mutwo":
-                pov = 100 * (p["predicted_iteration_ms"] /
-                             run["points"][0]["predicted_iteration_ms"] - 1)
-                predicted.append((pov, p["predicted_peak_bytes"] / GIB))
-        s = [(k, v, False, k == "mutwo") for k, v in series.items()]
-        if predicted:
-            s.append(("mutwo predicted", predicted, True, False))
-        svg_chart(os.path.join(svg_dir, f"{run['model']}_b{run['batch']}_tradeoff.svg"),
-                  f"{run['model']}, batch {run['batch']}: peak vs time",
-                  "time overhead vs baseline (%)", "peak (GiB)", s)
+        mutwo_plot.save(
+            mutwo_plot.figure(tradeoff_data(run)),
+            os.path.join(svg_dir, f"{run['model']}_b{run['batch']}_tradeoff.svg"))
     for model, rs in by_model.items():
-        series = {}
-        for run in rs:
-            best = {}
-            for p in run["points"]:
-                if "measured_peak_bytes" not in p:
-                    continue
-                k = p["policy"]
-                v = p["measured_peak_bytes"] / GIB
-                if k == "mutwo":
-                    k = "mutwo (lowest budget)"
-                    v = min(v, best.get(k, v))
-                best[k] = v
-            for k, v in best.items():
-                series.setdefault(k, []).append((run["batch"], v))
-        svg_chart(os.path.join(svg_dir, f"{model}_peak_vs_batch.svg"),
-                  f"{model}: measured peak vs batch size", "batch size",
-                  "peak (GiB)", [(k, v, False, True) for k, v in series.items()])
+        mutwo_plot.save(mutwo_plot.figure(peak_vs_batch_data(model, rs)),
+                        os.path.join(svg_dir, f"{model}_peak_vs_batch.svg"))
 
 
 def main():

@@ -534,15 +534,34 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
   }
   const int p = static_cast<int>(result.sim.planned_after_bytes.size());
   if (max_timeline_samples > 0 && p > 0) {
+    const SimResult& sim = result.sim;
     const int stride = (p + max_timeline_samples - 1) / max_timeline_samples;
+    int64_t baseline_peak = 0, planned_peak = 0;
     for (int t = 0; t < p; ++t) {
-      if (t % stride != 0 && t != result.sim.peak_position && t != p - 1) {
+      // The high-water marks since the previous sample, so no peak is lost
+      // to sampling.
+      if (t < static_cast<int>(sim.baseline_during_bytes.size())) {
+        baseline_peak = std::max(baseline_peak, sim.baseline_during_bytes[t]);
+      }
+      if (t < static_cast<int>(sim.planned_peak_bytes.size())) {
+        planned_peak = std::max(planned_peak, sim.planned_peak_bytes[t]);
+      }
+      if (t % stride != 0 && t != sim.peak_position && t != p - 1) {
         continue;
       }
       v1::MemorySample* m = s.add_timeline();
       m->set_position(t);
-      m->set_baseline_bytes(result.sim.baseline_after_bytes[t]);
-      m->set_planned_bytes(result.sim.planned_after_bytes[t]);
+      m->set_baseline_bytes(sim.baseline_after_bytes[t]);
+      m->set_planned_bytes(sim.planned_after_bytes[t]);
+      m->set_baseline_peak_bytes(baseline_peak);
+      m->set_planned_peak_bytes(planned_peak);
+      if (t < static_cast<int>(sim.baseline_end_ms.size())) {
+        m->set_baseline_end_ms(sim.baseline_end_ms[t]);
+      }
+      if (t < static_cast<int>(sim.planned_end_ms.size())) {
+        m->set_planned_end_ms(sim.planned_end_ms[t]);
+      }
+      baseline_peak = planned_peak = 0;
     }
   }
   return s;

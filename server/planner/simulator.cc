@@ -478,6 +478,31 @@ void Simulator::Run(const Decisions& decisions, Options options,
     }
   }
   r.iteration_ms = baseline_iteration_ms_ + r.recompute_ms + r.stall_ms;
+  r.baseline_during_bytes.clear();
+  r.baseline_end_ms.clear();
+  r.planned_end_ms.clear();
+  if (options.record_curve) {
+    r.baseline_during_bytes = base_during_;
+    r.baseline_end_ms = end_ms_;
+    // What the time walk adds before each position's step: stalls (at the
+    // position an activation is needed) and segment replays.
+    std::vector<double> extra_ms(p, 0);
+    for (const auto& [position, ms] : r.replays) {
+      if (position >= 0 && position < p) extra_ms[position] += ms;
+    }
+    for (int a = 0; a < a_count; ++a) {
+      const int t = r.needed_at[a];
+      if (r.stall_ms_of[a] > 0 && t >= 0 && t < p) {
+        extra_ms[t] += r.stall_ms_of[a];
+      }
+    }
+    r.planned_end_ms.resize(p);
+    double now = 0;
+    for (int t = 0; t < p; ++t) {
+      now += extra_ms[t] + step_ms_[t];
+      r.planned_end_ms[t] = now;
+    }
+  }
 }
 
 }  // namespace mutwo::planner

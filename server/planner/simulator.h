@@ -64,9 +64,14 @@ struct SimResult {
   // Planned high-water mark during each position (always filled).
   std::vector<int64_t> planned_peak_bytes;
   // Filled when Options::record_curve: bytes after each position, baseline
-  // and planned.
+  // and planned; the baseline high-water mark during each position; the end
+  // of each position in the baseline step and in the planned step (stalls
+  // and replays before the position's own step), from the step's start.
   std::vector<int64_t> baseline_after_bytes;
   std::vector<int64_t> planned_after_bytes;
+  std::vector<int64_t> baseline_during_bytes;
+  std::vector<double> baseline_end_ms;
+  std::vector<double> planned_end_ms;
 };
 
 // The structural invariants the simulator relies on (positions in range,

@@ -76,8 +76,20 @@ TEST(ProgressLine, TimeElapsedStageCountsAndWhatRuns) {
   const std::string line = ProgressLine(e, 1'700'000'000'000);
   EXPECT_THAT(line, ::testing::MatchesRegex(
                         "[0-9]{2}:[0-9]{2}:[0-9]{2} \\+1m23s  VALIDATING  "
-                        "profiled 2/3 batch sizes, 1/6 budgets decided; "
-                        "running validate batch 8 budget 60%"));
+                        "profiled 2/3 batch sizes, 1/6 budgets decided, "
+                        "~2m46s left; running validate batch 8 budget 60%"));
+  // 3 of 9 units in 83 s: 6 more take 166 s. None before the first unit,
+  // when the start is unknown, or once the job is final.
+  v1::JobEvent first = e;
+  first.set_batch_sizes_profiled(0);
+  first.set_budgets_decided(0);
+  EXPECT_THAT(ProgressLine(first, 1'700'000'000'000),
+              ::testing::Not(HasSubstr("left")));
+  EXPECT_THAT(ProgressLine(e, 0), ::testing::Not(HasSubstr("left")));
+  v1::JobEvent done = e;
+  done.set_state(v1::Job::SUCCEEDED);
+  EXPECT_THAT(ProgressLine(done, 1'700'000'000'000),
+              ::testing::Not(HasSubstr("left")));
   // A server without the counts: its message.
   v1::JobEvent old;
   old.set_state(v1::Job::PROFILING);

@@ -29,5 +29,18 @@ TEST(ParseDeviceKind, CpuCudaOrAny) {
       ::testing::HasSubstr("--device_kind \"tpu\": use cpu or cuda"));
 }
 
+TEST(ParseMemorySize, NeedsAUnit) {
+  EXPECT_EQ(*ParseMemorySize("--capacity", "80GiB"), int64_t{80} << 30);
+  EXPECT_EQ(*ParseMemorySize("--memory_limit", " 512B "), 512);
+  EXPECT_EQ(*ParseMemorySize("--capacity", "1.5GB"), 1500000000);
+  EXPECT_EQ(ParseMemorySize("--capacity", "80").status().message(),
+            "--capacity \"80\": a bare number is ambiguous; say 80GiB, 80GB "
+            "or 80B");
+  EXPECT_THAT(
+      std::string(
+          ParseMemorySize("--memory_limit", "2 lots").status().message()),
+      ::testing::HasSubstr("--memory_limit: size \"2 lots\": unknown unit"));
+}
+
 }  // namespace
 }  // namespace mutwo

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <regex>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -279,15 +280,31 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
       RunCommand(Cli("profile " + job.job_id() + " --batch=256 --format=csv"));
   EXPECT_EQ(profile.exit_code, 0);
   EXPECT_THAT(profile.output, HasSubstr("value_id,producer_node"));
-  const std::string svg = (dir_ / "timeline.svg").string();
-  EXPECT_EQ(RunCommand(Cli("plot " + job.job_id() +
-                           " --kind=timeline --batch=256 -o " + svg))
+  // Plots, rendered by matplotlib (client/plot/mutwo_plot.py); the plot
+  // data; a PyTorch memory snapshot.
+  auto slurp = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const auto& [args, file, magic] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--kind=timeline --batch=256", "timeline.svg", "<svg"},
+           {"--kind=batch", "batch.png", "\x89PNG"},
+           {"--kind=pareto --batch=512", "pareto.pdf", "%PDF"},
+           {"--kind=timeline --batch=512 --budget=1B", "infeasible.json",
+            "\"feasible\":false"},
+           {"--kind=timeline --batch=256 --timeline=measured",
+            "measured.pickle", "device_traces"}}) {
+    const std::string path = (dir_ / file).string();
+    auto plot =
+        RunCommand(Cli("plot " + job.job_id() + " " + args + " -o " + path));
+    EXPECT_EQ(plot.exit_code, 0) << args << "\n" << plot.output;
+    EXPECT_THAT(slurp(path), HasSubstr(magic)) << file;
+  }
+  // A kind of file the renderer cannot write is refused before any RPC.
+  EXPECT_EQ(RunCommand(Cli("plot " + job.job_id() + " --kind=batch -o x.gif"))
                 .exit_code,
-            0);
-  std::ifstream in(svg);
-  std::string first_line;
-  std::getline(in, first_line);
-  EXPECT_THAT(first_line, HasSubstr("<svg"));
+            2);
   auto workers = RunCommand(Cli("workers"));
   EXPECT_THAT(workers.output, HasSubstr("IDLE"));
 }
@@ -501,6 +518,19 @@ TEST_F(ServiceTest, UploadLimitsAndHashAreEnforcedAndNothingIsStored) {
 TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
   const int worker_metrics = FreePort();
   StartWorker(worker_metrics);
+  // Before any task: the series the task-failure alert compares exist at 0.
+  std::string before;
+  for (int i = 0; i < 100 && before.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    before = HttpGet(worker_metrics, "/metrics");
+  }
+  for (const char* kind : {"PROFILE", "VALIDATE"}) {
+    for (const char* result : {"succeeded", "failed", "unreported"}) {
+      EXPECT_THAT(before, HasSubstr(absl::StrCat(
+                              "mutwo_worker_tasks_total{kind=\"", kind,
+                              "\",result=\"", result, "\"} 0")));
+    }
+  }
   auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait")));
   ASSERT_EQ(r.exit_code, 3) << r.output;  // 1B fits at no batch size
   for (int port : {metrics_port_, worker_metrics}) {
@@ -520,10 +550,36 @@ TEST_F(ServiceTest, PrometheusScrapesServerAndWorker) {
         "mutwo_model_max_batch_size", "mutwo_workers{state=\"LOST\"} 0"}) {
     EXPECT_NE(server_body.find(name), std::string::npos) << name;
   }
+  for (const std::string& body :
+       {server_body, HttpGet(worker_metrics, "/metrics")}) {
+    EXPECT_THAT(body, ::testing::Not(HasSubstr("summary")));
+    EXPECT_THAT(body, ::testing::Not(HasSubstr("Nan")));
+  }
+  // One series per batch size, not the last one written.
+  static const std::regex baseline_re(
+      "mutwo_model_peak_bytes\\{batch=\"(256|512)\",budget=\"none\","
+      "kind=\"baseline\",model=\"[^\"]+\"\\} [0-9]+");
+  std::vector<std::string> baselines;
+  for (auto it = std::sregex_iterator(server_body.begin(), server_body.end(),
+                                      baseline_re);
+       it != std::sregex_iterator(); ++it) {
+    baselines.push_back(it->str());
+  }
+  EXPECT_EQ(baselines.size(), 2u) << server_body;
   EXPECT_THAT(
       HttpGet(worker_metrics, "/metrics"),
       HasSubstr(
           "mutwo_worker_tasks_total{kind=\"PROFILE\",result=\"succeeded\"} 2"));
+  // A restarted server exports the same model gauges from its store, before
+  // any job runs.
+  server_->Kill(SIGTERM);
+  ASSERT_EQ(server_->Wait(std::chrono::seconds(20)), 0) << server_->Log();
+  StartServer();
+  const std::string restarted = HttpGet(metrics_port_, "/metrics");
+  for (const std::string& line : baselines) {
+    EXPECT_THAT(restarted, HasSubstr(line));
+  }
+  EXPECT_THAT(restarted, HasSubstr("mutwo_model_max_batch_size{"));
   // A real Prometheus server scrapes both endpoints.
   const int prom_port = FreePort();
   const std::string config = (dir_ / "prometheus.yml").string();

@@ -40,6 +40,10 @@ absl::Status MakeDir(const std::string& path) {
   return absl::OkStatus();
 }
 
+prometheus::Histogram::BucketBoundaries TaskSecondsBuckets() {
+  return {1, 5, 15, 30, 60, 120, 300, 600, 1800};
+}
+
 }  // namespace
 
 WorkerDaemon::WorkerDaemon(Options options)
@@ -67,7 +71,19 @@ WorkerDaemon::WorkerDaemon(Options options)
                 .Name("mutwo_worker_busy")
                 .Help("1 while a task process runs")
                 .Register(*registry_)
-                .Add({})) {}
+                .Add({})) {
+  // Every (kind, result) at zero from the start: the task-failure alert
+  // compares a worker's failures with its successes, which must exist (at
+  // 0) before the first success.
+  for (const v1::Task::Kind kind : {v1::Task::PROFILE, v1::Task::VALIDATE}) {
+    const std::string name = v1::Task::Kind_Name(kind);
+    for (const char* result :
+         {"succeeded", "failed", "abandoned", "rejected", "unreported"}) {
+      tasks_total_.Add({{"kind", name}, {"result", result}});
+    }
+    task_seconds_.Add({{"kind", name}}, TaskSecondsBuckets());
+  }
+}
 
 absl::StatusOr<std::unique_ptr<WorkerDaemon>> WorkerDaemon::Create(
     Options options) {
@@ -259,10 +275,7 @@ absl::Status WorkerDaemon::RunOneTask(const v1::LeaseTaskResponse& lease) {
     fail(std::string(child.status().message()), true);
     return absl::OkStatus();
   }
-  task_seconds_
-      .Add({{"kind", kind}},
-           prometheus::Histogram::BucketBoundaries{1, 5, 15, 30, 60, 120, 300,
-                                                   600, 1800})
+  task_seconds_.Add({{"kind", kind}}, TaskSecondsBuckets())
       .Observe(child->wall_ms / 1000.0);
   if (lease_lost) {
     MUTWO_LOG(warn, "task {}: lease lost or job cancelled; child stopped",
