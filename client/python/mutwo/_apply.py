@@ -325,7 +325,8 @@ class _Runtime:
         self.stack: List[str] = []
         self.producers: Dict[int, Tuple[Any, str]] = {}
         self.frame_outputs: Dict[int, Tuple[Any, _Frame, int, int, int]] = {}
-        self.open_frame: Optional[_Frame] = None
+        # Frames open now, outermost first (frames nest as modules do).
+        self.open_frames: List[_Frame] = []
         self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
         self.swap_order: List[_SwapEntry] = []
         self.streams: Dict[Any, Any] = {}
@@ -340,7 +341,7 @@ class _Runtime:
         self.stack.clear()
         self.producers.clear()
         self.frame_outputs.clear()
-        self.open_frame = None
+        self.open_frames = []
         self.swap_entries.clear()
         self.swap_order = []
 
@@ -352,21 +353,23 @@ class _Runtime:
 
     # saved_tensors_hooks of the forward pass
     def pack(self, t: torch.Tensor) -> Any:
-        frame = self.open_frame
-        index = -1
-        if frame is not None:
-            index = frame.count
+        # Every open frame counts every save: its replay saves the same
+        # sequence (inner frames included).
+        indices = []
+        for frame in self.open_frames:
+            indices.append(frame.count)
             frame.count += 1
         if _is_leaf(t) or t.numel() == 0:
             self.stats.kept += 1
             return t
         path = self.producer_of(t)
-        if frame is not None and path in frame.spec.drop:
-            segment = frame.spec.drop[path]
-            frame.dropped[index] = segment
-            self.stats.dropped += 1
-            self.stats.dropped_paths.add(path)
-            return _Dropped(frame, index, segment)
+        for frame, index in reversed(list(zip(self.open_frames, indices))):
+            if path in frame.spec.drop:  # the innermost frame dropping it
+                segment = frame.spec.drop[path]
+                frame.dropped[index] = segment
+                self.stats.dropped += 1
+                self.stats.dropped_paths.add(path)
+                return _Dropped(frame, index, segment)
         out = self.frame_outputs.get(_storage_key(t))
         if out is not None:
             ref, owner, k, version, segment = out
@@ -404,7 +407,8 @@ class _Runtime:
         return packed
 
     def close_frame(self, frame: _Frame, out: Any) -> None:
-        self.open_frame = None
+        if frame in self.open_frames:
+            del self.open_frames[self.open_frames.index(frame):]
         for k, o in enumerate(_flat_tensors(out)):
             path = self.producer_of(o)
             if path in frame.spec.drop and not _is_leaf(o):
@@ -554,40 +558,34 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
                     first -= 1
                 children = (first, idx[-1])
         specs.append(_FrameSpec(root, children, drop))
-    # Frames never nest: a frame inside another joins it.
+    # Frames nest as modules do (an outer frame's replay stops early, after
+    # its segment's tensors). Frames of one module join: a module frame
+    # takes over child ranges of the same Sequential; overlapping ranges
+    # become their union.
     merged: List[_FrameSpec] = []
-    for spec in sorted(specs, key=lambda s: (s.path.count(".") if s.path
-                                             else -1, s.path)):
-        for outer in merged:
-            names = [n for n, _ in modules[outer.path].named_children()]
-            inside = outer.covers(spec.path, names) or (
-                spec.path == outer.path and outer.children is None)
-            overlap = (outer.path == spec.path and outer.children and
-                       spec.children and
-                       not (spec.children[1] < outer.children[0] or
-                            spec.children[0] > outer.children[1]))
-            same = spec.path == outer.path and spec.children is None
-            if inside or overlap or same:
-                if same:
-                    outer.children = None
-                elif overlap:
-                    outer.children = (min(outer.children[0],
-                                          spec.children[0]),
-                                      max(outer.children[1],
-                                          spec.children[1]))
-                for path, seg in spec.drop.items():
-                    outer.drop[path] = min(seg, outer.drop.get(path, seg))
-                break
+    for spec in specs:
+        for other in merged:
+            if other.path != spec.path:
+                continue
+            a, b = other.children, spec.children
+            if a is not None and b is not None and (b[1] < a[0] or
+                                                    b[0] > a[1]):
+                continue  # disjoint ranges of one Sequential
+            other.children = (None if a is None or b is None else
+                              (min(a[0], b[0]), max(a[1], b[1])))
+            for path, seg in spec.drop.items():
+                other.drop[path] = min(seg, other.drop.get(path, seg))
+            break
         else:
             merged.append(spec)
     order = {path: k for k, path in enumerate(modules)}
     merged.sort(key=lambda s: (order[s.path], s.children or (-1, -1)))
     for spec in merged:
         if spec.children is None and spec.path == "" and len(modules) > 1:
-            notes.append("a recompute segment spans the model's top-level "
-                         "forward: its replays re-run the model's forward "
-                         "from the start up to that segment (more compute "
-                         "than planned)")
+            notes.append("recompute segments span the model's top-level "
+                         "forward: their replays re-run the model's forward "
+                         "from its start up to the segment (more compute "
+                         "than planned for a segment far from the start)")
     return merged
 
 
@@ -664,11 +662,11 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         def make(forward: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(forward)
             def run(*args: Any, **kwargs: Any) -> Any:
-                if rt.mode != "forward" or rt.open_frame is not None:
+                if rt.mode != "forward":
                     return forward(*args, **kwargs)
                 frame = _Frame(rt, spec, lambda: forward(*args, **kwargs),
                                (args, kwargs), [module])
-                rt.open_frame = frame
+                rt.open_frames.append(frame)
                 out = None
                 try:
                     out = forward(*args, **kwargs)
@@ -693,7 +691,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
 
         def open_hook(m: nn.Module, args: Any, spec: _FrameSpec = spec,
                       span: List[nn.Module] = span) -> None:
-            if rt.mode != "forward" or rt.open_frame is not None:
+            if rt.mode != "forward":
                 return
 
             def run(x: Any = args) -> Any:
@@ -701,14 +699,16 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     x = c(*x) if isinstance(x, tuple) else c(x)
                 return x
 
-            rt.open_frame = _Frame(rt, spec, run, args, span)
+            rt.open_frames.append(_Frame(rt, spec, run, args, span))
 
         def close_hook(m: nn.Module, _: Any, out: Any,
                        spec: _FrameSpec = spec) -> None:
-            frame = rt.open_frame
-            if rt.mode == "forward" and frame is not None and \
-                    frame.spec is spec:
-                rt.close_frame(frame, out)
+            if rt.mode != "forward":
+                return
+            for frame in reversed(rt.open_frames):
+                if frame.spec is spec:
+                    rt.close_frame(frame, out)
+                    break
 
         h1 = span[0].register_forward_pre_hook(open_hook)
         h2 = span[-1].register_forward_hook(close_hook)
@@ -730,7 +730,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     return inner(*args, **kwargs)
             finally:
                 rt.mode = "off"
-                rt.open_frame = None
+                rt.open_frames = []
         return run
 
     wrap_forward(model, top_wrapper)

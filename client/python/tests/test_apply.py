@@ -279,3 +279,24 @@ def test_schedule_json_round_trip() -> None:
     assert again == schedule
     assert again.recomputed[0].module_path == "layer1.0.conv1"
     assert "RECOMPUTE layer1.0.conv1 aten::conv2d output 0" in str(again)
+
+
+def test_nested_frames_replay_only_up_to_their_segment() -> None:
+    # The stem (conv1, bn1: two children of the model itself) needs the
+    # model as its frame; a block's segment nests inside it. The model's
+    # replay stops after the stem's tensors: layer4 runs once.
+    model = resnet()
+    plain = copy.deepcopy(model)
+    calls = count_calls(model)
+    schedule = make_schedule(
+        model, recompute=[(0, ["conv1", "bn1"], []),
+                          (1, ["layer3.1.conv1", "layer3.1.bn1"], [])])
+    applied = mutwo.apply(model, schedule)
+    assert applied.frames == ["(model)", "layer3.1"]
+    assert_same_step(plain, model, CNN_INPUT, cnn_loss)
+    assert applied.stats.replays == {"(model)": 1, "layer3.1": 1}
+    assert calls["conv1"] == 2 and calls["bn1"] == 2
+    assert calls["layer3.1.conv1"] == 2
+    assert calls["layer4.1.conv2"] == 1 and calls["fc"] == 1
+    assert calls["layer1.0.conv1"] == 1
+    assert applied.unmatched() == []
