@@ -17,8 +17,12 @@ struct NodeNames {
   std::string scope;
 };
 
-NodeNames NamesOf(const v1::Profile* profile, int node) {
+// The module path and op of a decision's producer: the decision's own
+// fields (schedules since issue 14), else the profile's node.
+NodeNames NamesOf(const v1::Profile* profile, const v1::Decision& d) {
   NodeNames n;
+  if (!d.op_kind().empty()) return {d.op_kind(), d.module_path()};
+  const int node = d.producer_node();
   if (profile == nullptr) return n;
   if (node >= 0 && node < profile->nodes_size() &&
       profile->nodes(node).id() == node) {
@@ -30,6 +34,13 @@ NodeNames NamesOf(const v1::Profile* profile, int node) {
     if (p.id() == node) return {p.kind(), p.scope()};
   }
   return n;
+}
+
+// The producer's output holding the activation; "-" when none does, "?" in a
+// schedule from before the field (no op_kind either).
+std::string OutputText(const v1::Decision& d) {
+  if (d.op_kind().empty()) return "?";
+  return d.output_index() >= 0 ? absl::StrCat(d.output_index()) : "-";
 }
 
 std::string Indented(const std::string& text, int indent) {
@@ -70,13 +81,14 @@ std::string DecisionsText(const v1::Schedule& s, const v1::Profile* profile,
     absl::StrAppendFormat(
         &out, "%srecomputed: %d activations (%s) in %d segments, %.3f ms\n",
         pad, recompute.size(), FormatBytes(bytes), segments, ms);
-    TextTable table({"value", "node", "op", "scope", "size", "segment",
+    TextTable table({"module", "op", "out", "value", "node", "size", "segment",
                      "replayed before", "ms"},
-                    {true, true, false, false, true, true, true, true});
+                    {false, false, true, true, true, true, true, true, true});
     for (const v1::Decision* d : recompute) {
-      const NodeNames n = NamesOf(profile, d->producer_node());
-      table.AddRow({absl::StrCat(d->value_id()),
-                    absl::StrCat(d->producer_node()), n.kind, n.scope,
+      const NodeNames n = NamesOf(profile, *d);
+      table.AddRow({n.scope.empty() ? "(model)" : n.scope, n.kind,
+                    OutputText(*d), absl::StrCat(d->value_id()),
+                    absl::StrCat(d->producer_node()),
                     FormatBytes(d->size_bytes()), absl::StrCat(d->segment()),
                     absl::StrCat(d->needed_at()),
                     absl::StrFormat("%.3f", d->recompute_ms())});
@@ -93,15 +105,16 @@ std::string DecisionsText(const v1::Schedule& s, const v1::Profile* profile,
     absl::StrAppendFormat(&out,
                           "%sswapped: %d activations (%s), %.3f ms stalls\n",
                           pad, swap.size(), FormatBytes(bytes), stall);
-    TextTable table({"value", "node", "op", "scope", "size", "offload after",
-                     "prefetch at", "stall ms"},
-                    {true, true, false, false, true, true, true, true});
+    TextTable table({"module", "op", "out", "value", "node", "size",
+                     "offload after", "prefetch at", "stall ms"},
+                    {false, false, true, true, true, true, true, true, true});
     for (const v1::Decision* d : swap) {
-      const NodeNames n = NamesOf(profile, d->producer_node());
+      const NodeNames n = NamesOf(profile, *d);
       table.AddRow(
-          {absl::StrCat(d->value_id()), absl::StrCat(d->producer_node()),
-           n.kind, n.scope, FormatBytes(d->size_bytes()),
-           absl::StrCat(d->offload_after()), absl::StrCat(d->prefetch_at()),
+          {n.scope.empty() ? "(model)" : n.scope, n.kind, OutputText(*d),
+           absl::StrCat(d->value_id()), absl::StrCat(d->producer_node()),
+           FormatBytes(d->size_bytes()), absl::StrCat(d->offload_after()),
+           absl::StrCat(d->prefetch_at()),
            absl::StrFormat("%.3f", d->stall_ms())});
     }
     absl::StrAppend(&out, Indented(table.Render(), indent + 2));

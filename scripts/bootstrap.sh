@@ -13,6 +13,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev python3-torch python3-torchvision
   python3-grpcio python3-protobuf python3-yaml python3-matplotlib prometheus
+  python3-pytest python3-tqdm python3-venv python3-pip python3-setuptools
+  python3-wheel  # the Python package mutwo: its tests, pip install
   openssl  # the CLI: TLS test certificates, deploy/gen-auth.sh
 )
 

@@ -63,9 +63,14 @@ ActivationAnalysis AnalyzeActivations(const std::vector<LineageNode>& nodes,
     for (const LiveBlock& block : blocks) {
       a.size_bytes += block.size_bytes;
       // A swap moves the producer's output storages only.
-      if (std::find(outputs.begin(), outputs.end(), block.address) ==
-          outputs.end()) {
+      const auto output =
+          std::find(outputs.begin(), outputs.end(), block.address);
+      if (output == outputs.end()) {
         a.unswappable_bytes += block.size_bytes;
+      } else if (producer < static_cast<int>(step.output_indices.size())) {
+        const auto& indices = step.output_indices[producer];
+        const size_t k = static_cast<size_t>(output - outputs.begin());
+        if (k < indices.size()) a.output_indices.push_back(indices[k]);
       }
       value_of_address[block.address] = a.value_id;
       auto freed = freed_at.find(block.address);
@@ -86,6 +91,10 @@ ActivationAnalysis AnalyzeActivations(const std::vector<LineageNode>& nodes,
     }
     if (first_backward > last_backward) first_backward = last_backward;
     a.storages = static_cast<int>(blocks.size());
+    std::sort(a.output_indices.begin(), a.output_indices.end());
+    a.output_indices.erase(
+        std::unique(a.output_indices.begin(), a.output_indices.end()),
+        a.output_indices.end());
     a.last_forward_use = last_forward;
     a.first_backward_use = first_backward;
     a.last_backward_use = last_backward;

@@ -49,6 +49,9 @@ struct StepMemoryRecord {
   // Per node: the addresses of the storages of its tensor outputs (a view
   // or an in-place result repeats its base's address).
   std::vector<std::vector<uintptr_t>> output_storages;
+  // Per node, parallel to output_storages: the index of the node output each
+  // address came from. May be empty (then no output indices are reported).
+  std::vector<std::vector<int>> output_indices;
   // Per node: every output storage was still alive at the end of forward.
   std::vector<bool> outputs_alive;
   // Per backward step, in execution order: the node whose run created its
@@ -65,6 +68,9 @@ struct ActivationRecord {
   // indices, saved statistics): a swap cannot move them.
   int64_t unswappable_bytes = 0;
   int storages = 0;  // live blocks
+  // Outputs of the producer (sorted, unique) whose storages are among the
+  // blocks (Activation.output_indices).
+  std::vector<int> output_indices;
   // Largest node reading the producer's outputs or the outputs of any node
   // exposing one of its storages (views, in-place results), or a consumer
   // of those.

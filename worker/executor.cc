@@ -155,6 +155,8 @@ struct Executor::State : TrainingState {
   ExecutorOptions options;
   // The schedule being run, compiled (execution_plan.h).
   ExecutionPlan compiled;
+  // The caller's loss (UserStep); unset: the options' loss and target.
+  std::function<torch::Tensor(const c10::IValue&)> user_loss;
 
   // One forward + loss + backward; `scheduled` applies the schedule.
   // Returns the loss.
@@ -424,7 +426,11 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
   torch::Tensor loss;
   current_step = "loss";
   MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
-    MUTWO_ASSIGN_OR_RETURN(loss, ComputeLoss(options.loss, *outputs, target));
+    if (user_loss) {
+      loss = user_loss(*outputs);
+    } else {
+      MUTWO_ASSIGN_OR_RETURN(loss, ComputeLoss(options.loss, *outputs, target));
+    }
     if (!loss.requires_grad()) {
       return absl::InvalidArgumentError(
           "the loss does not depend on any trainable parameter");
@@ -799,6 +805,44 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
                                validation.scheduled().peak_bytes() <=
                                    schedule.budget_bytes());
   return validation;
+}
+
+absl::Status Executor::PrepareUserStep(const v1::Schedule& schedule,
+                                       const torch::jit::Module& module) {
+  State& s = *state_;
+  if (schedule.graph_fingerprint() != s.graph->fingerprint()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schedule is for graph fingerprint \"",
+        schedule.graph_fingerprint(), "\" but model ", s.options.model_name,
+        " has graph fingerprint \"", s.graph->fingerprint(),
+        "\" (plan it from a profile of this model)"));
+  }
+  MUTWO_ASSIGN_OR_RETURN(s.compiled, CompileSchedule(*s.graph, schedule));
+  return Guard("adopting the caller's module", [&]() -> absl::Status {
+    torch::jit::Module adopted = module;  // a handle: the caller's object
+    adopted.to(s.device);
+    s.module = adopted;
+    s.parameters.clear();
+    s.parameter_names.clear();
+    for (const auto& p : s.module.named_parameters()) {
+      if (!p.value.requires_grad()) continue;
+      s.parameters.push_back(p.value);
+      s.parameter_names.push_back(p.name);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<torch::Tensor> Executor::UserStep(
+    std::vector<c10::IValue> inputs,
+    const std::function<torch::Tensor(const c10::IValue&)>& loss) {
+  State& s = *state_;
+  s.inputs = std::move(inputs);
+  s.user_loss = loss;
+  absl::StatusOr<torch::Tensor> out = s.Step(/*scheduled=*/true);
+  s.user_loss = nullptr;
+  s.inputs.clear();  // the caller's tensors are not held between steps
+  return out;
 }
 
 }  // namespace mutwo::worker

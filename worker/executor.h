@@ -26,6 +26,7 @@
 #define MUTWO_WORKER_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,17 @@
 #include "absl/status/statusor.h"
 #include "mutwo/v1/types.pb.h"
 #include "worker/step_options.h"
+
+// LibTorch types of the caller's-loop API below (kept out of this header).
+namespace at {
+class Tensor;
+}  // namespace at
+namespace c10 {
+struct IValue;
+}  // namespace c10
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
 
 namespace mutwo::worker {
 
@@ -76,6 +88,23 @@ class Executor {
   // An out-of-memory is returned as a Validation with oom = true.
   [[nodiscard]] absl::StatusOr<v1::Validation> Run(
       const v1::Schedule& schedule);
+
+  // A training loop of the caller's own (include/mutwo/scheduled_step.h):
+  // checks and compiles `schedule` (its fingerprint; any batch size) and
+  // runs the caller's `module` from now on: the module the executor's
+  // model bytes were saved from (the same graph; the fingerprint is
+  // checked), so the caller's optimizer trains its own parameters.
+  // Errors: InvalidArgument as for Run.
+  [[nodiscard]] absl::Status PrepareUserStep(const v1::Schedule& schedule,
+                                             const torch::jit::Module& module);
+  // One forward of the prepared schedule on `inputs`, `loss` on the
+  // forward's output, and backward: gradients accumulate in the module's
+  // parameters (.grad), as after loss.backward(). Returns the loss.
+  // Errors: ResourceExhausted for an out-of-memory, InvalidArgument naming
+  // the step for other LibTorch errors (those of `loss` too).
+  [[nodiscard]] absl::StatusOr<at::Tensor> UserStep(
+      std::vector<c10::IValue> inputs,
+      const std::function<at::Tensor(const c10::IValue&)>& loss);
 
   const std::string& graph_fingerprint() const;
   int num_nodes() const;

@@ -103,6 +103,7 @@ struct IterationRecord {
   // Per node: addresses of the storages of its tensor outputs, and whether
   // every one of them was alive at the end of forward.
   std::vector<std::vector<uintptr_t>> output_storages;
+  std::vector<std::vector<int>> output_indices;  // parallel to the above
   std::vector<bool> outputs_alive;
 };
 
@@ -221,6 +222,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   record->node_before.assign(n, 0);
   record->node_transient.assign(n, 0);
   record->output_storages.assign(n, {});
+  record->output_indices.assign(n, {});
   record->outputs_alive.assign(n, true);
   std::vector<int> node_start(n, 0), node_end(n, 0);
   std::vector<std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>> weak(n);
@@ -265,14 +267,15 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
           0, backend->PeakBytes() - std::max(record->node_before[id] + owned,
                                              record->node_allocated_after[id]));
     }
-    for (const c10::IValue& output : outputs) {
-      for (const torch::Tensor& t : FlattenTensors(output)) {
+    for (size_t index = 0; index < outputs.size(); ++index) {
+      for (const torch::Tensor& t : FlattenTensors(outputs[index])) {
         if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) {
           continue;
         }
         weak[id].push_back(t.storage().getWeakStorageImpl());
         record->output_storages[id].push_back(
             reinterpret_cast<uintptr_t>(t.storage().data()));
+        record->output_indices[id].push_back(static_cast<int>(index));
         if (!t.requires_grad()) continue;
         for (Node* fn : ReachableFrom(t.grad_fn().get())) {
           owner.emplace(fn, id);
@@ -474,6 +477,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   memory.live_at_end_of_forward = last.live_at_end_of_forward;
   memory.frees = last.frees;
   memory.output_storages = last.output_storages;
+  memory.output_indices = last.output_indices;
   memory.outputs_alive = last.outputs_alive;
   for (const StepRecord& step : last.steps) {
     memory.step_forward_node.push_back(step.forward_node);
@@ -487,6 +491,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     a->set_size_bytes(record.size_bytes);
     a->set_unswappable_bytes(record.unswappable_bytes);
     a->set_storages(record.storages);
+    for (int index : record.output_indices) a->add_output_indices(index);
     a->set_last_forward_use(record.last_forward_use);
     a->set_first_backward_use(record.first_backward_use);
     a->set_last_backward_use(record.last_backward_use);

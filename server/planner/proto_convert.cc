@@ -28,6 +28,18 @@ int PrefetchNode(const v1::Profile& profile, int position) {
   return profile.backward_steps(k).forward_node();
 }
 
+// Decision fields naming what a user finds in the eager model.
+void SetModuleFields(const v1::Profile& profile, const v1::Activation* a,
+                     v1::Decision* out) {
+  const int node = out->producer_node();
+  if (node >= 0 && node < profile.nodes_size()) {
+    out->set_module_path(profile.nodes(node).scope());
+    out->set_op_kind(profile.nodes(node).kind());
+  }
+  out->set_output_index(
+      a != nullptr && a->output_indices_size() > 0 ? a->output_indices(0) : -1);
+}
+
 }  // namespace
 
 int64_t AllocatorReserveBytes(const v1::Profile& profile,
@@ -497,6 +509,10 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
   s.set_peak_position(result.sim.peak_position);
   s.set_recomputed(result.sim.recomputed);
   s.set_swapped(result.sim.swapped);
+  absl::flat_hash_map<int, const v1::Activation*> activation_of;
+  for (const v1::Activation& a : profile.activations()) {
+    activation_of.emplace(a.value_id(), &a);
+  }
   for (size_t i = 0; i < plan_profile.activations.size(); ++i) {
     const PlanActivation& a = plan_profile.activations[i];
     const Decision& d = result.decisions[i];
@@ -504,6 +520,9 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
     out->set_value_id(a.value_id);
     out->set_producer_node(a.producer_node);
     out->set_size_bytes(a.size_bytes);
+    const auto found = activation_of.find(a.value_id);
+    SetModuleFields(
+        profile, found == activation_of.end() ? nullptr : found->second, out);
     switch (d.action) {
       case Action::kRetain:
         out->set_action(v1::Decision::RETAIN);
@@ -519,6 +538,12 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
         }
         std::sort(out->mutable_recompute_nodes()->begin(),
                   out->mutable_recompute_nodes()->end());
+        for (int node : out->recompute_nodes()) {
+          out->add_recompute_module_paths(node >= 0 &&
+                                                  node < profile.nodes_size()
+                                              ? profile.nodes(node).scope()
+                                              : std::string());
+        }
         break;
       }
       case Action::kSwap:

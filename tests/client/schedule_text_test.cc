@@ -47,19 +47,48 @@ TEST(DecisionsText, ListsWhatIsRecomputedAndWhatIsSwapped) {
   EXPECT_THAT(text, HasSubstr("  swapped: 1 activations (3.00 MiB), 0.250 ms "
                               "stalls\n"));
   EXPECT_THAT(text, ::testing::ContainsRegex(
-                        "11 +4 +aten::relu +layer1.relu +2.00 KiB +0 +30 "
+                        "layer1.relu +aten::relu +\\? +11 +4 +2.00 KiB +0 +30 "
                         "+0.500"));
   EXPECT_THAT(text, ::testing::ContainsRegex(
-                        "12 +7 +aten::conv2d +layer2.conv +3.00 MiB +8 +25 "
-                        "+0.250"));
+                        "layer2.conv +aten::conv2d +\\? +12 +7 +3.00 MiB +8 "
+                        "+25 +0.250"));
   EXPECT_THAT(text, ::testing::Not(HasSubstr("13")));  // retained
 }
 
 TEST(DecisionsText, WithoutAProfileIdsAndSizesRemain) {
   const std::string text = DecisionsText(TwoDecisions(), nullptr, 0);
-  EXPECT_THAT(text, ::testing::ContainsRegex("11 +4 +\\? +2.00 KiB"));
+  EXPECT_THAT(
+      text, ::testing::ContainsRegex("\\(model\\) +\\? +\\? +11 +4 +2.00 KiB"));
   v1::Schedule none;
   EXPECT_EQ(DecisionsText(none, nullptr, 0), "");
+}
+
+// Schedules name the module, op and output themselves (issue 14): a user
+// reading `mutwo schedule` finds `layer3.4.conv2` in the model without the
+// profile, and the decision's names win over a profile's.
+TEST(DecisionsText, PrintsTheDecisionsModulePathOpAndOutput) {
+  v1::Schedule s = TwoDecisions();
+  s.mutable_decisions(0)->set_module_path("layer3.4.conv2");
+  s.mutable_decisions(0)->set_op_kind("aten::conv2d");
+  s.mutable_decisions(0)->set_output_index(0);
+  s.mutable_decisions(1)->set_module_path("");
+  s.mutable_decisions(1)->set_op_kind("aten::flatten");
+  s.mutable_decisions(1)->set_output_index(-1);
+  v1::Profile other;  // a profile whose names differ: ignored
+  for (int i = 0; i < 10; ++i) {
+    other.add_nodes()->set_id(i);
+    other.mutable_nodes(i)->set_kind("prim::Other");
+    other.mutable_nodes(i)->set_scope("other");
+  }
+  for (const v1::Profile* profile :
+       {static_cast<v1::Profile*>(nullptr), &other}) {
+    const std::string text = DecisionsText(s, profile, 0);
+    EXPECT_THAT(text, ::testing::ContainsRegex(
+                          "layer3.4.conv2 +aten::conv2d +0 +11 +4 +2.00 KiB"));
+    EXPECT_THAT(text, ::testing::ContainsRegex(
+                          "\\(model\\) +aten::flatten +- +12 +7 +3.00 MiB"));
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("prim::Other")));
+  }
 }
 
 }  // namespace

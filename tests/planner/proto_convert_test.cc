@@ -168,6 +168,50 @@ TEST(ProtoConvertTest, ScheduleRoundTrip) {
   EXPECT_DOUBLE_EQ(r.iteration_ms, s->predicted_iteration_ms());
 }
 
+// Issue 14: every decision names its producer's module path, op and output
+// (what a user finds in the eager model), and a recompute names the module
+// of every node its replay runs.
+TEST(ProtoConvertTest, DecisionsNameModulePathOpAndOutput) {
+  v1::Profile proto = DiamondProto();
+  for (int i = 0; i < proto.nodes_size(); ++i) {
+    proto.mutable_nodes(i)->set_scope(i == 0 ? ""
+                                             : "stage." + std::to_string(i));
+    proto.mutable_nodes(i)->set_kind(i == 2 ? "aten::relu" : "aten::linear");
+  }
+  proto.mutable_activations(0)->add_output_indices(0);
+  proto.mutable_activations(1)->add_output_indices(1);
+  proto.mutable_activations(1)->add_output_indices(2);
+  ScheduleRequest request;
+  request.device_reserve = false;
+  request.budget = *ParseBudget("70%");
+  auto s = PlanSchedule(proto, request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->decisions_size(), proto.activations_size());
+  bool saw_recompute = false;
+  for (int k = 0; k < s->decisions_size(); ++k) {
+    const v1::Decision& d = s->decisions(k);
+    const v1::ProfileNode& node = proto.nodes(d.producer_node());
+    EXPECT_EQ(d.module_path(), node.scope());
+    EXPECT_EQ(d.op_kind(), node.kind());
+    const int expected_output = d.value_id() == 100   ? 0
+                                : d.value_id() == 101 ? 1
+                                                      : -1;
+    EXPECT_EQ(d.output_index(), expected_output) << d.value_id();
+    if (d.action() != v1::Decision::RECOMPUTE) {
+      EXPECT_TRUE(d.recompute_module_paths().empty());
+      continue;
+    }
+    saw_recompute = true;
+    // One module path per replayed node, in the same order.
+    ASSERT_EQ(d.recompute_module_paths_size(), d.recompute_nodes_size());
+    for (int k = 0; k < d.recompute_nodes_size(); ++k) {
+      EXPECT_EQ(d.recompute_module_paths(k),
+                proto.nodes(d.recompute_nodes(k)).scope());
+    }
+  }
+  EXPECT_TRUE(saw_recompute);
+}
+
 TEST(ProtoConvertTest, InfeasibleScheduleStatesTheFloor) {
   ScheduleRequest request;
   request.device_reserve = false;

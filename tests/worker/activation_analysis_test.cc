@@ -38,6 +38,12 @@ class Records {
     step_.outputs_alive.push_back(alive);
     return *this;
   }
+  // Which output each of node `id`'s storages came from.
+  Records& OutputIndices(int id, std::vector<int> indices) {
+    step_.output_indices.resize(nodes_.size());
+    step_.output_indices[id] = std::move(indices);
+    return *this;
+  }
   Records& WritesInPlace(int id) {
     nodes_[id].writes_in_place = true;
     return *this;
@@ -113,6 +119,25 @@ TEST(ActivationAnalysisTest, LiveBlocksOfForwardNodesAreActivationsByProducer) {
   EXPECT_EQ(analysis.activations[1].size_bytes, 50);
   EXPECT_EQ(analysis.tracked_bytes, 150);
   EXPECT_EQ(analysis.loss_bytes, 8);
+}
+
+// Decisions name the producer's output holding the activation (issue 14):
+// max-pool with indices keeps both outputs, dropout only its mask.
+TEST(ActivationAnalysisTest, ReportsWhichOutputsHoldTheActivation) {
+  Records r;
+  r.Node(0, {}, {kA, kB})  // (values, indices)
+      .Node(1, {0}, {kC})  // dropout: output died, its mask lives
+      .Node(2, {1}, {kD});
+  r.OutputIndices(0, {0, 1}).OutputIndices(1, {0}).OutputIndices(2, {0});
+  r.Live(kB, 10, 0).Live(kMask, 20, 1).Live(kD, 30, 2).Steps({2, 1, 0});
+  const ActivationAnalysis analysis = r.Analyze();
+  EXPECT_THAT(Of(analysis, 0).output_indices, ElementsAre(1));
+  EXPECT_THAT(Of(analysis, 1).output_indices, IsEmpty());
+  EXPECT_THAT(Of(analysis, 2).output_indices, ElementsAre(0));
+  // Records without indices (hand-built elsewhere) report none.
+  Records old = Chain();
+  old.Live(kA, 100, 0).Steps({3, 2, 1, 0});
+  EXPECT_THAT(Of(old.Analyze(), 0).output_indices, IsEmpty());
 }
 
 TEST(ActivationAnalysisTest, LastForwardUseIsTheLastReaderAndTheFreeEndsIt) {

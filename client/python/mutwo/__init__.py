@@ -1,0 +1,41 @@
+"""mutwo: memory schedules (recompute / swap) for training, from the mutwo
+service, applied in your own PyTorch training loop.
+
+    import mutwo
+    client = mutwo.Client("127.0.0.1:50051")        # MUTWO_TOKEN, MUTWO_TLS_CA
+    job = client.wait(client.submit(model, inputs=["x:float32[B,3,224,224]"],
+                                    batch_sizes=[64], budgets=["60%"]))
+    schedule = client.schedule(job, 64, "60%")
+    with mutwo.apply(model, schedule):
+        ...  # forward, loss.backward(), optimizer.step() as usual
+
+`mutwo.apply` needs torch; the client alone needs grpcio and protobuf.
+"""
+from typing import Any
+
+from mutwo._client import Client, JobFailedError, MutwoError
+from mutwo._specs import (format_bytes, make_job_spec, parse_budget,
+                          parse_bytes, parse_loss, parse_optimizer,
+                          parse_tensor_spec, read_token)
+from mutwo._types import (BatchResult, BudgetOutcome, Decision, Job,
+                          JobProgress, MaxBatch, Model, ParetoPoint, Schedule,
+                          Validation, Worker)
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "Client", "MutwoError", "JobFailedError", "apply", "Applied",
+    "ScheduleMismatchError", "Schedule", "Decision", "ParetoPoint", "Job",
+    "JobProgress", "BatchResult", "BudgetOutcome", "Validation", "MaxBatch",
+    "Model", "Worker", "make_job_spec", "parse_budget", "parse_bytes",
+    "parse_loss", "parse_optimizer", "parse_tensor_spec", "format_bytes",
+    "read_token",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # torch is imported only when apply is used.
+    if name in ("apply", "Applied", "ScheduleMismatchError"):
+        from mutwo import _apply
+        return getattr(_apply, name)
+    raise AttributeError(f"module 'mutwo' has no attribute {name!r}")

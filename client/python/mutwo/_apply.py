@@ -1,0 +1,737 @@
+"""mutwo.apply: a schedule applied to the eager nn.Module it was planned for.
+
+The schedule was planned on the TorchScript graph of the model; its
+decisions name the module path of each activation's producer. In eager
+PyTorch, autograd saves tensors through `saved_tensors_hooks`; this module
+attributes each saved tensor to the module that produced it (the innermost
+module whose output it is, else the module running when it is saved) and
+applies the decision of that module path:
+
+- RECOMPUTE: the segment's modules run inside a *frame*: the module
+  enclosing every node the segment replays (or, inside an nn.Sequential, the
+  run of children it spans). Saved tensors of the segment's modules are
+  dropped in forward; the first backward use re-runs the frame's forward
+  from its saved inputs (RNG state restored, so dropout draws the same mask;
+  module buffers such as batch-norm running statistics restored after the
+  replay, so they are updated once) up to the segment's last saved tensor,
+  and hands the re-made tensors to autograd. This is non-reentrant
+  checkpointing (torch.utils.checkpoint(use_reentrant=False)) made
+  selective; it nests with the swap hooks, which torch's own checkpoint
+  would hide inside the checkpointed module.
+- SWAP: the saved tensor is copied to pinned host memory on a side CUDA
+  stream (on the CPU: a real copy into a separate tensor) and the device
+  tensor released; it comes back in backward, prefetched a few tensors
+  ahead in the reverse order of forward.
+
+Granularity is the module: all saved tensors attributed to one module path
+get its action (RECOMPUTE wins over SWAP over RETAIN when a module holds
+several activations with different decisions). Functional ops in a
+module's own forward count as that module. `Applied.report()` says what was
+matched at the last forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
+                    Set, Tuple, Union)
+
+import torch
+from torch import nn
+
+from mutwo._types import Decision, Schedule
+
+__all__ = ["apply", "Applied", "ScheduleMismatchError"]
+
+
+class ScheduleMismatchError(ValueError):
+    """The schedule was planned for another model (module paths or op
+    kinds differ)."""
+
+
+# Op kinds a module of a known type can produce (checks that a schedule's
+# decision fits the module at that path).
+_KINDS_OF_TYPE: Tuple[Tuple[type, Tuple[str, ...]], ...] = (
+    (nn.Conv1d, ("aten::conv1d", "aten::_convolution", "aten::convolution")),
+    (nn.Conv2d, ("aten::conv2d", "aten::_convolution", "aten::convolution")),
+    (nn.Conv3d, ("aten::conv3d", "aten::_convolution", "aten::convolution")),
+    (nn.Linear, ("aten::linear", "aten::addmm", "aten::matmul")),
+    (nn.modules.batchnorm._BatchNorm, ("aten::batch_norm",)),
+    (nn.LayerNorm, ("aten::layer_norm",)),
+    (nn.Embedding, ("aten::embedding",)),
+)
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().data_ptr()
+    return t.storage().data_ptr()
+
+
+def _flat_tensors(value: Any) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _flat_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flat_tensors(v)]
+    return []
+
+
+def _is_leaf(t: torch.Tensor) -> bool:
+    # Parameters and inputs: alive anyway, nothing to drop or move.
+    return t.grad_fn is None
+
+
+_STOP = "mutwo: replay complete"
+
+
+class _Stop(Exception):
+    """Ends a replay once every tensor it was asked for is re-made. Raised
+    from a pack hook inside an op: torch 1.13 re-raises it as a
+    RuntimeError carrying the message, newer versions as itself."""
+
+    def __init__(self) -> None:
+        super().__init__(_STOP)
+
+
+@dataclasses.dataclass
+class _FrameSpec:
+    """Where one frame runs: a module (`children` None) or the children
+    [first, last] of an nn.Sequential; what its modules' saved tensors do."""
+    path: str
+    children: Optional[Tuple[int, int]]
+    drop: Dict[str, int]  # module path -> segment
+
+    def label(self) -> str:
+        if self.children is None:
+            return self.path or "(model)"
+        a, b = self.children
+        return f"{self.path or '(model)'}[{a}:{b + 1}]"
+
+    def covers(self, path: str, child_names: Sequence[str]) -> bool:
+        """Whether a module path lies inside the frame."""
+        if self.children is None:
+            return (not self.path or path == self.path or
+                    path.startswith(self.path + "."))
+        prefix = self.path + "." if self.path else ""
+        if not path.startswith(prefix) or path == self.path:
+            return False
+        head = path[len(prefix):].split(".", 1)[0]
+        a, b = self.children
+        return head in child_names[a:b + 1]
+
+
+class _Frame:
+    """One run of a frame's forward: its inputs, RNG state, the index of
+    each tensor autograd saved inside it and which were dropped."""
+
+    def __init__(self, rt: "_Runtime", spec: _FrameSpec,
+                 run: Callable[[], Any], inputs: Sequence[Any],
+                 modules: Sequence[nn.Module]):
+        self.rt = rt
+        self.spec = spec
+        self.run = run
+        self.modules = modules
+        self.count = 0
+        self.dropped: Dict[int, int] = {}  # pack index -> segment
+        self.ready: Dict[int, torch.Tensor] = {}
+        self.outputs: List[Any] = []  # weakrefs of the flattened output
+        self.ready_outputs: Dict[int, torch.Tensor] = {}
+        self.input_versions = [(t, t._version) for t in _flat_tensors(inputs)]
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_devices = sorted({t.device.index or 0
+                                    for t, _ in self.input_versions
+                                    if t.is_cuda})
+        self.cuda_rng = [torch.cuda.get_rng_state(d)
+                         for d in self.cuda_devices]
+
+    def tensor(self, index: int, segment: int) -> torch.Tensor:
+        if index not in self.ready:
+            self.replay(segment, outputs=())
+        if index not in self.ready:
+            raise RuntimeError(
+                f"mutwo.apply: replaying {self.spec.label()} did not re-make "
+                f"saved tensor #{index}: its forward saved different tensors "
+                "the second time (data-dependent control flow?)")
+        return self.ready.pop(index)
+
+    def output(self, k: int, segment: int) -> torch.Tensor:
+        if k not in self.ready_outputs:
+            self.replay(segment, outputs=(k,))
+        return self.ready_outputs.pop(k)
+
+    def replay(self, segment: int, outputs: Sequence[int]) -> None:
+        for t, version in self.input_versions:
+            if t._version != version:
+                raise RuntimeError(
+                    f"mutwo.apply: an input of {self.spec.label()} was "
+                    "modified in place after the module ran; its replay "
+                    "would see other values. Leave that module's inputs "
+                    "unmodified, or plan without recomputing it.")
+        wanted = {i for i, s in self.dropped.items()
+                  if s == segment and i not in self.ready}
+        counter = [0]
+
+        def pack(t: torch.Tensor) -> None:
+            i = counter[0]
+            counter[0] += 1
+            if i in wanted:
+                self.ready[i] = t
+                wanted.discard(i)
+                if not wanted and not outputs:
+                    raise _Stop()
+            return None
+
+        def unpack(_: Any) -> torch.Tensor:
+            raise RuntimeError("mutwo.apply: a replay's own saved tensor "
+                               "was used (internal error)")
+
+        buffers = [(b, b.detach().clone()) for m in self.modules
+                   for b in m.buffers()]
+        rt = self.rt
+        previous = rt.mode
+        depth = len(rt.stack)
+        rt.mode = "replay"
+        rt.stats.replays[self.spec.label()] = (
+            rt.stats.replays.get(self.spec.label(), 0) + 1)
+        try:
+            with torch.random.fork_rng(devices=self.cuda_devices):
+                torch.set_rng_state(self.cpu_rng)
+                for d, state in zip(self.cuda_devices, self.cuda_rng):
+                    torch.cuda.set_rng_state(state, d)
+                with torch.enable_grad(), \
+                        torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                    try:
+                        out = self.run()
+                    except (_Stop, RuntimeError) as e:
+                        if _STOP not in str(e):
+                            raise
+                        out = None
+        finally:
+            rt.mode = previous
+            del rt.stack[depth:]  # modules a _Stop interrupted
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+        if outputs:
+            flat = _flat_tensors(out)
+            for k in outputs:
+                self.ready_outputs[k] = flat[k].detach()
+
+
+class _Dropped:
+    __slots__ = ("frame", "index", "segment")
+
+    def __init__(self, frame: _Frame, index: int, segment: int):
+        self.frame, self.index, self.segment = frame, index, segment
+
+
+class _DroppedOutput:
+    __slots__ = ("frame", "k", "segment")
+
+    def __init__(self, frame: _Frame, k: int, segment: int):
+        self.frame, self.k, self.segment = frame, k, segment
+
+
+class _SwapEntry:
+    """One saved tensor held in host memory between forward and backward."""
+
+    def __init__(self, rt: "_Runtime", t: torch.Tensor):
+        self.rt = rt
+        self.device = t.device
+        self.shape = t.shape
+        self.dtype = t.dtype
+        self.original = weakref.ref(t)
+        self.uses = 0
+        self.position = len(rt.swap_order)
+        self.restored: Optional[torch.Tensor] = None
+        self.event: Any = None
+        if t.is_cuda:
+            stream = rt.side_stream(t.device)
+            self.host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                    pin_memory=True)
+            stream.wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(stream):
+                self.host.copy_(t, non_blocking=True)
+            t.record_stream(stream)
+        else:
+            self.host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            self.host.copy_(t)
+        rt.stats.swapped_out += 1
+        rt.stats.swapped_out_bytes += t.numel() * t.element_size()
+
+    def prefetch(self) -> None:
+        if self.restored is not None or self.event is not None:
+            return
+        if self.device.type != "cuda":
+            return
+        stream = self.rt.side_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.restored = self.host.to(self.device, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record(stream)
+        self.rt.stats.swapped_in += 1
+
+    def get(self) -> torch.Tensor:
+        if self.restored is None:
+            self.prefetch()
+        if self.restored is None:  # CPU: a copy back into a new tensor
+            self.restored = self.host.clone()
+            self.rt.stats.swapped_in += 1
+        elif self.event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(self.event)
+            self.restored.record_stream(current)
+            self.event = None
+        t = self.restored
+        self.uses -= 1
+        if self.uses <= 0:
+            self.restored = None  # a second backward copies again
+        return t
+
+
+class _Swapped:
+    __slots__ = ("entry", "position")
+
+    def __init__(self, entry: "_SwapEntry", position: int):
+        self.entry, self.position = entry, position
+
+
+@dataclasses.dataclass
+class ApplyStats:
+    """What the hooks did (cumulative; `Applied.reset_stats()`)."""
+    dropped: int = 0           # saved tensors dropped for a replay
+    kept: int = 0              # saved tensors left to autograd
+    swapped_out: int = 0       # copies to host memory
+    swapped_out_bytes: int = 0
+    swapped_in: int = 0        # copies back from host memory
+    replays: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # Module paths whose saved tensors were dropped / swapped.
+    dropped_paths: Set[str] = dataclasses.field(default_factory=set)
+    swapped_paths: Set[str] = dataclasses.field(default_factory=set)
+
+
+class _Runtime:
+    def __init__(self, model: nn.Module, frames: List[_FrameSpec],
+                 swap: Set[str], prefetch_ahead: int):
+        self.model = model
+        self.frames = frames
+        self.swap = swap
+        self.prefetch_ahead = prefetch_ahead
+        self.mode = "off"  # off | forward | replay
+        self.stack: List[str] = []
+        self.producers: Dict[int, Tuple[Any, str]] = {}
+        self.frame_outputs: Dict[int, Tuple[Any, _Frame, int, int, int]] = {}
+        # Frames open now, outermost first (frames nest as modules do).
+        self.open_frames: List[_Frame] = []
+        self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
+        self.swap_order: List[_SwapEntry] = []
+        self.streams: Dict[Any, Any] = {}
+        self.stats = ApplyStats()
+
+    def side_stream(self, device: torch.device) -> Any:
+        if device not in self.streams:
+            self.streams[device] = torch.cuda.Stream(device)
+        return self.streams[device]
+
+    def begin_forward(self) -> None:
+        self.stack.clear()
+        self.producers.clear()
+        self.frame_outputs.clear()
+        self.open_frames = []
+        self.swap_entries.clear()
+        self.swap_order = []
+
+    def producer_of(self, t: torch.Tensor) -> str:
+        entry = self.producers.get(_storage_key(t))
+        if entry is not None and entry[0]() is not None:
+            return entry[1]
+        return self.stack[-1] if self.stack else ""
+
+    # saved_tensors_hooks of the forward pass
+    def pack(self, t: torch.Tensor) -> Any:
+        # Every open frame counts every save: its replay saves the same
+        # sequence (inner frames included).
+        indices = []
+        for frame in self.open_frames:
+            indices.append(frame.count)
+            frame.count += 1
+        if _is_leaf(t) or t.numel() == 0:
+            self.stats.kept += 1
+            return t
+        path = self.producer_of(t)
+        for frame, index in reversed(list(zip(self.open_frames, indices))):
+            if path in frame.spec.drop:  # the innermost frame dropping it
+                segment = frame.spec.drop[path]
+                frame.dropped[index] = segment
+                self.stats.dropped += 1
+                self.stats.dropped_paths.add(path)
+                return _Dropped(frame, index, segment)
+        out = self.frame_outputs.get(_storage_key(t))
+        if out is not None:
+            ref, owner, k, version, segment = out
+            if ref() is t and t._version == version:
+                self.stats.dropped += 1
+                self.stats.dropped_paths.add(path)
+                return _DroppedOutput(owner, k, segment)
+        if path in self.swap:
+            key = (_storage_key(t), t.storage_offset(), tuple(t.shape),
+                   tuple(t.stride()), t.dtype)
+            entry = self.swap_entries.get(key)
+            if entry is None or entry.original() is None:
+                entry = _SwapEntry(self, t)
+                self.swap_entries[key] = entry
+                self.swap_order.append(entry)
+                self.stats.swapped_paths.add(path)
+            entry.uses += 1
+            return _Swapped(entry, entry.position)
+        self.stats.kept += 1
+        return t
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Dropped):
+            return packed.frame.tensor(packed.index, packed.segment)
+        if isinstance(packed, _DroppedOutput):
+            return packed.frame.output(packed.k, packed.segment)
+        if isinstance(packed, _Swapped):
+            order = self.swap_order
+            for p in range(packed.position - 1,
+                           max(-1, packed.position - 1 - self.prefetch_ahead),
+                           -1):
+                if p < len(order):
+                    order[p].prefetch()
+            return packed.entry.get()
+        return packed
+
+    def close_frame(self, frame: _Frame, out: Any) -> None:
+        if frame in self.open_frames:
+            del self.open_frames[self.open_frames.index(frame):]
+        for k, o in enumerate(_flat_tensors(out)):
+            path = self.producer_of(o)
+            if path in frame.spec.drop and not _is_leaf(o):
+                self.frame_outputs[_storage_key(o)] = (
+                    weakref.ref(o), frame, k, o._version,
+                    frame.spec.drop[path])
+
+
+class Applied:
+    """A schedule applied to a model; `remove()` takes it off again.
+
+    `stats` counts what the hooks did; `report()` says, after a training
+    step, which decisions were applied and which matched no saved tensor.
+    """
+
+    def __init__(self, model: nn.Module, schedule: Schedule,
+                 runtime: _Runtime, notes: List[str],
+                 undo: List[Callable[[], None]]):
+        self.model = model
+        self.schedule = schedule
+        self.notes = notes
+        self._runtime = runtime
+        self._undo = undo
+
+    @property
+    def stats(self) -> ApplyStats:
+        return self._runtime.stats
+
+    @property
+    def frames(self) -> List[str]:
+        """Where replays run: module paths or Sequential child ranges."""
+        return [f.label() for f in self._runtime.frames]
+
+    def reset_stats(self) -> None:
+        self._runtime.stats = ApplyStats()
+
+    def unmatched(self) -> List[Decision]:
+        """Non-RETAIN decisions whose module saved no tensor that the hooks
+        dropped or swapped (after at least one training step)."""
+        s = self.stats
+        return [d for d in self.schedule.decisions
+                if (d.action == "RECOMPUTE" and
+                    d.module_path not in s.dropped_paths) or
+                (d.action == "SWAP" and d.module_path not in s.swapped_paths)]
+
+    def report(self) -> str:
+        s = self.stats
+        lines = [f"mutwo.apply: {len(self.schedule.recomputed)} recompute and "
+                 f"{len(self.schedule.swapped)} swap decisions; replays in "
+                 f"{', '.join(self.frames) or 'no frame'}",
+                 f"  last steps: {s.dropped} saved tensors dropped, "
+                 f"{s.swapped_out} swapped out ({s.swapped_out_bytes} B), "
+                 f"{s.swapped_in} back, {sum(s.replays.values())} replays"]
+        lines += [f"  note: {n}" for n in self.notes]
+        for d in self.unmatched():
+            lines.append(f"  not applied: {d.action} {d.module_path or '(model)'}"
+                         f" {d.op_kind}: no saved tensor of that module was "
+                         "seen")
+        return "\n".join(lines)
+
+    def remove(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo = []
+
+    def __enter__(self) -> "Applied":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def _common_prefix(paths: Iterable[str]) -> str:
+    parts: Optional[List[str]] = None
+    for p in paths:
+        q = p.split(".") if p else []
+        if parts is None:
+            parts = q
+            continue
+        k = 0
+        while k < len(parts) and k < len(q) and parts[k] == q[k]:
+            k += 1
+        parts = parts[:k]
+    return ".".join(parts or [])
+
+
+def _check(model: nn.Module, schedule: Schedule) -> None:
+    modules = dict(model.named_modules())
+    if not schedule.decisions:
+        return
+    if all(not d.op_kind for d in schedule.decisions):
+        raise ScheduleMismatchError(
+            "this schedule names no module paths (planned before mutwo "
+            "recorded them); plan it again with the current server")
+    missing = sorted({d.module_path for d in schedule.decisions
+                      if d.module_path not in modules} |
+                     {p for d in schedule.decisions
+                      for p in d.recompute_module_paths if p not in modules})
+    named = {d.module_path for d in schedule.decisions} | {
+        p for d in schedule.decisions for p in d.recompute_module_paths}
+    if missing:
+        shown = ", ".join(repr(p) for p in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ScheduleMismatchError(
+            f"the schedule was planned for another model: {len(missing)} of "
+            f"the {len(named)} module paths it names are not in this "
+            f"{type(model).__name__}: {shown}{more} (model "
+            f"sha256 {schedule.model_sha256[:12]}, fingerprint "
+            f"{schedule.graph_fingerprint[:12]}); get a schedule for this "
+            "model")
+    for d in schedule.decisions:
+        m = modules[d.module_path]
+        for cls, kinds in _KINDS_OF_TYPE:
+            if isinstance(m, cls) and d.op_kind not in kinds:
+                raise ScheduleMismatchError(
+                    f"the schedule was planned for another model: it says "
+                    f"{d.module_path!r} produces {d.op_kind}, but here it is "
+                    f"a {type(m).__name__} (expects {', '.join(kinds)})")
+
+
+def _frame_specs(model: nn.Module, schedule: Schedule,
+                 notes: List[str]) -> List[_FrameSpec]:
+    modules = dict(model.named_modules())
+    segments: Dict[int, List[Decision]] = {}
+    for d in schedule.recomputed:
+        segments.setdefault(d.segment, []).append(d)
+    specs: List[_FrameSpec] = []
+    for segment, members in sorted(segments.items()):
+        paths = [d.module_path for d in members]
+        for d in members:
+            paths += list(d.recompute_module_paths)
+        root = _common_prefix(paths)
+        drop = {d.module_path: segment for d in members}
+        module = modules[root]
+        children: Optional[Tuple[int, int]] = None
+        if isinstance(module, nn.Sequential):
+            names = [n for n, _ in module.named_children()]
+            prefix = root + "." if root else ""
+            heads = {p[len(prefix):].split(".", 1)[0] for p in paths
+                     if p.startswith(prefix) and p != root}
+            if heads and all(p != root for p in paths) and heads <= set(names):
+                idx = sorted(names.index(h) for h in heads)
+                first = idx[0]
+                # A range must not start with an in-place op on its input
+                # (ReLU(inplace=True)): the replay needs the input unchanged.
+                while first > 0 and getattr(module[first], "inplace", False):
+                    first -= 1
+                children = (first, idx[-1])
+        specs.append(_FrameSpec(root, children, drop))
+    # Frames nest as modules do (an outer frame's replay stops early, after
+    # its segment's tensors). Frames of one module join: a module frame
+    # takes over child ranges of the same Sequential; overlapping ranges
+    # become their union.
+    merged: List[_FrameSpec] = []
+    for spec in specs:
+        for other in merged:
+            if other.path != spec.path:
+                continue
+            a, b = other.children, spec.children
+            if a is not None and b is not None and (b[1] < a[0] or
+                                                    b[0] > a[1]):
+                continue  # disjoint ranges of one Sequential
+            other.children = (None if a is None or b is None else
+                              (min(a[0], b[0]), max(a[1], b[1])))
+            for path, seg in spec.drop.items():
+                other.drop[path] = min(seg, other.drop.get(path, seg))
+            break
+        else:
+            merged.append(spec)
+    order = {path: k for k, path in enumerate(modules)}
+    merged.sort(key=lambda s: (order[s.path], s.children or (-1, -1)))
+    for spec in merged:
+        if spec.children is None and spec.path == "" and len(modules) > 1:
+            notes.append("recompute segments span the model's top-level "
+                         "forward: their replays re-run the model's forward "
+                         "from its start up to the segment (more compute "
+                         "than planned for a segment far from the start)")
+    return merged
+
+
+def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
+          *, prefetch_ahead: int = 2) -> Applied:
+    """Applies `schedule` to `model` (the eager nn.Module whose TorchScript
+    was planned) for the user's own training loop: call the model as usual,
+    then loss.backward() and the optimizer. Returns an Applied handle
+    (`remove()` or use it as a context manager to take it off).
+
+    `schedule` is a Schedule or a JSON file/text (`mutwo schedule ...
+    --output json`). Raises ScheduleMismatchError for a schedule planned
+    for another model (module paths or op kinds differ).
+
+    Not applied: decisions of a TorchScript model (apply needs the eager
+    module), under torch.compile (saved-tensor hooks are not traced; apply
+    to the module you compile is untested) or inside another
+    saved_tensors_hooks context (the innermost hooks win). DDP wrapping the
+    model after apply works as for torch.utils.checkpoint(use_reentrant=
+    False).
+    """
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("mutwo.apply needs the eager nn.Module the "
+                        "TorchScript came from, not a ScriptModule")
+    if not isinstance(schedule, Schedule):
+        schedule = Schedule.from_json(schedule)
+    _check(model, schedule)
+    notes: List[str] = []
+    if not schedule.feasible:
+        notes.append("the planner marked this schedule infeasible: "
+                     f"{schedule.reason}")
+    specs = _frame_specs(model, schedule, notes)
+    recomputed = {d.module_path for d in schedule.recomputed}
+    swap = {d.module_path for d in schedule.swapped} - recomputed
+    rt = _Runtime(model, specs, swap, prefetch_ahead)
+    modules = dict(model.named_modules())
+    path_of = {id(m): p for p, m in modules.items()}
+    undo: List[Callable[[], None]] = []
+
+    # Module stack and producers: every module, while it runs.
+    def pre_hook(m: nn.Module, _: Any) -> None:
+        rt.stack.append(path_of.get(id(m), ""))
+
+    def post_hook(m: nn.Module, _: Any, out: Any) -> None:
+        path = rt.stack.pop() if rt.stack else path_of.get(id(m), "")
+        for t in _flat_tensors(out):
+            key = _storage_key(t)
+            entry = rt.producers.get(key)
+            if entry is None or entry[0]() is None:
+                rt.producers[key] = (weakref.ref(t), path)
+
+    for m in modules.values():
+        h1 = m.register_forward_pre_hook(pre_hook)
+        h2 = m.register_forward_hook(post_hook)
+        undo += [h1.remove, h2.remove]
+
+    def wrap_forward(m: nn.Module,
+                     make: Callable[[Callable[..., Any]], Callable[..., Any]]
+                     ) -> None:
+        had = "forward" in m.__dict__
+        previous = m.__dict__.get("forward")
+        m.forward = make(m.forward)  # type: ignore[assignment]
+
+        def restore() -> None:
+            if had:
+                m.forward = previous  # type: ignore[assignment]
+            else:
+                del m.forward
+
+        undo.append(restore)
+
+    def frame_wrapper(spec: _FrameSpec, module: nn.Module
+                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(forward: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(forward)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if rt.mode != "forward":
+                    return forward(*args, **kwargs)
+                frame = _Frame(rt, spec, lambda: forward(*args, **kwargs),
+                               (args, kwargs), [module])
+                rt.open_frames.append(frame)
+                out = None
+                try:
+                    out = forward(*args, **kwargs)
+                finally:
+                    rt.close_frame(frame, out)
+                return out
+            return run
+        return make
+
+    root_spec = None
+    for spec in specs:
+        module = modules[spec.path]
+        if spec.children is None:
+            if spec.path == "":
+                root_spec = spec
+            else:
+                wrap_forward(module, frame_wrapper(spec, module))
+            continue
+        children = list(module.children())
+        first, last = spec.children
+        span = children[first:last + 1]
+
+        def open_hook(m: nn.Module, args: Any, spec: _FrameSpec = spec,
+                      span: List[nn.Module] = span) -> None:
+            if rt.mode != "forward":
+                return
+
+            def run(x: Any = args) -> Any:
+                for c in span:
+                    x = c(*x) if isinstance(x, tuple) else c(x)
+                return x
+
+            rt.open_frames.append(_Frame(rt, spec, run, args, span))
+
+        def close_hook(m: nn.Module, _: Any, out: Any,
+                       spec: _FrameSpec = spec) -> None:
+            if rt.mode != "forward":
+                return
+            for frame in reversed(rt.open_frames):
+                if frame.spec is spec:
+                    rt.close_frame(frame, out)
+                    break
+
+        h1 = span[0].register_forward_pre_hook(open_hook)
+        h2 = span[-1].register_forward_hook(close_hook)
+        undo += [h1.remove, h2.remove]
+
+    def top_wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
+        inner = (frame_wrapper(root_spec, model)(forward)
+                 if root_spec is not None else forward)
+
+        @functools.wraps(forward)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if rt.mode != "off" or not torch.is_grad_enabled():
+                return inner(*args, **kwargs)
+            rt.begin_forward()
+            rt.mode = "forward"
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(rt.pack,
+                                                               rt.unpack):
+                    return inner(*args, **kwargs)
+            finally:
+                rt.mode = "off"
+                rt.open_frames = []
+        return run
+
+    wrap_forward(model, top_wrapper)
+    return Applied(model, schedule, rt, notes, undo)

@@ -1,0 +1,60 @@
+"""Hand-written schedules for the apply tests: the decisions a planner would
+make, named by module path as the server names them."""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from torch import nn
+
+from mutwo import Schedule
+from mutwo.v1 import types_pb2
+
+_KIND = (
+    (nn.Conv2d, "aten::conv2d"), (nn.Linear, "aten::linear"),
+    (nn.BatchNorm2d, "aten::batch_norm"), (nn.BatchNorm1d, "aten::batch_norm"),
+    (nn.LayerNorm, "aten::layer_norm"), (nn.ReLU, "aten::relu_"),
+    (nn.Dropout, "aten::dropout"), (nn.MaxPool2d, "aten::max_pool2d"),
+    (nn.GELU, "aten::gelu"),
+)
+
+
+def kind_of(module: nn.Module) -> str:
+    for cls, kind in _KIND:
+        if isinstance(module, cls):
+            return kind
+    return "aten::add"  # a module's own forward (functional ops)
+
+
+def make_schedule(model: nn.Module,
+                  recompute: Sequence[Tuple[int, Sequence[str],
+                                            Sequence[str]]] = (),
+                  swap: Sequence[str] = (),
+                  sha: str = "f" * 64) -> Schedule:
+    """One decision per module of `model` (RETAIN unless named).
+    `recompute`: (segment, member module paths, extra replayed module paths).
+    """
+    s = types_pb2.Schedule(policy=types_pb2.MUTWO, model_sha256=sha,
+                           graph_fingerprint="test", batch_size=2,
+                           feasible=True)
+    action: Dict[str, Tuple[int, int, List[str]]] = {}
+    for segment, members, extra in recompute:
+        for m in members:
+            action[m] = (types_pb2.Decision.RECOMPUTE, segment,
+                         list(extra) + list(members))
+    for m in swap:
+        action[m] = (types_pb2.Decision.SWAP, 0, [])
+    node = 0
+    for path, module in model.named_modules():
+        if path == "":
+            continue
+        a, segment, replay = action.get(path,
+                                        (types_pb2.Decision.RETAIN, 0, []))
+        d = s.decisions.add(value_id=node, producer_node=node,
+                            size_bytes=1024, action=a, module_path=path,
+                            op_kind=kind_of(module), output_index=0)
+        if a == types_pb2.Decision.RECOMPUTE:
+            d.segment = segment
+            d.recompute_nodes.extend(range(len(replay)))
+            d.recompute_module_paths.extend(replay)
+        node += 1
+    return Schedule.from_proto(s)

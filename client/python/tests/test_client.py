@@ -1,0 +1,213 @@
+"""mutwo.Client against an in-process fake Planner service: uploads of an
+nn.Module, a ScriptModule, a file and bytes; typed results; errors as
+MutwoError with the gRPC code; credentials; the shipped stubs are fresh."""
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent import futures
+from typing import Any, Dict, Iterator, List
+
+import grpc
+import pytest
+import torch
+from torch import nn
+
+import mutwo
+from mutwo.v1 import planner_pb2, planner_pb2_grpc, types_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENT_DIR = os.path.dirname(HERE)
+
+
+class FakePlanner(planner_pb2_grpc.PlannerServicer):
+    def __init__(self) -> None:
+        self.models: Dict[str, bytes] = {}
+        self.specs: List[types_pb2.JobSpec] = []
+        self.metadata: List[Any] = []
+
+    def UploadModel(self, requests: Iterator[Any], context: Any) -> Any:
+        header, data = None, b""
+        for r in requests:
+            if r.HasField("header"):
+                header = r.header
+            else:
+                data += r.chunk
+        sha = hashlib.sha256(data).hexdigest()
+        if header is None or header.sha256 != sha:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sha256 differs")
+        stored = sha in self.models
+        self.models[sha] = data
+        return planner_pb2.UploadModelResponse(sha256=sha,
+                                               size_bytes=len(data),
+                                               already_stored=stored)
+
+    def SubmitJob(self, request: Any, context: Any) -> Any:
+        self.metadata.append(dict(context.invocation_metadata()))
+        if request.spec.model_sha256 not in self.models:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"model {request.spec.model_sha256} not uploaded")
+        self.specs.append(request.spec)
+        return planner_pb2.SubmitJobResponse(job=types_pb2.Job(
+            job_id="j1", spec=request.spec, state=types_pb2.Job.QUEUED))
+
+    def WatchJob(self, request: Any, context: Any) -> Iterator[Any]:
+        yield planner_pb2.JobEvent(state=types_pb2.Job.PROFILING,
+                                   tasks_total=2, tasks_done=1)
+        job = types_pb2.Job(job_id=request.job_id,
+                            state=types_pb2.Job.SUCCEEDED)
+        r = job.results.add(batch_size=8, baseline_peak_bytes=1000)
+        s = r.schedules.add(batch_size=8, budget_bytes=600, feasible=True)
+        s.decisions.add(value_id=1, action=types_pb2.Decision.RECOMPUTE,
+                        module_path="layer1.0.conv1", op_kind="aten::conv2d",
+                        output_index=0, segment=0)
+        r.outcomes.add(state=types_pb2.BudgetOutcome.FITS, fits=True)
+        job.max_batch.max_batch_with_schedule = 64
+        yield planner_pb2.JobEvent(state=types_pb2.Job.SUCCEEDED,
+                                   tasks_total=2, tasks_done=2, job=job)
+
+    def GetJob(self, request: Any, context: Any) -> Any:
+        context.abort(grpc.StatusCode.NOT_FOUND,
+                      f'job "{request.job_id}" not found')
+
+    def GetSchedule(self, request: Any, context: Any) -> Any:
+        s = types_pb2.Schedule(batch_size=request.batch_size,
+                               budget=request.budget, feasible=True)
+        if request.include_pareto:
+            s.pareto.add(budget_bytes=100, predicted_peak_bytes=90)
+            s.pareto.add(budget_bytes=200, predicted_peak_bytes=180)
+        return s
+
+
+@pytest.fixture()
+def fake() -> Iterator[Any]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    planner = FakePlanner()
+    planner_pb2_grpc.add_PlannerServicer_to_server(planner, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    planner.target = f"127.0.0.1:{port}"
+    yield planner
+    server.stop(None)
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def test_upload_module_scripted_file_and_bytes(fake: Any,
+                                               tmp_path: Any) -> None:
+    with mutwo.Client(fake.target) as client:
+        model = client.upload(Small())
+        assert len(model.sha256) == 64 and model.name == "Small"
+        assert "fc" in model.module_paths
+        loaded = torch.jit.load(io.BytesIO(fake.models[model.sha256]))
+        assert [n for n, _ in loaded.named_modules()] == ["", "fc"]
+        scripted = torch.jit.script(Small())
+        path = tmp_path / "small.pt"
+        scripted.save(str(path))
+        from_file = client.upload(str(path))
+        assert from_file.name == "small.pt"
+        again = client.upload(path.read_bytes())
+        assert again.already_stored and again.sha256 == from_file.sha256
+        # A ScriptModule is saved as it is.
+        assert client.upload(scripted).module_paths == ("", "fc")
+        with pytest.raises(TypeError, match="nn.Module"):
+            client.upload(42)
+
+
+def test_submit_wait_and_typed_results(fake: Any) -> None:
+    with mutwo.Client(fake.target) as client:
+        job = client.submit(Small(), inputs=["x:float32[B,4]"],
+                            batch_sizes=[8], budgets=["60%"],
+                            optimizer="adamw:lr=0.01")
+        assert isinstance(job, mutwo.Job) and job.state == "QUEUED"
+        spec = fake.specs[-1]
+        assert spec.inputs[0].dims == [-1, 4]
+        assert spec.budgets[0].fraction_of_baseline == 0.6
+        assert spec.optimizer.kind == types_pb2.OptimizerSpec.ADAMW
+        final = client.wait(job, progress=False)
+        assert final.state == "SUCCEEDED" and final.done
+        result = final.result(8)
+        assert isinstance(result, mutwo.BatchResult)
+        d = result.schedules[0].decisions[0]
+        assert (d.action, d.module_path, d.op_kind, d.output_index) == (
+            "RECOMPUTE", "layer1.0.conv1", "aten::conv2d", 0)
+        assert result.outcomes[0].state == "FITS"
+        assert final.max_batch is not None
+        assert final.max_batch.max_batch_with_schedule == 64
+        schedule = client.schedule(job, 8, "4GiB")
+        assert isinstance(schedule, mutwo.Schedule)
+        assert schedule.budget == "4GiB"
+        pareto = client.pareto(job, 8)
+        assert [p.budget_bytes for p in pareto] == [100, 200]
+        assert all(isinstance(p, mutwo.ParetoPoint) for p in pareto)
+
+
+def test_errors_carry_the_grpc_code_and_message(fake: Any) -> None:
+    with mutwo.Client(fake.target) as client:
+        with pytest.raises(mutwo.MutwoError) as e:
+            client.job("nope")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert e.value.details == 'job "nope" not found'
+        assert "GetJob: NOT_FOUND" in str(e.value)
+        with pytest.raises(mutwo.MutwoError) as e:
+            client.submit("0" * 64, inputs=["x:float32[B,4]"],
+                          batch_sizes=[8])
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(ValueError, match="x:float33"):
+            client.submit("0" * 64, inputs=["x:float33[B]"], batch_sizes=[8])
+    with mutwo.Client("127.0.0.1:1", timeout_s=2) as client:
+        with pytest.raises(mutwo.MutwoError) as e:
+            client.health()
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_token_from_argument_environment_or_file(
+        fake: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    assert mutwo.read_token("abc") == "abc"
+    monkeypatch.setenv("MUTWO_TOKEN", "from-env")
+    assert mutwo.read_token() == "from-env"
+    token_file = tmp_path / "t"
+    token_file.write_text("from-file\n")
+    monkeypatch.setenv("MUTWO_TOKEN_FILE", str(token_file))
+    assert mutwo.read_token() == "from-file"
+    # Sent as a bearer token (to a loopback server without TLS: local
+    # credentials).
+    with mutwo.Client(fake.target) as client:
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[8])
+    assert fake.metadata[-1]["authorization"] == "Bearer from-file"
+    # Never in clear text to a remote server.
+    with pytest.raises(ValueError, match="only over TLS"):
+        mutwo.Client("192.0.2.1:50051", token="secret")
+
+
+def test_shipped_stubs_are_fresh() -> None:
+    """client/python/mutwo/v1 is what generate_stubs.sh --package makes from
+    proto/ (run it after changing a .proto)."""
+    if not shutil.which("protoc") or not shutil.which("grpc_python_plugin"):
+        pytest.skip("protoc or grpc_python_plugin not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([os.path.join(CLIENT_DIR, "generate_stubs.sh"),
+                        "--package", tmp], check=True, capture_output=True)
+        fresh = os.path.join(tmp, "mutwo", "v1")
+        shipped = os.path.join(CLIENT_DIR, "mutwo", "v1")
+        names = sorted(n for n in os.listdir(fresh) if n.endswith(".py")
+                       and n != "__init__.py")
+        assert names == sorted(n for n in os.listdir(shipped)
+                               if n.endswith(".py") and n != "__init__.py")
+        _, mismatch, errors = filecmp.cmpfiles(fresh, shipped, names,
+                                               shallow=False)
+        assert not mismatch and not errors, (
+            f"stale stubs {mismatch + errors}: run "
+            "client/python/generate_stubs.sh --package")

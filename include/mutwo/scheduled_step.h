@@ -1,0 +1,86 @@
+// A mutwo schedule in a LibTorch training loop of your own.
+//
+//   torch::jit::Module model = torch::jit::load("model.pt");
+//   mutwo::ScheduledStep step(model, mutwo::ReadScheduleFile("schedule.json"));
+//   std::vector<torch::Tensor> params;
+//   for (const auto& p : model.parameters()) params.push_back(p);
+//   torch::optim::AdamW optimizer(params);
+//   for (auto& [x, y] : loader) {
+//     optimizer.zero_grad();
+//     torch::Tensor loss = step.Run({x}, [&](const torch::IValue& out) {
+//       return torch::nn::functional::cross_entropy(out.toTensor(), y);
+//     });  // forward with the schedule applied, your loss, backward
+//     optimizer.step();
+//   }
+//
+// The schedule is what `mutwo schedule ... --output json` or `mutwo plan
+// ... --output json` writes for this model (the same TorchScript file: its
+// graph fingerprint is checked). The forward runs through mutwo's
+// interpreter over the model's inlined graph with the schedule's
+// recomputations and swaps (as `mutwo-worker execute` runs it); the loss is
+// yours, and so are the data, the optimizer and the rest of the loop.
+// Gradients equal those of model.forward + backward.
+//
+// Errors throw std::runtime_error with a message naming what was wrong
+// (another model's schedule, a bad file, an out-of-memory in a step).
+// Not thread-safe; one ScheduledStep per process at a time (on the CPU it
+// installs mutwo's counting allocator, and it sets the RNG state of the
+// replays process-wide, as the executor does).
+#ifndef MUTWO_SCHEDULED_STEP_H_
+#define MUTWO_SCHEDULED_STEP_H_
+
+#include <torch/script.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mutwo {
+
+// A schedule as JSON text (proto field names, `--output json`).
+struct ScheduleJson {
+  std::string text;
+};
+
+// Reads a schedule JSON file. Throws std::runtime_error.
+ScheduleJson ReadScheduleFile(const std::string& path);
+
+struct ScheduledStepOptions {
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
+  // Refuse a schedule the planner marked infeasible (its budget is below
+  // what the model needs); false runs it anyway.
+  bool require_feasible = true;
+};
+
+class ScheduledStep {
+ public:
+  // `model` is trained in place (its parameters get the gradients); it must
+  // be the module the schedule was planned for. Throws std::runtime_error.
+  ScheduledStep(const torch::jit::Module& model, const ScheduleJson& schedule,
+                ScheduledStepOptions options = {});
+  ~ScheduledStep();
+  ScheduledStep(const ScheduledStep&) = delete;
+  ScheduledStep& operator=(const ScheduledStep&) = delete;
+
+  // One training step's forward (schedule applied) on `inputs` (forward's
+  // arguments), `loss` on forward's output, and backward. Returns the loss
+  // (detached). Gradients accumulate in the parameters' .grad. Throws
+  // std::runtime_error.
+  torch::Tensor Run(
+      const std::vector<torch::IValue>& inputs,
+      const std::function<torch::Tensor(const torch::IValue&)>& loss);
+
+  // What the schedule does: decisions to recompute and to swap.
+  int recomputed() const;
+  int swapped() const;
+  const std::string& graph_fingerprint() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mutwo
+
+#endif  // MUTWO_SCHEDULED_STEP_H_
