@@ -7,9 +7,9 @@
 // kept by the executor: it is dropped inside the range and rebuilt by the
 // replay, exactly like a member, from what the segment holds anyway (also
 // where the profiler would not let a policy recompute it: Swin's softmax
-// behind the attention-mask `if`, 59 MB a block at batch 32). The planner's simulation kept it resident
-// from forward to backward and over-predicted the peak by its size (up to
-// 24% on EfficientNet on an H100).
+// behind the attention-mask `if`, 59 MB a block at batch 32). The planner's
+// simulation kept it resident from forward to backward and over-predicted the
+// peak by its size (up to 24% on EfficientNet on an H100).
 //
 // CloseOverReplays returns the decisions with such activations RECOMPUTEd,
 // so that the simulation and the schedule describe what the executor runs.
