@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from mutwo.v1 import types_pb2 as mutwo_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19mutwo/v1/worker_hub.proto\x12\x08mutwo.v1\x1a\x14mutwo/v1/types.proto\"=\n\x15RegisterWorkerRequest\x12$\n\x06worker\x18\x01 \x01(\x0b\x32\x14.mutwo.v1.WorkerInfo\"J\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x03\"6\n\x10LeaseTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07wait_ms\x18\x02 \x01(\x03\"r\n\x11LeaseTaskResponse\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.mutwo.v1.Task\x12\x1f\n\x04spec\x18\x03 \x01(\x0b\x32\x11.mutwo.v1.JobSpec\x12\x18\n\x10lease_timeout_ms\x18\x04 \x01(\x03J\x04\x08\x01\x10\x02\"#\n\x11\x46\x65tchModelRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\"4\n\x0f\x46\x65tchModelChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\"q\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12$\n\x06worker\x18\x04 \x01(\x0b\x32\x14.mutwo.v1.WorkerInfo\"Y\n\x11HeartbeatResponse\x12\x13\n\x0blease_valid\x18\x01 \x01(\x08\x12\x1c\n\x14lease_expiry_unix_ms\x18\x02 \x01(\x03\x12\x11\n\tcancelled\x18\x03 \x01(\x08\"s\n\x14ReportProfileRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12\"\n\x07profile\x18\x04 \x01(\x0b\x32\x11.mutwo.v1.Profile\"|\n\x17ReportValidationRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12(\n\nvalidation\x18\x04 \x01(\x0b\x32\x14.mutwo.v1.Validation\"m\n\x0f\x46\x61ilTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tretryable\x18\x05 \x01(\x08\"\"\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\x91\x04\n\tWorkerHub\x12S\n\x0eRegisterWorker\x12\x1f.mutwo.v1.RegisterWorkerRequest\x1a .mutwo.v1.RegisterWorkerResponse\x12\x44\n\tLeaseTask\x12\x1a.mutwo.v1.LeaseTaskRequest\x1a\x1b.mutwo.v1.LeaseTaskResponse\x12\x46\n\nFetchModel\x12\x1b.mutwo.v1.FetchModelRequest\x1a\x19.mutwo.v1.FetchModelChunk0\x01\x12\x44\n\tHeartbeat\x12\x1a.mutwo.v1.HeartbeatRequest\x1a\x1b.mutwo.v1.HeartbeatResponse\x12I\n\rReportProfile\x12\x1e.mutwo.v1.ReportProfileRequest\x1a\x18.mutwo.v1.ReportResponse\x12O\n\x10ReportValidation\x12!.mutwo.v1.ReportValidationRequest\x1a\x18.mutwo.v1.ReportResponse\x12?\n\x08\x46\x61ilTask\x12\x19.mutwo.v1.FailTaskRequest\x1a\x18.mutwo.v1.ReportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19mutwo/v1/worker_hub.proto\x12\x08mutwo.v1\x1a\x14mutwo/v1/types.proto\"=\n\x15RegisterWorkerRequest\x12$\n\x06worker\x18\x01 \x01(\x0b\x32\x14.mutwo.v1.WorkerInfo\"J\n\x16RegisterWorkerResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x03\"6\n\x10LeaseTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07wait_ms\x18\x02 \x01(\x03\"r\n\x11LeaseTaskResponse\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.mutwo.v1.Task\x12\x1f\n\x04spec\x18\x03 \x01(\x0b\x32\x11.mutwo.v1.JobSpec\x12\x18\n\x10lease_timeout_ms\x18\x04 \x01(\x03J\x04\x08\x01\x10\x02\"#\n\x11\x46\x65tchModelRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\"4\n\x0f\x46\x65tchModelChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\"\x83\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12$\n\x06worker\x18\x04 \x01(\x0b\x32\x14.mutwo.v1.WorkerInfo\x12\x10\n\x08stopping\x18\x05 \x01(\x08\"Y\n\x11HeartbeatResponse\x12\x13\n\x0blease_valid\x18\x01 \x01(\x08\x12\x1c\n\x14lease_expiry_unix_ms\x18\x02 \x01(\x03\x12\x11\n\tcancelled\x18\x03 \x01(\x08\"s\n\x14ReportProfileRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12\"\n\x07profile\x18\x04 \x01(\x0b\x32\x11.mutwo.v1.Profile\"|\n\x17ReportValidationRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12(\n\nvalidation\x18\x04 \x01(\x0b\x32\x14.mutwo.v1.Validation\"m\n\x0f\x46\x61ilTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66\x65nce_token\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\tretryable\x18\x05 \x01(\x08\"\"\n\x0eReportResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x32\x91\x04\n\tWorkerHub\x12S\n\x0eRegisterWorker\x12\x1f.mutwo.v1.RegisterWorkerRequest\x1a .mutwo.v1.RegisterWorkerResponse\x12\x44\n\tLeaseTask\x12\x1a.mutwo.v1.LeaseTaskRequest\x1a\x1b.mutwo.v1.LeaseTaskResponse\x12\x46\n\nFetchModel\x12\x1b.mutwo.v1.FetchModelRequest\x1a\x19.mutwo.v1.FetchModelChunk0\x01\x12\x44\n\tHeartbeat\x12\x1a.mutwo.v1.HeartbeatRequest\x1a\x1b.mutwo.v1.HeartbeatResponse\x12I\n\rReportProfile\x12\x1e.mutwo.v1.ReportProfileRequest\x1a\x18.mutwo.v1.ReportResponse\x12O\n\x10ReportValidation\x12!.mutwo.v1.ReportValidationRequest\x1a\x18.mutwo.v1.ReportResponse\x12?\n\x08\x46\x61ilTask\x12\x19.mutwo.v1.FailTaskRequest\x1a\x18.mutwo.v1.ReportResponseb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mutwo.v1.worker_hub_pb2', globals())
@@ -33,18 +33,18 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _FETCHMODELREQUEST._serialized_end=407
   _FETCHMODELCHUNK._serialized_start=409
   _FETCHMODELCHUNK._serialized_end=461
-  _HEARTBEATREQUEST._serialized_start=463
-  _HEARTBEATREQUEST._serialized_end=576
-  _HEARTBEATRESPONSE._serialized_start=578
-  _HEARTBEATRESPONSE._serialized_end=667
-  _REPORTPROFILEREQUEST._serialized_start=669
-  _REPORTPROFILEREQUEST._serialized_end=784
-  _REPORTVALIDATIONREQUEST._serialized_start=786
-  _REPORTVALIDATIONREQUEST._serialized_end=910
-  _FAILTASKREQUEST._serialized_start=912
-  _FAILTASKREQUEST._serialized_end=1021
-  _REPORTRESPONSE._serialized_start=1023
-  _REPORTRESPONSE._serialized_end=1057
-  _WORKERHUB._serialized_start=1060
-  _WORKERHUB._serialized_end=1589
+  _HEARTBEATREQUEST._serialized_start=464
+  _HEARTBEATREQUEST._serialized_end=595
+  _HEARTBEATRESPONSE._serialized_start=597
+  _HEARTBEATRESPONSE._serialized_end=686
+  _REPORTPROFILEREQUEST._serialized_start=688
+  _REPORTPROFILEREQUEST._serialized_end=803
+  _REPORTVALIDATIONREQUEST._serialized_start=805
+  _REPORTVALIDATIONREQUEST._serialized_end=929
+  _FAILTASKREQUEST._serialized_start=931
+  _FAILTASKREQUEST._serialized_end=1040
+  _REPORTRESPONSE._serialized_start=1042
+  _REPORTRESPONSE._serialized_end=1076
+  _WORKERHUB._serialized_start=1079
+  _WORKERHUB._serialized_end=1608
 # @@protoc_insertion_point(module_scope)
