@@ -857,15 +857,7 @@ absl::Status Store::WriteTaskState(const v1::Task& task, int64_t now_ms) {
 absl::StatusOr<v1::Task> Store::AddTask(
     absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
     const std::optional<v1::Schedule>& schedule) {
-  if (kind != v1::Task::PROFILE && kind != v1::Task::VALIDATE) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "task kind must be PROFILE or VALIDATE, got ", static_cast<int>(kind)));
-  }
-  MUTWO_RETURN_IF_ERROR(ValidateBatchSize(batch_size));
-  if (kind == v1::Task::VALIDATE && !schedule.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "VALIDATE task for job ", job_id, " needs the schedule to execute"));
-  }
+  // (AddTaskLocked checks the kind, batch size and schedule.)
   return InTransaction<v1::Task>(
       [&] { return AddTaskLocked(job_id, kind, batch_size, schedule); });
 }
