@@ -9,17 +9,21 @@ service, applied in your own PyTorch training loop.
     with mutwo.apply(model, schedule):
         ...  # forward, loss.backward(), optimizer.step() as usual
 
-`mutwo.apply` needs torch; the client alone needs grpcio and protobuf.
+`mutwo.apply` needs torch and protobuf, not grpcio (a training node can apply
+a schedule file); the client needs grpcio and protobuf.
 """
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mutwo._client import Client, JobFailedError, MutwoError
 from mutwo._specs import (format_bytes, make_job_spec, parse_budget,
                           parse_bytes, parse_loss, parse_optimizer,
                           parse_tensor_spec, read_token)
 from mutwo._types import (BatchResult, BudgetOutcome, Decision, Job,
                           JobProgress, MaxBatch, Model, ParetoPoint, Schedule,
                           Validation, Worker)
+
+if TYPE_CHECKING:  # for type checkers; imported on first use (__getattr__)
+    from mutwo._apply import Applied, ScheduleMismatchError, apply
+    from mutwo._client import Client, JobFailedError, MutwoError
 
 __version__ = "0.2.0"
 
@@ -34,8 +38,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # torch is imported only when apply is used.
+    # torch is imported only when apply is used, grpcio only when the client
+    # is.
     if name in ("apply", "Applied", "ScheduleMismatchError"):
         from mutwo import _apply
         return getattr(_apply, name)
+    if name in ("Client", "JobFailedError", "MutwoError"):
+        from mutwo import _client
+        return getattr(_client, name)
     raise AttributeError(f"module 'mutwo' has no attribute {name!r}")

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import (TYPE_CHECKING, Any, Iterable, Optional, Sequence,
+                    Union)
 
-import grpc
 
 from mutwo.v1 import types_pb2
+
+if TYPE_CHECKING:
+    import grpc
 
 CHUNK_BYTES = 1 << 20  # the server accepts chunks of at most 1 MiB
 MAX_MESSAGE_BYTES = 64 << 20  # profiles and schedules can be large
@@ -254,6 +257,7 @@ def channel_credentials(target: str, token: Optional[str] = None,
     as `authorization: Bearer` on every call; a token without TLS only to a
     loopback server (gRPC local credentials), else ValueError. None: an
     insecure channel."""
+    import grpc  # only the client needs grpcio; apply and the specs do not
     tls_ca = tls_ca or os.environ.get("MUTWO_TLS_CA")
     call = grpc.access_token_call_credentials(token) if token else None
     if tls_ca:

@@ -300,3 +300,28 @@ def test_nested_frames_replay_only_up_to_their_segment() -> None:
     assert calls["layer4.1.conv2"] == 1 and calls["fc"] == 1
     assert calls["layer1.0.conv1"] == 1
     assert applied.unmatched() == []
+
+
+def test_apply_needs_no_grpcio(tmp_path: Any) -> None:
+    """A training node with torch and protobuf but no grpcio applies a
+    schedule file: only the client imports grpc."""
+    import json
+    import subprocess
+    import sys
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    path = tmp_path / "s.json"
+    path.write_text(make_schedule(model, recompute=[(0, ["0", "1"], [])])
+                    .to_json())
+    code = (
+        "import sys; sys.modules['grpc'] = None\n"
+        "import torch; from torch import nn; import mutwo\n"
+        "m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n"
+        f"with mutwo.apply(m, {json.dumps(str(path))}):\n"
+        "    m(torch.randn(3, 4)).sum().backward()\n"
+        "try:\n"
+        "    mutwo.Client\n"
+        "except ImportError:\n"
+        "    print('client refused without grpc')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, check=True)
+    assert "client refused without grpc" in out.stdout
