@@ -72,6 +72,16 @@ bool MayHoldTensor(const c10::TypePtr& type) {
   return false;
 }
 
+bool DefinedWithin(const torch::jit::Value* value,
+                   const torch::jit::Node* node) {
+  for (const torch::jit::Block* block = value->node()->owningBlock();
+       block != nullptr && block->owningNode() != nullptr;
+       block = block->owningNode()->owningBlock()) {
+    if (block->owningNode() == node) return true;
+  }
+  return false;
+}
+
 bool WritesInPlace(const Node* node) {
   bool writes = false;
   ForEachWrittenByOp(node, [&](const Value* /*value*/) { writes = true; });

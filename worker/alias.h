@@ -65,6 +65,11 @@ inline void ForEachWritten(const torch::jit::Node* node, const Fn& fn) {
                 [&](const torch::jit::Node* n) { ForEachWrittenByOp(n, fn); });
 }
 
+// Whether `value` is made inside `node`'s nested blocks (at any depth), so
+// that running `node` again makes it again.
+bool DefinedWithin(const torch::jit::Value* value,
+                   const torch::jit::Node* node);
+
 bool IsTensorType(const c10::TypePtr& type);
 // Tensor or a list of tensors (nn.LSTM's `_flat_weights`).
 bool HoldsTensors(const c10::TypePtr& type);

@@ -454,14 +454,18 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   // over what the last measured step recorded. Per node: a list or dict it
   // reads that some node writes in place (a DenseNet block's `features`): a
   // replay of it would read the container as it is when the replay runs,
-  // not as it was in forward.
+  // not as it was in forward. A container the node makes itself, in its
+  // own blocks (the bool list of nn.TransformerEncoderLayer's fast-path
+  // check), is made again by the replay: not a reason.
   std::vector<std::string> reads_mutated(n);
   std::vector<LineageNode> lineage_nodes(n);
   {
     const auto mutated = MutatedContainers(*graph);
     for (const IrNode& ir : graph->nodes()) {
       ForEachRead(ir.node, [&](const torch::jit::Value* v) {
-        if (reads_mutated[ir.id].empty() && mutated.count(AliasRoot(v)) != 0) {
+        const torch::jit::Value* root = AliasRoot(v);
+        if (reads_mutated[ir.id].empty() && mutated.count(root) != 0 &&
+            !DefinedWithin(root, ir.node)) {
           reads_mutated[ir.id] = v->debugName();
         }
       });

@@ -34,6 +34,17 @@ MODELS = {
         # <= 3.5 GB at <= +10%; <= 3.0 GB (needs the logits/loss recomputed).
         "goal_budgets": {64: ["3500000000B", "3000000000B"]},
     },
+    # Issue 13's other two models (make_models.py): one batch each.
+    "gpt": {
+        "inputs": ["idx:int64[B,256]{0,32000}"],
+        "loss": "cross_entropy:y:int64[B,256]{0,32000}",
+        "batches": [16],
+    },
+    "vit_b_16": {
+        "inputs": ["x:float32[B,3,224,224]"],
+        "loss": "cross_entropy:y:int64[B]{0,1000}",
+        "batches": [32],
+    },
 }
 
 
@@ -64,12 +75,19 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--batches", default="",
+                    help="model=b1/b2,... batches to run (default: MODELS')"
+                         " batches)")
     ap.add_argument("--max_batch_search", action="store_true",
                     help="also find the true max batch by measured search")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     worker = os.path.join(args.bin, "mutwo-worker")
     cli = os.path.join(args.bin, "mutwo")
+    only_batches = {}
+    for item in filter(None, args.batches.split(",")):
+        name, batches = item.split("=")
+        only_batches[name] = [int(b) for b in batches.split("/")]
     execute_only = {}
     for item in filter(None, args.execute_batches.split(",")):
         name, batches = item.split("=")
@@ -82,7 +100,8 @@ def main():
         profiles = []
         # The goal batch first (a run cut short still has the goal figures).
         goal = spec.get("goal_budgets", {})
-        for batch in sorted(spec["batches"], key=lambda b: (b not in goal, b)):
+        for batch in sorted(only_batches.get(name, spec["batches"]),
+                            key=lambda b: (b not in goal, b)):
             base = os.path.join(args.out, f"{name}_b{batch}")
             rc, out, err, t_profile = run(
                 [worker, "profile", model] +

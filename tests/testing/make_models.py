@@ -144,6 +144,25 @@ class FeatureDict(nn.Module):
         return torch.relu(self.head(out["out"])) + self.aux_head(aux)
 
 
+class DenseList(nn.Module):
+    """A DenseNet-style block: each layer reads the concatenation of a list
+    the forward appends to in place, so a replay of an earlier layer would
+    read the list as it is later, not as it was."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(16, 8)
+        self.layers = nn.ModuleList([nn.Linear(8 * (i + 1), 8)
+                                     for i in range(3)])
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        features = [torch.relu(self.inp(x))]
+        for layer in self.layers:
+            features.append(torch.tanh(layer(torch.cat(features, 1))))
+        return self.out(torch.cat(features, 1))
+
+
 class NoForward(nn.Module):
     def __init__(self):
         super().__init__()
@@ -165,6 +184,7 @@ MODELS = {
                     "--loss cross_entropy:y:int64[B,16]{0,1000}"),
     "control_flow": (ControlFlow, "--input x:float32[B,16]"),
     "feature_dict": (FeatureDict, "--input x:float32[B,16]"),
+    "dense_list": (DenseList, "--input x:float32[B,16]"),
     "two_inputs": (TwoInputs,
                    "--input x:float32[B,8] --input y:float32[B,4]"),
 }

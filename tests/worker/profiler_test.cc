@@ -185,6 +185,38 @@ TEST(ProfilerMemoryTest, EveryLoopIterationIsCounted) {
   EXPECT_LE(loop->unswappable_bytes(), loop->size_bytes());
 }
 
+TEST(ProfilerLineageTest, EncoderLayersAreRecomputable) {
+  // transformer: nn.TransformerEncoder's layers are one prim::If each, and
+  // each builds (and appends to) a bool list inside its own blocks for the
+  // fast-path check. A replay makes that list again: no reason to refuse
+  // the recompute (it was: the floor sat above the baseline on the H100).
+  TestModel model = testing::TestModels()[3];
+  ASSERT_EQ(model.name, "transformer");
+  const v1::Profile p = MustProfile(OptionsFor(model));
+  int layers = 0;
+  for (const auto& a : p.activations()) {
+    const v1::ProfileNode& node = p.nodes(a.producer_node());
+    if (node.kind() != "prim::If") continue;
+    ++layers;
+    EXPECT_EQ(a.not_recomputable(), "") << node.scope();
+  }
+  EXPECT_EQ(layers, 2);
+}
+
+TEST(ProfilerLineageTest, AReplayReadingAListWrittenLaterIsRefused) {
+  // dense_list: each layer reads torch.cat(features) of a list appended to
+  // after it; replaying a layer would read the longer list.
+  const TestModel model{"dense_list", {"x:float32[B,16]"}};
+  const v1::Profile p = MustProfile(OptionsFor(model));
+  int refused = 0;
+  for (const auto& a : p.activations()) {
+    if (a.not_recomputable().find("writes in place") != std::string::npos) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0);
+}
+
 TEST(ProfilerMemoryTest, OutOfMemoryIsAResult) {
   ProfilerOptions options = OptionsFor(testing::TestModels()[1]);  // cnn
   options.memory_limit_bytes = 300 << 10;  // fits the model, not the step

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""The anchors mutwo is measured against (issue 13), as a PyTorch user runs
+them: one eager training step (forward, cross entropy, backward, Adam step;
+fp32, PyTorch's default TF32 settings) of a bench/gpu/make_models.py model,
+each system in a fresh process (clean allocator statistics):
+
+  eager             no checkpointing
+  ckpt_block        torch.utils.checkpoint(use_reentrant=False) per block
+                    (ResNet bottleneck, encoder layer, GPT block, ViT layer)
+  ckpt_sqrt         sqrt(n) segments of consecutive blocks, each checkpointed
+  compile:B         torch.compile with
+                    torch._functorch.config.activation_memory_budget = B
+
+    anchors.py --models resnet152,transformer --out FILE.jsonl
+               [--compile_budgets 1.0,0.5,0.2,0.05] [--iterations 10]
+
+Appends one JSON line per point: model, batch, system, peak_bytes
+(torch.cuda.max_memory_allocated over the timed steps), reserved_bytes,
+step_ms (median), warmup_s; or error.
+"""
+import argparse
+import functools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "gpu"))
+
+
+def wrap_blocks(blocks, group):
+    """Checkpoints consecutive runs of `group` blocks: the first block of a
+    run runs the whole run under checkpoint, the others pass their input
+    through. Forward is replaced per instance, so the modules keep their
+    attributes (nn.TransformerEncoder reads layers[0].self_attn)."""
+    from torch.utils.checkpoint import checkpoint
+    for start in range(0, len(blocks), group):
+        run = blocks[start:start + group]
+        forwards = [b.forward for b in run]
+
+        def run_all(x, *args, _forwards=forwards, **kwargs):
+            for f in _forwards:
+                x = f(x, *args, **kwargs)
+            return x
+
+        def first(x, *args, _run_all=run_all, **kwargs):
+            return checkpoint(_run_all, x, *args, use_reentrant=False,
+                              **kwargs)
+
+        run[0].forward = first
+        for b in run[1:]:
+            b.forward = lambda x, *a, **k: x
+
+
+def child(args):
+    import torch
+    import torch.nn.functional as F
+    from make_models import SPECS, batch_of, blocks, build
+    dev = torch.device(args.device)
+    batch = args.batch or SPECS[args.model]["batch"]
+    model = build(args.model).to(dev)
+    x, y = batch_of(args.model, batch, dev)
+    system = args.system
+    step_model = model
+    if system == "ckpt_block":
+        wrap_blocks(blocks(args.model, model), 1)
+    elif system == "ckpt_sqrt":
+        n = len(blocks(args.model, model))
+        wrap_blocks(blocks(args.model, model), math.ceil(math.sqrt(n)))
+    elif system.startswith("compile:"):
+        import torch._functorch.config as fconfig
+        fconfig.activation_memory_budget = float(system.split(":")[1])
+        step_model = torch.compile(model)
+    elif system != "eager":
+        raise SystemExit(f"unknown system {system!r}")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = step_model(x)
+        F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+        opt.step()
+
+    t0 = time.time()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    warmup = time.time() - t0
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.iterations):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    print(json.dumps({
+        "model": args.model, "batch": batch, "system": system,
+        "peak_bytes": torch.cuda.max_memory_allocated(),
+        "reserved_bytes": torch.cuda.max_memory_reserved(),
+        "step_ms": statistics.median(times), "step_ms_all": times,
+        "warmup_s": warmup, "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--model")
+    ap.add_argument("--system")
+    ap.add_argument("--models", default="resnet152,transformer,gpt,vit_b_16")
+    ap.add_argument("--systems", default="eager,ckpt_block,ckpt_sqrt")
+    ap.add_argument("--compile_budgets", default="1.0,0.5,0.2,0.05")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="default: make_models.SPECS' batch")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    systems = [s for s in args.systems.split(",") if s]
+    systems += [f"compile:{b}" for b in args.compile_budgets.split(",") if b]
+    for model in args.models.split(","):
+        for system in systems:
+            cmd = [sys.executable, __file__, "--child", "--model", model,
+                   "--system", system, "--device", args.device,
+                   "--iterations", str(args.iterations),
+                   "--batch", str(args.batch)]
+            t0 = time.time()
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True,
+                                   timeout=args.timeout)
+                lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+                point = (json.loads(lines[-1]) if p.returncode == 0 and lines
+                         else {"model": model, "system": system,
+                               "error": p.stderr.strip()[-800:]})
+            except subprocess.TimeoutExpired:
+                point = {"model": model, "system": system,
+                         "error": f"timed out after {args.timeout} s"}
+            point["wall_s"] = time.time() - t0
+            line = json.dumps(point)
+            print(line, flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Issue 13's comparison from one run on one card: the anchors
+(anchors.py: eager, torch.utils.checkpoint per block and sqrt(n),
+torch.compile at several activation_memory_budget values) beside mutwo's
+executed schedules (bench/gpu/run_benchmark.py: `mutwo-worker execute` at
+N budgets plus its sqrt_n / per_block policies).
+
+    report.py --anchors anchors.jsonl --mutwo DIR --out DIR
+
+Writes DIR/report.md (tables, bars, dominance), DIR/summary.json and
+DIR/<model>.png (peak vs step time, every system's points; matplotlib via
+client/plot/mutwo_plot.py). GB = 1e9 bytes. Step times are relative to the
+eager step without checkpointing measured in the same run.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "plot"))
+
+import mutwo_plot  # noqa: E402  (the project's one renderer)
+
+ANCHOR_COLORS = {"eager": "#4d4d4d", "ckpt_block": "#2ca02c",
+                 "ckpt_sqrt": "#1f77b4", "compile": "#9467bd"}
+# Issue 13's bars at the benchmark batch: (model, GB, max overhead vs eager).
+BARS = [("resnet152", 4.0, 0.20), ("resnet152", 8.0, 0.03),
+        ("transformer", 3.5, 0.10)]
+
+
+def gb(n):
+    return n / 1e9
+
+
+def load_anchors(path):
+    points = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                p = json.loads(line)
+                points.setdefault(p["model"], []).append(p)
+    return points
+
+
+def load_mutwo(directory):
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(directory, "*_b*.json"))):
+        if path.endswith("_profile.json") or ".schedule" in path:
+            continue
+        with open(path) as f:
+            run = json.load(f)
+        if "points" in run:
+            runs[run["model"]] = run
+    return runs
+
+
+def mutwo_points(run):
+    out = []
+    for p in run["points"]:
+        if "measured_peak_bytes" not in p:
+            continue
+        label = p["policy"] if p["policy"] != "mutwo" else \
+            "mutwo %.2f GB" % gb(p["budget_bytes"])
+        out.append({"system": label, "policy": p["policy"],
+                    "peak_bytes": p["measured_peak_bytes"],
+                    "step_ms": p["measured_iteration_ms"],
+                    "predicted_ms": p["predicted_iteration_ms"],
+                    "predicted_peak_bytes": p["predicted_peak_bytes"],
+                    "budget_bytes": p["budget_bytes"],
+                    "within_budget": p.get("within_budget"),
+                    "gradients_match": p.get("gradients_match")})
+    return out
+
+
+def model_report(model, anchors, run):
+    ok = [a for a in anchors if "peak_bytes" in a]
+    eager = next((a for a in ok if a["system"] == "eager"), None)
+    lines = [f"### {model}, batch {ok[0]['batch'] if ok else '?'}", ""]
+    if eager is None:
+        return lines + ["no eager step measured", ""], {}
+    ref = eager["step_ms"]
+    mpts = mutwo_points(run) if run else []
+    # mutwo's answers: its planned schedules (policy mutwo; the highest
+    # budget is the step without a schedule).
+    answers = [m for m in mpts if m["policy"] == "mutwo"]
+    lines += ["| system | peak GB | step ms | vs eager | predicted ms | "
+              "pred/meas |", "| --- | --- | --- | --- | --- | --- |"]
+    for a in sorted(ok, key=lambda a: -a["peak_bytes"]):
+        lines.append(f"| {a['system']} | {gb(a['peak_bytes']):.2f} | "
+                     f"{a['step_ms']:.1f} | {a['step_ms'] / ref - 1:+.0%} | | |")
+    for m in sorted(mpts, key=lambda m: -m["peak_bytes"]):
+        lines.append(f"| {m['system']} | {gb(m['peak_bytes']):.2f} | "
+                     f"{m['step_ms']:.1f} | {m['step_ms'] / ref - 1:+.0%} | "
+                     f"{m['predicted_ms']:.1f} | "
+                     f"{m['predicted_ms'] / m['step_ms']:.2f} |")
+    for a in anchors:
+        if "error" in a:
+            lines.append(f"| {a['system']} | failed: "
+                         f"{a['error'].splitlines()[-1][:120]} | | | | |")
+    lines.append("")
+    # Dominance: every anchor point has a mutwo answer with <= peak and
+    # <= step time.
+    dom = []
+    for a in ok:
+        match = [m for m in answers if m["peak_bytes"] <= a["peak_bytes"] and
+                 m["step_ms"] <= a["step_ms"]]
+        best = min(match, key=lambda m: m["step_ms"]) if match else None
+        dom.append({"anchor": a["system"], "matched": best is not None,
+                    "by": best["system"] if best else None})
+        if best:
+            lines.append(f"- {a['system']} ({gb(a['peak_bytes']):.2f} GB, "
+                         f"{a['step_ms']:.1f} ms): matched by {best['system']} "
+                         f"({gb(best['peak_bytes']):.2f} GB, "
+                         f"{best['step_ms']:.1f} ms)")
+        else:
+            under = [m for m in answers if m["peak_bytes"] <= a["peak_bytes"]]
+            near = min(under, key=lambda m: m["step_ms"]) if under else None
+            lines.append(f"- {a['system']} ({gb(a['peak_bytes']):.2f} GB, "
+                         f"{a['step_ms']:.1f} ms): NOT matched; fastest mutwo "
+                         "point at or under its peak: " +
+                         (f"{near['system']} ({gb(near['peak_bytes']):.2f} GB,"
+                          f" {near['step_ms']:.1f} ms, "
+                          f"{near['step_ms'] / a['step_ms'] - 1:+.0%})"
+                          if near else "none"))
+    bars = []
+    for bmodel, limit, over in BARS:
+        if bmodel != model:
+            continue
+        fit = [m for m in answers if gb(m["peak_bytes"]) <= limit]
+        best = min(fit, key=lambda m: m["step_ms"]) if fit else None
+        met = best is not None and best["step_ms"] <= ref * (1 + over)
+        bars.append({"bar": f"<= {limit} GB at <= {over:+.0%}", "met": met,
+                     "best": best and {"system": best["system"],
+                                       "peak_gb": gb(best["peak_bytes"]),
+                                       "overhead": best["step_ms"] / ref - 1}})
+        lines.append(f"- bar <= {limit} GB at <= {over:+.0%}: " +
+                     ("met" if met else "missed") + (
+                         f" (best {best['system']}: "
+                         f"{gb(best['peak_bytes']):.2f} GB at "
+                         f"{best['step_ms'] / ref - 1:+.0%})" if best else
+                         " (no mutwo point at or under it)"))
+    errs = [abs(m["predicted_ms"] / m["step_ms"] - 1) for m in mpts]
+    within = sum(e <= 0.10 for e in errs)
+    lines += [f"- predicted step time within ±10% of measured: {within} of "
+              f"{len(errs)} points", ""]
+    summary = {"eager_step_ms": ref, "eager_peak_bytes": eager["peak_bytes"],
+               "dominance": dom, "bars": bars, "prediction_within_10pct":
+               [within, len(errs)], "anchors": ok, "mutwo": mpts}
+    return lines, summary
+
+
+def plot(model, summary, path):
+    ref = summary["eager_step_ms"]
+    series = []
+    groups = {}
+    for a in summary["anchors"]:
+        kind = a["system"].split(":")[0]
+        groups.setdefault(kind, []).append(a)
+    names = {"eager": "eager, no checkpointing",
+             "ckpt_block": "eager, checkpoint per block",
+             "ckpt_sqrt": "eager, checkpoint sqrt(n)",
+             "compile": "torch.compile, activation_memory_budget"}
+    for kind, pts in groups.items():
+        series.append({"name": names.get(kind, kind), "source": "measured",
+                       "color": ANCHOR_COLORS.get(kind, "#8c564b"),
+                       "marker": {"eager": "s", "compile": "v"}.get(kind, "D"),
+                       "line": kind == "compile",
+                       "points": [{"peak_bytes": p["peak_bytes"],
+                                   "overhead": p["step_ms"] / ref - 1}
+                                  for p in pts]})
+    m = [p for p in summary["mutwo"] if p["policy"] == "mutwo"]
+    series.append({"name": "mutwo (measured)", "policy": "mutwo",
+                   "source": "measured", "line": True,
+                   "points": [{"peak_bytes": p["peak_bytes"],
+                               "overhead": p["step_ms"] / ref - 1} for p in m]})
+    series.append({"name": "mutwo (predicted)", "policy": "mutwo",
+                   "source": "predicted", "line": True,
+                   "points": [{"peak_bytes": p["predicted_peak_bytes"],
+                               "overhead": p["predicted_ms"] / ref - 1}
+                              for p in m]})
+    data = {"format": mutwo_plot.FORMAT, "kind": "pareto",
+            "title": f"{model}: peak memory vs step time (one card, one run)",
+            "x_label": "step time vs eager PyTorch without checkpointing",
+            "series": series}
+    mutwo_plot.save(mutwo_plot.figure(data), path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--anchors", required=True)
+    ap.add_argument("--mutwo", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--no_plots", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    anchors = load_anchors(args.anchors)
+    runs = load_mutwo(args.mutwo)
+    device = next((a.get("device") for pts in anchors.values() for a in pts
+                   if a.get("device")), "?")
+    lines = [f"Card: {device}. GB = 1e9 bytes; 'vs eager' is the step time "
+             "against eager PyTorch without checkpointing in the same run.",
+             ""]
+    summaries = {}
+    for model in anchors:
+        text, summary = model_report(model, anchors[model], runs.get(model))
+        lines += text
+        if summary:
+            summaries[model] = summary
+            if not args.no_plots:
+                plot(model, summary, os.path.join(args.out, model + ".png"))
+    with open(os.path.join(args.out, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"device": device, "models": summaries}, f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
