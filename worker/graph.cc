@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -185,16 +186,60 @@ void FoldConstantAttributes(std::shared_ptr<torch::jit::Graph>& shared,
 
 }  // namespace
 
-std::string ScopeOf(const Node* node) {
+namespace {
+
+// The child of `module` the inliner recorded as `name` of type `type`: a
+// direct child, else the element `name` of a child container that is never
+// called itself (nn.ModuleList / nn.ModuleDict: the inliner records only the
+// last attribute of `self.layers.0`, so the container's name is lost). Sets
+// `path` to the child's path below `module`; false if none or several fit.
+bool FindChild(const torch::jit::Module& module, const std::string& name,
+               const c10::ClassTypePtr& type, torch::jit::Module* child,
+               std::string* path) {
+  for (const auto& c : module.named_children()) {
+    if (c.name == name && c.value.type() == type) {
+      *child = c.value;
+      *path = name;
+      return true;
+    }
+  }
+  int found = 0;
+  for (const auto& c : module.named_children()) {
+    for (const auto& g : c.value.named_children()) {
+      if (g.name == name && g.value.type() == type) {
+        *child = g.value;
+        *path = absl::StrCat(c.name, ".", name);
+        ++found;
+      }
+    }
+  }
+  return found == 1;
+}
+
+}  // namespace
+
+std::string ScopeOf(const Node* node, const torch::jit::Module* root) {
   auto callstack = node->callstack();
   if (!callstack.has_value()) return "";
   std::vector<std::string> parts;
+  std::optional<torch::jit::Module> at;
+  if (root != nullptr) at = *root;
   for (const auto& entry : (*callstack)->vec()) {
     const auto& info = std::get<2>(entry);
     // "SELF" marks a call to another method of the same module.
-    if (info.has_value() && !info->instance_name().empty() &&
-        info->instance_name() != "SELF") {
+    if (!info.has_value() || info->instance_name().empty() ||
+        info->instance_name() == "SELF") {
+      continue;
+    }
+    torch::jit::Module child;
+    std::string path;
+    if (at.has_value() && FindChild(*at, info->instance_name(),
+                                    info->class_type(), &child, &path)) {
+      parts.push_back(path);
+      at = child;
+    } else {
       parts.push_back(info->instance_name());
+      at.reset();  // below an unresolved name, only names
     }
   }
   return absl::StrJoin(parts, ".");
@@ -231,7 +276,7 @@ absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
     ir.id = static_cast<int>(out->nodes_.size());
     ir.node = node;
     ir.kind = node->kind().toQualString();
-    ir.scope = ScopeOf(node);
+    ir.scope = ScopeOf(node, &module);
     ir.is_op = IsOpNode(node);
     out->id_of_[node] = ir.id;
     out->nodes_.push_back(std::move(ir));

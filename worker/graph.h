@@ -75,8 +75,13 @@ class Graph {
   std::string fingerprint_;
 };
 
-// Module path of a node from its inlined call stack ("layer1.0.conv1").
-std::string ScopeOf(const torch::jit::Node* node);
+// Module path of a node from its inlined call stack ("layer1.0.conv1"),
+// resolved against `root` (the module the graph came from) where given, so
+// that an element of a container the forward never calls keeps the
+// container's name ("encoder.layers.0", not "encoder.0"), as
+// nn.Module.named_modules() names it.
+std::string ScopeOf(const torch::jit::Node* node,
+                    const torch::jit::Module* root = nullptr);
 
 }  // namespace mutwo::worker
 

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "absl/strings/str_join.h"
 #include "common/proto_io.h"
 #include "tests/worker/test_models.h"
 #include "worker/alias.h"
@@ -38,6 +39,21 @@ TEST(GraphTest, ResNet18IsInlinedNumberedAndScoped) {
   EXPECT_TRUE(conv_scopes.count("layer2.0.downsample.0"));
   EXPECT_EQ((*graph)->num_inputs(), 1);
   EXPECT_EQ((*graph)->fingerprint().size(), 16u);
+}
+
+TEST(GraphTest, ScopesNameModuleListElementsAsNamedModulesDoes) {
+  // transformer: nn.TransformerEncoder calls `for mod in self.layers`; the
+  // inliner records only "0" for `self.layers.0`. The scope is the path
+  // model.named_modules() gives ("encoder.layers.0"), which mutwo.apply
+  // matches against the eager module.
+  auto graph = Graph::Create(Load("transformer"));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  std::set<std::string> scopes;
+  for (const auto& node : (*graph)->nodes()) scopes.insert(node.scope);
+  EXPECT_TRUE(scopes.count("encoder.layers.0")) << absl::StrJoin(scopes, " ");
+  EXPECT_TRUE(scopes.count("encoder.layers.1"));
+  EXPECT_FALSE(scopes.count("encoder.0"));
+  EXPECT_TRUE(scopes.count("head"));
 }
 
 TEST(GraphTest, FingerprintIsStableAcrossLoadsAndDiffersAcrossModels) {
