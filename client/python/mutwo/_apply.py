@@ -128,24 +128,62 @@ class _Frame:
     each tensor autograd saved inside it and which were dropped."""
 
     def __init__(self, rt: "_Runtime", spec: _FrameSpec,
-                 run: Callable[[], Any], inputs: Sequence[Any],
-                 modules: Sequence[nn.Module]):
+                 call: Callable[..., Any], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any], modules: Sequence[nn.Module]):
         self.rt = rt
         self.spec = spec
-        self.run = run
+        self.call = call
         self.modules = modules
         self.count = 0
         self.dropped: Dict[int, int] = {}  # pack index -> segment
         self.ready: Dict[int, torch.Tensor] = {}
         self.outputs: List[Any] = []  # weakrefs of the flattened output
         self.ready_outputs: Dict[int, torch.Tensor] = {}
-        self.input_versions = [(t, t._version) for t in _flat_tensors(inputs)]
-        self.cpu_rng = torch.get_rng_state()
-        self.cuda_devices = sorted({t.device.index or 0
-                                    for t, _ in self.input_versions
+        tensors = _flat_tensors((args, kwargs))
+        self.cuda_devices = sorted({t.device.index or 0 for t in tensors
                                     if t.is_cuda})
+        # An input the schedule drops (the output of an earlier frame that
+        # is recomputed, e.g. the previous block's) is not held here: the
+        # replay asks its frame for it again, as the planner's replay
+        # starts from what is retained. Holding it would keep it for the
+        # whole step.
+        self.input_versions: List[Tuple[torch.Tensor, int]] = []
+        self.args = self._stash(args)
+        self.kwargs = self._stash(kwargs)
+        self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = [torch.cuda.get_rng_state(d)
                          for d in self.cuda_devices]
+
+    def _stash(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            dropped = self.rt.dropped_output(value)
+            if dropped is not None:
+                return dropped
+            self.input_versions.append((value, value._version))
+            return value
+        if isinstance(value, tuple):
+            return tuple(self._stash(v) for v in value)
+        if isinstance(value, list):
+            return [self._stash(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._stash(v) for k, v in value.items()}
+        return value
+
+    @staticmethod
+    def _unstash(value: Any) -> Any:
+        if isinstance(value, _DroppedOutput):
+            return value.frame.output(value.k, value.segment)
+        if isinstance(value, tuple):
+            return tuple(_Frame._unstash(v) for v in value)
+        if isinstance(value, list):
+            return [_Frame._unstash(v) for v in value]
+        if isinstance(value, dict):
+            return {k: _Frame._unstash(v) for k, v in value.items()}
+        return value
+
+    def run(self) -> Any:
+        args, kwargs = self._unstash((self.args, self.kwargs))
+        return self.call(*args, **kwargs)
 
     def tensor(self, index: int, segment: int) -> torch.Tensor:
         if index not in self.ready:
@@ -370,13 +408,11 @@ class _Runtime:
                 self.stats.dropped += 1
                 self.stats.dropped_paths.add(path)
                 return _Dropped(frame, index, segment)
-        out = self.frame_outputs.get(_storage_key(t))
-        if out is not None:
-            ref, owner, k, version, segment = out
-            if ref() is t and t._version == version:
-                self.stats.dropped += 1
-                self.stats.dropped_paths.add(path)
-                return _DroppedOutput(owner, k, segment)
+        dropped = self.dropped_output(t)
+        if dropped is not None:
+            self.stats.dropped += 1
+            self.stats.dropped_paths.add(path)
+            return dropped
         if path in self.swap:
             key = (_storage_key(t), t.storage_offset(), tuple(t.shape),
                    tuple(t.stride()), t.dtype)
@@ -390,6 +426,16 @@ class _Runtime:
             return _Swapped(entry, entry.position)
         self.stats.kept += 1
         return t
+
+    def dropped_output(self, t: torch.Tensor) -> Optional["_DroppedOutput"]:
+        """A reference to `t` if it is the output of a closed frame that the
+        schedule drops (its frame re-makes it), else None."""
+        out = self.frame_outputs.get(_storage_key(t))
+        if out is not None:
+            ref, owner, k, version, segment = out
+            if ref() is t and t._version == version:
+                return _DroppedOutput(owner, k, segment)
+        return None
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, _Dropped):
@@ -664,8 +710,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             def run(*args: Any, **kwargs: Any) -> Any:
                 if rt.mode != "forward":
                     return forward(*args, **kwargs)
-                frame = _Frame(rt, spec, lambda: forward(*args, **kwargs),
-                               (args, kwargs), [module])
+                frame = _Frame(rt, spec, forward, args, kwargs, [module])
                 rt.open_frames.append(frame)
                 out = None
                 try:
@@ -694,12 +739,12 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             if rt.mode != "forward":
                 return
 
-            def run(x: Any = args) -> Any:
+            def run(*x: Any) -> Any:
                 for c in span:
                     x = c(*x) if isinstance(x, tuple) else c(x)
                 return x
 
-            rt.open_frames.append(_Frame(rt, spec, run, args, span))
+            rt.open_frames.append(_Frame(rt, spec, run, args, {}, span))
 
         def close_hook(m: nn.Module, _: Any, out: Any,
                        spec: _FrameSpec = spec) -> None:
