@@ -103,6 +103,20 @@ class _FrameSpec:
     path: str
     children: Optional[Tuple[int, int]]
     drop: Dict[str, int]  # module path -> segment
+    # Module path -> segment of a control-flow activation (prim::If,
+    # prim::Loop: a scripted nn.TransformerEncoderLayer is one prim::If):
+    # it stands for every tensor saved inside that module.
+    subtree: Dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def dropping(self, path: str) -> Optional[Tuple[int, str]]:
+        """(segment, decision's module path) if the frame drops tensors of
+        module `path`, else None."""
+        if path in self.drop:
+            return self.drop[path], path
+        for root, segment in self.subtree.items():
+            if path == root or path.startswith(root + "."):
+                return segment, root
+        return None
 
     def label(self) -> str:
         if self.children is None:
@@ -402,11 +416,12 @@ class _Runtime:
             return t
         path = self.producer_of(t)
         for frame, index in reversed(list(zip(self.open_frames, indices))):
-            if path in frame.spec.drop:  # the innermost frame dropping it
-                segment = frame.spec.drop[path]
+            found = frame.spec.dropping(path)
+            if found is not None:  # the innermost frame dropping it
+                segment, decision_path = found
                 frame.dropped[index] = segment
                 self.stats.dropped += 1
-                self.stats.dropped_paths.add(path)
+                self.stats.dropped_paths.add(decision_path)
                 return _Dropped(frame, index, segment)
         dropped = self.dropped_output(t)
         if dropped is not None:
@@ -456,11 +471,10 @@ class _Runtime:
         if frame in self.open_frames:
             del self.open_frames[self.open_frames.index(frame):]
         for k, o in enumerate(_flat_tensors(out)):
-            path = self.producer_of(o)
-            if path in frame.spec.drop and not _is_leaf(o):
+            found = frame.spec.dropping(self.producer_of(o))
+            if found is not None and not _is_leaf(o):
                 self.frame_outputs[_storage_key(o)] = (
-                    weakref.ref(o), frame, k, o._version,
-                    frame.spec.drop[path])
+                    weakref.ref(o), frame, k, o._version, found[0])
 
 
 class Applied:
@@ -575,6 +589,10 @@ def _check(model: nn.Module, schedule: Schedule) -> None:
                     f"a {type(m).__name__} (expects {', '.join(kinds)})")
 
 
+# Ops whose activation is everything saved inside them (their blocks).
+_CONTROL_FLOW = ("prim::If", "prim::Loop")
+
+
 def _frame_specs(model: nn.Module, schedule: Schedule,
                  notes: List[str]) -> List[_FrameSpec]:
     modules = dict(model.named_modules())
@@ -587,7 +605,15 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
         for d in members:
             paths += list(d.recompute_module_paths)
         root = _common_prefix(paths)
-        drop = {d.module_path: segment for d in members}
+        # A ModuleList or ModuleDict is never called: its parent's forward
+        # runs the elements (nn.TransformerEncoder's `layers`).
+        while root and isinstance(modules[root], (nn.ModuleList,
+                                                  nn.ModuleDict)):
+            root = root.rsplit(".", 1)[0] if "." in root else ""
+        drop = {d.module_path: segment for d in members
+                if d.op_kind not in _CONTROL_FLOW}
+        subtree = {d.module_path: segment for d in members
+                   if d.op_kind in _CONTROL_FLOW}
         module = modules[root]
         children: Optional[Tuple[int, int]] = None
         if isinstance(module, nn.Sequential):
@@ -603,7 +629,7 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
                 while first > 0 and getattr(module[first], "inplace", False):
                     first -= 1
                 children = (first, idx[-1])
-        specs.append(_FrameSpec(root, children, drop))
+        specs.append(_FrameSpec(root, children, drop, subtree))
     # Frames nest as modules do (an outer frame's replay stops early, after
     # its segment's tensors). Frames of one module join: a module frame
     # takes over child ranges of the same Sequential; overlapping ranges
@@ -621,6 +647,8 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
                               (min(a[0], b[0]), max(a[1], b[1])))
             for path, seg in spec.drop.items():
                 other.drop[path] = min(seg, other.drop.get(path, seg))
+            for path, seg in spec.subtree.items():
+                other.subtree[path] = min(seg, other.subtree.get(path, seg))
             break
         else:
             merged.append(spec)

@@ -349,3 +349,33 @@ def test_a_frame_does_not_hold_an_input_the_schedule_drops() -> None:
     loss.backward()
     # layer1.0 replays for its own tensors and for layer1.1.conv1's input.
     assert applied.stats.replays == {"layer1.0": 2, "layer1.1.conv1": 1}
+
+
+def test_a_control_flow_activation_drops_everything_saved_inside() -> None:
+    """A scripted nn.TransformerEncoderLayer is one prim::If: the planner's
+    activation for `layers.0` is every tensor saved inside the layer, not
+    only its output (on an H100 apply dropped 5 layer outputs and kept the
+    rest: 5.16 GB against a 4.22 GB budget)."""
+    model = transformer()
+    plain = copy.deepcopy(model)
+    s = make_schedule(model, recompute=[(0, ["layers.0", "layers.1"], [])])
+    for d in s.proto.decisions:
+        if d.module_path in ("layers.0", "layers.1"):
+            d.op_kind = "prim::If"
+    schedule = mutwo.Schedule.from_proto(s.proto)
+    refs = outputs_of(model, ["layers.0.norm1", "layers.1.norm1",
+                              "layers.2.norm1"])
+    applied = mutwo.apply(model, schedule)
+    # The elements' common parent, a ModuleList, never runs: the model does.
+    assert applied.frames == ["(model)"]
+    x = (torch.randn(2, 10, 32),)
+    assert_same_step(plain, model, x, lambda out: out.pow(2).mean())
+    applied.reset_stats()
+    loss = model(*x).pow(2).mean()
+    gc.collect()
+    assert refs["layers.0.norm1"]() is None
+    assert refs["layers.1.norm1"]() is None
+    assert refs["layers.2.norm1"]() is not None  # retained
+    assert applied.stats.dropped > 10  # not just the two layer outputs
+    loss.backward()
+    assert applied.unmatched() == []
