@@ -241,8 +241,7 @@ TEST_F(LongWaitTest, WaiterBeyondTheLimitIsRefusedWithARetryHint) {
   EXPECT_NE(refused.error_message().find("--max_lease_waiters"),
             std::string::npos)
       << refused.error_message();
-  EXPECT_NE(refused.error_message().find("retry in 1500 ms"),
-            std::string::npos)
+  EXPECT_NE(refused.error_message().find("retry in 1500 ms"), std::string::npos)
       << refused.error_message();
   EXPECT_EQ(Trailer(lease_context, "grpc-retry-pushback-ms"), "1500");
 

@@ -103,8 +103,8 @@ TEST(WaiterSetTest, BeyondTheLimitIsRefusedWithARetryHint) {
   set->Shutdown();
   EXPECT_EQ(a.wakes().back(), Why::kShutdown);
   EXPECT_EQ(b.wakes().back(), Why::kShutdown);
-  EXPECT_TRUE(absl::IsUnavailable(
-      set->Add(&c, absl::InfiniteFuture()).status()));
+  EXPECT_TRUE(
+      absl::IsUnavailable(set->Add(&c, absl::InfiniteFuture()).status()));
 }
 
 // A waiter that cannot finish yet (a write in flight) is not spun on: it is
