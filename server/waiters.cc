@@ -37,7 +37,7 @@ absl::StatusOr<uint64_t> WaiterSet::Add(Waiter* waiter, absl::Time deadline) {
   }
   if (static_cast<int>(entries_.size()) >= options_.max_waiters) {
     absl::Status refused = absl::ResourceExhaustedError(absl::StrCat(
-        options_.max_waiters, " ", options_.what, " already wait",
+        options_.what, ": ", options_.max_waiters, " open, the limit",
         options_.flag.empty() ? "" : absl::StrCat(" (", options_.flag, ")"),
         "; retry in ", options_.retry_after_ms, " ms"));
     refused.SetPayload(kRetryAfterPayload,

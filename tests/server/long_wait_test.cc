@@ -6,9 +6,11 @@
 // frees its place at once.
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/job_watch.h"
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "grpcpp/grpcpp.h"
@@ -290,6 +292,35 @@ TEST_F(LongWaitTest, CancelledPollFreesItsPlaceAtOnce) {
   }
   EXPECT_TRUE(admitted.ok()) << admitted.error_message();
   CancelAll();
+}
+
+// The CLI's watch (mutwo watch, submit --wait) refused for too many watches
+// comes back after the server's hint instead of failing.
+TEST_F(LongWaitTest, CliWatchComesBackAfterTheRetryHint) {
+  StartServer(0, 10, /*max_watchers=*/1);
+  const std::string job_id = SubmitCudaJob();
+  OpenWatches(1, job_id);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::ostringstream progress;
+  absl::StatusOr<v1::Job> followed;
+  std::thread follower([&] {
+    followed = FollowJob(*planner_, job_id, 0, /*timeout_s=*/30, progress);
+  });
+  // Refused now (the one watch allowed is open); the hint is 1500 ms.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CancelAll();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(5000));
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    ASSERT_TRUE(planner_->CancelJob(&context, request, &job).ok());
+  }
+  follower.join();
+  ASSERT_TRUE(followed.ok()) << followed.status();
+  EXPECT_EQ(followed->state(), v1::Job::CANCELLED);
 }
 
 }  // namespace

@@ -96,8 +96,8 @@ TEST(WaiterSetTest, BeyondTheLimitIsRefusedWithARetryHint) {
   auto refused = set->Add(&c, absl::InfiniteFuture());
   ASSERT_TRUE(absl::IsResourceExhausted(refused.status()));
   EXPECT_EQ(refused.status().message(),
-            "2 lease polls already wait (--max_lease_waiters); retry in 700 "
-            "ms");
+            "lease polls: 2 open, the limit (--max_lease_waiters); retry in "
+            "700 ms");
   EXPECT_EQ(WaiterSet::RetryAfterMs(refused.status()), 700);
   EXPECT_EQ(WaiterSet::RetryAfterMs(absl::InternalError("x")), std::nullopt);
   set->Shutdown();
