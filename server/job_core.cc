@@ -269,6 +269,12 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
   };
   hooks.refresh_gauges = [c] { c->RefreshGauges(); };
   hooks.notify_change = [c] { c->NotifyChange(); };
+  hooks.observe_waiting_polls = [metrics](int n) {
+    metrics->SetLongWaits("lease", n);
+  };
+  hooks.observe_refused_poll = [metrics] {
+    metrics->CountLongWaitRefused("lease");
+  };
   MUTWO_ASSIGN_OR_RETURN(core->leasing_,
                          Leasing::Create(lease_options, store, hooks));
   WaiterSet::Options watch_options;
@@ -276,6 +282,12 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
   watch_options.flag = "--max_watchers";
   watch_options.max_waiters = options.max_watchers;
   watch_options.retry_after_ms = options.waiter_retry_after_ms;
+  watch_options.observe_waiting = [metrics](int n) {
+    metrics->SetLongWaits("watch", n);
+  };
+  watch_options.observe_refused = [metrics] {
+    metrics->CountLongWaitRefused("watch");
+  };
   MUTWO_ASSIGN_OR_RETURN(core->watchers_, WaiterSet::Create(watch_options));
   return core;
 }

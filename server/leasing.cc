@@ -67,6 +67,8 @@ absl::StatusOr<std::unique_ptr<Leasing>> Leasing::Create(Options options,
   poll_options.flag = "--max_lease_waiters";
   poll_options.max_waiters = options.max_lease_waiters;
   poll_options.retry_after_ms = options.waiter_retry_after_ms;
+  poll_options.observe_waiting = hooks.observe_waiting_polls;
+  poll_options.observe_refused = hooks.observe_refused_poll;
   MUTWO_ASSIGN_OR_RETURN(std::unique_ptr<WaiterSet> polls,
                          WaiterSet::Create(poll_options));
   return std::unique_ptr<Leasing>(

@@ -77,6 +77,9 @@ class Leasing {
     std::function<void()> refresh_gauges;
     // Something changed: waiters look again.
     std::function<void()> notify_change;
+    // Metrics of the polls (WaiterSet::Options; may be empty).
+    std::function<void(int waiting)> observe_waiting_polls;
+    std::function<void()> observe_refused_poll;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Leasing>> Create(

@@ -42,10 +42,12 @@ absl::StatusOr<uint64_t> WaiterSet::Add(Waiter* waiter, absl::Time deadline) {
         "; retry in ", options_.retry_after_ms, " ms"));
     refused.SetPayload(kRetryAfterPayload,
                        absl::Cord(absl::StrCat(options_.retry_after_ms)));
+    if (options_.observe_refused) options_.observe_refused();
     return refused;
   }
   const uint64_t id = next_id_++;
   entries_.emplace(id, Entry{waiter, deadline});
+  Observe();
   pending_ = true;
   work_.Signal();
   return id;
@@ -84,6 +86,12 @@ void WaiterSet::Shutdown() {
 int WaiterSet::size() {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(entries_.size());
+}
+
+void WaiterSet::Observe() {
+  if (options_.observe_waiting) {
+    options_.observe_waiting(static_cast<int>(entries_.size()));
+  }
 }
 
 std::optional<int64_t> WaiterSet::RetryAfterMs(const absl::Status& status) {
@@ -141,6 +149,7 @@ void WaiterSet::Dispatch() {
     }
     mu_.Lock();
     for (uint64_t id : finished) entries_.erase(id);
+    if (!finished.empty()) Observe();
     // A waiter that must finish but did not (a write still in flight) is
     // looked at again once it is woken (its write completes).
     if (stopping_ && entries_.empty()) return;

@@ -19,6 +19,7 @@
 #define MUTWO_SERVER_WAITERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -57,6 +58,11 @@ class WaiterSet {
     int max_waiters = 1000;
     // The retry hint of a refusal.
     int64_t retry_after_ms = 1000;
+    // Metrics (may be empty): the number waiting after each change, and
+    // each refusal at the limit. Called with the set's lock held: they
+    // must not call back into the set.
+    std::function<void(int waiting)> observe_waiting;
+    std::function<void()> observe_refused;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<WaiterSet>> Create(
@@ -86,6 +92,7 @@ class WaiterSet {
  private:
   explicit WaiterSet(Options options);
   void Dispatch();
+  void Observe() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Entry {
     Waiter* waiter;

@@ -44,8 +44,16 @@ class RecordingWaiter : public WaiterSet::Waiter {
   bool finish_on_change_ = false;
 };
 
-std::unique_ptr<WaiterSet> MakeSet(int max_waiters) {
+std::unique_ptr<WaiterSet> MakeSet(int max_waiters,
+                                   std::atomic<int>* waiting = nullptr,
+                                   std::atomic<int>* refused = nullptr) {
   WaiterSet::Options options;
+  if (waiting != nullptr) {
+    options.observe_waiting = [waiting](int n) { *waiting = n; };
+  }
+  if (refused != nullptr) {
+    options.observe_refused = [refused] { ++*refused; };
+  }
   options.what = "lease polls";
   options.flag = "--max_lease_waiters";
   options.max_waiters = max_waiters;
@@ -89,7 +97,8 @@ TEST(WaiterSetTest, NotifyWakesEveryWaiterAndTheDeadlineEndsTheWait) {
 }
 
 TEST(WaiterSetTest, BeyondTheLimitIsRefusedWithARetryHint) {
-  auto set = MakeSet(2);
+  std::atomic<int> waiting{0}, refusals{0};
+  auto set = MakeSet(2, &waiting, &refusals);
   RecordingWaiter a, b, c;
   ASSERT_TRUE(set->Add(&a, absl::InfiniteFuture()).ok());
   ASSERT_TRUE(set->Add(&b, absl::InfiniteFuture()).ok());
@@ -100,7 +109,11 @@ TEST(WaiterSetTest, BeyondTheLimitIsRefusedWithARetryHint) {
             "700 ms");
   EXPECT_EQ(WaiterSet::RetryAfterMs(refused.status()), 700);
   EXPECT_EQ(WaiterSet::RetryAfterMs(absl::InternalError("x")), std::nullopt);
+  // What the metrics see (mutwo_long_waits, ..._refused_total).
+  EXPECT_EQ(waiting.load(), 2);
+  EXPECT_EQ(refusals.load(), 1);
   set->Shutdown();
+  EXPECT_EQ(waiting.load(), 0);
   EXPECT_EQ(a.wakes().back(), Why::kShutdown);
   EXPECT_EQ(b.wakes().back(), Why::kShutdown);
   EXPECT_TRUE(
