@@ -6,6 +6,7 @@
 // frees its place at once.
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -25,6 +26,16 @@ namespace mutwo {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Threads of this process (server and client together), from /proc.
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
 
 std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -199,9 +210,15 @@ TEST_F(LongWaitTest, OpenPollsAndWatchesDoNotBlockOtherRpcs) {
   StartServer(/*max_rpc_threads=*/4, 1000, 1000);
   const std::string job_id = SubmitCudaJob();
   const std::string worker_id = RegisterCpuWorker();
+  const int threads_before = ThreadCount();
   OpenPolls(100, worker_id);
   OpenWatches(100, job_id);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // No thread per wait: 200 open waits add (almost) none.
+  const int threads_waiting = ThreadCount();
+  EXPECT_LT(threads_waiting - threads_before, 20)
+      << threads_before << " threads before, " << threads_waiting
+      << " with 200 waits open";
   double worst_ms = 0;
   for (int i = 0; i < 20; ++i) {
     grpc::ClientContext context;
@@ -219,7 +236,8 @@ TEST_F(LongWaitTest, OpenPollsAndWatchesDoNotBlockOtherRpcs) {
   }
   std::cout << "{\"open_polls\": 100, \"open_watches\": 100, "
             << "\"sync_threads\": 4, \"getjob_worst_ms\": " << worst_ms
-            << "}\n";
+            << ", \"threads_before\": " << threads_before
+            << ", \"threads_with_waits\": " << threads_waiting << "}\n";
   EXPECT_LT(worst_ms, 200);
   CancelAll();
 }
