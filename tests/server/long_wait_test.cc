@@ -21,6 +21,8 @@
 #include "server/job_core.h"
 #include "server/planner/proto_convert.h"
 #include "server/server.h"
+#include "tests/testing/process.h"
+#include "worker/daemon/daemon.h"
 
 namespace mutwo {
 namespace {
@@ -57,16 +59,17 @@ class LongWaitTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void StartServer(int max_rpc_threads, int max_lease_waiters,
-                   int max_watchers) {
+  void StartServer(int max_rpc_threads, int max_lease_waiters, int max_watchers,
+                   int64_t retry_after_ms = 1500,
+                   const std::string& metrics_listen = "") {
     MutwoServer::Options options;
     options.listen = "127.0.0.1:0";
-    options.metrics_listen = "";
+    options.metrics_listen = metrics_listen;
     options.data_dir = (dir_ / "data").string();
     options.max_rpc_threads = max_rpc_threads;
     options.core.max_lease_waiters = max_lease_waiters;
     options.core.max_watchers = max_watchers;
-    options.core.waiter_retry_after_ms = 1500;
+    options.core.waiter_retry_after_ms = retry_after_ms;
     options.plan = PlannerPlanFn(5);
     options.max_batch = [](const std::vector<v1::Profile>& ps, double o) {
       return planner::PredictMaxBatchProto(ps, 0, o);
@@ -339,6 +342,42 @@ TEST_F(LongWaitTest, CliWatchComesBackAfterTheRetryHint) {
   follower.join();
   ASSERT_TRUE(followed.ok()) << followed.status();
   EXPECT_EQ(followed->state(), v1::Job::CANCELLED);
+}
+
+// The worker daemon refused for too many polls waits the server's hint (3 s
+// here) before it polls again, instead of its own backoff (100-200 ms, then
+// doubling: 5 tries in 4 s).
+TEST_F(LongWaitTest, WorkerDaemonWaitsTheRetryHint) {
+  StartServer(0, /*max_lease_waiters=*/1, 10, /*retry_after_ms=*/3000,
+              "127.0.0.1:0");
+  OpenPolls(1, RegisterCpuWorker());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  WorkerDaemon::Options options;
+  options.server = absl::StrCat("127.0.0.1:", server_->port());
+  options.work_dir = (dir_ / "worker").string();
+  options.self_executable = "/bin/false";  // never runs: nothing is leased
+  options.probe_device = [] {
+    v1::DeviceInfo device;
+    device.set_kind("cpu");
+    device.set_name("cpu");
+    return absl::StatusOr<v1::DeviceInfo>(device);
+  };
+  auto daemon = WorkerDaemon::Create(options);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::thread run([&] { (void)(*daemon)->Run(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+  (*daemon)->Shutdown();
+  run.join();
+  const std::string body =
+      testing::HttpGet(server_->metrics_port(), "/metrics");
+  const std::string series = "mutwo_long_waits_refused_total{kind=\"lease\"} ";
+  const size_t at = body.find(series);
+  ASSERT_NE(at, std::string::npos) << body;
+  const int refused = std::stoi(body.substr(at + series.size()));
+  std::cout << "{\"daemon_refused_polls_in_4s\": " << refused << "}\n";
+  EXPECT_GE(refused, 1);
+  EXPECT_LE(refused, 2);
+  CancelAll();
 }
 
 }  // namespace
