@@ -2,12 +2,14 @@
 
 #include <chrono>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/args.h"
+#include "common/grpc_status.h"
 #include "common/parse.h"
 
 namespace mutwo {
@@ -86,29 +88,43 @@ absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
                                   const std::string& job_id,
                                   int64_t created_unix_ms, int timeout_s,
                                   std::ostream& progress) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(timeout_s));
-  v1::WatchJobRequest request;
-  request.set_job_id(job_id);
-  auto reader = stub.WatchJob(&context, request);
-  v1::JobEvent event;
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::seconds(timeout_s);
   std::optional<v1::Job> final_job;
   std::string last;  // the last line printed, without its time
-  while (reader->Read(&event)) {
-    if (event.has_job()) final_job = event.job();
-    // What follows the time stamps; a change of time alone is no news.
-    v1::JobEvent timeless = event;
-    timeless.set_unix_ms(0);
-    const std::string what = ProgressLine(timeless, 0);
-    if (what == last) continue;
-    last = what;
-    progress << ProgressLine(event, created_unix_ms) << "\n" << std::flush;
-  }
-  grpc::Status status = reader->Finish();
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        status.error_message());
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    auto reader = stub.WatchJob(&context, request);
+    v1::JobEvent event;
+    while (reader->Read(&event)) {
+      if (event.has_job()) final_job = event.job();
+      // What follows the time stamps; a change of time alone is no news.
+      v1::JobEvent timeless = event;
+      timeless.set_unix_ms(0);
+      const std::string what = ProgressLine(timeless, 0);
+      if (what == last) continue;
+      last = what;
+      progress << ProgressLine(event, created_unix_ms) << "\n" << std::flush;
+    }
+    grpc::Status status = reader->Finish();
+    // Too many watches open: the server says when to come back; come back
+    // then if the time allowed lasts that long.
+    if (std::optional<int64_t> hint = RetryPushbackMs(context);
+        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        hint.has_value() &&
+        std::chrono::system_clock::now() + std::chrono::milliseconds(*hint) <
+            deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(*hint));
+      continue;
+    }
+    if (!status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                          status.error_message());
+    }
+    break;
   }
   if (!final_job.has_value() || !IsFinal(final_job->state())) {
     return absl::UnavailableError("the watch ended before the job finished");

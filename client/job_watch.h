@@ -28,7 +28,9 @@ namespace mutwo {
 std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms);
 
 // Follows `job_id` until it is final or `timeout_s` passes; returns the
-// final job. A line that would repeat the previous one is not printed.
+// final job. A line that would repeat the previous one is not printed. A
+// watch refused with a retry hint (RESOURCE_EXHAUSTED, too many watches open)
+// is opened again after the hint, within `timeout_s`.
 [[nodiscard]] absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
                                                 const std::string& job_id,
                                                 int64_t created_unix_ms,

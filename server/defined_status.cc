@@ -31,10 +31,15 @@ class DefinedStatusInterceptor : public grpc::experimental::Interceptor {
 
 grpc::Status DefinedStatus(const grpc::Status& status,
                            const std::string& method) {
-  if (status.error_code() != grpc::StatusCode::INTERNAL ||
-      !status.error_message().empty()) {
-    return status;
-  }
+  // The methods on the callback API (server/services.h): gRPC fails their
+  // unparsable requests with UNIMPLEMENTED before any handler runs.
+  const bool callback_method = method == "/mutwo.v1.WorkerHub/LeaseTask" ||
+                               method == "/mutwo.v1.Planner/WatchJob";
+  const bool unparsed =
+      status.error_code() == grpc::StatusCode::INTERNAL ||
+      (callback_method &&
+       status.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+  if (!unparsed || !status.error_message().empty()) return status;
   return grpc::Status(
       grpc::StatusCode::INVALID_ARGUMENT,
       absl::StrCat(method.empty() ? std::string("the call") : method,

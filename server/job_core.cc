@@ -251,8 +251,45 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
   if (options.worker_lost_after_ms <= 0) {
     options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
   }
-  return std::unique_ptr<JobCore>(new JobCore(
+  std::unique_ptr<JobCore> core(new JobCore(
       options, store, metrics, std::move(plan), std::move(max_batch)));
+  Leasing::Options lease_options;
+  lease_options.lease_timeout_ms = options.lease_timeout_ms;
+  lease_options.max_attempts = options.max_attempts;
+  lease_options.worker_lost_after_ms = options.worker_lost_after_ms;
+  lease_options.worker_forget_after_ms = options.worker_forget_after_ms;
+  lease_options.reaper_interval_ms = options.reaper_interval_ms;
+  lease_options.max_lease_wait_ms = options.max_lease_wait_ms;
+  lease_options.max_lease_waiters = options.max_lease_waiters;
+  lease_options.waiter_retry_after_ms = options.waiter_retry_after_ms;
+  JobCore* c = core.get();
+  Leasing::Hooks hooks;
+  hooks.settle = [c](const std::string& job_id, bool refresh_gauges) {
+    return c->Settle(job_id, refresh_gauges);
+  };
+  hooks.refresh_gauges = [c] { c->RefreshGauges(); };
+  hooks.notify_change = [c] { c->NotifyChange(); };
+  hooks.observe_waiting_polls = [metrics](int n) {
+    metrics->SetLongWaits("lease", n);
+  };
+  hooks.observe_refused_poll = [metrics] {
+    metrics->CountLongWaitRefused("lease");
+  };
+  MUTWO_ASSIGN_OR_RETURN(core->leasing_,
+                         Leasing::Create(lease_options, store, hooks));
+  WaiterSet::Options watch_options;
+  watch_options.what = "WatchJob streams";
+  watch_options.flag = "--max_watchers";
+  watch_options.max_waiters = options.max_watchers;
+  watch_options.retry_after_ms = options.waiter_retry_after_ms;
+  watch_options.observe_waiting = [metrics](int n) {
+    metrics->SetLongWaits("watch", n);
+  };
+  watch_options.observe_refused = [metrics] {
+    metrics->CountLongWaitRefused("watch");
+  };
+  MUTWO_ASSIGN_OR_RETURN(core->watchers_, WaiterSet::Create(watch_options));
+  return core;
 }
 
 JobCore::~JobCore() { Shutdown(); }
@@ -277,20 +314,7 @@ void JobCore::Start() {
     MUTWO_LOG(error, "settling unfinished jobs at start: {}", s.ToString());
   }
   RefreshGauges();
-  reaper_ = std::thread([this] {
-    while (true) {
-      {
-        absl::MutexLock lock(&mu_);
-        const absl::Time deadline =
-            absl::Now() + absl::Milliseconds(options_.reaper_interval_ms);
-        while (!stopping_ && absl::Now() < deadline) {
-          changed_.WaitWithDeadline(&mu_, deadline);
-        }
-        if (stopping_) return;
-      }
-      Reap();
-    }
-  });
+  leasing_->Start();
 }
 
 void JobCore::Shutdown() {
@@ -299,13 +323,26 @@ void JobCore::Shutdown() {
     stopping_ = true;
     changed_.SignalAll();
   }
-  if (reaper_.joinable()) reaper_.join();
+  if (leasing_ != nullptr) leasing_->Shutdown();
+  if (watchers_ != nullptr) watchers_->Shutdown();
 }
 
 void JobCore::NotifyChange() {
-  absl::MutexLock lock(&mu_);
-  ++generation_;
-  changed_.SignalAll();
+  {
+    absl::MutexLock lock(&mu_);
+    ++generation_;
+    changed_.SignalAll();
+  }
+  leasing_->Notify();
+  watchers_->Notify();
+}
+
+absl::StatusOr<uint64_t> JobCore::AddWatch(WaiterSet::Waiter* watch) {
+  return watchers_->Add(watch, absl::InfiniteFuture());
+}
+
+void JobCore::WakeWatch(uint64_t id, WaiterSet::Why why) {
+  watchers_->Wake(id, why);
 }
 
 void JobCore::RefreshGauges() {
@@ -332,35 +369,6 @@ void JobCore::RefreshGauges() {
   if (auto bytes = store_->TotalModelBytes(); bytes.ok()) {
     metrics_->SetModelStoreBytes(*bytes);
   }
-}
-
-void JobCore::Reap() {
-  bool changed = false;
-  auto requeued = store_->RequeueExpiredLeases(options_.max_attempts);
-  if (requeued.ok()) {
-    for (const v1::Task& t : *requeued) {
-      MUTWO_LOG(warn, "task {} of job {}: lease expired -> {} (attempt {})",
-                t.task_id(), t.job_id(), v1::Task::State_Name(t.state()),
-                t.attempt());
-      (void)Settle(t.job_id());
-      changed = true;
-    }
-  } else {
-    MUTWO_LOG(error, "requeue expired leases: {}",
-              requeued.status().ToString());
-  }
-  auto lost = store_->MarkLostWorkers(options_.worker_lost_after_ms);
-  if (lost.ok() && !lost->empty()) changed = true;
-  auto forgotten =
-      store_->DeleteForgottenWorkers(options_.worker_forget_after_ms);
-  if (forgotten.ok() && *forgotten > 0) {
-    MUTWO_LOG(info, "forgot {} workers silent for over {} ms", *forgotten,
-              options_.worker_forget_after_ms);
-  } else if (!forgotten.ok()) {
-    MUTWO_LOG(error, "forget workers: {}", forgotten.status().ToString());
-  }
-  RefreshGauges();
-  if (changed) NotifyChange();
 }
 
 absl::StatusOr<std::unique_ptr<UploadSession>> JobCore::NewUpload(
@@ -724,122 +732,12 @@ absl::StatusOr<std::vector<v1::Task>> JobCore::ListTasks(
   return store_->ListTasks(job_id);
 }
 
-absl::StatusOr<v1::LeaseTaskResponse> JobCore::LeaseTask(
-    const v1::LeaseTaskRequest& request, std::function<bool()> cancelled) {
-  // One row, not every worker: leasing stays flat however many registered.
-  MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo worker,
-                         store_->GetWorker(request.worker_id()));
-  auto refuse_stopped = [&](const v1::WorkerInfo& w) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker \"", w.worker_id(),
-        "\" deregistered (it said it stops); register again to lease"));
-  };
-  if (worker.state() == v1::WorkerInfo::STOPPED) return refuse_stopped(worker);
-  const std::string device_kind = worker.device().kind();
-  MUTWO_RETURN_IF_ERROR(
-      store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
-  const int64_t wait_ms =
-      std::clamp<int64_t>(request.wait_ms(), 0, options_.max_lease_wait_ms);
-  const absl::Time deadline = absl::Now() + absl::Milliseconds(wait_ms);
-  auto gone = [&] { return cancelled && cancelled(); };
-  v1::LeaseTaskResponse response;
-  while (true) {
-    int64_t generation;
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return response;
-      generation = generation_;
-    }
-    if (gone()) return absl::CancelledError("the lease poll was abandoned");
-    MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Task> task,
-                           store_->LeaseTask(request.worker_id(), device_kind,
-                                             options_.lease_timeout_ms));
-    if (task.has_value() && gone()) {
-      // Nobody will receive this lease: give it back now instead of
-      // letting the task wait out the lease timeout.
-      MUTWO_RETURN_IF_ERROR(store_->ReleaseLease(
-          task->task_id(), task->fence_token(), request.worker_id()));
-      NotifyChange();
-      return absl::CancelledError("the lease poll was abandoned");
-    }
-    if (task.has_value()) {
-      MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task->job_id()));
-      MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
-          request.worker_id(), v1::WorkerInfo::BUSY, task->task_id()));
-      MUTWO_LOG(info,
-                "task {} ({} batch {}) leased to {} (attempt {}, fence {})",
-                task->task_id(), v1::Task::Kind_Name(task->kind()),
-                task->batch_size(), request.worker_id(), task->attempt(),
-                task->fence_token());
-      *response.mutable_task() = *std::move(task);
-      *response.mutable_spec() = job.spec();
-      response.set_lease_timeout_ms(options_.lease_timeout_ms);
-      MUTWO_RETURN_IF_ERROR(Settle(job.job_id(), /*refresh_gauges=*/false));
-      NotifyChange();
-      return response;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      // Woken by a change, or every 100 ms to see whether the caller left.
-      const absl::Time until =
-          std::min(deadline, absl::Now() + absl::Milliseconds(100));
-      while (!stopping_ && generation_ == generation && absl::Now() < until) {
-        changed_.WaitWithDeadline(&mu_, until);
-      }
-      if (stopping_ || absl::Now() >= deadline) return response;
-    }
-    // A worker that deregistered meanwhile is leased nothing more.
-    MUTWO_ASSIGN_OR_RETURN(worker, store_->GetWorker(request.worker_id()));
-    if (worker.state() == v1::WorkerInfo::STOPPED) {
-      return refuse_stopped(worker);
-    }
-  }
-}
-
 absl::StatusOr<std::string> JobCore::ModelPath(const std::string& sha256) {
   MUTWO_ASSIGN_OR_RETURN(bool has, store_->HasModel(sha256));
   if (!has)
     return absl::NotFoundError(
         absl::StrCat("model ", sha256, " is not stored"));
   return store_->ModelPath(sha256);
-}
-
-absl::StatusOr<v1::HeartbeatResponse> JobCore::Heartbeat(
-    const v1::HeartbeatRequest& request) {
-  v1::HeartbeatResponse response;
-  if (request.stopping()) {
-    // The worker deregisters: no task is leased to it any more (its running
-    // task, if any, it fails itself as it stops).
-    MUTWO_RETURN_IF_ERROR(
-        store_->TouchWorker(request.worker_id(), v1::WorkerInfo::STOPPED, ""));
-    MUTWO_LOG(info, "worker {} stopped (deregistered)", request.worker_id());
-    RefreshGauges();
-    NotifyChange();
-    response.set_lease_valid(false);
-    return response;
-  }
-  if (request.task_id().empty()) {
-    MUTWO_RETURN_IF_ERROR(
-        store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
-    response.set_lease_valid(true);
-    return response;
-  }
-  MUTWO_RETURN_IF_ERROR(store_->TouchWorker(
-      request.worker_id(), v1::WorkerInfo::BUSY, request.task_id()));
-  auto task =
-      store_->ExtendLease(request.task_id(), request.fence_token(),
-                          request.worker_id(), options_.lease_timeout_ms);
-  if (absl::IsFailedPrecondition(task.status())) {
-    response.set_lease_valid(false);
-    auto current = store_->GetTask(request.task_id());
-    response.set_cancelled(current.ok() &&
-                           current->state() == v1::Task::CANCELLED);
-    return response;
-  }
-  MUTWO_RETURN_IF_ERROR(task.status());
-  response.set_lease_valid(true);
-  response.set_lease_expiry_unix_ms(task->lease_expiry_unix_ms());
-  return response;
 }
 
 namespace {

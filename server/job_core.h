@@ -3,20 +3,20 @@
 //   QUEUED -> PROFILING -> PLANNING -> VALIDATING -> SUCCEEDED | FAILED
 //   (CANCELLED from any non-final state)
 // on top of the Store (all state durable there, so a restarted server picks
-// every job up where it was), task leasing with long polls, heartbeats,
-// fencing and re-queueing (a reaper thread re-queues expired leases and marks
-// silent workers LOST), the closed loop of validations (closed_loop.h: a
+// every job up where it was), the closed loop of validations (closed_loop.h: a
 // budget fits only once a worker measured it within the budget; a round
 // over the budget is re-planned and validated again, at most
 // `max_validation_rounds` rounds; the verdict per batch size and budget is
 // BatchResult.outcomes), the schedule cache (schedule_cache.h) and the
-// metrics.
+// metrics. Task leasing (long polls, heartbeats, fencing, the reaper) is
+// Leasing's (leasing.h); WatchJob's waiting is JobWatch's (job_watch.h) in
+// the watchers' WaiterSet owned here: neither holds a thread while it waits.
 //
 // Planning is injected (PlanFn, MaxBatchFn) so the core can be tested with
 // the real planner or a fake.
 //
 // Thread safety: every public method is thread-safe. Start() starts the
-// reaper; Shutdown() stops it and wakes long polls.
+// reaper; Shutdown() stops it and ends every long poll and watch.
 #ifndef MUTWO_SERVER_JOB_CORE_H_
 #define MUTWO_SERVER_JOB_CORE_H_
 
@@ -35,9 +35,11 @@
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
 #include "server/closed_loop.h"
+#include "server/leasing.h"
 #include "server/metrics.h"
 #include "server/planner/interrupt.h"
 #include "server/schedule_cache.h"
+#include "server/waiters.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -129,6 +131,12 @@ class JobCore {
     // together (0: 2 x max_model_bytes).
     int max_uploads_per_client = 2;
     int64_t max_upload_bytes_per_client = 0;
+    // Long waits held at once (--max_lease_waiters, --max_watchers); past
+    // them LeaseTask and WatchJob are refused with RESOURCE_EXHAUSTED and
+    // a retry hint of waiter_retry_after_ms.
+    int max_lease_waiters = 1000;
+    int max_watchers = 1000;
+    int64_t waiter_retry_after_ms = 1000;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -170,6 +178,13 @@ class JobCore {
   // The job's tasks (WatchJob's progress: what is leased, what ended).
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
       const std::string& job_id);
+  // Registers a WatchJob stream (which must live until it finished) and
+  // returns its id for WakeWatch. ResourceExhausted (with
+  // WaiterSet::RetryAfterMs) when max_watchers already watch, Unavailable
+  // when shutting down.
+  [[nodiscard]] absl::StatusOr<uint64_t> AddWatch(WaiterSet::Waiter* watch);
+  // Wakes watch `id` (its write completed, or kCancelled: its client left).
+  void WakeWatch(uint64_t id, WaiterSet::Why why);
   // Blocks until the job's version differs from `seen_version` (Job.version
   // grows with every stored change), `timeout_ms` passes or the core shuts
   // down; returns the current job.
@@ -186,16 +201,23 @@ class JobCore {
   [[nodiscard]] absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request,
       const std::string& principal = "");
-  // Long poll. `cancelled` (may be empty) tells whether the caller left: the
-  // wait ends, and a task leased for a caller that left is given back at
-  // once (not left to expire). FailedPrecondition for a STOPPED worker.
+  // Leasing (long polls without a thread: Leasing::StartPoll).
+  Leasing& leasing() { return *leasing_; }
+  // A long poll that blocks the caller (Leasing::LeaseTask). `cancelled`
+  // (may be empty) tells whether the caller left: the wait ends, and a task
+  // leased for a caller that left is given back at once (not left to
+  // expire). FailedPrecondition for a STOPPED worker.
   [[nodiscard]] absl::StatusOr<v1::LeaseTaskResponse> LeaseTask(
       const v1::LeaseTaskRequest& request,
-      std::function<bool()> cancelled = nullptr);
+      std::function<bool()> cancelled = nullptr) {
+    return leasing_->LeaseTask(request, std::move(cancelled));
+  }
   [[nodiscard]] absl::StatusOr<std::string> ModelPath(
       const std::string& sha256);
   [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
-      const v1::HeartbeatRequest& request);
+      const v1::HeartbeatRequest& request) {
+    return leasing_->Heartbeat(request);
+  }
   [[nodiscard]] absl::Status ReportProfile(
       const v1::ReportProfileRequest& request);
   [[nodiscard]] absl::Status ReportValidation(
@@ -203,7 +225,7 @@ class JobCore {
   [[nodiscard]] absl::Status FailTask(const v1::FailTaskRequest& request);
 
   // One reaper pass (also called by tests).
-  void Reap();
+  void Reap() { leasing_->Reap(); }
   // Settles every unfinished job once (Start() does, after a restart), so a
   // job whose last change was cut short cannot stay non-final forever.
   absl::Status RecoverUnfinishedJobs();
@@ -306,7 +328,8 @@ class JobCore {
   absl::CondVar changed_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread reaper_;
+  std::unique_ptr<Leasing> leasing_;
+  std::unique_ptr<WaiterSet> watchers_;
 
   struct ClientUploads {
     int running = 0;

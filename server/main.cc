@@ -43,6 +43,17 @@ ABSL_FLAG(int64_t, max_plan_ms, 10000,
 ABSL_FLAG(double, replan_margin, 0.01,
           "re-planning after an overshoot: margin added to the measured "
           "overshoot, as a fraction of the budget");
+ABSL_FLAG(int32_t, max_lease_waiters, 1000,
+          "LeaseTask long polls waiting at once; more are refused with "
+          "RESOURCE_EXHAUSTED and a retry hint (a poll holds no thread)");
+ABSL_FLAG(int32_t, max_watchers, 1000,
+          "WatchJob streams open at once; more are refused with "
+          "RESOURCE_EXHAUSTED and a retry hint (a watch holds no thread)");
+ABSL_FLAG(int32_t, waiter_retry_after_ms, 1000,
+          "the retry hint of a refused poll or watch, in ms (the message and "
+          "grpc-retry-pushback-ms)");
+ABSL_FLAG(int32_t, max_rpc_threads, 0,
+          "threads serving the other RPCs; 0: gRPC's default");
 ABSL_FLAG(int32_t, drain_timeout_ms, 10000,
           "on SIGTERM, how long in-flight RPCs may take before cancellation");
 ABSL_FLAG(std::string, log_level, "info",
@@ -124,6 +135,11 @@ int main(int argc, char** argv) {
   options.core.max_validation_rounds = absl::GetFlag(FLAGS_validation_rounds);
   options.core.replan_margin_fraction = absl::GetFlag(FLAGS_replan_margin);
   options.core.max_plan_ms = absl::GetFlag(FLAGS_max_plan_ms);
+  options.core.max_lease_waiters = absl::GetFlag(FLAGS_max_lease_waiters);
+  options.core.max_watchers = absl::GetFlag(FLAGS_max_watchers);
+  options.core.waiter_retry_after_ms =
+      absl::GetFlag(FLAGS_waiter_retry_after_ms);
+  options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
   options.core.max_uploads_per_client =
       absl::GetFlag(FLAGS_max_uploads_per_client);
   if (const std::string quota =

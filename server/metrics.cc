@@ -102,6 +102,18 @@ ServerMetrics::ServerMetrics()
                                "(missing_token, invalid_token, malformed, "
                                "no_client_certificate)")
                          .Register(*registry_)),
+      long_waits_(BuildGauge()
+                      .Name("mutwo_long_waits")
+                      .Help("LeaseTask polls (kind=lease) and WatchJob "
+                            "streams (kind=watch) open now; none holds a "
+                            "thread")
+                      .Register(*registry_)),
+      long_waits_refused_(BuildCounter()
+                              .Name("mutwo_long_waits_refused_total")
+                              .Help("Polls and watches refused with "
+                                    "RESOURCE_EXHAUSTED at their limit "
+                                    "(--max_lease_waiters, --max_watchers)")
+                              .Register(*registry_)),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model, "
@@ -138,6 +150,10 @@ ServerMetrics::ServerMetrics()
   for (const char* reason : {"missing_token", "invalid_token", "malformed",
                              "no_client_certificate"}) {
     auth_refusals_.Add({{"reason", reason}});
+  }
+  for (const char* kind : {"lease", "watch"}) {
+    long_waits_.Add({{"kind", kind}});
+    long_waits_refused_.Add({{"kind", kind}});
   }
   SetJobs({});
   SetTasks({});
@@ -210,6 +226,14 @@ void ServerMetrics::CountValidation(const std::string& result) {
 
 void ServerMetrics::CountAuthRefusal(const std::string& reason) {
   auth_refusals_.Add({{"reason", reason}}).Increment();
+}
+
+void ServerMetrics::SetLongWaits(const std::string& kind, int open) {
+  long_waits_.Add({{"kind", kind}}).Set(open);
+}
+
+void ServerMetrics::CountLongWaitRefused(const std::string& kind) {
+  long_waits_refused_.Add({{"kind", kind}}).Increment();
 }
 
 void ServerMetrics::CountUpload(bool stored) {

@@ -60,6 +60,10 @@ class ServerMetrics {
   // A call refused by the token check before any handler ran (reason:
   // missing_token, invalid_token, malformed, no_client_certificate).
   void CountAuthRefusal(const std::string& reason);
+  // Long waits (kind: lease, watch) open now, and those refused at their
+  // limit (--max_lease_waiters, --max_watchers).
+  void SetLongWaits(const std::string& kind, int open);
+  void CountLongWaitRefused(const std::string& kind);
 
   // Per model, batch size and budget: peak bytes and iteration seconds of
   // kind "baseline" (budget="none") and "planned" (measured by the last
@@ -92,6 +96,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& validations_;
   prometheus::Family<prometheus::Counter>& uploads_;
   prometheus::Family<prometheus::Counter>& auth_refusals_;
+  prometheus::Family<prometheus::Gauge>& long_waits_;
+  prometheus::Family<prometheus::Counter>& long_waits_refused_;
   prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;
   prometheus::Family<prometheus::Gauge>& model_max_batch_;

@@ -7,6 +7,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "server/defined_status.h"
 
@@ -25,6 +26,11 @@ absl::StatusOr<std::unique_ptr<MutwoServer>> MutwoServer::Create(
   }
   if (options.data_dir.empty()) {
     return absl::InvalidArgumentError("--data_dir must not be empty");
+  }
+  if (options.max_rpc_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_rpc_threads must be 0 (gRPC's default) or more, got ",
+        options.max_rpc_threads));
   }
   if (!options.plan || !options.max_batch) {
     return absl::InvalidArgumentError("the server needs a planner");
@@ -65,6 +71,11 @@ absl::Status MutwoServer::Start() {
   builder.AddListeningPort(options_.listen, security_.credentials, &port_);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  if (options_.max_rpc_threads > 0) {
+    grpc::ResourceQuota quota("mutwo-server");
+    quota.SetMaxThreads(options_.max_rpc_threads);
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(planner_service_.get());
   builder.RegisterService(hub_service_.get());
   {

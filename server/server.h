@@ -36,6 +36,9 @@ class MutwoServer {
     std::string data_dir = "./mutwo-data";
     auth::ServerSecurityOptions security;
     JobCore::Options core;
+    // Threads that serve the synchronous RPCs (all but LeaseTask and
+    // WatchJob, which wait without one); 0: gRPC's default.
+    int max_rpc_threads = 0;
     PlanFn plan;
     MaxBatchFn max_batch;
   };

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/job_progress.h"
+#include "server/job_watch.h"
+#include "server/leasing.h"
 
 namespace mutwo {
 namespace {
@@ -71,17 +73,133 @@ absl::Status Assign(absl::StatusOr<T> result, T* out) {
   return absl::OkStatus();
 }
 
-bool IsFinal(v1::Job::State s) {
-  return s == v1::Job::SUCCEEDED || s == v1::Job::FAILED ||
-         s == v1::Job::CANCELLED;
-}
-
 absl::Status RequireId(const std::string& value, const char* field) {
   if (value.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, " must be set"));
   }
   return absl::OkStatus();
 }
+
+// Adds the retry hint of a refused long wait (WaiterSet::RetryAfterMs) to
+// the trailers: gRPC clients with retries read grpc-retry-pushback-ms, ours
+// read it too (worker daemon, CLI).
+void AddRetryHint(grpc::ServerContextBase* context, const absl::Status& s) {
+  if (std::optional<int64_t> ms = WaiterSet::RetryAfterMs(s); ms.has_value()) {
+    context->AddTrailingMetadata("grpc-retry-pushback-ms", absl::StrCat(*ms));
+  }
+}
+
+// LeaseTask without a thread: authorize, register a LeasePoll, answer from
+// whichever thread ends the poll. gRPC calls OnCancel and OnDone only after
+// this constructor (the handler) returned.
+class LeaseReactor final : public grpc::ServerUnaryReactor {
+ public:
+  LeaseReactor(grpc::CallbackServerContext* context,
+               const v1::LeaseTaskRequest& request,
+               v1::LeaseTaskResponse* response, JobCore* core,
+               const auth::Authorizer* auth, ServerMetrics* metrics)
+      : context_(context),
+        response_(response),
+        core_(core),
+        timer_(metrics, "LeaseTask"),
+        poll_(
+            &core->leasing(), request,
+            [context] { return context->IsCancelled(); },
+            [this](absl::StatusOr<v1::LeaseTaskResponse> r) {
+              Answer(std::move(r));
+            }) {
+    if (auto s = RequireId(request.worker_id(), "worker_id"); !s.ok()) {
+      Answer(s);
+      return;
+    }
+    if (auto caller =
+            auth->ForWorker(*context, "LeaseTask", request.worker_id());
+        !caller.ok()) {
+      Answer(caller.status());
+      return;
+    }
+    // The long poll ends when the worker goes away, and a task leased for
+    // a poll nobody waits on any more is given back at once.
+    absl::StatusOr<uint64_t> id = core_->leasing().StartPoll(&poll_);
+    if (!id.ok()) {
+      Answer(id.status());
+      return;
+    }
+    id_ = *id;
+  }
+
+  void OnCancel() override {
+    if (id_ != 0) core_->leasing().CancelPoll(id_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // Called once: by the constructor (nothing registered) or by the poll.
+  void Answer(absl::StatusOr<v1::LeaseTaskResponse> result) {
+    if (result.ok()) {
+      *response_ = *std::move(result);
+    } else {
+      AddRetryHint(context_, result.status());
+    }
+    Finish(timer_.Done(result.status()));
+  }
+
+  grpc::CallbackServerContext* context_;
+  v1::LeaseTaskResponse* response_;
+  JobCore* core_;
+  RpcTimer timer_;
+  LeasePoll poll_;
+  uint64_t id_ = 0;
+};
+
+// WatchJob without a thread: authorize, register a JobWatch that writes
+// through this reactor, one write at a time.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
+ public:
+  WatchReactor(grpc::CallbackServerContext* context,
+               const v1::WatchJobRequest& request, JobCore* core,
+               const auth::Authorizer* auth, ServerMetrics* metrics)
+      : context_(context),
+        timer_(metrics, "WatchJob"),
+        watch_(core, request.job_id(),
+               JobWatch::Sink{[this](const v1::JobEvent& e) {
+                                event_ = e;
+                                StartWrite(&event_);
+                              },
+                              [this](const v1::JobEvent& e) {
+                                event_ = e;
+                                StartWriteAndFinish(
+                                    &event_, grpc::WriteOptions(),
+                                    timer_.Done(absl::OkStatus()));
+                              },
+                              [this](const absl::Status& s) { End(s); }}) {
+    if (auto s = RequireId(request.job_id(), "job_id"); !s.ok()) {
+      End(s);
+      return;
+    }
+    if (auto caller = auth->ForJob(*context, "WatchJob", request.job_id());
+        !caller.ok()) {
+      End(caller.status());
+      return;
+    }
+    if (absl::Status s = watch_.Start(); !s.ok()) End(s);
+  }
+
+  void OnWriteDone(bool ok) override { watch_.WriteDone(ok); }
+  void OnCancel() override { watch_.Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  void End(const absl::Status& s) {
+    AddRetryHint(context_, s);
+    Finish(timer_.Done(s));
+  }
+
+  grpc::CallbackServerContext* context_;
+  RpcTimer timer_;
+  JobWatch watch_;
+  v1::JobEvent event_;  // the write in flight
+};
 
 }  // namespace
 
@@ -139,50 +257,9 @@ grpc::Status PlannerService::ListJobs(grpc::ServerContext* context,
   return timer.Done(Assign(core_->ListJobs(*request, *owner), response));
 }
 
-grpc::Status PlannerService::WatchJob(
-    grpc::ServerContext* context, const v1::WatchJobRequest* request,
-    grpc::ServerWriter<v1::JobEvent>* writer) {
-  RpcTimer timer(metrics_, "WatchJob");
-  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
-    return timer.Done(s);
-  if (auto caller = auth_->ForJob(*context, "WatchJob", request->job_id());
-      !caller.ok()) {
-    return timer.Done(caller.status());
-  }
-  auto job = core_->GetJob(request->job_id());
-  if (!job.ok()) return timer.Done(job.status());
-  int64_t seen = -1;
-  std::optional<v1::JobEvent> last;
-  while (!context->IsCancelled()) {
-    if (job->version() != seen || !last.has_value() ||
-        job->waiting() != last->waiting()) {
-      seen = job->version();
-      // Tasks first, then the job: a job read before its tasks could say
-      // QUEUED while a task it does not know of yet runs.
-      auto tasks = core_->ListTasks(request->job_id());
-      if (!tasks.ok()) return timer.Done(tasks.status());
-      job = core_->GetJob(request->job_id());
-      if (!job.ok()) return timer.Done(job.status());
-      v1::JobEvent event = JobEventFor(*job, *tasks);
-      const bool final = IsFinal(job->state());
-      // An update that changes nothing a watcher sees (a lease renewed, a
-      // settle that found the same state) is not sent again.
-      if (final || !last.has_value() || ProgressChanged(*last, event)) {
-        if (!writer->Write(event)) break;
-        if (final) return timer.Done(absl::OkStatus());
-        last = std::move(event);
-      }
-    }
-    if (core_->stopping()) {
-      // Shutting down: the job will not change any more from this server;
-      // the client reconnects to the next one.
-      return timer.Done(absl::UnavailableError(
-          "the server is shutting down; watch the job again"));
-    }
-    job = core_->WaitForJobChange(request->job_id(), seen, 1000);
-    if (!job.ok()) return timer.Done(job.status());
-  }
-  return timer.Done(absl::CancelledError("client went away"));
+grpc::ServerWriteReactor<v1::JobEvent>* PlannerService::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return new WatchReactor(context, *request, core_, auth_, metrics_);
 }
 
 grpc::Status PlannerService::CancelJob(grpc::ServerContext* context,
@@ -249,23 +326,10 @@ grpc::Status WorkerHubService::RegisterWorker(
       Assign(core_->RegisterWorker(*request, caller->name), response));
 }
 
-grpc::Status WorkerHubService::LeaseTask(grpc::ServerContext* context,
-                                         const v1::LeaseTaskRequest* request,
-                                         v1::LeaseTaskResponse* response) {
-  RpcTimer timer(metrics_, "LeaseTask");
-  if (auto s = RequireId(request->worker_id(), "worker_id"); !s.ok()) {
-    return timer.Done(s);
-  }
-  if (auto caller =
-          auth_->ForWorker(*context, "LeaseTask", request->worker_id());
-      !caller.ok()) {
-    return timer.Done(caller.status());
-  }
-  // The long poll ends when the worker goes away, and a task leased for a
-  // poll nobody waits on any more is given back at once.
-  return timer.Done(Assign(
-      core_->LeaseTask(*request, [context] { return context->IsCancelled(); }),
-      response));
+grpc::ServerUnaryReactor* WorkerHubService::LeaseTask(
+    grpc::CallbackServerContext* context, const v1::LeaseTaskRequest* request,
+    v1::LeaseTaskResponse* response) {
+  return new LeaseReactor(context, *request, response, core_, auth_, metrics_);
 }
 
 grpc::Status WorkerHubService::FetchModel(

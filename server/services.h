@@ -1,8 +1,16 @@
 // The gRPC services of mutwo-server. Handlers are thin: authorize the caller
 // (one Authorizer call, server/auth/authorizer.h), validate the request
 // shape, call JobCore, record RPC latency, and map absl::Status to
-// grpc::Status once (common/grpc_status.h). Long polls (LeaseTask, WatchJob)
-// are bounded by their own wait and the client's deadline.
+// grpc::Status once (common/grpc_status.h).
+//
+// The long waits, LeaseTask and WatchJob, use the callback API: their
+// reactors hold no thread while they wait (Leasing's LeasePoll and JobWatch
+// are woken by changes, deadlines, cancellation and shutdown), so hundreds
+// of open polls and watches leave the sync threads to the other RPCs. Past
+// --max_lease_waiters / --max_watchers they answer RESOURCE_EXHAUSTED with a
+// retry hint (the message, and grpc-retry-pushback-ms in the trailers).
+// Authorization is the same Authorizer call as every other RPC, made before
+// anything waits.
 #ifndef MUTWO_SERVER_SERVICES_H_
 #define MUTWO_SERVER_SERVICES_H_
 
@@ -17,7 +25,8 @@
 
 namespace mutwo {
 
-class PlannerService final : public v1::Planner::Service {
+class PlannerService final
+    : public v1::Planner::WithCallbackMethod_WatchJob<v1::Planner::Service> {
  public:
   PlannerService(JobCore* core, const auth::Authorizer* auth,
                  ServerMetrics* metrics, int64_t max_model_bytes)
@@ -38,9 +47,9 @@ class PlannerService final : public v1::Planner::Service {
   grpc::Status ListJobs(grpc::ServerContext* context,
                         const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override;
-  grpc::Status WatchJob(grpc::ServerContext* context,
-                        const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* context,
+      const v1::WatchJobRequest* request) override;
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const v1::CancelJobRequest* request,
                          v1::Job* response) override;
@@ -61,7 +70,9 @@ class PlannerService final : public v1::Planner::Service {
   int64_t max_model_bytes_;
 };
 
-class WorkerHubService final : public v1::WorkerHub::Service {
+class WorkerHubService final
+    : public v1::WorkerHub::WithCallbackMethod_LeaseTask<
+          v1::WorkerHub::Service> {
  public:
   WorkerHubService(JobCore* core, const auth::Authorizer* auth,
                    ServerMetrics* metrics)
@@ -70,9 +81,9 @@ class WorkerHubService final : public v1::WorkerHub::Service {
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
-  grpc::Status LeaseTask(grpc::ServerContext* context,
-                         const v1::LeaseTaskRequest* request,
-                         v1::LeaseTaskResponse* response) override;
+  grpc::ServerUnaryReactor* LeaseTask(grpc::CallbackServerContext* context,
+                                      const v1::LeaseTaskRequest* request,
+                                      v1::LeaseTaskResponse* response) override;
   grpc::Status FetchModel(
       grpc::ServerContext* context, const v1::FetchModelRequest* request,
       grpc::ServerWriter<v1::FetchModelChunk>* writer) override;

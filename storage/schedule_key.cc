@@ -42,13 +42,20 @@ std::string Double(double value) {
   return text;
 }
 
+// Enum values by their proto names, lower case: the key never depends on
+// how the CLI displays or parses them (common/parse.h), which may change.
+// (Today both spell them the same, so the keys stored stay valid.)
+std::string CanonicalDType(v1::DType dtype) {
+  return absl::AsciiStrToLower(v1::DType_Name(dtype));
+}
+
 std::string CanonicalTensor(const v1::TensorSpec& spec) {
   std::vector<std::string> dims;
   for (int64_t d : spec.dims()) {
     dims.push_back(d == kBatchDim ? "B" : absl::StrCat(d));
   }
   std::string out =
-      absl::StrCat(Escape(spec.name()), ":", DTypeName(spec.dtype()), "[",
+      absl::StrCat(Escape(spec.name()), ":", CanonicalDType(spec.dtype()), "[",
                    absl::StrJoin(dims, ","), "]");
   if (spec.has_range()) {
     absl::StrAppend(&out, "{", Double(spec.range().low()), ",",
@@ -79,7 +86,7 @@ std::string CanonicalOptimizer(const v1::OptimizerSpec& optimizer) {
     return "none";
   }
   std::string out = absl::StrCat(
-      FormatOptimizerSpec(o),
+      absl::AsciiStrToLower(v1::OptimizerSpec::Kind_Name(o.kind())),
       ",lr=", Double(o.learning_rate() == 0 ? 1e-3 : o.learning_rate()));
   if (o.kind() == v1::OptimizerSpec::SGD_MOMENTUM) {
     absl::StrAppend(

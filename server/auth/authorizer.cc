@@ -16,7 +16,7 @@ absl::Status JobNotFound(const std::string& job_id) {
 }  // namespace
 
 absl::StatusOr<Principal> Authorizer::Caller(
-    const grpc::ServerContext& context, const char* rpc,
+    const grpc::ServerContextBase& context, const char* rpc,
     std::initializer_list<Role> roles) const {
   if (!authenticate()) return Principal{"", Role::kAdmin};
   // This call's own header (TokenAuthProcessor refused the call if it was
@@ -47,12 +47,13 @@ absl::StatusOr<Principal> Authorizer::Caller(
 }
 
 absl::StatusOr<Principal> Authorizer::ForUpload(
-    const grpc::ServerContext& context) const {
+    const grpc::ServerContextBase& context) const {
   return Caller(context, "UploadModel", {Role::kClient, Role::kAdmin});
 }
 
 absl::StatusOr<Principal> Authorizer::ForSubmit(
-    const grpc::ServerContext& context, const std::string& model_sha256) const {
+    const grpc::ServerContextBase& context,
+    const std::string& model_sha256) const {
   MUTWO_ASSIGN_OR_RETURN(
       Principal caller,
       Caller(context, "SubmitJob", {Role::kClient, Role::kAdmin}));
@@ -69,9 +70,9 @@ absl::StatusOr<Principal> Authorizer::ForSubmit(
   return caller;
 }
 
-absl::StatusOr<Principal> Authorizer::ForJob(const grpc::ServerContext& context,
-                                             const char* rpc,
-                                             const std::string& job_id) const {
+absl::StatusOr<Principal> Authorizer::ForJob(
+    const grpc::ServerContextBase& context, const char* rpc,
+    const std::string& job_id) const {
   MUTWO_ASSIGN_OR_RETURN(Principal caller,
                          Caller(context, rpc, {Role::kClient, Role::kAdmin}));
   if (caller.role == Role::kAdmin) return caller;
@@ -81,7 +82,7 @@ absl::StatusOr<Principal> Authorizer::ForJob(const grpc::ServerContext& context,
 }
 
 absl::StatusOr<std::optional<std::string>> Authorizer::ForListJobs(
-    const grpc::ServerContext& context) const {
+    const grpc::ServerContextBase& context) const {
   MUTWO_ASSIGN_OR_RETURN(
       Principal caller,
       Caller(context, "ListJobs", {Role::kClient, Role::kAdmin}));
@@ -90,17 +91,17 @@ absl::StatusOr<std::optional<std::string>> Authorizer::ForListJobs(
 }
 
 absl::StatusOr<Principal> Authorizer::ForListWorkers(
-    const grpc::ServerContext& context) const {
+    const grpc::ServerContextBase& context) const {
   return Caller(context, "ListWorkers", {Role::kClient, Role::kAdmin});
 }
 
 absl::StatusOr<Principal> Authorizer::ForRegister(
-    const grpc::ServerContext& context) const {
+    const grpc::ServerContextBase& context) const {
   return Caller(context, "RegisterWorker", {Role::kWorker});
 }
 
 absl::StatusOr<Principal> Authorizer::ForWorker(
-    const grpc::ServerContext& context, const char* rpc,
+    const grpc::ServerContextBase& context, const char* rpc,
     const std::string& worker_id) const {
   MUTWO_ASSIGN_OR_RETURN(Principal caller,
                          Caller(context, rpc, {Role::kWorker}));
@@ -116,7 +117,7 @@ absl::StatusOr<Principal> Authorizer::ForWorker(
 }
 
 absl::StatusOr<Principal> Authorizer::ForFetchModel(
-    const grpc::ServerContext& context, const std::string& sha256) const {
+    const grpc::ServerContextBase& context, const std::string& sha256) const {
   MUTWO_ASSIGN_OR_RETURN(Principal caller,
                          Caller(context, "FetchModel", {Role::kWorker}));
   if (!authenticate()) return caller;

@@ -42,35 +42,35 @@ class Authorizer {
   // The caller, checked to have one of `roles` for `rpc` (a method name for
   // the error message).
   [[nodiscard]] absl::StatusOr<Principal> Caller(
-      const grpc::ServerContext& context, const char* rpc,
+      const grpc::ServerContextBase& context, const char* rpc,
       std::initializer_list<Role> roles) const;
 
   // Planner service.
   [[nodiscard]] absl::StatusOr<Principal> ForUpload(
-      const grpc::ServerContext& context) const;
+      const grpc::ServerContextBase& context) const;
   [[nodiscard]] absl::StatusOr<Principal> ForSubmit(
-      const grpc::ServerContext& context,
+      const grpc::ServerContextBase& context,
       const std::string& model_sha256) const;
   // GetJob, WatchJob, CancelJob, GetProfile, GetSchedule.
   [[nodiscard]] absl::StatusOr<Principal> ForJob(
-      const grpc::ServerContext& context, const char* rpc,
+      const grpc::ServerContextBase& context, const char* rpc,
       const std::string& job_id) const;
   // ListJobs: the owner whose jobs the caller may list; nullopt for all.
   [[nodiscard]] absl::StatusOr<std::optional<std::string>> ForListJobs(
-      const grpc::ServerContext& context) const;
+      const grpc::ServerContextBase& context) const;
   [[nodiscard]] absl::StatusOr<Principal> ForListWorkers(
-      const grpc::ServerContext& context) const;
+      const grpc::ServerContextBase& context) const;
 
   // WorkerHub service.
   [[nodiscard]] absl::StatusOr<Principal> ForRegister(
-      const grpc::ServerContext& context) const;
+      const grpc::ServerContextBase& context) const;
   // LeaseTask, Heartbeat, ReportProfile, ReportValidation, FailTask: the
   // caller is a worker and `worker_id` was registered by it.
   [[nodiscard]] absl::StatusOr<Principal> ForWorker(
-      const grpc::ServerContext& context, const char* rpc,
+      const grpc::ServerContextBase& context, const char* rpc,
       const std::string& worker_id) const;
   [[nodiscard]] absl::StatusOr<Principal> ForFetchModel(
-      const grpc::ServerContext& context, const std::string& sha256) const;
+      const grpc::ServerContextBase& context, const std::string& sha256) const;
 
  private:
   bool authenticate() const { return tokens_ != nullptr; }

@@ -85,6 +85,8 @@ TEST(ServerMetricsTest, AlertSeriesExistAtZeroAndNoSummaryIsExported) {
            "mutwo_auth_refusals_total{reason=\"invalid_token\"} 0",
            "mutwo_validations_total{result=\"failed\"} 0",
            "mutwo_schedule_cache_requests_total{result=\"hit\"} 0",
+           "mutwo_long_waits{kind=\"lease\"} 0",
+           "mutwo_long_waits_refused_total{kind=\"watch\"} 0",
        }) {
     EXPECT_THAT(body, HasSubstr(series));
   }

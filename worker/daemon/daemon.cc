@@ -140,7 +140,18 @@ void WorkerDaemon::Backoff(int attempt) {
   const int64_t cap = std::min<int64_t>(options_.max_backoff_ms,
                                         int64_t{200} << std::min(attempt, 10));
   std::uniform_int_distribution<int64_t> dist(cap / 2, cap);
-  const int64_t wait_ms = dist(rng);
+  Sleep(dist(rng));
+}
+
+void WorkerDaemon::Pause(int64_t hint_ms) {
+  // Up to a fifth later than asked, so refused workers do not come back
+  // together.
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_int_distribution<int64_t> dist(hint_ms, hint_ms + hint_ms / 5);
+  Sleep(dist(rng));
+}
+
+void WorkerDaemon::Sleep(int64_t wait_ms) {
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   while (!stopping_ && std::chrono::steady_clock::now() < until) {
@@ -390,6 +401,14 @@ absl::Status WorkerDaemon::Run() {
         info_.clear_worker_id();  // the server forgot us: register again
       }
       MUTWO_LOG(warn, "lease: {}", s.error_message());
+      // An overloaded server says when to come back (too many open
+      // polls): wait that long, with jitter, instead of the backoff.
+      if (std::optional<int64_t> hint = RetryPushbackMs(context);
+          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+          hint.has_value()) {
+        Pause(*hint);
+        continue;
+      }
       Backoff(failures++);
       continue;
     }

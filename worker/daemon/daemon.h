@@ -82,6 +82,11 @@ class WorkerDaemon {
   absl::StatusOr<std::string> EnsureModel(const std::string& sha256);
   void RefreshDeviceGauges();
   void Backoff(int attempt);
+  // Waits the server's retry hint (RESOURCE_EXHAUSTED with
+  // grpc-retry-pushback-ms), plus jitter; stops early when told to stop.
+  void Pause(int64_t hint_ms);
+  // Sleeps `wait_ms`, stopping early when told to stop.
+  void Sleep(int64_t wait_ms);
   std::chrono::system_clock::time_point Deadline(int64_t ms) const;
 
   Options options_;
