@@ -65,8 +65,10 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
   const absl::StatusOr<ZipInflation> inflation = ReadZipInflation(bytes);
   if (!inflation.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model ", what, ": ", inflation.status().message(),
-                     " (save it with torch.jit.script(model).save(path))"));
+        absl::StrCat("model ", what,
+                     ": cannot load the TorchScript archive (truncated or "
+                     "corrupt?): ",
+                     inflation.status().message()));
   }
   const int64_t allowed =
       std::max<int64_t>(kMaxInflationRatio * static_cast<int64_t>(bytes.size()),
