@@ -200,6 +200,32 @@ absl::StatusOr<int64_t> Db::QueryInt(const std::string& sql) {
   return value;
 }
 
+absl::Status Db::ForEachRow(
+    const std::string& sql, const std::function<void(Stmt&)>& bind,
+    const std::function<absl::StatusOr<bool>(const Stmt&)>& row) {
+  absl::StatusOr<Stmt*> prepared = Prepare(sql);
+  if (!prepared.ok()) {
+    return prepared.status();
+  }
+  Stmt* stmt = *prepared;
+  if (bind) bind(*stmt);
+  absl::Status status;
+  while (true) {
+    absl::StatusOr<bool> has_row = stmt->Step();
+    if (!has_row.ok() || !*has_row) {
+      status = has_row.status();
+      break;
+    }
+    absl::StatusOr<bool> more = row(*stmt);
+    if (!more.ok() || !*more) {
+      status = more.status();
+      break;
+    }
+  }
+  stmt->Reset();
+  return status;
+}
+
 absl::StatusOr<std::string> Db::QueryText(const std::string& sql) {
   Stmt* stmt;
   {

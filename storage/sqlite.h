@@ -16,9 +16,13 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -84,6 +88,13 @@ class Db {
   [[nodiscard]] absl::Status Exec(absl::string_view sql);
   // Prepared once per connection and cached; reset before it is returned.
   [[nodiscard]] absl::StatusOr<Stmt*> Prepare(const std::string& sql);
+  // The one row loop of the store: prepares `sql` (cached), lets `bind`
+  // (may be empty) set its parameters, then calls `row` for each result row
+  // until it returns false or an error, or the rows end. The statement is
+  // reset on every way out, so no read stays open on the connection.
+  [[nodiscard]] absl::Status ForEachRow(
+      const std::string& sql, const std::function<void(Stmt&)>& bind,
+      const std::function<absl::StatusOr<bool>(const Stmt&)>& row);
   // Single-value helpers for pragmas and counts.
   [[nodiscard]] absl::StatusOr<int64_t> QueryInt(const std::string& sql);
   [[nodiscard]] absl::StatusOr<std::string> QueryText(const std::string& sql);
@@ -101,6 +112,43 @@ class Db {
   std::string path_;
   std::map<std::string, std::unique_ptr<Stmt>> statements_;
 };
+
+// Every row of `sql`, each turned into a T by `read` (a callable taking
+// `const Stmt&` and returning absl::StatusOr<T>); the first error is
+// returned. Runs Db::ForEachRow.
+template <typename T, typename Read>
+absl::StatusOr<std::vector<T>> QueryRows(Db& db, const std::string& sql,
+                                         const std::function<void(Stmt&)>& bind,
+                                         Read read) {
+  std::vector<T> rows;
+  absl::Status status =
+      db.ForEachRow(sql, bind, [&](const Stmt& stmt) -> absl::StatusOr<bool> {
+        absl::StatusOr<T> value = read(stmt);
+        if (!value.ok()) return value.status();
+        rows.push_back(*std::move(value));
+        return true;
+      });
+  if (!status.ok()) return status;
+  return rows;
+}
+
+// The first row of `sql` read by `read` as in QueryRows; nullopt when the
+// query returns no row.
+template <typename T, typename Read>
+absl::StatusOr<std::optional<T>> QueryRow(
+    Db& db, const std::string& sql, const std::function<void(Stmt&)>& bind,
+    Read read) {
+  std::optional<T> first;
+  absl::Status status =
+      db.ForEachRow(sql, bind, [&](const Stmt& stmt) -> absl::StatusOr<bool> {
+        absl::StatusOr<T> value = read(stmt);
+        if (!value.ok()) return value.status();
+        first = *std::move(value);
+        return false;
+      });
+  if (!status.ok()) return status;
+  return first;
+}
 
 // BEGIN IMMEDIATE ... COMMIT; rolls back in the destructor unless Commit()
 // succeeded. IMMEDIATE takes the write lock up front, so two connections

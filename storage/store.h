@@ -81,7 +81,107 @@ struct ValidationRecord {
   v1::Validation validation;
 };
 
-class Store {
+class Store;
+
+// The store's writes (and the reads a write needs), declared once for both
+// ways of running them: on the Store each is a transaction of its own; on
+// the Store::Writer of a Store::Write it joins that Write's transaction.
+// Each behaves the same either way (same checks, same errors).
+class StoreWrites {
+ public:
+  StoreWrites(const StoreWrites&) = delete;
+  StoreWrites& operator=(const StoreWrites&) = delete;
+  virtual ~StoreWrites() = default;
+
+  // ---- Jobs ----
+  // Stores a new QUEUED job for `spec` (whose model must be stored), owned by
+  // `owner` (the submitting principal; '' when authentication is off). With
+  // a non-empty `client_request_id` this owner used before, returns that
+  // first job with deduplicated = true; AlreadyExists if the spec differs
+  // from the first. Request ids of different owners never collide. With
+  // max_unfinished_jobs > 0, ResourceExhausted when that many jobs are
+  // unfinished (checked in the same transaction as the insert, so
+  // concurrent submits cannot overshoot the limit); a deduplicated submit
+  // is never refused by the limit.
+  [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
+      const v1::JobSpec& spec, absl::string_view client_request_id,
+      absl::string_view owner, int64_t max_unfinished_jobs = 0);
+  // Reads the job, lets `mutate` edit it and writes it back; a non-OK status
+  // from `mutate` aborts the update and is returned. job_id,
+  // created_unix_ms and client_request_id cannot be changed;
+  // updated_unix_ms is set to now.
+  [[nodiscard]] absl::StatusOr<v1::Job> UpdateJob(
+      absl::string_view job_id,
+      const std::function<absl::Status(v1::Job&)>& mutate);
+
+  // ---- Tasks ----
+  // A QUEUED task, attempt 1, for the job's device kind. NotFound for an
+  // unknown job; FailedPrecondition when the job is finished or cancelled.
+  [[nodiscard]] absl::StatusOr<v1::Task> AddTask(
+      absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
+      const std::optional<v1::Schedule>& schedule = std::nullopt);
+  // Stores the result and marks the task DONE. Returns true when stored now,
+  // false when this fence already completed it (a retried report: nothing
+  // stored twice). FailedPrecondition for any other fence or state. A result
+  // that arrives after its lease expired is still taken while nobody leased
+  // the task since (QUEUED again, same fence and lease owner): the work was
+  // done, re-running it would only cost time. PermissionDenied when
+  // `worker_id` does not hold the lease.
+  [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
+                                                  int64_t fence_token,
+                                                  absl::string_view worker_id,
+                                                  absl::string_view result);
+  // A failed attempt: when `retryable` and attempt < max_attempts the task is
+  // QUEUED again with attempt + 1, else FAILED (dead letter). last_error =
+  // reason either way. Same fence checks as CompleteTask.
+  [[nodiscard]] absl::StatusOr<v1::Task> FailTask(absl::string_view task_id,
+                                                  int64_t fence_token,
+                                                  absl::string_view worker_id,
+                                                  absl::string_view reason,
+                                                  bool retryable,
+                                                  int max_attempts);
+  // QUEUED and LEASED tasks of the job become CANCELLED (a worker holding
+  // one learns it at its next heartbeat). Returns how many.
+  [[nodiscard]] absl::StatusOr<int64_t> CancelJobTasks(
+      absl::string_view job_id);
+  [[nodiscard]] absl::StatusOr<v1::Task> GetTask(absl::string_view task_id);
+  // In creation order. NotFound for an unknown job.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
+      absl::string_view job_id);
+
+  // ---- Profiles and validations ----
+  // Replaces any profile stored for (job, batch size).
+  [[nodiscard]] absl::Status PutProfile(absl::string_view job_id,
+                                        int64_t batch_size,
+                                        const v1::Profile& profile);
+  // Replaces any validation stored for (job, batch size, budget text,
+  // round); each round of the closed loop (round >= 1) keeps its own.
+  [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
+                                           int64_t batch_size,
+                                           absl::string_view budget_text,
+                                           int round,
+                                           const v1::Validation& validation);
+
+ protected:
+  explicit StoreWrites(Store* store) : store_(store) {}
+  Store& store() const { return *store_; }
+
+ private:
+  // Runs `op` (a body run with the store's mutex held, in an open
+  // transaction) as the write step named `step`, or as a read.
+  virtual absl::Status RunWrite(absl::string_view step,
+                                const std::function<absl::Status()>& op) = 0;
+  virtual absl::Status RunRead(const std::function<absl::Status()>& op) = 0;
+  template <typename T>
+  absl::StatusOr<T> Write(absl::string_view step,
+                          const std::function<absl::StatusOr<T>()>& op);
+  template <typename T>
+  absl::StatusOr<T> Read(const std::function<absl::StatusOr<T>()>& op);
+
+  Store* const store_;
+};
+
+class Store : public StoreWrites {
  public:
   static constexpr int kDefaultPageSize = 50;
   static constexpr int kMaxPageSize = 1000;
@@ -111,7 +211,7 @@ class Store {
       Options options);
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
-  ~Store();
+  ~Store() override;
 
   const std::string& data_dir() const { return options_.data_dir; }
   int64_t NowMs() const { return options_.now_ms(); }
@@ -158,14 +258,6 @@ class Store {
       absl::string_view sha256, absl::string_view principal);
 
   // ---- Jobs ----
-  // Stores a new QUEUED job for `spec` (whose model must be stored), owned by
-  // `owner` (the submitting principal; '' when authentication is off). With
-  // a non-empty `client_request_id` this owner used before, returns that
-  // first job with deduplicated = true; AlreadyExists if the spec differs
-  // from the first. Request ids of different owners never collide.
-  [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
-      const v1::JobSpec& spec, absl::string_view client_request_id,
-      absl::string_view owner);
   // Jobs not SUCCEEDED, FAILED or CANCELLED.
   [[nodiscard]] absl::StatusOr<int64_t> CountUnfinishedJobs();
   // The principal that submitted the job ('' for jobs stored before owners
@@ -175,23 +267,11 @@ class Store {
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(absl::string_view job_id);
   // Newest first; page tokens stay valid while new jobs are created.
   [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query);
-  // Reads the job, lets `mutate` edit it and writes it back, in one
-  // BEGIN IMMEDIATE transaction; a non-OK status from `mutate` aborts the
-  // update and is returned. job_id, created_unix_ms and client_request_id
-  // cannot be changed; updated_unix_ms is set to now.
-  [[nodiscard]] absl::StatusOr<v1::Job> UpdateJob(
-      absl::string_view job_id,
-      const std::function<absl::Status(v1::Job&)>& mutate);
   // Every state except STATE_UNSPECIFIED, zero when no job is in it.
   [[nodiscard]] absl::StatusOr<std::map<v1::Job::State, int64_t>>
   CountJobsByState();
 
   // ---- Tasks, leases and fencing ----
-  // A QUEUED task, attempt 1, for the job's device kind. NotFound for an
-  // unknown job; FailedPrecondition when the job is finished or cancelled.
-  [[nodiscard]] absl::StatusOr<v1::Task> AddTask(
-      absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
-      const std::optional<v1::Schedule>& schedule = std::nullopt);
   // Leases the oldest QUEUED task whose job wants `device_kind` (or any
   // device) and is not finished or cancelled: state LEASED, a new fence token
   // (greater than every token handed out before), expiry now + lease_ms.
@@ -214,25 +294,6 @@ class Store {
   [[nodiscard]] absl::StatusOr<v1::Task> ExtendLease(
       absl::string_view task_id, int64_t fence_token,
       absl::string_view worker_id, int64_t lease_ms);
-  // Stores the result and marks the task DONE. Returns true when stored now,
-  // false when this fence already completed it (a retried report: nothing
-  // stored twice). FailedPrecondition for any other fence or state. A result
-  // that arrives after its lease expired is still taken while nobody leased
-  // the task since (QUEUED again, same fence and lease owner): the work was
-  // done, re-running it would only cost time.
-  [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
-                                                  int64_t fence_token,
-                                                  absl::string_view worker_id,
-                                                  absl::string_view result);
-  // A failed attempt: when `retryable` and attempt < max_attempts the task is
-  // QUEUED again with attempt + 1, else FAILED (dead letter). last_error =
-  // reason either way. Same fence checks as CompleteTask.
-  [[nodiscard]] absl::StatusOr<v1::Task> FailTask(absl::string_view task_id,
-                                                  int64_t fence_token,
-                                                  absl::string_view worker_id,
-                                                  absl::string_view reason,
-                                                  bool retryable,
-                                                  int max_attempts);
   // Leases whose expiry is <= now: re-queued with attempt + 1 and last_error
   // "lease expired ...", or FAILED once attempt reached max_attempts. A
   // re-queued task keeps its fence and lease owner until it is leased again
@@ -240,29 +301,17 @@ class Store {
   // Returns the tasks changed, in their new state.
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> RequeueExpiredLeases(
       int max_attempts);
-  [[nodiscard]] absl::StatusOr<v1::Task> GetTask(absl::string_view task_id);
   // The result stored by CompleteTask; NotFound when none.
   [[nodiscard]] absl::StatusOr<std::string> GetTaskResult(
       absl::string_view task_id);
-  // In creation order. NotFound for an unknown job.
-  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
-      absl::string_view job_id);
   [[nodiscard]] absl::StatusOr<std::map<v1::Task::State, int64_t>>
   CountTasksByState();
   // Unfinished jobs with at least one QUEUED task, by the device kind they
   // ask for ("" for any device). Kinds without such a job are absent.
   [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>>
   CountJobsWithQueuedTasksByDeviceKind();
-  // QUEUED and LEASED tasks of the job become CANCELLED (a worker holding
-  // one learns it at its next heartbeat). Returns how many.
-  [[nodiscard]] absl::StatusOr<int64_t> CancelJobTasks(
-      absl::string_view job_id);
 
   // ---- Profiles ----
-  // Replaces any profile stored for (job, batch size).
-  [[nodiscard]] absl::Status PutProfile(absl::string_view job_id,
-                                        int64_t batch_size,
-                                        const v1::Profile& profile);
   [[nodiscard]] absl::StatusOr<v1::Profile> GetProfile(absl::string_view job_id,
                                                        int64_t batch_size);
   // Only the device the profile was measured on (what the schedule cache key
@@ -281,13 +330,6 @@ class Store {
                                          const v1::Schedule& schedule);
 
   // ---- Validations ----
-  // Replaces any validation stored for (job, batch size, budget text,
-  // round); each round of the closed loop (round >= 1) keeps its own.
-  [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
-                                           int64_t batch_size,
-                                           absl::string_view budget_text,
-                                           int round,
-                                           const v1::Validation& validation);
   // By batch size, then in the order they were first stored.
   [[nodiscard]] absl::StatusOr<std::vector<ValidationRecord>> ListValidations(
       absl::string_view job_id);
@@ -326,11 +368,16 @@ class Store {
       int64_t older_than_ms);
 
  private:
-  friend class Writer;
+  friend class StoreWrites;
   Store(Options options, std::unique_ptr<Db> db);
 
-  // The bodies of the writes above, run with the mutex held and inside an
-  // open transaction (by the public method or by a Writer).
+  // Each write in a transaction of its own.
+  absl::Status RunWrite(absl::string_view step,
+                        const std::function<absl::Status()>& op) override;
+  absl::Status RunRead(const std::function<absl::Status()>& op) override;
+
+  // The bodies of StoreWrites' operations, run with the mutex held and
+  // inside an open transaction (by the Store or by a Writer).
   absl::StatusOr<CreateJobResult> CreateJobLocked(
       const v1::JobSpec& spec, absl::string_view client_request_id,
       absl::string_view owner, int64_t max_unfinished_jobs)
@@ -370,10 +417,6 @@ class Store {
   absl::StatusOr<v1::Task> GetTaskLocked(absl::string_view task_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Runs `body` with the mutex held inside BEGIN IMMEDIATE ... COMMIT.
-  template <typename T>
-  absl::StatusOr<T> InTransaction(
-      const std::function<absl::StatusOr<T>()>& body)
-      ABSL_LOCKS_EXCLUDED(mutex_);
   absl::Status InTransaction(const std::function<absl::Status()>& body)
       ABSL_LOCKS_EXCLUDED(mutex_);
   // options_.fault_hook at a named step of a Write.
@@ -381,7 +424,7 @@ class Store {
 
   // (state, count) rows of `table` ("jobs" or "tasks").
   absl::StatusOr<std::vector<std::pair<int64_t, int64_t>>> CountStates(
-      absl::string_view table);
+      absl::string_view table) ABSL_LOCKS_EXCLUDED(mutex_);
   absl::StatusOr<std::optional<ModelInfo>> FindModel(absl::string_view sha256)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The model's row and file, when both are there (PutModel need not write).
@@ -419,56 +462,21 @@ class Store {
   std::unique_ptr<Db> db_ ABSL_GUARDED_BY(mutex_);
 };
 
-// The operations a Store::Write body may combine into one transaction; each
-// behaves as the Store method of the same name (same checks, same errors),
-// but commits only with the whole Write. Valid only inside the Write that
+// A Store::Write body's handle: the writes of StoreWrites, run inside the
+// Write's transaction (each after the fault hook's step of its name), so
+// they commit together or not at all. Valid only inside the Write that
 // handed it out.
-class Store::Writer {
+class Store::Writer final : public StoreWrites {
  public:
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
-  // CreateJob; with max_unfinished_jobs > 0, ResourceExhausted when that
-  // many jobs are unfinished (checked in the same transaction as the insert,
-  // so concurrent submits cannot overshoot the limit). A deduplicated submit
-  // is never refused by the limit.
-  [[nodiscard]] absl::StatusOr<CreateJobResult> CreateJob(
-      const v1::JobSpec& spec, absl::string_view client_request_id,
-      absl::string_view owner, int64_t max_unfinished_jobs = 0);
-  [[nodiscard]] absl::StatusOr<v1::Job> UpdateJob(
-      absl::string_view job_id,
-      const std::function<absl::Status(v1::Job&)>& mutate);
-  [[nodiscard]] absl::StatusOr<v1::Task> AddTask(
-      absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
-      const std::optional<v1::Schedule>& schedule = std::nullopt);
-  [[nodiscard]] absl::StatusOr<bool> CompleteTask(absl::string_view task_id,
-                                                  int64_t fence_token,
-                                                  absl::string_view worker_id,
-                                                  absl::string_view result);
-  [[nodiscard]] absl::StatusOr<v1::Task> FailTask(absl::string_view task_id,
-                                                  int64_t fence_token,
-                                                  absl::string_view worker_id,
-                                                  absl::string_view reason,
-                                                  bool retryable,
-                                                  int max_attempts);
-  [[nodiscard]] absl::StatusOr<int64_t> CancelJobTasks(
-      absl::string_view job_id);
-  [[nodiscard]] absl::Status PutProfile(absl::string_view job_id,
-                                        int64_t batch_size,
-                                        const v1::Profile& profile);
-  [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
-                                           int64_t batch_size,
-                                           absl::string_view budget_text,
-                                           int round,
-                                           const v1::Validation& validation);
-  [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
-      absl::string_view job_id);
-  [[nodiscard]] absl::StatusOr<v1::Task> GetTask(absl::string_view task_id);
-
  private:
   friend class Store;
-  explicit Writer(Store* store) : store_(store) {}
-  Store* store_;
+  explicit Writer(Store* store) : StoreWrites(store) {}
+  absl::Status RunWrite(absl::string_view step,
+                        const std::function<absl::Status()>& op) override;
+  absl::Status RunRead(const std::function<absl::Status()>& op) override;
 };
 
 }  // namespace mutwo::storage

@@ -1,12 +1,15 @@
 #include "worker/model_loader.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/status_macros.h"
+#include "worker/zip_archive.h"
 
 namespace mutwo::worker {
 
@@ -54,6 +57,31 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
         "model ", what,
         ": not a TorchScript archive (not a zip file; save it with "
         "torch.jit.script(model).save(path))"));
+  }
+  // torch::jit::load allocates and inflates every record whole: a few MiB
+  // of deflated zeros become GiBs of memory before anything can check
+  // them. torch.jit.save stores tensor records uncompressed, so a real
+  // model inflates to about its own size.
+  const absl::StatusOr<ZipInflation> inflation = ReadZipInflation(bytes);
+  if (!inflation.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what,
+                     ": cannot load the TorchScript archive (truncated or "
+                     "corrupt?): ",
+                     inflation.status().message()));
+  }
+  const int64_t allowed =
+      std::max<int64_t>(kMaxInflationRatio * static_cast<int64_t>(bytes.size()),
+                        kMinInflationAllowanceBytes);
+  if (inflation->uncompressed_bytes > allowed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", what, ": refused as a zip bomb: the archive inflates to ",
+        FormatBytes(inflation->uncompressed_bytes), " from ",
+        FormatBytes(static_cast<int64_t>(bytes.size())),
+        " (torch.jit.save stores tensors uncompressed, so a model inflates "
+        "to about its file size; at most ",
+        kMaxInflationRatio, "x or ", FormatBytes(kMinInflationAllowanceBytes),
+        " is loaded)"));
   }
   torch::jit::Module module;
   try {

@@ -2,11 +2,11 @@
 """Uploads a TorchScript model to mutwo-server, submits a job, waits for it
 and prints the schedule for every batch size and budget.
 
-    client/python/generate_stubs.sh            # once: stubs into gen/
     client/python/example.py --server=127.0.0.1:50051 --model=model.pt \\
         --input='x:float32[B,3,32,32]' --batch=8,16 --budget=60% --budget=2GiB
 
-Exit codes (as the mutwo CLI): 0 the job succeeded (or was submitted, with
+It uses the `mutwo` package next to it (client/python/mutwo; or installed
+with pip, client/python/README.md). Exit codes (as the mutwo CLI): 0 the job succeeded (or was submitted, with
 --no_wait), 1 the job failed or was cancelled, 2 bad input, 4 the server is
 unavailable or the wait timed out.
 """
@@ -18,8 +18,8 @@ import uuid
 
 import grpc
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mutwo_client as mc  # noqa: E402
+import mutwo
+from mutwo.v1 import types_pb2
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 4
 
@@ -56,9 +56,11 @@ def parse_args(argv):
 
 
 def print_job(job):
+    """Prints a mutwo.Job from its message (job.proto)."""
+    job = job.proto
     spec = job.spec
     print("job %s: %s (%d/%d tasks)%s" % (
-        job.job_id, mc.types_pb2.Job.State.Name(job.state), job.tasks_done,
+        job.job_id, types_pb2.Job.State.Name(job.state), job.tasks_done,
         job.tasks_total, ": " + job.error if job.error else ""))
     print("  model %s (%s), batch sizes %s" % (
         spec.model_name or "unnamed", spec.model_sha256[:12],
@@ -69,7 +71,7 @@ def print_job(job):
                                       "out of memory" if r.oom else r.error))
             continue
         print("  batch %d: baseline peak %s, %.2f ms/iteration" % (
-            r.batch_size, mc.format_bytes(r.baseline_peak_bytes),
+            r.batch_size, mutwo.format_bytes(r.baseline_peak_bytes),
             r.baseline_iteration_ms))
         # A validation proves one schedule: the one planned for its budget
         # (the last round's, when the server re-planned it).
@@ -78,23 +80,23 @@ def print_job(job):
         outcomes = list(r.outcomes)
         for i, s in enumerate(r.schedules):
             print("    budget %-8s %s: %s" % (
-                s.budget.text or mc.format_bytes(s.budget_bytes),
-                mc.types_pb2.Policy.Name(s.policy),
+                s.budget.text or mutwo.format_bytes(s.budget_bytes),
+                types_pb2.Policy.Name(s.policy),
                 "predicted peak %s (%d recomputed, %d swapped), %.2f ms" % (
-                    mc.format_bytes(s.predicted_peak_bytes), s.recomputed,
+                    mutwo.format_bytes(s.predicted_peak_bytes), s.recomputed,
                     s.swapped, s.predicted_iteration_ms)
                 if s.feasible else "infeasible: " + s.reason))
             for d in s.decisions if s.feasible else ():
-                if d.action != mc.types_pb2.Decision.RETAIN:
+                if d.action != types_pb2.Decision.RETAIN:
                     print("      %-9s value %d (node %d, %s)" % (
-                        mc.types_pb2.Decision.Action.Name(d.action),
+                        types_pb2.Decision.Action.Name(d.action),
                         d.value_id, d.producer_node,
-                        mc.format_bytes(d.size_bytes)))
+                        mutwo.format_bytes(d.size_bytes)))
             v = by_budget.get(s.budget_bytes) if s.feasible else None
             if v is not None:
                 print("      measured: peak %s, %.2f ms, within budget: %s, "
                       "gradients match: %s%s" % (
-                          mc.format_bytes(v.scheduled.peak_bytes),
+                          mutwo.format_bytes(v.scheduled.peak_bytes),
                           v.scheduled.iteration_ms,
                           "yes" if v.within_budget else "no",
                           "yes" if v.gradients_match else "no",
@@ -104,12 +106,12 @@ def print_job(job):
                 print("      fits: %s" % (
                     "yes, after %d round(s)" % o.rounds if o.fits else
                     "no (%s)%s" % (
-                        mc.types_pb2.BudgetOutcome.State.Name(o.state),
+                        types_pb2.BudgetOutcome.State.Name(o.state),
                         ": " + o.reason if o.reason else "")))
     if job.HasField("max_batch") and job.max_batch.capacity_bytes > 0:
         m = job.max_batch
         print("  max batch on %s: %d without checkpointing, %d with a "
-              "schedule" % (mc.format_bytes(m.capacity_bytes),
+              "schedule" % (mutwo.format_bytes(m.capacity_bytes),
                             m.max_batch_without_checkpointing,
                             m.max_batch_with_schedule))
 
@@ -130,79 +132,65 @@ def main(argv):
         return EXIT_BAD_INPUT
 
     try:
-        client = mc.MutwoClient(args.server, timeout_s=args.timeout_s,
-                                token_file=args.token_file,
-                                tls_ca=args.tls_ca)
+        client = mutwo.Client(args.server, timeout_s=args.timeout_s,
+                              token_file=args.token_file, tls_ca=args.tls_ca)
     except ValueError as e:
         print("example: %s" % e, file=sys.stderr)
         return EXIT_BAD_INPUT
     with client:
         try:
-            uploaded = client.upload_model(args.model)
-            print("uploaded %s (%s, %s)" % (
-                uploaded.sha256[:12], mc.format_bytes(uploaded.size_bytes),
-                "already stored" if uploaded.already_stored else "new"))
-            spec = mc.make_job_spec(
-                uploaded.sha256, inputs=args.input, batch_sizes=batch_sizes,
+            uploaded = client.upload(
+                args.model, name=args.name or os.path.basename(args.model))
+        except mutwo.MutwoError as e:
+            return rpc_failure(e)
+        print("uploaded %s (%s, %s)" % (
+            uploaded.sha256[:12], mutwo.format_bytes(uploaded.size_bytes),
+            "already stored" if uploaded.already_stored else "new"))
+        try:
+            job = client.submit(
+                uploaded, inputs=args.input, batch_sizes=batch_sizes,
                 budgets=args.budget, loss=args.loss, optimizer=args.optimizer,
-                model_name=args.name or os.path.basename(args.model),
-                device_kind=args.device_kind)
+                device_kind=args.device_kind,
+                client_request_id=args.request_id or uuid.uuid4().hex)
         except ValueError as e:
             print("example: %s" % e, file=sys.stderr)
             return EXIT_BAD_INPUT
-        except grpc.RpcError as e:
-            return rpc_failure("upload", e)
-        try:
-            submitted = client.submit_job(
-                spec, client_request_id=args.request_id or uuid.uuid4().hex)
-        except grpc.RpcError as e:
-            return rpc_failure("submit", e)
-        job = submitted.job
-        print("submitted job %s%s" % (
-            job.job_id, " (deduplicated)" if submitted.deduplicated else ""))
+        except mutwo.MutwoError as e:
+            return rpc_failure(e)
+        print("submitted job %s" % job.job_id)
         if args.no_wait:
             try:
-                print_job(client.get_job(job.job_id))
-                workers = client.list_workers()
-            except grpc.RpcError as e:
-                return rpc_failure("get job", e)
+                print_job(client.job(job))
+                workers = client.workers()
+            except mutwo.MutwoError as e:
+                return rpc_failure(e)
             print("%d worker(s)" % len(workers))
             for w in workers:
-                print("  %s %s %s %s" % (
-                    w.worker_id, w.hostname, w.device.name,
-                    mc.types_pb2.WorkerInfo.State.Name(w.state)))
+                print("  %s %s %s %s" % (w.worker_id, w.hostname, w.device,
+                                         w.state))
             return EXIT_OK
-
-        def progress(event):
-            print("  " + (event.message or "%s %d/%d tasks" % (
-                mc.types_pb2.Job.State.Name(event.state), event.tasks_done,
-                event.tasks_total)), file=sys.stderr)
-
         try:
-            final = client.wait_job(job.job_id,
-                                    timeout_s=args.wait_timeout_s,
-                                    on_event=progress)
+            # Progress on stderr, one line per change (tqdm if installed).
+            final = client.wait(job, timeout_s=args.wait_timeout_s,
+                                progress=True, raise_on_failure=False)
         except TimeoutError as e:
             print("example: %s" % e, file=sys.stderr)
             return EXIT_UNAVAILABLE
-        except grpc.RpcError as e:
-            return rpc_failure("watch", e)
+        except mutwo.MutwoError as e:
+            return rpc_failure(e)
         print_job(final)
-        return (EXIT_OK if final.state == mc.types_pb2.Job.SUCCEEDED
-                else EXIT_FAILED)
+        return EXIT_OK if final.state == "SUCCEEDED" else EXIT_FAILED
 
 
-def rpc_failure(what, error):
-    print("example: %s: %s: %s" % (what, error.code().name, error.details()),
-          file=sys.stderr)
-    if error.code() in (grpc.StatusCode.UNAVAILABLE,
-                        grpc.StatusCode.DEADLINE_EXCEEDED):
+def rpc_failure(error):
+    print("example: %s" % error, file=sys.stderr)
+    if error.code in (grpc.StatusCode.UNAVAILABLE,
+                      grpc.StatusCode.DEADLINE_EXCEEDED):
         return EXIT_UNAVAILABLE
-    if error.code() in (grpc.StatusCode.INVALID_ARGUMENT,
-                        grpc.StatusCode.NOT_FOUND):
+    if error.code in (grpc.StatusCode.INVALID_ARGUMENT,
+                      grpc.StatusCode.NOT_FOUND):
         return EXIT_BAD_INPUT
     return EXIT_FAILED
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -33,8 +33,8 @@
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "storage/sqlite.h"
 #include "tests/testing/command.h"
+#include "tests/testing/fake_worker.h"
 #include "tests/testing/process.h"
-#include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
 namespace {
@@ -113,76 +113,6 @@ class CrashRestartTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
-  // Leases and reports until `stop` (or the server is gone): profiles, a
-  // validation that fits, now and then a failure.
-  void WorkerLoop(const std::atomic<bool>& stop, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    auto hub = v1::WorkerHub::NewStub(channel_);
-    std::string worker_id;
-    while (!stop) {
-      if (worker_id.empty()) {
-        grpc::ClientContext ctx;
-        ctx.set_deadline(In(1000));
-        v1::RegisterWorkerRequest reg;
-        reg.mutable_worker()->mutable_device()->set_kind("cpu");
-        v1::RegisterWorkerResponse registered;
-        if (!hub->RegisterWorker(&ctx, reg, &registered).ok()) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          continue;
-        }
-        worker_id = registered.worker_id();
-      }
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(1000));
-      v1::LeaseTaskRequest lease;
-      lease.set_worker_id(worker_id);
-      lease.set_wait_ms(300);
-      v1::LeaseTaskResponse leased;
-      const grpc::Status s = hub->LeaseTask(&ctx, lease, &leased);
-      if (!s.ok()) {
-        if (s.error_code() == grpc::StatusCode::NOT_FOUND) worker_id.clear();
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        continue;
-      }
-      if (!leased.has_task()) continue;
-      const v1::Task& task = leased.task();
-      grpc::ClientContext report_ctx;
-      report_ctx.set_deadline(In(3000));
-      v1::ReportResponse ignored;
-      if (rng() % 10 == 0) {
-        v1::FailTaskRequest r;
-        r.set_worker_id(worker_id);
-        r.set_task_id(task.task_id());
-        r.set_fence_token(task.fence_token());
-        r.set_reason("injected failure");
-        r.set_retryable(true);
-        (void)hub->FailTask(&report_ctx, r, &ignored);
-      } else if (task.kind() == v1::Task::PROFILE) {
-        v1::ReportProfileRequest r;
-        r.set_worker_id(worker_id);
-        r.set_task_id(task.task_id());
-        r.set_fence_token(task.fence_token());
-        *r.mutable_profile() = testing::ChainProfile(task.batch_size());
-        (void)hub->ReportProfile(&report_ctx, r, &ignored);
-      } else {
-        v1::ReportValidationRequest r;
-        r.set_worker_id(worker_id);
-        r.set_task_id(task.task_id());
-        r.set_fence_token(task.fence_token());
-        auto* v = r.mutable_validation();
-        v->set_budget_bytes(task.schedule().budget_bytes());
-        v->mutable_scheduled()->set_peak_bytes(
-            task.schedule().predicted_peak_bytes());
-        v->mutable_predicted()->set_peak_bytes(
-            task.schedule().predicted_peak_bytes());
-        v->set_within_budget(true);
-        v->set_gradients_match(true);
-        v->set_batchnorm_stats_match(true);
-        (void)hub->ReportValidation(&report_ctx, r, &ignored);
-      }
-    }
-  }
-
   std::filesystem::path dir_;
   int port_ = 0;
   std::unique_ptr<Subprocess> server_;
@@ -220,7 +150,9 @@ TEST_F(CrashRestartTest,
         }
       });
     }
-    threads.emplace_back([&, round] { WorkerLoop(stop, round); });
+    threads.emplace_back([&, round] {
+      testing::RunFakeWorker(channel_, stop, round, /*fail_one_in=*/10);
+    });
     std::this_thread::sleep_for(std::chrono::milliseconds(200 + rng() % 600));
     server_->Kill(SIGKILL);
     stop = true;
@@ -276,7 +208,9 @@ TEST_F(CrashRestartTest,
   std::atomic<bool> stop{false};
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w) {
-    workers.emplace_back([&, w] { WorkerLoop(stop, 99 + w); });
+    workers.emplace_back([&, w] {
+      testing::RunFakeWorker(channel_, stop, 99 + w, /*fail_one_in=*/10);
+    });
   }
   int64_t unfinished = -1;
   for (int i = 0; i < 1200 && unfinished != 0; ++i) {

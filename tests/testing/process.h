@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -132,6 +133,19 @@ inline std::string HttpGet(int port, const std::string& path) {
                 " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The resident set size of process `pid` in bytes (VmRSS of
+// /proc/PID/status), -1 when the process is gone.
+inline int64_t ResidentBytes(int pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      return std::stoll(line.substr(6)) * 1024;  // "VmRSS:   1234 kB"
+    }
+  }
+  return -1;
 }
 
 // A socket listening on a loopback port (the port is taken while it lives).
