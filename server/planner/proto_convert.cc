@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/parse.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "server/planner/simulator.h"
@@ -651,8 +652,8 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
                        : k.predicted_peak_bytes;
     knee_note = absl::StrCat(
         "auto: the knee of the Pareto curve (point ", knee + 1, " of ",
-        curve.size(), ", predicted peak ", k.predicted_peak_bytes, " B, ",
-        absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
+        curve.size(), ", predicted peak ", FormatBytes(k.predicted_peak_bytes),
+        ", ", absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
   } else {
     MUTWO_ASSIGN_OR_RETURN(
         budget_bytes, ResolveBudget(request.budget,
