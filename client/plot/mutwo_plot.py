@@ -278,7 +278,7 @@ def batch_figure(data):
     x_hi = max(batches)
     if draw_capacity:
         x_hi = max([x_hi] + [b for b, _ in max_batches
-                             if b <= 4 * max(batches)])
+                             if b <= 8 * max(batches)])
     top = max(values + ([capacity] if draw_capacity else []))
     div = _byte_axis(ax, top, "peak memory")
     ax.set_ylim(0, top / div * 1.1)
