@@ -211,6 +211,27 @@ TEST_F(JobCoreTest, AJobWithoutBudgetsAnswersTheMemoryQuestion) {
   EXPECT_TRUE(at_knee->feasible());
 }
 
+// `auto` as a requested budget: resolved to the knee's bytes and validated
+// like any budget.
+TEST_F(JobCoreTest, AutoBudgetIsValidatedAtTheKnee) {
+  std::string id;
+  const v1::Task first = StartValidating("auto", &id);
+  v1::Job job = *core_->GetJob(id);
+  const v1::BatchResult r = job.results(0);
+  ASSERT_EQ(r.schedules_size(), 1);
+  EXPECT_TRUE(r.schedules(0).budget().knee());
+  EXPECT_EQ(r.schedules(0).budget_bytes(), r.knee().budget_bytes());
+  EXPECT_EQ(first.schedule().budget_bytes(), r.knee().budget_bytes());
+  EXPECT_TRUE(first.schedule().feasible());
+  EXPECT_LE(first.schedule().predicted_peak_bytes(),
+            first.schedule().budget_bytes());
+  ASSERT_TRUE(ReportValidation(first).ok());
+  job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(Outcome(job).state(), v1::BudgetOutcome::FITS);
+  EXPECT_EQ(Outcome(job).budget_bytes(), r.knee().budget_bytes());
+}
+
 // Issue 16: the max batch is run on a worker before it is reported; a step
 // over the capacity steps the batch size down, and the job reports the
 // batch size measured to fit.
