@@ -28,7 +28,7 @@ ABSL_FLAG(bool, pareto, false,
           "peak)");
 ABSL_FLAG(bool, reserve, true,
           "μ-TWO plans below the budget by the device reserve (CUDA: "
-          "4 MiB + 1% for the caching allocator; CPU: 16 KiB + 1% for what "
+          "4 MiB + 1% for the caching allocator; CPU: 16 KiB + 1.5% for what "
           "the memory model leaves out of replays); --reserve=false plans to "
           "the budget itself");
 ABSL_DECLARE_FLAG(std::string, output);

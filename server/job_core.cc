@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -135,18 +136,32 @@ int64_t CapacityBytes(const v1::JobSpec& spec, const v1::DeviceInfo& device) {
 }
 
 // The schedule a MAX_BATCH task runs at `batch_size`: planned for the
-// capacity from the profiles fitted to that batch size; policy NONE for
-// the answer without checkpointing.
+// capacity from the profiles fitted to that batch size, below it by the
+// margin the prediction kept for fragmentation (`margin_bytes`, on top of
+// the allocator reserve), as the answer was; policy NONE for the answer
+// without checkpointing.
 absl::StatusOr<v1::Schedule> MaxBatchSchedule(
     const std::vector<v1::Profile>& profiles, int64_t batch_size,
-    int64_t capacity_bytes, v1::Policy policy) {
+    int64_t capacity_bytes, v1::Policy policy, int64_t margin_bytes) {
   planner::ScheduleRequest request;
+  request.correction_bytes = policy == v1::NONE ? 0 : margin_bytes;
   request.budget.set_bytes(capacity_bytes);
   request.budget.set_text(
       absl::StrCat("max batch capacity ", FormatBytes(capacity_bytes)));
   request.policy = policy;
   request.max_timeline_samples = 0;
   return planner::PlanScheduleAtBatch(profiles, batch_size, request);
+}
+
+// What the prediction planned below the capacity and its reserve for the
+// fragmentation the profiles measured (max_batch.h: the largest predicted
+// peak is (capacity - reserve) / (1 + fraction)).
+int64_t FragmentationMarginBytes(const v1::MaxBatchPrediction& m) {
+  const int64_t usable = m.capacity_bytes() - m.reserve_bytes();
+  if (usable <= 0 || m.fragmentation_fraction() <= 0) return 0;
+  return usable -
+         static_cast<int64_t>(std::floor(static_cast<double>(usable) /
+                                         (1 + m.fragmentation_fraction())));
 }
 
 // Sets the checks of a fresh prediction and returns the MAX_BATCH tasks'
@@ -157,6 +172,7 @@ std::vector<v1::Schedule> PrepareMaxBatchChecks(
     v1::MaxBatchPrediction& m) {
   const int64_t capacity = m.capacity_bytes();
   const std::string why = WhyNotVerified(spec, profiles.front().device());
+  const int64_t margin = FragmentationMarginBytes(m);
   std::vector<v1::Schedule> out;
   auto prepare = [&](int64_t batch, v1::Policy policy, v1::MaxBatchCheck* c) {
     if (batch <= 0) {
@@ -169,7 +185,7 @@ std::vector<v1::Schedule> PrepareMaxBatchChecks(
       *c = UnverifiedCheck(batch, capacity, why);
       return;
     }
-    auto schedule = MaxBatchSchedule(profiles, batch, capacity, policy);
+    auto schedule = MaxBatchSchedule(profiles, batch, capacity, policy, margin);
     if (!schedule.ok() || (policy != v1::NONE && !schedule->feasible())) {
       *c = UnverifiedCheck(
           batch, capacity,
@@ -1331,7 +1347,8 @@ absl::Status JobCore::ReportMaxBatchStep(
           profiles.size() >= 2
               ? MaxBatchSchedule(profiles, step->next_batch,
                                  step->check.capacity_bytes(),
-                                 task.schedule().policy())
+                                 task.schedule().policy(),
+                                 FragmentationMarginBytes(prediction))
               : absl::FailedPreconditionError("fewer than two profiles");
       if (schedule.ok()) {
         next_step = *std::move(schedule);
