@@ -65,19 +65,27 @@ std::vector<CommandSpec> Commands() {
   return {
       {"submit",
        "MODEL.pt --input NAME:DTYPE[B,...] [--input ...] --batch 8:64 "
-       "--budget 60% [--budget 4GiB] [--wait]",
+       "[--budget 60%|4GiB|auto ...] [--capacity 16GiB] [--wait]",
        "upload a TorchScript model and submit a job",
        "Everything given is checked before the upload: inputs (each needs "
        "the batch\ndimension B unless --unbatched names it), batch sizes, "
-       "budgets, loss,\noptimizer and device kind. With --wait: one progress "
-       "line per change on\nstderr, then the results; exit 3 when a budget "
-       "fits at no batch size.",
-       Rpc({"input", "unbatched", "batch", "budget", "loss", "optimizer",
-            "max_overhead", "device_kind", "name", "request_id", "wait",
-            "wait_timeout_s", "max_model_bytes"}),
+       "budgets, loss,\noptimizer and device kind. Every job answers, per "
+       "batch size, the baseline\npeak, the floor, the Pareto curve and its "
+       "knee; with two or more batch sizes\nthe max batch for --capacity, "
+       "verified by a step on a worker. With --wait:\none progress line per "
+       "change on stderr, then the results; exit 3 when a\nbudget fits at "
+       "no batch size.",
+       Rpc({"input", "unbatched", "batch", "budget", "capacity", "loss",
+            "optimizer", "max_overhead", "device_kind", "name", "request_id",
+            "wait", "wait_timeout_s", "max_model_bytes"}),
        {{"budget",
          "memory budget, repeatable: 60% (of the baseline peak), 80%dev (of "
-         "the device), 4GiB or 4000MB; a bare number is refused"},
+         "the device), 4GiB or 4000MB, or auto (the knee of the Pareto "
+         "curve); a bare number is refused"},
+        {"capacity",
+         "memory the max batch is predicted and verified for: 16GiB or "
+         "95%dev (default: 95% of the device; on the CPU the max batch is "
+         "then not verified by execution)"},
         {"max_overhead",
          "largest iteration-time overhead accepted for the max batch size "
          "with a schedule (0.25 = +25%)"}},
@@ -113,7 +121,7 @@ std::vector<CommandSpec> Commands() {
        "infeasible.",
        Rpc({"batch", "budget", "policy", "pareto"}),
        {{"batch", "the batch size"},
-        {"budget", "memory budget: 60%, 80%dev, 4GiB (default: 60%)"}},
+        {"budget", "memory budget: 60%, 80%dev, 4GiB or auto (default: 60%)"}},
        ScheduleCommand},
       {"profile",
        "JOB_ID --batch N [--format text|csv|json]",
@@ -159,8 +167,8 @@ std::vector<CommandSpec> Commands() {
        "       mutwo plan PROFILE.json PROFILE.json [...] --batch N --budget B",
        "plan a schedule offline from profile JSON (no server)",
        "With several profiles of one model, plans at --batch from the "
-       "profile fitted\nto them. Exit 3 when the budget is below the "
-       "floor.",
+       "profile fitted\nto them. --budget auto plans at the knee of the "
+       "Pareto curve. Exit 3 when\nthe budget is below the floor.",
        {"budget", "policy", "pareto", "reserve", "batch"},
        {{"batch",
          "with several profiles: the batch size to plan at (may be larger "
@@ -169,7 +177,11 @@ std::vector<CommandSpec> Commands() {
       {"max-batch",
        "PROFILE.json PROFILE.json [...] [--capacity 80GiB]",
        "largest batch that fits, predicted offline from profiles",
-       "",
+       "Predicted peaks are grown by what the profiles measured above the "
+       "simulation\n(fragmentation) and compared with the capacity less the "
+       "allocator reserve;\nthe answer says how far it extrapolated. Not "
+       "verified by execution: submit\nthe batch sizes with --capacity for "
+       "that.",
        {"capacity", "max_overhead"},
        {},
        MaxBatchCommand},

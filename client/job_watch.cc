@@ -36,6 +36,8 @@ bool SameBudget(const v1::MemoryBudget& a, const v1::MemoryBudget& b) {
       return a.fraction_of_baseline() == b.fraction_of_baseline();
     case v1::MemoryBudget::kFractionOfDevice:
       return a.fraction_of_device() == b.fraction_of_device();
+    case v1::MemoryBudget::kKnee:
+      return a.knee() == b.knee();
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }
@@ -62,9 +64,12 @@ std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
     return line;
   }
   absl::StrAppend(&line, "  profiled ", event.batch_sizes_profiled(), "/",
-                  event.batch_sizes_total(), " batch sizes, ",
-                  event.budgets_decided(), "/", event.budgets_total(),
-                  " budgets decided");
+                  event.batch_sizes_total(), " batch sizes");
+  // A job without budgets answers the memory question only.
+  if (event.budgets_total() > 0) {
+    absl::StrAppend(&line, ", ", event.budgets_decided(), "/",
+                    event.budgets_total(), " budgets decided");
+  }
   // A rough ETA: the time so far per unit of work (a batch size profiled, a
   // budget decided), times the units left.
   const int64_t total = event.batch_sizes_total() + event.budgets_total();

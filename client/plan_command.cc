@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/schedule_text.h"
 #include "common/flag_values.h"
 #include "common/parse.h"
@@ -19,14 +20,15 @@
 
 ABSL_FLAG(std::string, budget, "",
           "memory budget: 60% (of the baseline peak), 80%dev (of the "
-          "device), 4GiB or 4000MB; a bare number is refused");
+          "device), 4GiB or 4000MB, or auto (the knee of the Pareto curve); "
+          "a bare number is refused");
 ABSL_FLAG(std::string, policy, "mutwo", "mutwo, sqrt_n, per_block or none");
 ABSL_FLAG(bool, pareto, false,
           "add the Pareto curve (20 budgets from the floor to the baseline "
           "peak)");
 ABSL_FLAG(bool, reserve, true,
           "μ-TWO plans below the budget by the device reserve (CUDA: "
-          "4 MiB + 1% for the caching allocator; CPU: 16 KiB + 1% for what "
+          "4 MiB + 1% for the caching allocator; CPU: 16 KiB + 1.5% for what "
           "the memory model leaves out of replays); --reserve=false plans to "
           "the budget itself");
 ABSL_DECLARE_FLAG(std::string, output);
@@ -102,7 +104,7 @@ void PrintText(const std::string& path, const v1::Schedule& s,
 int PlanCommand(const ParsedArgs& args) {
   if (args.positional.empty()) {
     return BadInput(
-        "usage: mutwo plan PROFILE.json --budget 60%|4GiB|4000MB "
+        "usage: mutwo plan PROFILE.json --budget 60%|4GiB|4000MB|auto "
         "[--policy mutwo|sqrt_n|per_block|none] [--pareto] "
         "[--output json|text]\n"
         "       mutwo plan PROFILE.json PROFILE.json [...] --batch N --budget "
@@ -128,7 +130,7 @@ int PlanCommand(const ParsedArgs& args) {
   if (repeated.size() > 1) return BadInput("give one --budget");
   if (!repeated.empty()) budget_text = repeated[0];
   if (budget_text.empty()) {
-    return BadInput("--budget is required: 60%, 80%dev, 4GiB or 4000MB");
+    return BadInput("--budget is required: 60%, 80%dev, 4GiB, 4000MB or auto");
   }
   auto budget = ParseBudget(budget_text);
   if (!budget.ok()) return BadInput(std::string(budget.status().message()));
@@ -225,7 +227,11 @@ int MaxBatchCommand(const ParsedArgs& args) {
               << prediction->max_batch_with_schedule()
               << " with a schedule (overhead <= "
               << absl::StrFormat("%.0f%%", 100 * prediction->max_overhead())
-              << ")\n  " << prediction->reason() << "\n";
+              << ")\n  " << prediction->reason()
+              << "\n  not verified by execution: run a step at "
+              << absl::StrJoin(prediction->verify_batch_sizes(), " and ")
+              << " (mutwo-worker execute --baseline=false), or submit the "
+                 "batch sizes with --capacity to have the service do it\n";
   }
   return kExitOk;
 }

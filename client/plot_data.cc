@@ -333,6 +333,15 @@ Struct BatchPlotData(const v1::Job& job) {
     Set(mb, "without",
         Num(static_cast<double>(m.max_batch_without_checkpointing())));
     Set(mb, "with", Num(static_cast<double>(m.max_batch_with_schedule())));
+    // Whether a step on a worker measured each answer within the capacity
+    // (one step answers both when they agree).
+    const bool without_verified =
+        m.without_checkpointing_check().state() == v1::MaxBatchCheck::VERIFIED;
+    Set(mb, "without_verified", Bool(without_verified));
+    Set(mb, "with_verified",
+        Bool(m.has_with_schedule_check() ? m.with_schedule_check().state() ==
+                                               v1::MaxBatchCheck::VERIFIED
+                                         : without_verified));
     Set(mb, "bytes_per_sample", Num(m.bytes_per_sample()));
     Set(mb, "bytes_intercept", Num(static_cast<double>(m.bytes_intercept())));
     Set(mb, "reason", Str(m.reason()));

@@ -76,6 +76,7 @@ ABSL_FLAG(std::string, timeline, "planned",
           "baseline (simulated) or measured (the profiler's baseline)");
 
 ABSL_DECLARE_FLAG(std::string, budget);
+ABSL_DECLARE_FLAG(std::string, capacity);
 ABSL_DECLARE_FLAG(std::string, policy);
 ABSL_DECLARE_FLAG(bool, pareto);
 
@@ -122,12 +123,82 @@ std::string CheckText(const v1::BudgetOutcome& o) {
     case v1::BudgetOutcome::OVER_BUDGET:
       return "NOT FITTING";
     case v1::BudgetOutcome::INFEASIBLE:
-      return "-";
+      return "INFEASIBLE";
     case v1::BudgetOutcome::FAILED:
       return "FAILED";
     default:
       return "-";
   }
+}
+
+// One max batch answer and how it was proved.
+std::string MaxBatchAnswer(int64_t batch, const v1::MaxBatchCheck* check) {
+  std::string out = absl::StrCat(batch);
+  if (check == nullptr) return out;
+  switch (check->state()) {
+    case v1::MaxBatchCheck::VERIFIED:
+      return absl::StrCat(out, " (verified: ", check->reason(), ")");
+    case v1::MaxBatchCheck::VERIFYING:
+      return absl::StrCat(out, " (verifying at batch ", check->batch_size(),
+                          check->reason().empty() ? "" : ": ", check->reason(),
+                          ")");
+    case v1::MaxBatchCheck::FAILED:
+      return absl::StrCat(out, " (NOT VERIFIED: ", check->reason(), ")");
+    case v1::MaxBatchCheck::NOT_VERIFIED:
+      return absl::StrCat(out, " (predicted, not verified: ", check->reason(),
+                          ")");
+    default:
+      return absl::StrCat(out, " (predicted)");
+  }
+}
+
+void PrintMaxBatch(const v1::MaxBatchPrediction& m) {
+  const v1::MaxBatchCheck* without = m.has_without_checkpointing_check()
+                                         ? &m.without_checkpointing_check()
+                                         : nullptr;
+  const v1::MaxBatchCheck* with =
+      m.has_with_schedule_check() ? &m.with_schedule_check() : without;
+  std::cout << "max batch (capacity " << FormatBytes(m.capacity_bytes())
+            << "):\n  without checkpointing: "
+            << MaxBatchAnswer(m.max_batch_without_checkpointing(), without)
+            << "\n  with a schedule (overhead <= " << Pct(m.max_overhead())
+            << "): "
+            << (m.has_with_schedule_check() || without == nullptr
+                    ? MaxBatchAnswer(m.max_batch_with_schedule(), with)
+                    : absl::StrCat(m.max_batch_with_schedule(),
+                                   " (the same step)"))
+            << "\n  prediction: " << m.reason() << "\n";
+}
+
+// The memory question, per batch size, whether or not budgets were given.
+void PrintMemoryTable(const v1::Job& job) {
+  TextTable table({"batch", "base peak", "base ms", "floor", "auto budget",
+                   "knee peak", "knee ms", "knee overhead", "pareto"},
+                  {true, true, true, true, true, true, true, true, true});
+  for (const v1::BatchResult& r : job.results()) {
+    if (r.oom()) {
+      table.AddRow({absl::StrCat(r.batch_size()),
+                    FormatBytes(r.baseline_peak_bytes()), "-", "-", "-", "-",
+                    "-", "-", "out of memory"});
+      continue;
+    }
+    const bool answered = r.floor_bytes() > 0;
+    const v1::ParetoPoint& k = r.knee();
+    table.AddRow(
+        {absl::StrCat(r.batch_size()), FormatBytes(r.baseline_peak_bytes()),
+         absl::StrFormat("%.1f", r.baseline_iteration_ms()),
+         answered ? FormatBytes(r.floor_bytes()) : "-",
+         answered ? FormatBytes(k.budget_bytes()) : "-",
+         answered ? FormatBytes(k.predicted_peak_bytes()) : "-",
+         answered ? absl::StrFormat("%.1f", k.predicted_iteration_ms()) : "-",
+         answered && r.baseline_iteration_ms() > 0
+             ? Pct(k.predicted_iteration_ms() / r.baseline_iteration_ms() - 1)
+             : "-",
+         answered ? absl::StrCat(r.pareto_size(), " points") : "-"});
+  }
+  std::cout << "memory per batch size (floor: the lowest budget mutwo fits; "
+               "auto: the knee of the Pareto curve)\n"
+            << table.Render();
 }
 
 void PrintJobText(const v1::Job& job) {
@@ -141,6 +212,12 @@ void PrintJobText(const v1::Job& job) {
     std::cout << "waiting: " << job.waiting() << "\n";
   }
   if (job.results().empty()) return;
+  PrintMemoryTable(job);
+  if (job.spec().budgets().empty()) {
+    if (job.has_max_batch()) PrintMaxBatch(job.max_batch());
+    return;
+  }
+  std::cout << "budgets (only \"fits\" is measured within the budget)\n";
   TextTable table(
       {"batch", "budget", "base peak", "base ms", "plan peak", "plan ms",
        "overhead", "measured", "meas ms", "check"},
@@ -216,18 +293,7 @@ void PrintJobText(const v1::Job& job) {
   }
   std::cout << table.Render();
   for (const std::string& note : notes) std::cout << note << "\n";
-  if (job.has_max_batch()) {
-    const auto& m = job.max_batch();
-    std::cout << "max batch (capacity " << FormatBytes(m.capacity_bytes())
-              << "): " << m.max_batch_without_checkpointing()
-              << " without checkpointing, " << m.max_batch_with_schedule()
-              << " with a schedule (overhead <= " << Pct(m.max_overhead())
-              << ")";
-    if (!m.verify_batch_sizes().empty()) {
-      std::cout << "; verify " << absl::StrJoin(m.verify_batch_sizes(), ", ");
-    }
-    std::cout << "\n";
-  }
+  if (job.has_max_batch()) PrintMaxBatch(job.max_batch());
 }
 
 // Follows a job to its end, prints it and returns the exit code (0, 1, 3
@@ -268,6 +334,18 @@ absl::Status BuildSubmitSpec(const ParsedArgs& args, v1::JobSpec& spec) {
   for (int64_t b : batches) spec.add_batch_sizes(b);
   for (const std::string& b : args.Repeated("budget")) {
     MUTWO_ASSIGN_OR_RETURN(*spec.add_budgets(), ParseBudget(b));
+  }
+  if (const std::string c = absl::GetFlag(FLAGS_capacity); !c.empty()) {
+    auto capacity = ParseBudget(c);
+    if (!capacity.ok() ||
+        (capacity->kind_case() != v1::MemoryBudget::kBytes &&
+         capacity->kind_case() != v1::MemoryBudget::kFractionOfDevice)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--capacity \"", c,
+          "\": give bytes (16GiB, 4000MB) or a fraction of the device "
+          "(95%dev)"));
+    }
+    *spec.mutable_capacity() = *std::move(capacity);
   }
   MUTWO_ASSIGN_OR_RETURN(*spec.mutable_loss(),
                          ParseLossSpec(absl::GetFlag(FLAGS_loss)));

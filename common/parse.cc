@@ -136,6 +136,11 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
   v1::MemoryBudget budget;
   budget.set_text(std::string(absl::StripAsciiWhitespace(text)));
   absl::string_view s = budget.text();
+  if (absl::EqualsIgnoreCase(s, "auto")) {
+    budget.set_text("auto");
+    budget.set_knee(true);
+    return budget;
+  }
   const bool of_device = absl::ConsumeSuffix(&s, "%dev") ||
                          absl::ConsumeSuffix(&s, "%DEV") ||
                          absl::ConsumeSuffix(&s, "%Dev");
@@ -167,7 +172,8 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "budget ", Quote(text),
         ": expected bytes (4GiB, 4000MB), a percentage of the baseline peak "
-        "(60%) or of the device (80%dev)"));
+        "(60%), of the device (80%dev) or auto (the knee of the Pareto "
+        "curve)"));
   }
   budget.set_bytes(*bytes);
   return budget;
@@ -181,6 +187,8 @@ std::string FormatBudget(const v1::MemoryBudget& budget) {
       return absl::StrFormat("%g%%", budget.fraction_of_baseline() * 100);
     case v1::MemoryBudget::kFractionOfDevice:
       return absl::StrFormat("%g%%dev", budget.fraction_of_device() * 100);
+    case v1::MemoryBudget::kKnee:
+      return "auto";
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }

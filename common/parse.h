@@ -26,8 +26,8 @@ inline constexpr int64_t kBatchDim = -1;
 std::string FormatBytes(int64_t bytes);
 
 // Bytes with a unit as in ParseBytes (`4GiB`, `512B`), `60%` of the
-// baseline peak, `80%dev` of the device. A bare number (`60`) is refused as
-// ambiguous.
+// baseline peak, `80%dev` of the device, `auto` (any case) the knee of the
+// Pareto curve. A bare number (`60`) is refused as ambiguous.
 [[nodiscard]] absl::StatusOr<v1::MemoryBudget> ParseBudget(
     absl::string_view text);
 std::string FormatBudget(const v1::MemoryBudget& budget);

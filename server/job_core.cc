@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -10,6 +11,7 @@
 #include "common/sha256.h"
 #include "common/status_macros.h"
 #include "server/device_wait.h"
+#include "server/max_batch_check.h"
 #include "server/planner/proto_convert.h"
 
 namespace mutwo {
@@ -40,14 +42,18 @@ absl::Status ValidateBudget(const v1::MemoryBudget& b) {
         return absl::OkStatus();
       }
       break;
+    case v1::MemoryBudget::kKnee:
+      if (b.knee()) return absl::OkStatus();
+      break;
     case v1::MemoryBudget::KIND_NOT_SET:
       return absl::InvalidArgumentError(
-          "a budget has no kind: set bytes, fraction_of_baseline or "
-          "fraction_of_device");
+          "a budget has no kind: set bytes, fraction_of_baseline, "
+          "fraction_of_device or knee");
   }
   return absl::InvalidArgumentError(
       absl::StrCat("budget \"", FormatBudget(b),
-                   "\": bytes must be positive and fractions in (0, 1]"));
+                   "\": bytes must be positive, fractions in (0, 1] and "
+                   "knee true"));
 }
 
 absl::Status ValidateSpec(const v1::JobSpec& spec) {
@@ -77,6 +83,16 @@ absl::Status ValidateSpec(const v1::JobSpec& spec) {
     }
     MUTWO_RETURN_IF_ERROR(ValidateInputs({spec.loss().target()}));
   }
+  if (spec.has_capacity()) {
+    const v1::MemoryBudget& c = spec.capacity();
+    if (c.kind_case() != v1::MemoryBudget::kBytes &&
+        c.kind_case() != v1::MemoryBudget::kFractionOfDevice) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "capacity \"", FormatBudget(c),
+          "\": give bytes (80GiB) or a fraction of the device (95%dev)"));
+    }
+    MUTWO_RETURN_IF_ERROR(ValidateBudget(c));
+  }
   if (spec.max_overhead() < 0 || spec.max_overhead() > 10) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_overhead ", spec.max_overhead(), " must be in [0, 10]"));
@@ -104,6 +120,111 @@ v1::BatchResult* FindOrAddResult(v1::Job& job, int64_t batch_size) {
     if (res.batch_size() == batch_size) return &res;
   }
   return r;
+}
+
+// The capacity the max batch size is predicted for; 0: the predictor's
+// default (95% of the device).
+int64_t CapacityBytes(const v1::JobSpec& spec, const v1::DeviceInfo& device) {
+  if (spec.capacity().kind_case() == v1::MemoryBudget::kBytes) {
+    return spec.capacity().bytes();
+  }
+  if (spec.capacity().kind_case() == v1::MemoryBudget::kFractionOfDevice) {
+    return static_cast<int64_t>(spec.capacity().fraction_of_device() *
+                                static_cast<double>(device.total_bytes()));
+  }
+  return 0;
+}
+
+// The schedule a MAX_BATCH task runs at `batch_size`: planned for the
+// capacity from the profiles fitted to that batch size, below it by the
+// margin the prediction kept for fragmentation (`margin_bytes`, on top of
+// the allocator reserve), as the answer was; policy NONE for the answer
+// without checkpointing.
+absl::StatusOr<v1::Schedule> MaxBatchSchedule(
+    const std::vector<v1::Profile>& profiles, int64_t batch_size,
+    int64_t capacity_bytes, v1::Policy policy, int64_t margin_bytes) {
+  planner::ScheduleRequest request;
+  request.correction_bytes = policy == v1::NONE ? 0 : margin_bytes;
+  request.budget.set_bytes(capacity_bytes);
+  request.budget.set_text(
+      absl::StrCat("max batch capacity ", FormatBytes(capacity_bytes)));
+  request.policy = policy;
+  request.max_timeline_samples = 0;
+  return planner::PlanScheduleAtBatch(profiles, batch_size, request);
+}
+
+// What the prediction planned below the capacity and its reserve for the
+// fragmentation the profiles measured (max_batch.h: the largest predicted
+// peak is (capacity - reserve) / (1 + fraction)).
+int64_t FragmentationMarginBytes(const v1::MaxBatchPrediction& m) {
+  const int64_t usable = m.capacity_bytes() - m.reserve_bytes();
+  if (usable <= 0 || m.fragmentation_fraction() <= 0) return 0;
+  return usable -
+         static_cast<int64_t>(std::floor(static_cast<double>(usable) /
+                                         (1 + m.fragmentation_fraction())));
+}
+
+// Sets the checks of a fresh prediction and returns the MAX_BATCH tasks'
+// schedules: one step at each answer (one when both answers are the same
+// batch size: the unmodified step proves both), or why it is not run.
+std::vector<v1::Schedule> PrepareMaxBatchChecks(
+    const v1::JobSpec& spec, const std::vector<v1::Profile>& profiles,
+    v1::MaxBatchPrediction& m) {
+  const int64_t capacity = m.capacity_bytes();
+  const std::string why = WhyNotVerified(spec, profiles.front().device());
+  const int64_t margin = FragmentationMarginBytes(m);
+  std::vector<v1::Schedule> out;
+  auto prepare = [&](int64_t batch, v1::Policy policy, v1::MaxBatchCheck* c) {
+    if (batch <= 0) {
+      *c = UnverifiedCheck(batch, capacity,
+                           "nothing to run: not even batch size 1 is "
+                           "predicted to fit");
+      return;
+    }
+    if (!why.empty()) {
+      *c = UnverifiedCheck(batch, capacity, why);
+      return;
+    }
+    auto schedule = MaxBatchSchedule(profiles, batch, capacity, policy, margin);
+    if (!schedule.ok() || (policy != v1::NONE && !schedule->feasible())) {
+      *c = UnverifiedCheck(
+          batch, capacity,
+          absl::StrCat("planning batch ", batch, " for the capacity: ",
+                       schedule.ok() ? schedule->reason()
+                                     : schedule.status().message()));
+      return;
+    }
+    *c = QueuedCheck(batch, capacity);
+    out.push_back(*std::move(schedule));
+  };
+  prepare(m.max_batch_without_checkpointing(), v1::NONE,
+          m.mutable_without_checkpointing_check());
+  if (m.max_batch_with_schedule() != m.max_batch_without_checkpointing()) {
+    prepare(m.max_batch_with_schedule(), v1::MUTWO,
+            m.mutable_with_schedule_check());
+  }
+  return out;
+}
+
+// Whether a PROFILE task of the job other than `task` is still to report.
+bool OtherProfilePending(const std::vector<v1::Task>& tasks,
+                         const v1::Task& task) {
+  return std::any_of(tasks.begin(), tasks.end(), [&](const v1::Task& t) {
+    return t.kind() == v1::Task::PROFILE && t.task_id() != task.task_id() &&
+           (t.state() == v1::Task::QUEUED || t.state() == v1::Task::LEASED);
+  });
+}
+
+// A prediction from a report that is not the job's last profile: its
+// checks wait for the prediction over every profile.
+void DeferMaxBatchChecks(v1::MaxBatchPrediction& m) {
+  for (v1::MaxBatchCheck* c : {m.mutable_without_checkpointing_check(),
+                               m.mutable_with_schedule_check()}) {
+    if (c->state() == v1::MaxBatchCheck::VERIFYING) {
+      c->set_state(v1::MaxBatchCheck::NOT_VERIFIED);
+      c->set_reason("run once every batch size is profiled");
+    }
+  }
 }
 
 }  // namespace
@@ -785,6 +906,31 @@ void JobCore::ApplyCachePuts(const std::vector<CachePut>& puts) {
   }
 }
 
+absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
+                                   const v1::Profile& profile,
+                                   v1::BatchResult& result,
+                                   std::vector<CachePut>* cache_puts) {
+  v1::MemoryBudget knee;
+  knee.set_knee(true);
+  knee.set_text("auto");
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Schedule at_knee,
+      PlanCached(
+          job.spec(), job.job_id(), batch_size, profile.device(),
+          [&]() -> absl::StatusOr<v1::Profile> { return profile; }, knee,
+          v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
+          cache_puts));
+  result.set_floor_bytes(at_knee.floor_bytes());
+  *result.mutable_pareto() = at_knee.pareto();
+  v1::ParetoPoint& k = *result.mutable_knee();
+  k.set_budget_bytes(at_knee.budget_bytes());
+  k.set_predicted_peak_bytes(at_knee.predicted_peak_bytes());
+  k.set_predicted_iteration_ms(at_knee.predicted_iteration_ms());
+  k.set_recomputed(at_knee.recomputed());
+  k.set_swapped(at_knee.swapped());
+  return absl::OkStatus();
+}
+
 absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
   if (task.kind() != v1::Task::PROFILE) {
@@ -842,6 +988,12 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
     result.set_error(
         absl::StrCat("out of memory while profiling at ", profile.oom_step()));
   } else if (!IsFinal(job.state())) {
+    // The memory question first, whether or not budgets were given.
+    if (absl::Status s =
+            AnswerMemory(job, task.batch_size(), profile, result, &cache_puts);
+        !s.ok()) {
+      result.set_error(absl::StrCat("floor and Pareto curve: ", s.message()));
+    }
     for (const v1::MemoryBudget& budget : job.spec().budgets()) {
       auto schedule = PlanCached(
           job.spec(), job.job_id(), task.batch_size(), profile.device(),
@@ -881,12 +1033,16 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
     }
     if (!profile.oom()) profiles.push_back(profile);
     std::optional<v1::MaxBatchPrediction> max_batch;
+    // MAX_BATCH tasks to queue when this report is the last profile.
+    std::vector<v1::Schedule> to_verify;
     if (profiles.size() >= 2) {
       const double overhead =
           job.spec().max_overhead() > 0 ? job.spec().max_overhead() : 0.25;
-      auto prediction = max_batch_(profiles, overhead);
+      auto prediction = max_batch_(
+          profiles, CapacityBytes(job.spec(), profile.device()), overhead);
       if (prediction.ok()) {
         max_batch = *std::move(prediction);
+        to_verify = PrepareMaxBatchChecks(job.spec(), profiles, *max_batch);
       } else {
         MUTWO_LOG(warn, "job {}: max batch: {}", job.job_id(),
                   prediction.status().ToString());
@@ -916,6 +1072,12 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
           if (done != used && prediction_round < kMaxPredictions) {
             return absl::AbortedError("another profile was stored meanwhile");
           }
+          // The max batch is verified once, from the prediction over every
+          // profile: by the report of the last one.
+          if (max_batch.has_value() && OtherProfilePending(now_tasks, task)) {
+            DeferMaxBatchChecks(*max_batch);
+            to_verify.clear();
+          }
           bool final = false;
           MUTWO_RETURN_IF_ERROR(w.UpdateJob(task.job_id(), [&](v1::Job& j) {
                                    final = IsFinal(j.state());
@@ -929,6 +1091,12 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
             for (const v1::Schedule& schedule : to_validate) {
               MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::VALIDATE,
                                               task.batch_size(), schedule)
+                                        .status());
+            }
+            for (const v1::Schedule& schedule : to_verify) {
+              MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(),
+                                              v1::Task::MAX_BATCH,
+                                              schedule.batch_size(), schedule)
                                         .status());
             }
           }
@@ -950,9 +1118,12 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
 absl::Status JobCore::ReportValidation(
     const v1::ReportValidationRequest& request) {
   MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
+  if (task.kind() == v1::Task::MAX_BATCH) {
+    return ReportMaxBatchStep(request, task);
+  }
   if (task.kind() != v1::Task::VALIDATE) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("task ", task.task_id(), " is not a VALIDATE task"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task ", task.task_id(), " is not a VALIDATE or MAX_BATCH task"));
   }
   if (IsRetriedReport(task, request.fence_token(), request.worker_id())) {
     return absl::OkStatus();
@@ -1036,6 +1207,107 @@ absl::Status JobCore::ReportValidation(
             : next.outcome.reason().empty()
                 ? ""
                 : absl::StrCat(" (", next.outcome.reason(), ")"));
+  AfterSettle(job);
+  PublishModelMetrics(job);
+  NotifyChange();
+  return absl::OkStatus();
+}
+
+absl::Status JobCore::ReportMaxBatchStep(
+    const v1::ReportValidationRequest& request, const v1::Task& task) {
+  if (IsRetriedReport(task, request.fence_token(), request.worker_id())) {
+    return absl::OkStatus();
+  }
+  if (!MayComplete(task, request.fence_token(), request.worker_id())) {
+    return RefuseReport(request.task_id(), request.fence_token(),
+                        request.worker_id());
+  }
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
+  v1::MaxBatchPrediction prediction = job.max_batch();
+  std::optional<MaxBatchStep> step;
+  std::optional<v1::Schedule> next_step;
+  if (const v1::MaxBatchCheck* check = CheckForTask(prediction, task)) {
+    step =
+        JudgeMaxBatchStep(*check, request.validation(), MaxBatchCheckOptions{});
+    if (step->next == MaxBatchStep::Next::kStepDown) {
+      // Planned again at the smaller batch size from every profile.
+      std::vector<v1::Profile> profiles;
+      MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> tasks,
+                             store_->ListTasks(task.job_id()));
+      for (const v1::Task& t : tasks) {
+        if (t.kind() != v1::Task::PROFILE || t.state() != v1::Task::DONE) {
+          continue;
+        }
+        auto p = store_->GetProfile(task.job_id(), t.batch_size());
+        if (p.ok() && !p->oom()) profiles.push_back(*std::move(p));
+      }
+      auto schedule =
+          profiles.size() >= 2
+              ? MaxBatchSchedule(profiles, step->next_batch,
+                                 step->check.capacity_bytes(),
+                                 task.schedule().policy(),
+                                 FragmentationMarginBytes(prediction))
+              : absl::FailedPreconditionError("fewer than two profiles");
+      if (schedule.ok()) {
+        next_step = *std::move(schedule);
+      } else {
+        step->next = MaxBatchStep::Next::kFailed;
+        step->check.set_state(v1::MaxBatchCheck::FAILED);
+        step->check.set_reason(absl::StrCat(
+            step->check.reason(), "; planning batch ", step->next_batch,
+            " failed: ", schedule.status().message()));
+      }
+    }
+  }
+  bool retried = false;
+  MUTWO_RETURN_IF_ERROR(
+      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(
+            bool stored_now,
+            w.CompleteTask(request.task_id(), request.fence_token(),
+                           request.worker_id(),
+                           request.validation().SerializeAsString()));
+        if (!stored_now) {
+          retried = true;
+          return absl::OkStatus();
+        }
+        bool final = false;
+        MUTWO_RETURN_IF_ERROR(
+            w.UpdateJob(task.job_id(), [&](v1::Job& j) {
+               final = IsFinal(j.state());
+               v1::MaxBatchPrediction& m = *j.mutable_max_batch();
+               v1::MaxBatchCheck* c = CheckForTask(m, task);
+               // A prediction replaced meanwhile has checks of its own.
+               if (c == nullptr || !step.has_value()) return absl::OkStatus();
+               *c = step->check;
+               if (step->next == MaxBatchStep::Next::kVerified) {
+                 // The reported answer is the verified one; one step
+                 // without checkpointing answers both when they agreed.
+                 if (c == m.mutable_without_checkpointing_check()) {
+                   m.set_max_batch_without_checkpointing(c->batch_size());
+                   if (!m.has_with_schedule_check()) {
+                     m.set_max_batch_with_schedule(c->batch_size());
+                   }
+                 } else {
+                   m.set_max_batch_with_schedule(c->batch_size());
+                 }
+               }
+               return absl::OkStatus();
+             }).status());
+        if (next_step.has_value() && !final) {
+          MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::MAX_BATCH,
+                                          next_step->batch_size(), *next_step)
+                                    .status());
+        }
+        MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+        return absl::OkStatus();
+      }));
+  if (retried) return absl::OkStatus();
+  if (step.has_value()) {
+    MUTWO_LOG(info, "job {} max batch {}: {}", task.job_id(),
+              v1::MaxBatchCheck::State_Name(step->check.state()),
+              step->check.reason());
+  }
   AfterSettle(job);
   PublishModelMetrics(job);
   NotifyChange();
@@ -1194,7 +1466,10 @@ absl::StatusOr<v1::Job> JobCore::SettleIn(storage::Store::Writer& w,
     }
     if (!pending) ++finished;
     if (t.state() != v1::Task::QUEUED || t.attempt() > 1) ++started;
-    if (t.state() == v1::Task::FAILED && first_error.empty()) {
+    // A max batch step that failed says so in its check; the job's results
+    // stand.
+    if (t.state() == v1::Task::FAILED && first_error.empty() &&
+        t.kind() != v1::Task::MAX_BATCH) {
       first_error = absl::StrCat(v1::Task::Kind_Name(t.kind()), " batch ",
                                  t.batch_size(), ": ", t.last_error());
     }
@@ -1202,6 +1477,20 @@ absl::StatusOr<v1::Job> JobCore::SettleIn(storage::Store::Writer& w,
   return w.UpdateJob(job_id, [&](v1::Job& j) {
     j.set_tasks_total(static_cast<int32_t>(tasks.size()));
     j.set_tasks_done(finished);
+    // A max batch step that will never report ends its check.
+    for (const v1::Task& t : tasks) {
+      if (t.kind() != v1::Task::MAX_BATCH ||
+          (t.state() != v1::Task::FAILED && t.state() != v1::Task::CANCELLED)) {
+        continue;
+      }
+      v1::MaxBatchCheck* c = CheckForTask(*j.mutable_max_batch(), t);
+      if (c == nullptr) continue;
+      c->set_state(v1::MaxBatchCheck::FAILED);
+      c->set_reason(t.state() == v1::Task::FAILED
+                        ? absl::StrCat("the step at batch ", t.batch_size(),
+                                       " failed: ", t.last_error())
+                        : "the job was cancelled before the step ran");
+    }
     // A round that will never report ends its budget's loop.
     for (const v1::Task& t : tasks) {
       if (t.kind() != v1::Task::VALIDATE ||

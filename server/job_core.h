@@ -63,8 +63,10 @@ using PlanFn = std::function<absl::StatusOr<v1::Schedule>(
 // the Pareto sweep when the request includes it.
 PlanFn PlannerPlanFn(int pareto_points);
 // Predicts the largest batch from profiles at several batch sizes.
+// capacity_bytes 0: the predictor's default (95% of the device).
 using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
-    const std::vector<v1::Profile>& profiles, double max_overhead)>;
+    const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
+    double max_overhead)>;
 
 // Verifies one streamed upload: header first, then chunks. The bytes are
 // never held in memory: each chunk is hashed and appended to a temp file of
@@ -281,6 +283,15 @@ class JobCore {
                                          const v1::Validation& validation,
                                          int round, v1::BudgetOutcome outcome,
                                          std::vector<CachePut>* cache_puts);
+  // The floor, Pareto curve and knee of `profile` into `result` (the knee's
+  // schedule planned through the cache, so `--budget auto` is served).
+  absl::Status AnswerMemory(const v1::Job& job, int64_t batch_size,
+                            const v1::Profile& profile, v1::BatchResult& result,
+                            std::vector<CachePut>* cache_puts);
+  // A MAX_BATCH task's step: its check verified, failed, or stepped down
+  // with the next step queued (max_batch_check.h).
+  absl::Status ReportMaxBatchStep(const v1::ReportValidationRequest& request,
+                                  const v1::Task& task);
   // Marks the cache entry of the schedule `task` ran with `measured_bytes`
   // (over the budget: infeasible with `reason`), unless the entry is
   // another plan by now.

@@ -112,6 +112,13 @@ v1::JobEvent JobEventFor(const v1::Job& job,
       running.push_back(absl::StrCat("profile batch ", t->batch_size()));
       continue;
     }
+    if (t->kind() == v1::Task::MAX_BATCH) {
+      running.push_back(absl::StrCat("verify max batch ", t->batch_size(),
+                                     t->schedule().policy() == v1::NONE
+                                         ? " without checkpointing"
+                                         : " with a schedule"));
+      continue;
+    }
     int round = 1;
     if (const v1::BatchResult* r = ResultFor(job, t->batch_size())) {
       for (const v1::BudgetOutcome& o : r->outcomes()) {

@@ -155,8 +155,9 @@ int main(int argc, char** argv) {
   }
   options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
   options.max_batch = [](const std::vector<mutwo::v1::Profile>& profiles,
-                         double max_overhead) {
-    return mutwo::planner::PredictMaxBatchProto(profiles, 0, max_overhead);
+                         int64_t capacity_bytes, double max_overhead) {
+    return mutwo::planner::PredictMaxBatchProto(profiles, capacity_bytes,
+                                                max_overhead);
   };
   auto server = mutwo::MutwoServer::Create(options);
   if (!server.ok()) {

@@ -176,6 +176,8 @@ std::string CanonicalBudgetString(const v1::MemoryBudget& budget,
     case v1::MemoryBudget::kFractionOfDevice:
       return absl::StrCat("device:", Double(budget.fraction_of_device()), "@",
                           device_total_bytes);
+    case v1::MemoryBudget::kKnee:
+      return "knee";
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }

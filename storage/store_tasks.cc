@@ -126,14 +126,17 @@ absl::Status Store::WriteTaskState(const v1::Task& task, int64_t now_ms) {
 absl::StatusOr<v1::Task> Store::AddTaskLocked(
     absl::string_view job_id, v1::Task::Kind kind, int64_t batch_size,
     const std::optional<v1::Schedule>& schedule) {
-  if (kind != v1::Task::PROFILE && kind != v1::Task::VALIDATE) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "task kind must be PROFILE or VALIDATE, got ", static_cast<int>(kind)));
+  if (kind != v1::Task::PROFILE && kind != v1::Task::VALIDATE &&
+      kind != v1::Task::MAX_BATCH) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task kind must be PROFILE, VALIDATE or MAX_BATCH, got ",
+                     static_cast<int>(kind)));
   }
   MUTWO_RETURN_IF_ERROR(ValidateBatchSize(batch_size));
-  if (kind == v1::Task::VALIDATE && !schedule.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "VALIDATE task for job ", job_id, " needs the schedule to execute"));
+  if (kind != v1::Task::PROFILE && !schedule.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(v1::Task::Kind_Name(kind), " task for job ", job_id,
+                     " needs the schedule to execute"));
   }
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, RequireJob(job_id));
   if (IsFinished(job.state())) {

@@ -184,12 +184,18 @@ TEST_F(MutwoSubmitChecks, EverythingCheckableIsCheckedBeforeTheUpload) {
            {ok + " --optimizer lbfgs", "optimizer \"lbfgs\""},
            {ok + " --unbatched y", "--unbatched \"y\""},
            {ok + " --max_overhead -1", "--max_overhead"},
+           {ok + " --capacity 60%", "--capacity \"60%\": give bytes"},
+           {ok + " --capacity 16", "--capacity \"16\": give bytes"},
+           {ok + " --budget knee", "or auto"},
        }) {
     CommandResult r = Submit(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
     EXPECT_THAT(r.output, Not(HasSubstr("uploaded"))) << c.args;
   }
+  // `auto` budgets and a capacity in bytes or of the device are accepted.
+  EXPECT_EQ(Submit(ok + " --budget AUTO --capacity 16GiB").exit_code, 4);
+  EXPECT_EQ(Submit(ok + " --capacity 90%dev").exit_code, 4);
   // Declared unbatched and upper-case names are accepted.
   EXPECT_EQ(Submit("--input x:float32[64,3] --unbatched x --input y:FLOAT32[B] "
                    "--batch 8 --budget 60% --device_kind CUDA --loss MEAN")

@@ -199,9 +199,10 @@ int RunTaskCommand(const ParsedArgs&) {
     if (!profile.ok()) return CommandFailure(cmd, profile.status());
     result = profile->SerializeAsString();
   } else {
-    // VALIDATE: the schedule executed against the unmodified step. A bad
-    // model or spec, or a schedule of another graph, is InvalidArgument
-    // (exit 2).
+    // VALIDATE: the schedule executed against the unmodified step;
+    // MAX_BATCH: the step at a predicted max batch size only (the unmodified
+    // one is what may not fit). A bad model or spec, or a schedule of
+    // another graph, is InvalidArgument (exit 2).
     ExecutorOptions options;
     auto model = ReadFile(absl::GetFlag(FLAGS_model_file));
     if (!model.ok()) return CommandFailure(cmd, model.status());
@@ -215,6 +216,7 @@ int RunTaskCommand(const ParsedArgs&) {
     options.batch_size = task.batch_size() > 0 ? task.batch_size()
                                                : task.schedule().batch_size();
     options.device = absl::GetFlag(FLAGS_device);
+    options.run_baseline = task.kind() != v1::Task::MAX_BATCH;
     if (spec.warmup_iterations() > 0) {
       options.warmup_iterations = spec.warmup_iterations();
     }

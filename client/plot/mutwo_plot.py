@@ -278,7 +278,7 @@ def batch_figure(data):
     x_hi = max(batches)
     if draw_capacity:
         x_hi = max([x_hi] + [b for b, _ in max_batches
-                             if b <= 4 * max(batches)])
+                             if b <= 8 * max(batches)])
     top = max(values + ([capacity] if draw_capacity else []))
     div = _byte_axis(ax, top, "peak memory")
     ax.set_ylim(0, top / div * 1.1)
@@ -336,8 +336,10 @@ def batch_figure(data):
                 color="#7f7f7f", linestyle=":", linewidth=1.0,
                 label="baseline fit (extrapolation)")
     for b, which in max_batches:
-        text = "max batch %d %s checkpointing" % (
-            b, "without" if which == "without" else "with")
+        text = "max batch %d %s checkpointing, %s" % (
+            b, "without" if which == "without" else "with",
+            "verified by a step" if mb.get(which + "_verified") else
+            "predicted")
         if draw_capacity and b <= x_hi:
             ax.axvline(b, color=POLICY_COLORS["none" if which == "without"
                                               else "mutwo"],

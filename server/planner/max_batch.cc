@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "server/planner/planner.h"
@@ -163,6 +164,12 @@ absl::StatusOr<MaxBatchResult> PredictMaxBatch(
     return absl::InvalidArgumentError(absl::StrCat(
         "capacity ", options.capacity_bytes, " bytes must be positive"));
   }
+  if (options.reserve_bytes < 0 ||
+      options.reserve_bytes >= options.capacity_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "allocator reserve ", options.reserve_bytes,
+        " bytes must be >= 0 and below the capacity ", options.capacity_bytes));
+  }
   if (!(options.max_overhead >= 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("max overhead ", options.max_overhead, " must be >= 0"));
@@ -172,14 +179,28 @@ absl::StatusOr<MaxBatchResult> PredictMaxBatch(
   result.capacity_bytes = options.capacity_bytes;
   result.max_overhead = options.max_overhead;
 
-  // Fitted line of the simulated baseline peak, for the report.
+  // Fitted line of the simulated baseline peak, for the report; what the
+  // allocator measured above the simulation, for the margin.
   std::vector<double> xs, ys;
+  double fragmentation = 0;
   for (const BatchProfile& bp : profiles) {
     result.profiled_batch_sizes.push_back(bp.batch_size);
     MUTWO_ASSIGN_OR_RETURN(auto sim, Simulator::Create(&bp.profile));
     xs.push_back(static_cast<double>(bp.batch_size));
-    ys.push_back(static_cast<double>(sim->baseline_peak_bytes()));
+    const double simulated = static_cast<double>(sim->baseline_peak_bytes());
+    ys.push_back(simulated);
+    if (simulated > 0 && bp.profile.measured_peak_bytes > simulated) {
+      fragmentation = std::max(
+          fragmentation,
+          static_cast<double>(bp.profile.measured_peak_bytes) / simulated - 1);
+    }
   }
+  result.fragmentation_fraction = fragmentation;
+  result.reserve_bytes = options.reserve_bytes;
+  const int64_t usable = options.capacity_bytes - options.reserve_bytes;
+  // The largest peak a batch may be predicted at.
+  const int64_t limit = static_cast<int64_t>(
+      std::floor(static_cast<double>(usable) / (1 + fragmentation)));
   std::sort(result.profiled_batch_sizes.begin(),
             result.profiled_batch_sizes.end());
   double mx = 0, my = 0, sxx = 0, sxy = 0;
@@ -202,7 +223,8 @@ absl::StatusOr<MaxBatchResult> PredictMaxBatch(
     auto p = ExtrapolateProfile(profiles, b);
     if (!p.ok()) return false;
     auto sim = Simulator::Create(&*p);
-    return sim.ok() && (*sim)->baseline_peak_bytes() <= options.capacity_bytes;
+    return sim.ok() && (*sim)->baseline_peak_bytes() <= limit &&
+           p->measured_peak_bytes <= usable;
   };
   auto fits_with = [&](int64_t b) {
     auto p = ExtrapolateProfile(profiles, b);
@@ -211,7 +233,7 @@ absl::StatusOr<MaxBatchResult> PredictMaxBatch(
     po.allow_swap = options.allow_swap;
     auto planner = Planner::Create(*std::move(p), po);
     if (!planner.ok()) return false;
-    PlanResult r = (*planner)->Plan(options.capacity_bytes);
+    PlanResult r = (*planner)->Plan(limit);
     return r.feasible && r.sim.iteration_ms <= r.baseline_iteration_ms *
                                                    (1 + options.max_overhead);
   };
@@ -228,17 +250,28 @@ absl::StatusOr<MaxBatchResult> PredictMaxBatch(
       result.verify_batch_sizes.push_back(b);
     }
   }
+  const int64_t largest = result.profiled_batch_sizes.back();
+  result.extrapolation = static_cast<double>(result.max_batch_with_schedule) /
+                         static_cast<double>(largest);
+  const std::string margin = absl::StrFormat(
+      "peaks grown by %.1f%% (what the allocator measured over the "
+      "simulation) against the capacity less a reserve of %.2f MiB",
+      fragmentation * 100,
+      static_cast<double>(options.reserve_bytes) / (1 << 20));
   if (result.max_batch_with_schedule == 0) {
     result.reason =
         absl::StrCat("even batch size 1 does not fit ", options.capacity_bytes,
                      " bytes with a schedule within +",
-                     options.max_overhead * 100, "% iteration time");
+                     options.max_overhead * 100, "% iteration time; ", margin);
   } else {
     result.reason = absl::StrCat(
         "fitted from batch sizes ",
-        absl::StrJoin(result.profiled_batch_sizes, ", "),
-        "; verify batch sizes ", absl::StrJoin(result.verify_batch_sizes, ", "),
-        " by execution");
+        absl::StrJoin(result.profiled_batch_sizes, ", "), "; ",
+        result.extrapolation > 1
+            ? absl::StrFormat("extrapolated %.1fx beyond batch size %d",
+                              result.extrapolation, largest)
+            : absl::StrCat("within the profiled batch sizes"),
+        "; ", margin);
   }
   return result;
 }

@@ -5,6 +5,14 @@
 // simulated (without checkpointing) or planned (μ-TWO, within a maximum
 // iteration-time overhead), and the largest fitting batch is found by
 // doubling and bisection.
+//
+// The margin. A batch fits when its predicted peak, grown by the largest
+// fraction by which a profile's measured allocator peak exceeded its
+// simulated peak (fragmentation, workspaces the memory model leaves out),
+// is at most the capacity less the allocator reserve the caller passes (the
+// planner's reserve under a budget): both are what the profiles measured
+// of the allocator, applied at every batch size. How far the answer lies
+// beyond the largest profiled batch is reported (`extrapolation`).
 #ifndef MUTWO_SERVER_PLANNER_MAX_BATCH_H_
 #define MUTWO_SERVER_PLANNER_MAX_BATCH_H_
 
@@ -27,6 +35,9 @@ struct MaxBatchOptions {
   double max_overhead = 0.25;  // +25% iteration time
   bool allow_swap = true;
   int64_t max_batch_size = int64_t{1} << 20;  // search limit
+  // Kept free below the capacity (AllocatorReserveBytes at the capacity);
+  // >= 0.
+  int64_t reserve_bytes = 0;
 };
 
 struct MaxBatchResult {
@@ -38,6 +49,12 @@ struct MaxBatchResult {
   std::vector<int64_t> verify_batch_sizes;
   double bytes_per_sample = 0;  // fitted slope of the baseline peak
   int64_t bytes_intercept = 0;
+  // The margin applied (see the file comment): predicted peaks are grown by
+  // `fragmentation_fraction` and compared with capacity - reserve_bytes.
+  double fragmentation_fraction = 0;
+  int64_t reserve_bytes = 0;
+  // max_batch_with_schedule / the largest profiled batch size.
+  double extrapolation = 0;
   std::string reason;
 };
 

@@ -40,4 +40,42 @@ std::vector<ParetoPoint> NonDominated(std::vector<ParetoPoint> points) {
   return out;
 }
 
+int KneeIndex(const std::vector<ParetoPoint>& curve) {
+  if (curve.empty()) return -1;
+  int64_t peak_min = curve.front().predicted_peak_bytes, peak_max = peak_min;
+  double ms_min = curve.front().predicted_iteration_ms, ms_max = ms_min;
+  for (const ParetoPoint& p : curve) {
+    peak_min = std::min(peak_min, p.predicted_peak_bytes);
+    peak_max = std::max(peak_max, p.predicted_peak_bytes);
+    ms_min = std::min(ms_min, p.predicted_iteration_ms);
+    ms_max = std::max(ms_max, p.predicted_iteration_ms);
+  }
+  const double peak_range = static_cast<double>(peak_max - peak_min);
+  const double ms_range = ms_max - ms_min;
+  // Relative tolerance for "the same sum": a straight curve's points differ
+  // only by rounding and must keep the lowest peak.
+  constexpr double kTie = 1e-9;
+  int best = -1;
+  double best_sum = 0;
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const ParetoPoint& p = curve[i];
+    const double peak =
+        peak_range > 0
+            ? static_cast<double>(p.predicted_peak_bytes - peak_min) /
+                  peak_range
+            : 0;
+    const double ms =
+        ms_range > 0 ? (p.predicted_iteration_ms - ms_min) / ms_range : 0;
+    const double sum = peak + ms;
+    const bool lower_peak =
+        best < 0 || p.predicted_peak_bytes < curve[best].predicted_peak_bytes;
+    if (best < 0 || sum < best_sum - kTie ||
+        (sum <= best_sum + kTie && lower_peak)) {
+      best = static_cast<int>(i);
+      best_sum = sum;
+    }
+  }
+  return best;
+}
+
 }  // namespace mutwo::planner

@@ -25,6 +25,18 @@ std::vector<int64_t> BudgetSweep(int64_t floor_bytes, int64_t baseline_bytes,
 // first), sorted by ascending peak (so by descending time).
 std::vector<ParetoPoint> NonDominated(std::vector<ParetoPoint> points);
 
+// The knee of a non-dominated curve (as NonDominated returns it: ascending
+// peak, descending time): the point farthest below the chord from the
+// lowest-peak point to the fastest one once both axes are scaled to [0, 1]
+// over the curve (Kneedle), i.e. the point with the smallest
+//   (peak - peak_min) / (peak_max - peak_min)
+//     + (time - time_min) / (time_max - time_min).
+// An axis with no range counts 0 for every point (all times equal: the
+// lowest peak wins). Ties keep the lower peak; a straight curve (every
+// point on the chord) gives its lowest peak. Returns the index, -1 for an
+// empty curve.
+int KneeIndex(const std::vector<ParetoPoint>& curve);
+
 }  // namespace mutwo::planner
 
 #endif  // MUTWO_SERVER_PLANNER_PARETO_H_

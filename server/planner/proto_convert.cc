@@ -7,6 +7,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/parse.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "server/planner/simulator.h"
@@ -439,12 +441,16 @@ absl::StatusOr<int64_t> ResolveBudget(const v1::MemoryBudget& budget,
       return static_cast<int64_t>(
           std::floor(f * static_cast<double>(device_total_bytes)));
     }
+    case v1::MemoryBudget::kKnee:
+      return absl::InvalidArgumentError(
+          "budget \"auto\" (the knee of the Pareto curve) is resolved by "
+          "planning, not from the baseline peak alone");
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
-      "budget is not set: give bytes, a fraction of the baseline peak or a "
-      "fraction of the device");
+      "budget is not set: give bytes, a fraction of the baseline peak, a "
+      "fraction of the device or auto");
 }
 
 absl::StatusOr<Policy> ParsePolicy(absl::string_view text) {
@@ -620,10 +626,40 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   options.record_curve = request.max_timeline_samples > 0;
   options.interrupt = request.interrupt;
   MUTWO_ASSIGN_OR_RETURN(auto planner, Planner::Create(plan_profile, options));
-  MUTWO_ASSIGN_OR_RETURN(
-      int64_t budget_bytes,
-      ResolveBudget(request.budget, planner->simulator().baseline_peak_bytes(),
-                    plan_profile.device_total_bytes));
+  const bool with_reserve =
+      options.policy == Policy::kMutwo && request.device_reserve;
+  int64_t budget_bytes = 0;
+  std::vector<ParetoPoint> curve;
+  std::string knee_note;
+  if (request.budget.kind_case() == v1::MemoryBudget::kKnee) {
+    // `auto`: the lowest budget at which the knee's plan fits with the
+    // reserve. The knee comes from the uncorrected curve, so every round
+    // of the closed loop resolves the same budget.
+    curve = planner->Pareto(request.pareto_points >= 2 ? request.pareto_points
+                                                       : kKneeParetoPoints);
+    if (request.interrupt != nullptr && request.interrupt->Stopped()) {
+      return request.interrupt->status();
+    }
+    const int knee = KneeIndex(curve);
+    if (knee < 0) {
+      return absl::FailedPreconditionError(
+          "budget auto: the Pareto curve has no point (no schedule fits "
+          "even at the baseline peak)");
+    }
+    const ParetoPoint& k = curve[knee];
+    budget_bytes = with_reserve
+                       ? LowestBudgetAbove(profile, k.predicted_peak_bytes)
+                       : k.predicted_peak_bytes;
+    knee_note = absl::StrCat(
+        "auto: the knee of the Pareto curve (point ", knee + 1, " of ",
+        curve.size(), ", predicted peak ", FormatBytes(k.predicted_peak_bytes),
+        ", ", absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
+  } else {
+    MUTWO_ASSIGN_OR_RETURN(
+        budget_bytes, ResolveBudget(request.budget,
+                                    planner->simulator().baseline_peak_bytes(),
+                                    plan_profile.device_total_bytes));
+  }
   if (request.correction_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "correction_bytes = ", request.correction_bytes, ": must be >= 0"));
@@ -632,9 +668,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   // fixed baseline schedules are only checked against the budget. Both are
   // planned below it by the correction measurements taught.
   const int64_t reserve =
-      options.policy == Policy::kMutwo && request.device_reserve
-          ? AllocatorReserveBytes(profile, budget_bytes)
-          : 0;
+      with_reserve ? AllocatorReserveBytes(profile, budget_bytes) : 0;
   const int64_t correction = request.correction_bytes;
   PlanResult result =
       planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
@@ -661,12 +695,17 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
         reserve > 0 ? " (and the reserve)" : "",
         ": what validations measured above the prediction, plus a margin");
   }
+  if (!knee_note.empty()) {
+    result.reason = absl::StrCat(knee_note, result.reason.empty() ? "" : "; ",
+                                 result.reason);
+  }
   v1::Schedule schedule =
       ScheduleToProto(profile, planner->profile(), result, request.budget,
                       request.max_timeline_samples);
   schedule.set_correction_bytes(correction);
   if (request.pareto_points >= 2) {
-    for (const ParetoPoint& pt : planner->Pareto(request.pareto_points)) {
+    if (curve.empty()) curve = planner->Pareto(request.pareto_points);
+    for (const ParetoPoint& pt : curve) {
       v1::ParetoPoint* out = schedule.add_pareto();
       out->set_budget_bytes(pt.budget_bytes);
       out->set_predicted_peak_bytes(pt.predicted_peak_bytes);
@@ -764,6 +803,8 @@ absl::StatusOr<v1::MaxBatchPrediction> PredictMaxBatchProto(
                 0.95 *
                 static_cast<double>(profiles.front().device().total_bytes()));
   options.max_overhead = max_overhead > 0 ? max_overhead : 0.25;
+  options.reserve_bytes =
+      AllocatorReserveBytes(profiles.front(), options.capacity_bytes);
   MUTWO_ASSIGN_OR_RETURN(MaxBatchResult r,
                          PredictMaxBatch(batch_profiles, options));
   v1::MaxBatchPrediction out;
@@ -775,6 +816,9 @@ absl::StatusOr<v1::MaxBatchPrediction> PredictMaxBatchProto(
   for (int64_t b : r.verify_batch_sizes) out.add_verify_batch_sizes(b);
   out.set_bytes_per_sample(r.bytes_per_sample);
   out.set_bytes_intercept(r.bytes_intercept);
+  out.set_fragmentation_fraction(r.fragmentation_fraction);
+  out.set_reserve_bytes(r.reserve_bytes);
+  out.set_extrapolation(r.extrapolation);
   out.set_reason(r.reason);
   return out;
 }

@@ -69,9 +69,14 @@ double TimeScale(const v1::MeasuredStep& measured);
 [[nodiscard]] absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(
     const std::vector<v1::Profile>& profiles);
 
+// Budgets the Pareto sweep of `auto` (MemoryBudget.knee) tries when the
+// request asks for no curve of its own.
+inline constexpr int kKneeParetoPoints = 20;
+
 // Bytes, a fraction of the baseline simulated peak, or a fraction of the
 // device capacity. Errors: InvalidArgument for an unset or out-of-range
-// budget, or a device fraction when the device capacity is unknown.
+// budget, for `auto` (MemoryBudget.knee: PlanSchedule resolves it from the
+// Pareto curve), or a device fraction when the device capacity is unknown.
 [[nodiscard]] absl::StatusOr<int64_t> ResolveBudget(
     const v1::MemoryBudget& budget, int64_t baseline_peak_bytes,
     int64_t device_total_bytes);

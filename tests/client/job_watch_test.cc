@@ -90,6 +90,12 @@ TEST(ProgressLine, TimeElapsedStageCountsAndWhatRuns) {
   done.set_state(v1::Job::SUCCEEDED);
   EXPECT_THAT(ProgressLine(done, 1'700'000'000'000),
               ::testing::Not(HasSubstr("left")));
+  // A job without budgets: no "0/0 budgets decided".
+  v1::JobEvent no_budgets = e;
+  no_budgets.set_budgets_total(0);
+  no_budgets.set_budgets_decided(0);
+  EXPECT_THAT(ProgressLine(no_budgets, 1'700'000'000'000),
+              HasSubstr("profiled 2/3 batch sizes, ~"));
   // A server without the counts: its message.
   v1::JobEvent old;
   old.set_state(v1::Job::PROFILING);

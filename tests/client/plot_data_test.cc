@@ -155,6 +155,10 @@ TEST(BatchPlotDataTest, SeriesInfeasibleCapacityAndMaxBatch) {
   job.mutable_max_batch()->set_capacity_bytes(int64_t{1} << 30);
   job.mutable_max_batch()->set_max_batch_without_checkpointing(120);
   job.mutable_max_batch()->set_max_batch_with_schedule(200);
+  job.mutable_max_batch()->mutable_without_checkpointing_check()->set_state(
+      v1::MaxBatchCheck::VERIFIED);
+  job.mutable_max_batch()->mutable_with_schedule_check()->set_state(
+      v1::MaxBatchCheck::FAILED);
   const Struct data = BatchPlotData(job);
   std::vector<std::string> names;
   for (const Value& s : Field(data, "series").list_value().values()) {
@@ -170,6 +174,9 @@ TEST(BatchPlotDataTest, SeriesInfeasibleCapacityAndMaxBatch) {
   const Struct& mb = Field(data, "max_batch").struct_value();
   EXPECT_EQ(Field(mb, "capacity_bytes").number_value(), 1 << 30);
   EXPECT_EQ(Field(mb, "with").number_value(), 200);
+  // Proved by a step, or only predicted.
+  EXPECT_TRUE(Field(mb, "without_verified").bool_value());
+  EXPECT_FALSE(Field(mb, "with_verified").bool_value());
   // The JSON the renderer reads parses back.
   Struct parsed;
   ASSERT_TRUE(

@@ -96,7 +96,9 @@ def batch_data(batches=(8, 16, 32), with_capacity=True):
     if with_capacity:
         data["max_batch"] = {"capacity_bytes": 128 * MIB, "without": 59,
                              "with": 98, "bytes_per_sample": 2 * MIB,
-                             "bytes_intercept": 10 * MIB}
+                             "bytes_intercept": 10 * MIB,
+                             "without_verified": True,
+                             "with_verified": False}
     return data
 
 
@@ -223,6 +225,11 @@ class BatchTest(unittest.TestCase, FigureChecks):
         self.assertEqual(list(cap[0].get_ydata()), [128, 128])
         mb = [l for l in ax.lines if l.get_label().startswith("max batch")]
         self.assertEqual(sorted(l.get_xdata()[0] for l in mb), [59, 98])
+        # Each says whether a step on a worker proved it.
+        self.assertEqual(
+            sorted(l.get_label() for l in mb),
+            ["max batch 59 without checkpointing, verified by a step",
+             "max batch 98 with checkpointing, predicted"])
         x = [l for l in ax.lines if "infeasible" in l.get_label()]
         self.assertEqual(len(x), 1)
         self.assertTrue(x[0].get_label().startswith("budget 30MiB: infeasible"))

@@ -88,6 +88,16 @@ TEST_F(PlanCommandTest, BadInputExits2WithTheReason) {
   EXPECT_EQ(Plan(profile_ + " --budget 60% --policy x").exit_code, 2);
 }
 
+// `--budget auto`: the knee of the Pareto curve, which always fits.
+TEST_F(PlanCommandTest, AutoBudgetPlansAtTheKnee) {
+  testing::CommandResult r = Plan(profile_ + " --budget auto --pareto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("budget          auto = "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("feasible        yes"), std::string::npos);
+  EXPECT_NE(r.output.find("the knee of the Pareto curve"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace mutwo
 
@@ -119,8 +129,14 @@ TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   v1::MaxBatchPrediction p;
   ASSERT_TRUE(ProtoFromJson(r.output, "max-batch", &p).ok()) << r.output;
-  // Baseline peak = 4 MiB + 8 MiB x batch: (100 - 4) / 8 = 12 samples fit.
-  EXPECT_EQ(p.max_batch_without_checkpointing(), 12);
+  // Baseline peak = 4 MiB + 8 MiB x batch, against 100 MiB less the CPU
+  // allocator reserve (16 KiB + 1.5% = 1.52 MiB): (98.48 - 4) / 8 = 11
+  // samples fit (12 would leave no margin).
+  EXPECT_EQ(p.reserve_bytes(), (16 << 10) + (int64_t{100} << 20) * 15 / 1000);
+  EXPECT_EQ(p.max_batch_without_checkpointing(), 11);
+  // 11 / 4: the answer says it extrapolated.
+  EXPECT_GT(p.extrapolation(), 2);
+  EXPECT_NE(p.reason().find("extrapolated"), std::string::npos) << p.reason();
   EXPECT_GE(p.max_batch_with_schedule(), p.max_batch_without_checkpointing());
   EXPECT_EQ(p.capacity_bytes(), 100 << 20);
 

@@ -115,6 +115,44 @@ TEST(ProtoConvertTest, ComputeTimesAreScaledToTheModuleStep) {
       << bad.status();
 }
 
+// `auto` resolves to the knee of the Pareto curve: a budget between the
+// floor and the baseline peak at which the plan is the knee's point.
+TEST(ProtoConvertTest, AutoBudgetPlansAtTheKnee) {
+  ScheduleRequest request;
+  request.device_reserve = false;
+  request.budget = *ParseBudget("AUTO");
+  request.pareto_points = 20;
+  auto s = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->feasible());
+  EXPECT_EQ(s->budget().text(), "auto");
+  ASSERT_GE(s->pareto_size(), 2);
+  std::vector<ParetoPoint> curve;
+  for (const v1::ParetoPoint& p : s->pareto()) {
+    curve.push_back({p.budget_bytes(), p.predicted_peak_bytes(),
+                     p.predicted_iteration_ms(), p.recomputed(), p.swapped()});
+  }
+  const int knee = KneeIndex(curve);
+  ASSERT_GE(knee, 0);
+  EXPECT_EQ(s->budget_bytes(), curve[knee].predicted_peak_bytes);
+  EXPECT_EQ(s->predicted_peak_bytes(), curve[knee].predicted_peak_bytes);
+  EXPECT_GE(s->budget_bytes(), s->floor_bytes());
+  EXPECT_LE(s->budget_bytes(), s->baseline_peak_bytes());
+  EXPECT_NE(s->reason().find("knee"), std::string::npos) << s->reason();
+  // With the reserve: the lowest budget whose reserve leaves the knee's
+  // peak, planned again the same way every time (the closed loop's rounds).
+  request.device_reserve = true;
+  v1::Profile big = DiamondProto();
+  for (auto& a : *big.mutable_activations())
+    a.set_size_bytes(a.size_bytes() << 12);
+  auto a = PlanSchedule(big, request);
+  auto b = PlanSchedule(big, request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->budget_bytes(), b->budget_bytes());
+  EXPECT_LE(a->predicted_peak_bytes(),
+            a->budget_bytes() - AllocatorReserveBytes(big, a->budget_bytes()));
+}
+
 TEST(ProtoConvertTest, ResolvesEveryBudgetKind) {
   auto b = [](const char* text) { return *ParseBudget(text); };
   EXPECT_EQ(*ResolveBudget(b("60%"), 1000, 5000), 600);
@@ -311,11 +349,20 @@ TEST(ProtoConvertTest, MaxBatchFromProfiles) {
       a.set_size_bytes(a.size_bytes() * b);
     profiles.push_back(p);
   }
-  // Baseline peak 1050 b; device 4000 bytes, capacity 95% = 3800.
+  // Baseline peak 1050 b; device 4 MiB, capacity 95%, less the CPU
+  // allocator reserve at that capacity (16 KiB + 1.5%).
+  for (v1::Profile& p : profiles) p.mutable_device()->set_total_bytes(4 << 20);
+  const int64_t capacity = static_cast<int64_t>(0.95 * (4 << 20));
+  const int64_t reserve = AllocatorReserveBytes(profiles[0], capacity);
   auto r = PredictMaxBatchProto(profiles, 0, 0);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->capacity_bytes(), 3800);
-  EXPECT_EQ(r->max_batch_without_checkpointing(), 3800 / 1050);
+  EXPECT_EQ(r->capacity_bytes(), capacity);
+  EXPECT_EQ(r->reserve_bytes(), reserve);
+  EXPECT_EQ(r->fragmentation_fraction(), 0);
+  EXPECT_EQ(r->max_batch_without_checkpointing(), (capacity - reserve) / 1050);
+  // Thousands of samples from profiles at 2 and 4: the answer says so.
+  EXPECT_DOUBLE_EQ(r->extrapolation(), r->max_batch_with_schedule() / 4.0);
+  EXPECT_NE(r->reason().find("extrapolated"), std::string::npos) << r->reason();
   EXPECT_GE(r->max_batch_with_schedule(), r->max_batch_without_checkpointing());
   EXPECT_DOUBLE_EQ(r->max_overhead(), 0.25);
   EXPECT_EQ(r->profiled_batch_sizes_size(), 2);

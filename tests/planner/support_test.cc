@@ -68,6 +68,35 @@ TEST(ParetoTest, SweepAndFrontier) {
   EXPECT_EQ(f[2].predicted_peak_bytes, 20);
 }
 
+// The knee: the point farthest below the chord from the lowest peak to the
+// fastest point, both axes scaled to [0, 1].
+TEST(ParetoTest, KneeIsFarthestBelowTheChord) {
+  EXPECT_EQ(KneeIndex({}), -1);
+  EXPECT_EQ(KneeIndex({{0, 10, 5.0, 0, 0}}), 0);
+  // Saving the first half of the memory costs little, the rest a lot:
+  // peak 100 -> 60 costs 1 ms, 60 -> 20 costs 20 ms.
+  const std::vector<ParetoPoint> bent = {{0, 20, 31.0, 0, 0},
+                                         {0, 40, 20.0, 0, 0},
+                                         {0, 60, 11.0, 0, 0},
+                                         {0, 80, 10.5, 0, 0},
+                                         {0, 100, 10.0, 0, 0}};
+  EXPECT_EQ(KneeIndex(bent), 2);
+  // A straight trade-off has no knee: the lowest peak.
+  EXPECT_EQ(
+      KneeIndex(
+          {{0, 10, 30.0, 0, 0}, {0, 20, 20.0, 0, 0}, {0, 30, 10.0, 0, 0}}),
+      0);
+  // Memory for free (equal times): the lowest peak.
+  EXPECT_EQ(KneeIndex({{0, 10, 5.0, 0, 0}, {0, 30, 5.0, 0, 0}}), 0);
+  // Scale does not matter: bytes in GiB, times in seconds.
+  std::vector<ParetoPoint> scaled = bent;
+  for (ParetoPoint& p : scaled) {
+    p.predicted_peak_bytes <<= 30;
+    p.predicted_iteration_ms *= 1000;
+  }
+  EXPECT_EQ(KneeIndex(scaled), 2);
+}
+
 TEST(OracleTest, FindsTheCheapestFittingSubset) {
   // Chain: only A can be freed at the peak.
   const PlanProfile p = testing::Chain();
@@ -137,6 +166,41 @@ TEST(MaxBatchTest, RejectsBadInput) {
   options.capacity_bytes = 0;
   EXPECT_FALSE(
       PredictMaxBatch({{2, ChainAt(2)}, {4, ChainAt(4)}}, options).ok());
+}
+
+TEST(MaxBatchTest, MarginCoversMeasuredFragmentationAndReserve) {
+  std::vector<BatchProfile> profiles = {{2, ChainAt(2)}, {4, ChainAt(4)}};
+  MaxBatchOptions options;
+  options.capacity_bytes = 1000 + 610 * 20;
+  options.max_overhead = 1.0;
+  auto plain = PredictMaxBatch(profiles, options);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->max_batch_without_checkpointing, 20);
+  // The allocator measured 10% over the simulated peak at batch 4: every
+  // predicted peak grows by 10%, and a reserve comes off the capacity.
+  for (BatchProfile& bp : profiles) {
+    auto sim = Simulator::Create(&bp.profile);
+    ASSERT_TRUE(sim.ok());
+    bp.profile.measured_peak_bytes = static_cast<int64_t>(
+        1.1 * static_cast<double>((*sim)->baseline_peak_bytes()));
+  }
+  options.reserve_bytes = 500;
+  auto margin = PredictMaxBatch(profiles, options);
+  ASSERT_TRUE(margin.ok()) << margin.status();
+  EXPECT_NEAR(margin->fragmentation_fraction, 0.1, 1e-3);
+  EXPECT_EQ(margin->reserve_bytes, 500);
+  // 1000 + 610 b <= (13200 - 500) / 1.1 = 11545: b <= 17.
+  EXPECT_EQ(margin->max_batch_without_checkpointing, 17);
+  // With A recomputed (1000 + 510 b) the schedule is planned for
+  // 11545 bytes too: b <= 20 (22 with the reserve alone, 23 without).
+  EXPECT_EQ(margin->max_batch_with_schedule, 20);
+  EXPECT_EQ(plain->max_batch_with_schedule, 23);
+  EXPECT_DOUBLE_EQ(margin->extrapolation,
+                   margin->max_batch_with_schedule / 4.0);
+  EXPECT_NE(margin->reason.find("extrapolated"), std::string::npos)
+      << margin->reason;
+  options.reserve_bytes = options.capacity_bytes;
+  EXPECT_FALSE(PredictMaxBatch(profiles, options).ok());
 }
 
 }  // namespace

@@ -64,11 +64,12 @@ class Env {
     o.max_attempts = 2;
     o.max_model_bytes = 1 << 20;
     o.max_concurrent_jobs = max_concurrent_jobs;
-    core_ = *JobCore::Create(
-        o, store_.get(), &metrics_, PlannerPlanFn(5),
-        [](const std::vector<v1::Profile>& ps, double overhead) {
-          return planner::PredictMaxBatchProto(ps, 0, overhead);
-        });
+    core_ = *JobCore::Create(o, store_.get(), &metrics_, PlannerPlanFn(5),
+                             [](const std::vector<v1::Profile>& ps,
+                                int64_t capacity, double overhead) {
+                               return planner::PredictMaxBatchProto(
+                                   ps, capacity, overhead);
+                             });
   }
   void Close() {
     core_.reset();

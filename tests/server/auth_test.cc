@@ -103,8 +103,9 @@ class AuthTest : public ::testing::Test {
     options.data_dir = (dir_ / "data").string();
     options.security.tokens_file = (dir_ / "tokens.txt").string();
     options.plan = PlannerPlanFn(5);
-    options.max_batch = [](const std::vector<v1::Profile>& ps, double o) {
-      return planner::PredictMaxBatchProto(ps, 0, o);
+    options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
+                           double o) {
+      return planner::PredictMaxBatchProto(ps, c, o);
     };
     return options;
   }

@@ -166,8 +166,9 @@ class FuzzTest : public ::testing::Test {
     options.core.max_lease_wait_ms = 200;
     options.core.max_model_bytes = 1 << 20;
     options.plan = PlannerPlanFn(5);
-    options.max_batch = [](const std::vector<v1::Profile>& ps, double o) {
-      return planner::PredictMaxBatchProto(ps, 0, o);
+    options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
+                           double o) {
+      return planner::PredictMaxBatchProto(ps, c, o);
     };
     auto server = MutwoServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();

@@ -63,11 +63,12 @@ class JobCoreTest : public ::testing::Test {
     o.lease_timeout_ms = 1000;
     o.max_attempts = 2;
     o.max_model_bytes = 1 << 20;
-    core_ = *JobCore::Create(
-        o, store_.get(), &metrics_, PlannerPlanFn(20),
-        [](const std::vector<v1::Profile>& ps, double overhead) {
-          return planner::PredictMaxBatchProto(ps, 0, overhead);
-        });
+    core_ = *JobCore::Create(o, store_.get(), &metrics_, PlannerPlanFn(20),
+                             [](const std::vector<v1::Profile>& ps,
+                                int64_t capacity, double overhead) {
+                               return planner::PredictMaxBatchProto(
+                                   ps, capacity, overhead);
+                             });
     model_ = "not really torchscript, the core never loads it";
     sha_ = Sha256Hex(model_);
     ASSERT_TRUE(store_->PutModel(sha_, "chain", model_.size(), model_).ok());
@@ -167,6 +168,133 @@ class JobCoreTest : public ::testing::Test {
   std::unique_ptr<JobCore> core_;
   std::string model_, sha_, worker_;
 };
+
+// Issue 16: every job answers the memory question, budgets or not: per
+// batch size the floor, the Pareto curve and its knee, and the max batch.
+TEST_F(JobCoreTest, AJobWithoutBudgetsAnswersTheMemoryQuestion) {
+  auto submitted = core_->SubmitJob(Request({2, 4}, {}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->job().job_id();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(ReportProfile(Lease().task()).ok());
+  const v1::Job job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  ASSERT_EQ(job.results_size(), 2);
+  for (const v1::BatchResult& r : job.results()) {
+    SCOPED_TRACE(r.batch_size());
+    EXPECT_EQ(r.schedules_size(), 0);
+    EXPECT_GT(r.floor_bytes(), 0);
+    EXPECT_LT(r.floor_bytes(), r.baseline_peak_bytes());
+    ASSERT_GE(r.pareto_size(), 2);
+    // The knee is a point of the curve, at a budget between the floor and
+    // the baseline.
+    EXPECT_GE(r.knee().budget_bytes(), r.floor_bytes());
+    EXPECT_TRUE(std::any_of(
+        r.pareto().begin(), r.pareto().end(), [&](const v1::ParetoPoint& p) {
+          return p.predicted_peak_bytes() == r.knee().predicted_peak_bytes();
+        }));
+  }
+  // On the CPU without a capacity the max batch is predicted, not run.
+  ASSERT_TRUE(job.has_max_batch());
+  EXPECT_GT(job.max_batch().max_batch_without_checkpointing(), 0);
+  EXPECT_EQ(job.max_batch().without_checkpointing_check().state(),
+            v1::MaxBatchCheck::NOT_VERIFIED);
+  EXPECT_THAT(job.max_batch().without_checkpointing_check().reason(),
+              HasSubstr("--capacity"));
+  // `auto` is served from the cache the job filled.
+  v1::GetScheduleRequest get;
+  get.set_job_id(id);
+  get.set_batch_size(4);
+  *get.mutable_budget() = *ParseBudget("auto");
+  auto at_knee = core_->GetSchedule(get);
+  ASSERT_TRUE(at_knee.ok()) << at_knee.status();
+  EXPECT_EQ(at_knee->budget_bytes(), job.results(1).knee().budget_bytes());
+  EXPECT_TRUE(at_knee->feasible());
+}
+
+// `auto` as a requested budget: resolved to the knee's bytes and validated
+// like any budget.
+TEST_F(JobCoreTest, AutoBudgetIsValidatedAtTheKnee) {
+  std::string id;
+  const v1::Task first = StartValidating("auto", &id);
+  v1::Job job = *core_->GetJob(id);
+  const v1::BatchResult r = job.results(0);
+  ASSERT_EQ(r.schedules_size(), 1);
+  EXPECT_TRUE(r.schedules(0).budget().knee());
+  EXPECT_EQ(r.schedules(0).budget_bytes(), r.knee().budget_bytes());
+  EXPECT_EQ(first.schedule().budget_bytes(), r.knee().budget_bytes());
+  EXPECT_TRUE(first.schedule().feasible());
+  EXPECT_LE(first.schedule().predicted_peak_bytes(),
+            first.schedule().budget_bytes());
+  ASSERT_TRUE(ReportValidation(first).ok());
+  job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  EXPECT_EQ(Outcome(job).state(), v1::BudgetOutcome::FITS);
+  EXPECT_EQ(Outcome(job).budget_bytes(), r.knee().budget_bytes());
+}
+
+// Issue 16: the max batch is run on a worker before it is reported; a step
+// over the capacity steps the batch size down, and the job reports the
+// batch size measured to fit.
+TEST_F(JobCoreTest, MaxBatchIsVerifiedByAStepAndSteppedDown) {
+  v1::SubmitJobRequest request = Request({2, 4}, {});
+  // Room for a few dozen samples of the synthetic chain.
+  const int64_t capacity = testing::ChainProfile(4).measured().peak_bytes() * 8;
+  request.mutable_spec()->mutable_capacity()->set_bytes(capacity);
+  auto submitted = core_->SubmitJob(request);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string id = submitted->job().job_id();
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(ReportProfile(Lease().task()).ok());
+  v1::Job job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::VALIDATING);
+  const v1::MaxBatchPrediction predicted = job.max_batch();
+  EXPECT_EQ(predicted.capacity_bytes(), capacity);
+  const int64_t without = predicted.max_batch_without_checkpointing();
+  ASSERT_GT(without, 4);
+  EXPECT_EQ(predicted.without_checkpointing_check().state(),
+            v1::MaxBatchCheck::VERIFYING);
+  // The first step without checkpointing measures 10% over the capacity;
+  // every other step measures what was predicted.
+  bool overshot = false;
+  int steps = 0;
+  for (auto lease = Lease(); lease.has_task(); lease = Lease()) {
+    ASSERT_EQ(lease.task().kind(), v1::Task::MAX_BATCH);
+    ++steps;
+    const bool unmodified = lease.task().schedule().policy() == v1::NONE;
+    if (unmodified) {
+      EXPECT_TRUE(lease.task().schedule().decisions().empty() ||
+                  lease.task().schedule().recomputed() == 0);
+    }
+    if (unmodified && !overshot) {
+      EXPECT_EQ(lease.task().batch_size(), without);
+      overshot = true;
+      ASSERT_TRUE(ReportValidation(lease.task(), capacity * 11 / 10).ok());
+      const v1::Job mid = *core_->GetJob(id);
+      EXPECT_EQ(mid.state(), v1::Job::VALIDATING);
+      EXPECT_THAT(mid.max_batch().without_checkpointing_check().reason(),
+                  HasSubstr("stepped down"));
+      continue;
+    }
+    EXPECT_LE(lease.task().schedule().predicted_peak_bytes(), capacity);
+    ASSERT_TRUE(ReportValidation(lease.task()).ok());
+  }
+  EXPECT_TRUE(overshot);
+  EXPECT_GE(steps, 2);
+  job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  const v1::MaxBatchCheck& check =
+      job.max_batch().without_checkpointing_check();
+  EXPECT_EQ(check.state(), v1::MaxBatchCheck::VERIFIED);
+  EXPECT_EQ(check.predicted_batch_size(), without);
+  EXPECT_LT(check.batch_size(), without);
+  EXPECT_EQ(check.rounds(), 2);
+  // The reported answer is the verified one.
+  EXPECT_EQ(job.max_batch().max_batch_without_checkpointing(),
+            check.batch_size());
+  if (job.max_batch().has_with_schedule_check()) {
+    EXPECT_EQ(job.max_batch().with_schedule_check().state(),
+              v1::MaxBatchCheck::VERIFIED);
+  }
+}
 
 TEST_F(JobCoreTest, JobRunsThroughEveryStateToSucceeded) {
   auto submitted = core_->SubmitJob(Request({2, 4}, {"60%", "1B"}));

@@ -214,6 +214,46 @@ void ExpectProgressLines(const std::string& output, int batch_sizes,
   EXPECT_EQ(states.back(), "SUCCEEDED") << output;
 }
 
+// Issue 16: the max batch is run on a worker before it is reported (here
+// on the CPU, with a capacity), and the job says by which measurement.
+TEST_F(ServiceTest, MaxBatchIsVerifiedByAStepOnTheWorker) {
+  StartWorker();
+  auto r = RunCommand(
+      Cli(absl::StrCat("submit ", ModelDir(),
+                       "/mlp.pt --input=x:float32[B,32] --batch=256,512 "
+                       "--optimizer=adam --capacity=16MiB --wait "
+                       "--output=json")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("running verify max batch")) << r.output;
+  v1::Job job;
+  const size_t brace = r.output.find('{');
+  const size_t end = r.output.rfind('}');
+  ASSERT_NE(brace, std::string::npos) << r.output;
+  ASSERT_TRUE(
+      ProtoFromJson(r.output.substr(brace, end + 1 - brace), "job", &job).ok())
+      << r.output;
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
+  const v1::MaxBatchPrediction& m = job.max_batch();
+  EXPECT_EQ(m.capacity_bytes(), 16 << 20);
+  const v1::MaxBatchCheck& c = m.without_checkpointing_check();
+  ASSERT_EQ(c.state(), v1::MaxBatchCheck::VERIFIED) << ProtoToJson(m);
+  EXPECT_GT(c.measured_peak_bytes(), 0);
+  EXPECT_LE(c.measured_peak_bytes(), 16 << 20);
+  EXPECT_GE(c.rounds(), 1);
+  // The reported answer is the batch size measured, beyond the profiles.
+  EXPECT_EQ(m.max_batch_without_checkpointing(), c.batch_size());
+  EXPECT_GT(c.batch_size(), 512);
+  EXPECT_GT(m.extrapolation(), 1);
+  if (m.has_with_schedule_check()) {
+    EXPECT_EQ(m.with_schedule_check().state(), v1::MaxBatchCheck::VERIFIED)
+        << ProtoToJson(m);
+    EXPECT_EQ(m.max_batch_with_schedule(),
+              m.with_schedule_check().batch_size());
+  }
+  auto text = RunCommand(Cli("job " + job.job_id()));
+  EXPECT_THAT(text.output, HasSubstr("(verified: measured ")) << text.output;
+}
+
 TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   StartWorker();
   auto r = RunCommand(Cli(SubmitArgs("mlp.pt", "--wait --output=json")));
@@ -263,12 +303,21 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
     EXPECT_FALSE(never.fits());
     EXPECT_EQ(never.rounds(), 0);
     EXPECT_THAT(never.reason(), HasSubstr("below the floor"));
+    // The memory question, answered besides the budgets: the floor (the
+    // 1B budget's floor), the curve and its knee.
+    EXPECT_EQ(result.floor_bytes(), result.schedules(1).floor_bytes());
+    EXPECT_GE(result.pareto_size(), 1);
+    EXPECT_GE(result.knee().budget_bytes(), result.floor_bytes());
   }
   EXPECT_TRUE(job.has_max_batch());
   EXPECT_GT(job.max_batch().max_batch_without_checkpointing(), 0);
   // The table says so; the metric counts the rounds.
   auto table = RunCommand(Cli("job " + job.job_id()));
   EXPECT_EQ(table.exit_code, 0);
+  EXPECT_THAT(table.output, HasSubstr("memory per batch size")) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("  INFEASIBLE\n")) << table.output;
+  EXPECT_THAT(table.output, HasSubstr("predicted, not verified"))
+      << table.output;
   EXPECT_THAT(table.output, HasSubstr("  fits\n")) << table.output;
   EXPECT_THAT(table.output, ::testing::Not(HasSubstr("NOT FITTING")));
   EXPECT_THAT(HttpGet(metrics_port_, "/metrics"),

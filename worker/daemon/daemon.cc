@@ -75,7 +75,8 @@ WorkerDaemon::WorkerDaemon(Options options)
   // Every (kind, result) at zero from the start: the task-failure alert
   // compares a worker's failures with its successes, which must exist (at
   // 0) before the first success.
-  for (const v1::Task::Kind kind : {v1::Task::PROFILE, v1::Task::VALIDATE}) {
+  for (const v1::Task::Kind kind :
+       {v1::Task::PROFILE, v1::Task::VALIDATE, v1::Task::MAX_BATCH}) {
     const std::string name = v1::Task::Kind_Name(kind);
     for (const char* result :
          {"succeeded", "failed", "abandoned", "rejected", "unreported"}) {

@@ -3,7 +3,7 @@
 example): a torchvision model, a synthetic data loader, AdamW.
 
     train_torchvision.py --server 127.0.0.1:50051 --model resnet18 \\
-        --batch 32 --image 224 --budget 60% --steps 20 [--device cuda]
+        --batch 32 --image 224 --budget auto --steps 20 [--device cuda]
 
 Credentials: MUTWO_TOKEN / MUTWO_TOKEN_FILE and MUTWO_TLS_CA (or --tls_ca).
 """
@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--model", default="resnet18")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--image", type=int, default=224)
-    p.add_argument("--budget", default="60%")
+    p.add_argument("--budget", default="auto")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()

@@ -18,8 +18,8 @@ from mutwo._specs import (format_bytes, make_job_spec, parse_budget,
                           parse_bytes, parse_loss, parse_optimizer,
                           parse_tensor_spec, read_token)
 from mutwo._types import (BatchResult, BudgetOutcome, Decision, Job,
-                          JobProgress, MaxBatch, Model, ParetoPoint, Schedule,
-                          Validation, Worker)
+                          JobProgress, MaxBatch, MaxBatchCheck, Model,
+                          ParetoPoint, Schedule, Validation, Worker)
 
 if TYPE_CHECKING:  # for type checkers; imported on first use (__getattr__)
     from mutwo._apply import Applied, ScheduleMismatchError, apply
@@ -31,7 +31,7 @@ __all__ = [
     "Client", "MutwoError", "JobFailedError", "apply", "Applied",
     "ScheduleMismatchError", "Schedule", "Decision", "ParetoPoint", "Job",
     "JobProgress", "BatchResult", "BudgetOutcome", "Validation", "MaxBatch",
-    "Model", "Worker", "make_job_spec", "parse_budget", "parse_bytes",
+    "MaxBatchCheck", "Model", "Worker", "make_job_spec", "parse_budget", "parse_bytes",
     "parse_loss", "parse_optimizer", "parse_tensor_spec", "format_bytes",
     "read_token",
 ]

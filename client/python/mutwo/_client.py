@@ -202,10 +202,13 @@ class Client:
                max_overhead: float = 0.0, warmup_iterations: int = 0,
                measure_iterations: int = 0,
                client_request_id: Optional[str] = None,
-               example_inputs: Optional[Sequence[Any]] = None) -> Job:
+               example_inputs: Optional[Sequence[Any]] = None,
+               capacity: Optional[str] = None) -> Job:
         """Submits a job. `model` is a Model from upload(), a sha256, or
         anything upload() takes (uploaded first). `inputs` are text specs
-        (`x:float32[B,3,224,224]`), budgets `60%`, `80%dev` or `4GiB`, loss
+        (`x:float32[B,3,224,224]`), budgets `60%`, `80%dev`, `4GiB` or
+        `auto` (the knee of the Pareto curve), capacity (of the max batch,
+        verified on a worker) `16GiB` or `95%dev`, loss
         `mean`/`sum`/`model`/`cross_entropy:y:int64[B]{0,1000}`, optimizer
         `sgd`/`adam:lr=0.01`/... (the CLI's forms). A repeated
         client_request_id returns the first job."""
@@ -223,7 +226,7 @@ class Client:
             loss=loss, optimizer=optimizer, model_name=name,
             device_kind=device_kind, max_overhead=max_overhead,
             warmup_iterations=warmup_iterations,
-            measure_iterations=measure_iterations)
+            measure_iterations=measure_iterations, capacity=capacity)
         request = planner_pb2.SubmitJobRequest(
             spec=spec, client_request_id=client_request_id or uuid.uuid4().hex)
         response = _call("SubmitJob", self._stub.SubmitJob, request,

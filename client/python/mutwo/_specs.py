@@ -75,11 +75,13 @@ def format_bytes(n: float) -> str:
 
 
 def parse_budget(text: str) -> types_pb2.MemoryBudget:
-    """`60%` (of the baseline peak), `80%dev` (of the device), or bytes with
-    a unit (`4GiB`, `512B`); a bare number is ambiguous and refused, as in
-    the mutwo CLI."""
+    """`60%` (of the baseline peak), `80%dev` (of the device), bytes with
+    a unit (`4GiB`, `512B`) or `auto` (the knee of the Pareto curve); a bare
+    number is ambiguous and refused, as in the mutwo CLI."""
     budget = types_pb2.MemoryBudget(text=str(text).strip())
     s = budget.text
+    if s.lower() == "auto":
+        return types_pb2.MemoryBudget(text="auto", knee=True)
     if re.fullmatch(r"[0-9.]+", s):
         raise ValueError('budget "%s": a bare number is ambiguous; say %s%% '
                          "or %sMiB or %sB" % (text, s, s, s))
@@ -100,7 +102,8 @@ def parse_budget(text: str) -> types_pb2.MemoryBudget:
     except ValueError:
         raise ValueError(
             'budget "%s": expected bytes (4GiB, 4000MB), a percentage of the '
-            "baseline peak (60%%) or of the device (80%%dev)" % text) from None
+            "baseline peak (60%%), of the device (80%%dev) or auto" % text
+        ) from None
     return budget
 
 
@@ -195,12 +198,24 @@ def make_job_spec(model_sha256: str,
                   optimizer: Union[str, types_pb2.OptimizerSpec] = "sgd",
                   model_name: str = "", device_kind: str = "",
                   max_overhead: float = 0.0, warmup_iterations: int = 0,
-                  measure_iterations: int = 0) -> types_pb2.JobSpec:
-    """A JobSpec from the text forms (or ready protos) of its parts."""
+                  measure_iterations: int = 0,
+                  capacity: Optional[Union[str, types_pb2.MemoryBudget]] = None
+                  ) -> types_pb2.JobSpec:
+    """A JobSpec from the text forms (or ready protos) of its parts.
+    `capacity` (`16GiB` or `95%dev`): what the max batch is predicted and
+    verified for."""
     def as_proto(value: Any, parse: Any) -> Any:
         return parse(value) if isinstance(value, str) else value
 
+    extra = {}
+    if capacity is not None:
+        c = as_proto(capacity, parse_budget)
+        if c.WhichOneof("kind") not in ("bytes", "fraction_of_device"):
+            raise ValueError('capacity "%s": give bytes (16GiB) or a fraction '
+                             "of the device (95%%dev)" % capacity)
+        extra["capacity"] = c
     return types_pb2.JobSpec(
+        **extra,
         model_sha256=model_sha256,
         model_name=model_name,
         inputs=[as_proto(i, parse_tensor_spec) for i in inputs],

@@ -247,6 +247,11 @@ class BatchResult:
     outcomes: Tuple[BudgetOutcome, ...]
     oom: bool
     error: str
+    # The memory question, with or without budgets: the lowest budget mutwo
+    # fits, the non-dominated (peak, time) curve and its knee (`auto`).
+    floor_bytes: int = 0
+    pareto: Tuple[ParetoPoint, ...] = ()
+    knee: Optional[ParetoPoint] = None
     proto: Optional[types_pb2.BatchResult] = _PROTO
 
     @classmethod
@@ -256,12 +261,42 @@ class BatchResult:
                    tuple(Schedule.from_proto(s) for s in r.schedules),
                    tuple(Validation.from_proto(v) for v in r.validations),
                    tuple(BudgetOutcome.from_proto(o) for o in r.outcomes),
-                   r.oom, r.error, proto=r)
+                   r.oom, r.error, floor_bytes=r.floor_bytes,
+                   pareto=tuple(ParetoPoint.from_proto(p) for p in r.pareto),
+                   knee=(ParetoPoint.from_proto(r.knee)
+                         if r.HasField("knee") else None),
+                   proto=r)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxBatchCheck:
+    """One max batch answer run on a worker: `state` NOT_VERIFIED,
+    VERIFYING, VERIFIED or FAILED, the batch size run last and its peak."""
+    state: str
+    predicted_batch_size: int
+    batch_size: int
+    measured_peak_bytes: int
+    capacity_bytes: int
+    oom: bool
+    rounds: int
+    reason: str
+
+    @property
+    def verified(self) -> bool:
+        return self.state == "VERIFIED"
+
+    @classmethod
+    def from_proto(cls, c: types_pb2.MaxBatchCheck) -> "MaxBatchCheck":
+        return cls(types_pb2.MaxBatchCheck.State.Name(c.state),
+                   c.predicted_batch_size, c.batch_size,
+                   c.measured_peak_bytes, c.capacity_bytes, c.oom, c.rounds,
+                   c.reason)
 
 
 @dataclasses.dataclass(frozen=True)
 class MaxBatch:
-    """The largest batch predicted to fit `capacity_bytes`."""
+    """The largest batch that fits `capacity_bytes`: predicted, then (once
+    the checks are VERIFIED) the batch sizes measured to fit."""
     capacity_bytes: int
     max_batch_without_checkpointing: int
     max_batch_with_schedule: int
@@ -269,14 +304,25 @@ class MaxBatch:
     profiled_batch_sizes: Tuple[int, ...]
     bytes_per_sample: float
     reason: str
+    fragmentation_fraction: float = 0.0
+    reserve_bytes: int = 0
+    extrapolation: float = 0.0
+    without_checkpointing_check: Optional[MaxBatchCheck] = None
+    with_schedule_check: Optional[MaxBatchCheck] = None
     proto: Optional[types_pb2.MaxBatchPrediction] = _PROTO
 
     @classmethod
     def from_proto(cls, m: types_pb2.MaxBatchPrediction) -> "MaxBatch":
+        def check(name: str) -> Optional[MaxBatchCheck]:
+            return (MaxBatchCheck.from_proto(getattr(m, name))
+                    if m.HasField(name) else None)
         return cls(m.capacity_bytes, m.max_batch_without_checkpointing,
                    m.max_batch_with_schedule, m.max_overhead,
                    tuple(m.profiled_batch_sizes), m.bytes_per_sample,
-                   m.reason, proto=m)
+                   m.reason, m.fragmentation_fraction, m.reserve_bytes,
+                   m.extrapolation,
+                   check("without_checkpointing_check"),
+                   check("with_schedule_check"), proto=m)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,7 +67,17 @@ class FakePlanner(planner_pb2_grpc.PlannerServicer):
                         module_path="layer1.0.conv1", op_kind="aten::conv2d",
                         output_index=0, segment=0)
         r.outcomes.add(state=types_pb2.BudgetOutcome.FITS, fits=True)
+        r.floor_bytes = 400
+        r.pareto.add(budget_bytes=400, predicted_peak_bytes=400,
+                     predicted_iteration_ms=3.0)
+        r.pareto.add(budget_bytes=1000, predicted_peak_bytes=1000,
+                     predicted_iteration_ms=1.0)
+        r.knee.predicted_peak_bytes = 400
         job.max_batch.max_batch_with_schedule = 64
+        job.max_batch.extrapolation = 8.0
+        job.max_batch.with_schedule_check.state = \
+            types_pb2.MaxBatchCheck.VERIFIED
+        job.max_batch.with_schedule_check.batch_size = 64
         yield planner_pb2.JobEvent(state=types_pb2.Job.SUCCEEDED,
                                    tasks_total=2, tasks_done=2, job=job)
 
@@ -146,6 +156,18 @@ def test_submit_wait_and_typed_results(fake: Any) -> None:
         assert result.outcomes[0].state == "FITS"
         assert final.max_batch is not None
         assert final.max_batch.max_batch_with_schedule == 64
+        # The memory question and the proof of the max batch, typed.
+        assert result.floor_bytes == 400 and len(result.pareto) == 2
+        assert result.knee is not None
+        assert result.knee.predicted_peak_bytes == 400
+        assert final.max_batch.extrapolation == 8.0
+        check = final.max_batch.with_schedule_check
+        assert check is not None and check.verified and check.batch_size == 64
+        assert final.max_batch.without_checkpointing_check is None
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[8],
+                      budgets=["auto"], capacity="2GiB")
+        assert fake.specs[-1].budgets[0].knee
+        assert fake.specs[-1].capacity.bytes == 2 << 30
         schedule = client.schedule(job, 8, "4GiB")
         assert isinstance(schedule, mutwo.Schedule)
         assert schedule.budget == "4GiB"
