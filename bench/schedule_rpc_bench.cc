@@ -46,8 +46,9 @@ int Run() {
   options.metrics_listen = "";
   options.data_dir = dir.string();
   options.plan = PlannerPlanFn(20);
-  options.max_batch = [](const std::vector<v1::Profile>& ps, double o) {
-    return planner::PredictMaxBatchProto(ps, 0, o);
+  options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
+                         double o) {
+    return planner::PredictMaxBatchProto(ps, c, o);
   };
   auto server = *MutwoServer::Create(options);
   if (auto s = server->Start(); !s.ok()) {

@@ -71,8 +71,9 @@ class LongWaitTest : public ::testing::Test {
     options.core.max_watchers = max_watchers;
     options.core.waiter_retry_after_ms = retry_after_ms;
     options.plan = PlannerPlanFn(5);
-    options.max_batch = [](const std::vector<v1::Profile>& ps, double o) {
-      return planner::PredictMaxBatchProto(ps, 0, o);
+    options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
+                           double o) {
+      return planner::PredictMaxBatchProto(ps, c, o);
     };
     auto server = MutwoServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
