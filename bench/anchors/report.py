@@ -181,7 +181,7 @@ def plot(model, summary, path):
                                "overhead": p["predicted_ms"] / ref - 1}
                               for p in m]})
     data = {"format": mutwo_plot.FORMAT, "kind": "pareto",
-            "title": f"{model}: peak memory vs step time (one card, one run)",
+            "title": f"{model}: peak memory vs step time",
             "x_label": "step time vs eager PyTorch without checkpointing",
             "series": series}
     mutwo_plot.save(mutwo_plot.figure(data), path)
