@@ -684,6 +684,15 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError("mutwo.apply needs the eager nn.Module the "
                         "TorchScript came from, not a ScriptModule")
+    if type(model).__name__ == "OptimizedModule" and hasattr(model,
+                                                             "_orig_mod"):
+        raise TypeError(
+            "mutwo.apply needs the eager nn.Module, not the result of "
+            "torch.compile: apply the schedule to the module itself (its "
+            "module paths are the schedule's). Compiling the applied module "
+            "runs, but Dynamo breaks its graphs at the saved-tensor hooks: "
+            "slower, and the planned peak is not guaranteed "
+            "(docs/apply.md)")
     if not isinstance(schedule, Schedule):
         schedule = Schedule.from_json(schedule)
     _check(model, schedule)

@@ -379,3 +379,14 @@ def test_a_control_flow_activation_drops_everything_saved_inside() -> None:
     assert applied.stats.dropped > 10  # not just the two layer outputs
     loss.backward()
     assert applied.unmatched() == []
+
+
+def test_a_compiled_module_is_refused_with_what_to_do() -> None:
+    class OptimizedModule(nn.Module):  # what torch.compile returns (2.x)
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self._orig_mod = inner
+
+    model = resnet()
+    with pytest.raises(TypeError, match="not the result of torch.compile"):
+        mutwo.apply(OptimizedModule(model), resnet_schedule(model))
