@@ -413,7 +413,7 @@ def run(bin_dir, results):
             results["jobs"][name] = entry
 
         # --- which GPU ran what: the server's lease log and each worker's counters
-        leases = re.findall(r"task (\S+) \((PROFILE|VALIDATE) batch (\d+)\) leased to (\S+)",
+        leases = re.findall(r"task (\S+) \((PROFILE|VALIDATE|MAX_BATCH) batch (\d+)\) leased to (\S+)",
                             read_text(server_log))
         by_worker = {}
         for _, kind, _, wid in leases:
