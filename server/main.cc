@@ -45,13 +45,13 @@ ABSL_FLAG(double, replan_margin, 0.01,
           "overshoot, as a fraction of the budget");
 ABSL_FLAG(int32_t, max_lease_waiters, 1000,
           "LeaseTask long polls waiting at once; more are refused with "
-          "RESOURCE_EXHAUSTED and a retry hint (a poll holds no thread)");
+          "RESOURCE_EXHAUSTED and a retry hint; a poll holds no thread");
 ABSL_FLAG(int32_t, max_watchers, 1000,
           "WatchJob streams open at once; more are refused with "
-          "RESOURCE_EXHAUSTED and a retry hint (a watch holds no thread)");
+          "RESOURCE_EXHAUSTED and a retry hint; a watch holds no thread");
 ABSL_FLAG(int32_t, waiter_retry_after_ms, 1000,
-          "the retry hint of a refused poll or watch, in ms (the message and "
-          "grpc-retry-pushback-ms)");
+          "the retry hint of a refused poll or watch, in ms, in its message "
+          "and in grpc-retry-pushback-ms");
 ABSL_FLAG(int32_t, max_rpc_threads, 0,
           "threads serving the other RPCs; 0: gRPC's default");
 ABSL_FLAG(int32_t, drain_timeout_ms, 10000,

@@ -108,8 +108,10 @@ TEST(AliasTest, ReadersOfADictEntryDoNotReadTheOtherEntries) {
   for (const IrNode& node : (*graph)->nodes()) {
     if (node.kind == "aten::relu") relus.push_back(&node);
     if (node.kind == "aten::linear" && node.scope == "head") head = &node;
-    if (node.kind == "aten::linear" && node.scope == "b") linear_b = &node;
-    if (node.kind == "aten::linear" && node.scope == "c") linear_c = &node;
+    if (node.kind == "aten::linear" && node.scope == "stages.b")
+      linear_b = &node;
+    if (node.kind == "aten::linear" && node.scope == "stages.c")
+      linear_c = &node;
   }
   ASSERT_EQ(relus.size(), 4u);  // three stages, then the head
   ASSERT_NE(head, nullptr);
