@@ -12,7 +12,7 @@
 #include "common/status_macros.h"
 #include "server/device_wait.h"
 #include "server/max_batch_check.h"
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 
 namespace mutwo {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 
 #include <gtest/gtest.h>
 

@@ -28,7 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_core.h"
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 #include "storage/sqlite.h"
 #include "tests/testing/synthetic_profile.h"
 

@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_progress.h"
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {

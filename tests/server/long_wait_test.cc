@@ -19,7 +19,7 @@
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "server/job_core.h"
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 #include "server/server.h"
 #include "tests/testing/process.h"
 #include "worker/daemon/daemon.h"

@@ -2,8 +2,8 @@
 // field), v1::MemoryBudget -> bytes, PlanResult -> v1::Schedule, several
 // profiles -> v1::MaxBatchPrediction. Used by the server and by the offline
 // `mutwo plan` command. Stateless and thread-safe.
-#ifndef MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
-#define MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
+#ifndef MUTWO_PLANNER_PROTO_CONVERT_H_
+#define MUTWO_PLANNER_PROTO_CONVERT_H_
 
 #include <cstdint>
 #include <vector>
@@ -11,10 +11,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "mutwo/v1/types.pb.h"
-#include "server/planner/interrupt.h"
-#include "server/planner/max_batch.h"
-#include "server/planner/model.h"
-#include "server/planner/planner.h"
+#include "planner/interrupt.h"
+#include "planner/max_batch.h"
+#include "planner/model.h"
+#include "planner/planner.h"
 
 namespace mutwo::planner {
 
@@ -142,4 +142,4 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
+#endif  // MUTWO_PLANNER_PROTO_CONVERT_H_

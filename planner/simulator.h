@@ -24,8 +24,8 @@
 // between prefetch_at and first use, with transfers queued on one stream.
 //
 // Thread safety: a Simulator keeps scratch buffers; use one per thread.
-#ifndef MUTWO_SERVER_PLANNER_SIMULATOR_H_
-#define MUTWO_SERVER_PLANNER_SIMULATOR_H_
+#ifndef MUTWO_PLANNER_SIMULATOR_H_
+#define MUTWO_PLANNER_SIMULATOR_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner/model.h"
+#include "planner/model.h"
 
 namespace mutwo::planner {
 
@@ -185,4 +185,4 @@ class Simulator {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_SIMULATOR_H_
+#endif  // MUTWO_PLANNER_SIMULATOR_H_

@@ -1,4 +1,4 @@
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "common/parse.h"
 #include "common/status_macros.h"
 #include "common/version.h"
-#include "server/planner/simulator.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 namespace {
