@@ -16,6 +16,7 @@
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
+#include "planner/plan_request.h"
 #include "planner/proto_convert.h"
 
 ABSL_FLAG(std::string, budget, "",

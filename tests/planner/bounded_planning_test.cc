@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/interrupt.h"
+#include "planner/plan_request.h"
 #include "planner/proto_convert.h"
 #include "tests/testing/adversarial_profile.h"
 #include "tests/testing/synthetic_profile.h"

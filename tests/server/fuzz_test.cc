@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
+#include "planner/plan_request.h"
 #include "planner/proto_convert.h"
 #include "server/server.h"
 #include "storage/sqlite.h"

@@ -22,6 +22,7 @@
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
+#include "planner/plan_request.h"
 #include "planner/planner.h"
 #include "planner/proto_convert.h"
 #include "planner/simulator.h"
