@@ -18,8 +18,8 @@
 namespace mutwo::planner {
 
 // Errors: InvalidArgument naming the first bad field, e.g.
-// `activations[2] (value_id 7).first_backward_use = 3: must be after
-// last_forward_use 5 and before position 12`.
+// `activations[2] (value_id 7).first_backward_use = 3: must be a backward
+// position in [5, 12)` (the structural checks are ValidatePlanProfile's).
 [[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
     const v1::Profile& profile);
 
@@ -36,7 +36,7 @@ inline constexpr int kMaxProfileActivations = 1 << 20;
 inline constexpr int kMaxMeanRecomputeSources = 32;
 
 // Whether the planner can take `profile`: the checks of ProfileFromProto
-// and of the simulator (ValidatePlanProfile), the one validation the
+// (which runs the simulator's ValidatePlanProfile), the one validation the
 // server runs on a reported profile before storing it. A profile that ran
 // out of memory (oom) carries no timeline and is checked for its counts and
 // figures only. InvalidArgument naming the first bad field.
