@@ -31,8 +31,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "server/planner/planner.h"
-#include "server/planner/simulator.h"
+#include "planner/planner.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 namespace {

@@ -24,7 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
-#include "server/planner/proto_convert.h"
+#include "planner/plan_request.h"
 #include "server/server.h"
 #include "tests/testing/synthetic_profile.h"
 

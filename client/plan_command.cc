@@ -16,7 +16,8 @@
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
-#include "server/planner/proto_convert.h"
+#include "planner/plan_request.h"
+#include "planner/proto_convert.h"
 
 ABSL_FLAG(std::string, budget, "",
           "memory budget: 60% (of the baseline peak), 80%dev (of the "

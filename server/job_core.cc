@@ -10,9 +10,10 @@
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "planner/plan_request.h"
+#include "planner/proto_convert.h"
 #include "server/device_wait.h"
 #include "server/max_batch_check.h"
-#include "server/planner/proto_convert.h"
 
 namespace mutwo {
 namespace {

@@ -34,10 +34,10 @@
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
+#include "planner/interrupt.h"
 #include "server/closed_loop.h"
 #include "server/leasing.h"
 #include "server/metrics.h"
-#include "server/planner/interrupt.h"
 #include "server/schedule_cache.h"
 #include "server/waiters.h"
 #include "storage/store.h"
@@ -55,7 +55,7 @@ struct PlanRequest {
   // Stops planning (time allowed, caller gone); not owned, may be null.
   planner::Interrupt* interrupt = nullptr;
 };
-// Plans one schedule for a profile (server/planner through its proto
+// Plans one schedule for a profile (planner through its proto
 // conversion).
 using PlanFn = std::function<absl::StatusOr<v1::Schedule>(
     const v1::Profile& profile, const PlanRequest& request)>;

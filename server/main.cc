@@ -8,7 +8,7 @@
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/parse.h"
-#include "server/planner/proto_convert.h"
+#include "planner/plan_request.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");

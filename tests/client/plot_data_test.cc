@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "server/planner/proto_convert.h"
+#include "planner/plan_request.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {

@@ -8,8 +8,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/planner/interrupt.h"
-#include "server/planner/proto_convert.h"
+#include "planner/interrupt.h"
+#include "planner/plan_request.h"
+#include "planner/proto_convert.h"
 #include "tests/testing/adversarial_profile.h"
 #include "tests/testing/synthetic_profile.h"
 

@@ -1,4 +1,4 @@
-#include "server/planner/mutwo_policy.h"
+#include "planner/mutwo_policy.h"
 
 #include <gtest/gtest.h>
 

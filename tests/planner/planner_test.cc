@@ -1,4 +1,4 @@
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <map>
 
-#include "server/planner/oracle.h"
+#include "planner/oracle.h"
 #include "tests/planner/test_profiles.h"
 
 namespace mutwo::planner {

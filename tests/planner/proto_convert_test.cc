@@ -1,4 +1,4 @@
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 
 #include <gtest/gtest.h>
 
@@ -6,6 +6,7 @@
 #include "common/proto_io.h"
 #include "common/version.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "planner/plan_request.h"
 #include "tests/planner/proto_profile.h"
 
 namespace mutwo::planner {

@@ -1,4 +1,4 @@
-#include "server/planner/replay_closure.h"
+#include "planner/replay_closure.h"
 
 #include <gtest/gtest.h>
 

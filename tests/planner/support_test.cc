@@ -1,11 +1,11 @@
 // Baselines, Pareto helpers, the exact oracle and max batch size.
 #include <gtest/gtest.h>
 
-#include "server/planner/baselines.h"
-#include "server/planner/max_batch.h"
-#include "server/planner/oracle.h"
-#include "server/planner/pareto.h"
-#include "server/planner/simulator.h"
+#include "planner/baselines.h"
+#include "planner/max_batch.h"
+#include "planner/oracle.h"
+#include "planner/pareto.h"
+#include "planner/simulator.h"
 #include "tests/planner/test_profiles.h"
 
 namespace mutwo::planner {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "server/planner/model.h"
+#include "planner/model.h"
 
 namespace mutwo::planner::testing {
 

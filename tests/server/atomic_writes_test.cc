@@ -27,8 +27,8 @@
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/plan_request.h"
 #include "server/job_core.h"
-#include "server/planner/proto_convert.h"
 #include "storage/sqlite.h"
 #include "tests/testing/synthetic_profile.h"
 

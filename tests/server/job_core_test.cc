@@ -13,8 +13,8 @@
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/plan_request.h"
 #include "server/job_progress.h"
-#include "server/planner/proto_convert.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {

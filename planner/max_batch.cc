@@ -1,4 +1,4 @@
-#include "server/planner/max_batch.h"
+#include "planner/max_batch.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 
 namespace mutwo::planner {
 namespace {

@@ -5,8 +5,8 @@
 //
 // Timeline: forward node i is position i; backward step k is position
 // nodes.size() + k. All *_use fields are positions.
-#ifndef MUTWO_SERVER_PLANNER_MODEL_H_
-#define MUTWO_SERVER_PLANNER_MODEL_H_
+#ifndef MUTWO_PLANNER_MODEL_H_
+#define MUTWO_PLANNER_MODEL_H_
 
 #include <cstdint>
 #include <string>
@@ -123,4 +123,4 @@ const char* PolicyName(Policy policy);
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_MODEL_H_
+#endif  // MUTWO_PLANNER_MODEL_H_

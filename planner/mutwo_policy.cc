@@ -1,10 +1,10 @@
-#include "server/planner/mutwo_policy.h"
+#include "planner/mutwo_policy.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/planner/incremental_simulator.h"
+#include "planner/incremental_simulator.h"
 
 namespace mutwo::planner {
 namespace {

@@ -26,8 +26,8 @@
 // summed in the same order.
 //
 // Thread safety: none; one per policy.
-#ifndef MUTWO_SERVER_PLANNER_INCREMENTAL_SIMULATOR_H_
-#define MUTWO_SERVER_PLANNER_INCREMENTAL_SIMULATOR_H_
+#ifndef MUTWO_PLANNER_INCREMENTAL_SIMULATOR_H_
+#define MUTWO_PLANNER_INCREMENTAL_SIMULATOR_H_
 
 #include <cstdint>
 #include <memory>
@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner/model.h"
-#include "server/planner/simulator.h"
+#include "planner/model.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 
@@ -142,4 +142,4 @@ class IncrementalSimulator {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_INCREMENTAL_SIMULATOR_H_
+#endif  // MUTWO_PLANNER_INCREMENTAL_SIMULATOR_H_

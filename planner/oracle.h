@@ -2,14 +2,14 @@
 // recomputed activations (2^n schedules, n <= 20) and keeps the fastest one
 // whose simulated peak fits the budget. Used by tests to measure the greedy
 // policy's optimality gap; too slow for real models by design.
-#ifndef MUTWO_SERVER_PLANNER_ORACLE_H_
-#define MUTWO_SERVER_PLANNER_ORACLE_H_
+#ifndef MUTWO_PLANNER_ORACLE_H_
+#define MUTWO_PLANNER_ORACLE_H_
 
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "server/planner/model.h"
-#include "server/planner/simulator.h"
+#include "planner/model.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 
@@ -30,4 +30,4 @@ struct OracleResult {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_ORACLE_H_
+#endif  // MUTWO_PLANNER_ORACLE_H_

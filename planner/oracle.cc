@@ -1,4 +1,4 @@
-#include "server/planner/oracle.h"
+#include "planner/oracle.h"
 
 #include <limits>
 

@@ -24,8 +24,8 @@
 // between prefetch_at and first use, with transfers queued on one stream.
 //
 // Thread safety: a Simulator keeps scratch buffers; use one per thread.
-#ifndef MUTWO_SERVER_PLANNER_SIMULATOR_H_
-#define MUTWO_SERVER_PLANNER_SIMULATOR_H_
+#ifndef MUTWO_PLANNER_SIMULATOR_H_
+#define MUTWO_PLANNER_SIMULATOR_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner/model.h"
+#include "planner/model.h"
 
 namespace mutwo::planner {
 
@@ -74,11 +74,13 @@ struct SimResult {
   std::vector<double> planned_end_ms;
 };
 
-// The structural invariants the simulator relies on (positions in range,
-// uses ordered, ids that exist). One check for every way a profile reaches
-// the planner: Simulator::Create runs it, and so does ValidateProfile
-// (proto_convert.h) when the server takes a profile from a worker.
-// InvalidArgument naming the activation and the field.
+// The structural invariants the simulator relies on (last_forward_use a
+// forward position, first_backward_use a backward one, uses ordered,
+// recompute nodes increasing, ids that exist). One check for every way a
+// profile reaches the planner: Simulator::Create runs it, and so does
+// ProfileFromProto (proto_convert.h), so a profile the server takes from a
+// worker is checked by the same code. InvalidArgument naming the field as
+// v1::Profile does: `activations[2] (value_id 7).producer_node = 9: ...`.
 [[nodiscard]] absl::Status ValidatePlanProfile(const PlanProfile* profile);
 
 class Simulator {
@@ -91,7 +93,7 @@ class Simulator {
   };
 
   // Errors: InvalidArgument for a profile whose positions or ids are out of
-  // range (proto_convert validates field by field first).
+  // range (ValidatePlanProfile).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Simulator>> Create(
       const PlanProfile* profile);
 
@@ -185,4 +187,4 @@ class Simulator {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_SIMULATOR_H_
+#endif  // MUTWO_PLANNER_SIMULATOR_H_

@@ -1,4 +1,4 @@
-#include "server/planner/pareto.h"
+#include "planner/pareto.h"
 
 #include <algorithm>
 #include <limits>

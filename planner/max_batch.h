@@ -13,15 +13,15 @@
 // planner's reserve under a budget): both are what the profiles measured
 // of the allocator, applied at every batch size. How far the answer lies
 // beyond the largest profiled batch is reported (`extrapolation`).
-#ifndef MUTWO_SERVER_PLANNER_MAX_BATCH_H_
-#define MUTWO_SERVER_PLANNER_MAX_BATCH_H_
+#ifndef MUTWO_PLANNER_MAX_BATCH_H_
+#define MUTWO_PLANNER_MAX_BATCH_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner/model.h"
+#include "planner/model.h"
 
 namespace mutwo::planner {
 
@@ -70,4 +70,4 @@ struct MaxBatchResult {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_MAX_BATCH_H_
+#endif  // MUTWO_PLANNER_MAX_BATCH_H_

@@ -8,12 +8,12 @@
 //    scope component, or the first two when the second is an index, as in
 //    "layer1.0"); each block's last activation is retained. Nodes without a
 //    scope are retained.
-#ifndef MUTWO_SERVER_PLANNER_BASELINES_H_
-#define MUTWO_SERVER_PLANNER_BASELINES_H_
+#ifndef MUTWO_PLANNER_BASELINES_H_
+#define MUTWO_PLANNER_BASELINES_H_
 
 #include <string>
 
-#include "server/planner/model.h"
+#include "planner/model.h"
 
 namespace mutwo::planner {
 
@@ -26,4 +26,4 @@ std::string TopLevelBlock(const std::string& scope);
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_BASELINES_H_
+#endif  // MUTWO_PLANNER_BASELINES_H_

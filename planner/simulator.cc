@@ -1,9 +1,11 @@
-#include "server/planner/simulator.h"
+#include "planner/simulator.h"
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace mutwo::planner {
@@ -84,62 +86,72 @@ Simulator::Simulator(const PlanProfile* profile) : profile_(profile) {}
 
 absl::Status ValidatePlanProfile(const PlanProfile* profile) {
   if (profile == nullptr || profile->nodes.empty()) {
-    return absl::InvalidArgumentError("profile has no forward nodes");
+    return absl::InvalidArgumentError(
+        "nodes: the profile has no forward nodes");
   }
+  // Messages name the fields as the v1::Profile does (ProfileFromProto keeps
+  // the order of activations and backward steps), so a bad reported profile
+  // is refused naming what the worker sent.
+  auto bad = [](const std::string& field, int64_t value,
+                absl::string_view expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " = ", value, ": ", expected));
+  };
   const int n = static_cast<int>(profile->nodes.size());
   const int p = profile->positions();
+  for (size_t k = 0; k < profile->backward_steps.size(); ++k) {
+    const int f = profile->backward_steps[k].forward_node;
+    if (f < -1 || f >= n) {
+      return bad(absl::StrCat("backward_steps[", k, "].forward_node"), f,
+                 absl::StrCat("must be -1 or a node id in [0, ", n, ")"));
+    }
+  }
   const int a_count = static_cast<int>(profile->activations.size());
   for (int i = 0; i < a_count; ++i) {
     const PlanActivation& a = profile->activations[i];
     // Formatted only on an error (this loop runs for every activation).
-    auto where = [&] {
-      return absl::StrCat("activation ", i, " (value_id ", a.value_id, "): ");
+    auto field = [&](absl::string_view name) {
+      return absl::StrCat("activations[", i, "] (value_id ", a.value_id, ").",
+                          name);
     };
     if (a.producer_node < 0 || a.producer_node >= n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where(), "producer_node ", a.producer_node, " not in [0, ", n, ")"));
+      return bad(field("producer_node"), a.producer_node,
+                 absl::StrCat("must be a node id in [0, ", n, ")"));
     }
-    if (a.last_forward_use < a.producer_node || a.last_forward_use >= p) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "last_forward_use ", a.last_forward_use,
-                       " not in [", a.producer_node, ", ", p, ")"));
+    if (a.size_bytes < 0) {
+      return bad(field("size_bytes"), a.size_bytes, "must be >= 0");
     }
-    if (a.first_backward_use <= a.last_forward_use ||
-        a.first_backward_use >= p) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "first_backward_use ", a.first_backward_use,
-                       " must be after last_forward_use ", a.last_forward_use,
-                       " and before position ", p));
+    if (a.last_forward_use < a.producer_node || a.last_forward_use >= n) {
+      return bad(field("last_forward_use"), a.last_forward_use,
+                 absl::StrCat("must be a forward position in [producer_node ",
+                              a.producer_node, ", ", n, ")"));
+    }
+    if (a.first_backward_use < n || a.first_backward_use >= p) {
+      return bad(
+          field("first_backward_use"), a.first_backward_use,
+          absl::StrCat("must be a backward position in [", n, ", ", p, ")"));
     }
     if (a.last_backward_use < a.first_backward_use ||
         a.last_backward_use >= p) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "last_backward_use ", a.last_backward_use,
-                       " not in [", a.first_backward_use, ", ", p, ")"));
+      return bad(field("last_backward_use"), a.last_backward_use,
+                 absl::StrCat("must be in [first_backward_use ",
+                              a.first_backward_use, ", ", p, ")"));
     }
-    if (a.size_bytes < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where(), "size_bytes ", a.size_bytes, " < 0"));
-    }
-    for (int s : a.recompute_sources) {
-      if (s < 0 || s >= a_count || s == i) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), "recompute source ", s, " is not another ",
-                         "activation index in [0, ", a_count, ")"));
+    for (int src : a.recompute_sources) {
+      if (src < 0 || src >= a_count || src == i) {
+        return bad(field("recompute_sources[]"), src,
+                   absl::StrCat("must be another activation (index in [0, ",
+                                a_count, "))"));
       }
     }
+    int previous = -1;
     for (int node : a.recompute_nodes) {
-      if (node < 0 || node >= n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where(), "recompute node ", node, " not in [0, ", n, ")"));
+      if (node < 0 || node >= n || node <= previous) {
+        return bad(field("recompute_nodes[]"), node,
+                   absl::StrCat("must be node ids in [0, ", n,
+                                ") in increasing order"));
       }
-    }
-  }
-  for (size_t k = 0; k < profile->backward_steps.size(); ++k) {
-    const int f = profile->backward_steps[k].forward_node;
-    if (f < -1 || f >= n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "backward step ", k, ": forward_node ", f, " not in [-1, ", n, ")"));
+      previous = node;
     }
   }
   return absl::OkStatus();

@@ -1,4 +1,4 @@
-#include "server/planner/baselines.h"
+#include "planner/baselines.h"
 
 #include <algorithm>
 #include <cmath>

@@ -35,8 +35,8 @@
 //
 // Not thread-safe (the simulator has scratch buffers): one Planner per
 // request or per thread.
-#ifndef MUTWO_SERVER_PLANNER_PLANNER_H_
-#define MUTWO_SERVER_PLANNER_PLANNER_H_
+#ifndef MUTWO_PLANNER_PLANNER_H_
+#define MUTWO_PLANNER_PLANNER_H_
 
 #include <cstdint>
 #include <map>
@@ -47,11 +47,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner/interrupt.h"
-#include "server/planner/model.h"
-#include "server/planner/mutwo_policy.h"
-#include "server/planner/pareto.h"
-#include "server/planner/simulator.h"
+#include "planner/interrupt.h"
+#include "planner/model.h"
+#include "planner/mutwo_policy.h"
+#include "planner/pareto.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 
@@ -203,4 +203,4 @@ class Planner {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_PLANNER_H_
+#endif  // MUTWO_PLANNER_PLANNER_H_

@@ -1,4 +1,4 @@
-#include "server/planner/proto_convert.h"
+#include "planner/proto_convert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,11 +7,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "common/parse.h"
 #include "common/status_macros.h"
 #include "common/version.h"
-#include "server/planner/simulator.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 namespace {
@@ -43,16 +41,6 @@ void SetModuleFields(const v1::Profile& profile, const v1::Activation* a,
 }
 
 }  // namespace
-
-int64_t AllocatorReserveBytes(const v1::Profile& profile,
-                              int64_t budget_bytes) {
-  const bool cuda = profile.device().kind() == "cuda";
-  const int64_t fixed = cuda ? kReserveFixedBytes : kCpuReserveFixedBytes;
-  const double fraction = cuda ? kReserveFraction : kCpuReserveFraction;
-  return fixed + static_cast<int64_t>(
-                     fraction *
-                     static_cast<double>(std::max<int64_t>(0, budget_bytes)));
-}
 
 double TimeScale(const v1::MeasuredStep& measured) {
   const double interpreted_ms = measured.iteration_ms();
@@ -189,22 +177,14 @@ absl::Status ValidateProfile(const v1::Profile& profile) {
     return absl::InvalidArgumentError(
         "nodes: the profile has no forward nodes");
   }
-  MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
-  if (profile.oom()) return absl::OkStatus();
-  MUTWO_ASSIGN_OR_RETURN(const PlanProfile plan_profile,
-                         ProfileFromProto(profile));
-  return ValidatePlanProfile(&plan_profile);
+  if (profile.oom()) return CheckProfileMagnitudes(profile);
+  return ProfileFromProto(profile).status();
 }
 
 absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
   MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
   PlanProfile out;
   const int n = profile.nodes_size();
-  const int p = n + profile.backward_steps_size();
-  if (n == 0) {
-    return absl::InvalidArgumentError(
-        "nodes: the profile has no forward nodes");
-  }
   out.nodes.resize(n);
   for (int i = 0; i < n; ++i) {
     const v1::ProfileNode& node = profile.nodes(i);
@@ -236,10 +216,6 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
   for (int k = 0; k < profile.backward_steps_size(); ++k) {
     const v1::BackwardStep& s = profile.backward_steps(k);
     const std::string f = absl::StrCat("backward_steps[", k, "]");
-    if (s.forward_node() < -1 || s.forward_node() >= n) {
-      return Bad(f + ".forward_node", s.forward_node(),
-                 absl::StrCat("must be -1 or a node id in [0, ", n, ")"));
-    }
     if (s.ms() < 0 || !std::isfinite(s.ms())) {
       return absl::InvalidArgumentError(
           absl::StrCat(f, ".ms = ", s.ms(), ": must be a finite time >= 0"));
@@ -266,29 +242,6 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     const v1::Activation& a = profile.activations(i);
     const std::string f =
         absl::StrCat("activations[", i, "] (value_id ", a.value_id(), ")");
-    if (a.producer_node() < 0 || a.producer_node() >= n) {
-      return Bad(f + ".producer_node", a.producer_node(),
-                 absl::StrCat("must be a node id in [0, ", n, ")"));
-    }
-    if (a.size_bytes() < 0) {
-      return Bad(f + ".size_bytes", a.size_bytes(), "must be >= 0");
-    }
-    if (a.last_forward_use() < a.producer_node() || a.last_forward_use() >= n) {
-      return Bad(f + ".last_forward_use", a.last_forward_use(),
-                 absl::StrCat("must be a forward position in [producer_node ",
-                              a.producer_node(), ", ", n, ")"));
-    }
-    if (a.first_backward_use() < n || a.first_backward_use() >= p) {
-      return Bad(
-          f + ".first_backward_use", a.first_backward_use(),
-          absl::StrCat("must be a backward position in [", n, ", ", p, ")"));
-    }
-    if (a.last_backward_use() < a.first_backward_use() ||
-        a.last_backward_use() >= p) {
-      return Bad(f + ".last_backward_use", a.last_backward_use(),
-                 absl::StrCat("must be in [first_backward_use ",
-                              a.first_backward_use(), ", ", p, ")"));
-    }
     for (double v : {a.inactive_ms(), a.recompute_ms(), a.swap_ms()}) {
       if (v < 0 || !std::isfinite(v)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -323,16 +276,8 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
       }
       pa.recompute_sources.push_back(it->second);
     }
-    int previous = -1;
-    for (int node : a.recompute_nodes()) {
-      if (node < 0 || node >= n || node <= previous) {
-        return Bad(f + ".recompute_nodes[]", node,
-                   absl::StrCat("must be node ids in [0, ", n,
-                                ") in increasing order"));
-      }
-      previous = node;
-      pa.recompute_nodes.push_back(node);
-    }
+    pa.recompute_nodes.assign(a.recompute_nodes().begin(),
+                              a.recompute_nodes().end());
   }
   const v1::FixedMemory& fixed = profile.fixed();
   out.fixed_bytes = fixed.parameter_bytes() + fixed.gradient_bytes() +
@@ -381,6 +326,11 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
       profile.device().host_to_device_bytes_per_second();
   out.device_to_host_bytes_per_second =
       profile.device().device_to_host_bytes_per_second();
+  // The structural invariants (positions in range and ordered, ids that
+  // exist) are the simulator's, checked once for every way a profile
+  // reaches the planner; here on the profile's own positions, before the
+  // optimizer step below adds one.
+  MUTWO_RETURN_IF_ERROR(ValidatePlanProfile(&out));
   // Two allocator peaks of the training step lie outside the IR timeline.
   // The loss runs right after the last forward node, with that node's
   // activations held: its peak belongs to that position (a schedule that
@@ -407,50 +357,6 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
         PlanBackwardStep{optimizer_ms, -1, after, m.optimizer_peak_bytes()});
   }
   return out;
-}
-
-absl::StatusOr<int64_t> ResolveBudget(const v1::MemoryBudget& budget,
-                                      int64_t baseline_peak_bytes,
-                                      int64_t device_total_bytes) {
-  switch (budget.kind_case()) {
-    case v1::MemoryBudget::kBytes:
-      if (budget.bytes() <= 0) {
-        return Bad("budget.bytes", budget.bytes(), "must be positive");
-      }
-      return budget.bytes();
-    case v1::MemoryBudget::kFractionOfBaseline: {
-      const double f = budget.fraction_of_baseline();
-      if (!(f > 0 && f <= 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "budget.fraction_of_baseline = ", f, ": must be in (0, 1]"));
-      }
-      return static_cast<int64_t>(
-          std::floor(f * static_cast<double>(baseline_peak_bytes)));
-    }
-    case v1::MemoryBudget::kFractionOfDevice: {
-      const double f = budget.fraction_of_device();
-      if (!(f > 0 && f <= 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "budget.fraction_of_device = ", f, ": must be in (0, 1]"));
-      }
-      if (device_total_bytes <= 0) {
-        return absl::InvalidArgumentError(
-            "budget is a fraction of the device, but the profile's "
-            "device.total_bytes is not set");
-      }
-      return static_cast<int64_t>(
-          std::floor(f * static_cast<double>(device_total_bytes)));
-    }
-    case v1::MemoryBudget::kKnee:
-      return absl::InvalidArgumentError(
-          "budget \"auto\" (the knee of the Pareto curve) is resolved by "
-          "planning, not from the baseline peak alone");
-    case v1::MemoryBudget::KIND_NOT_SET:
-      break;
-  }
-  return absl::InvalidArgumentError(
-      "budget is not set: give bytes, a fraction of the baseline peak, a "
-      "fraction of the device or auto");
 }
 
 absl::StatusOr<Policy> ParsePolicy(absl::string_view text) {
@@ -598,167 +504,6 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
   return s;
 }
 
-namespace {
-
-// The smallest budget whose reserve leaves `peak_bytes` of room.
-int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
-  int64_t budget = static_cast<int64_t>(std::ceil(
-      (static_cast<double>(peak_bytes) + AllocatorReserveBytes(profile, 0)) /
-      (1 - kReserveFraction)));
-  while (budget - AllocatorReserveBytes(profile, budget) < peak_bytes) {
-    ++budget;
-  }
-  return budget;
-}
-
-// Plans `plan_profile` (the model of `profile`, or of `profile`'s graph at
-// another batch size) and writes the v1::Schedule.
-absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
-                                       const PlanProfile& plan_profile,
-                                       const ScheduleRequest& request) {
-  if (request.pareto_points == 1 || request.pareto_points < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pareto_points = ", request.pareto_points, ": use 0 or >= 2"));
-  }
-  Planner::Options options;
-  options.policy = PolicyFromProto(request.policy);
-  options.allow_swap = request.allow_swap;
-  options.record_curve = request.max_timeline_samples > 0;
-  options.interrupt = request.interrupt;
-  MUTWO_ASSIGN_OR_RETURN(auto planner, Planner::Create(plan_profile, options));
-  const bool with_reserve =
-      options.policy == Policy::kMutwo && request.device_reserve;
-  int64_t budget_bytes = 0;
-  std::vector<ParetoPoint> curve;
-  std::string knee_note;
-  if (request.budget.kind_case() == v1::MemoryBudget::kKnee) {
-    // `auto`: the lowest budget at which the knee's plan fits with the
-    // reserve. The knee comes from the uncorrected curve, so every round
-    // of the closed loop resolves the same budget.
-    curve = planner->Pareto(request.pareto_points >= 2 ? request.pareto_points
-                                                       : kKneeParetoPoints);
-    if (request.interrupt != nullptr && request.interrupt->Stopped()) {
-      return request.interrupt->status();
-    }
-    const int knee = KneeIndex(curve);
-    if (knee < 0) {
-      return absl::FailedPreconditionError(
-          "budget auto: the Pareto curve has no point (no schedule fits "
-          "even at the baseline peak)");
-    }
-    const ParetoPoint& k = curve[knee];
-    budget_bytes = with_reserve
-                       ? LowestBudgetAbove(profile, k.predicted_peak_bytes)
-                       : k.predicted_peak_bytes;
-    knee_note = absl::StrCat(
-        "auto: the knee of the Pareto curve (point ", knee + 1, " of ",
-        curve.size(), ", predicted peak ", FormatBytes(k.predicted_peak_bytes),
-        ", ", absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
-  } else {
-    MUTWO_ASSIGN_OR_RETURN(
-        budget_bytes, ResolveBudget(request.budget,
-                                    planner->simulator().baseline_peak_bytes(),
-                                    plan_profile.device_total_bytes));
-  }
-  if (request.correction_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "correction_bytes = ", request.correction_bytes, ": must be >= 0"));
-  }
-  // μ-TWO plans below the budget by the device reserve; the
-  // fixed baseline schedules are only checked against the budget. Both are
-  // planned below it by the correction measurements taught.
-  const int64_t reserve =
-      with_reserve ? AllocatorReserveBytes(profile, budget_bytes) : 0;
-  const int64_t correction = request.correction_bytes;
-  PlanResult result =
-      planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
-  if (request.interrupt != nullptr && request.interrupt->Stopped()) {
-    return request.interrupt->status();
-  }
-  if (reserve > 0 || correction > 0) result.budget_bytes = budget_bytes;
-  if (reserve > 0) {
-    // The lowest budget that is feasible.
-    result.floor_bytes = LowestBudgetAbove(profile, result.floor_bytes);
-    result.reason = absl::StrCat(
-        result.reason, result.reason.empty() ? "" : "; ", "planned for ",
-        budget_bytes - reserve - correction, " B: a reserve of ", reserve,
-        profile.device().kind() == "cuda"
-            ? " B (4 MiB + 1% of the budget) for the CUDA caching "
-              "allocator's block rounding"
-            : " B (16 KiB + 1.5% of the budget) for what the memory model "
-              "leaves out of replays");
-  }
-  if (correction > 0) {
-    result.reason = absl::StrCat(
-        result.reason, result.reason.empty() ? "" : "; ", "planned ",
-        correction, " B below the budget",
-        reserve > 0 ? " (and the reserve)" : "",
-        ": what validations measured above the prediction, plus a margin");
-  }
-  if (!knee_note.empty()) {
-    result.reason = absl::StrCat(knee_note, result.reason.empty() ? "" : "; ",
-                                 result.reason);
-  }
-  v1::Schedule schedule =
-      ScheduleToProto(profile, planner->profile(), result, request.budget,
-                      request.max_timeline_samples);
-  schedule.set_correction_bytes(correction);
-  if (request.pareto_points >= 2) {
-    if (curve.empty()) curve = planner->Pareto(request.pareto_points);
-    for (const ParetoPoint& pt : curve) {
-      v1::ParetoPoint* out = schedule.add_pareto();
-      out->set_budget_bytes(pt.budget_bytes);
-      out->set_predicted_peak_bytes(pt.predicted_peak_bytes);
-      out->set_predicted_iteration_ms(pt.predicted_iteration_ms);
-      out->set_recomputed(pt.recomputed);
-      out->set_swapped(pt.swapped);
-    }
-  }
-  if (request.interrupt != nullptr && request.interrupt->Stopped()) {
-    return request.interrupt->status();
-  }
-  return schedule;
-}
-
-}  // namespace
-
-absl::StatusOr<v1::Schedule> PlanSchedule(const v1::Profile& profile,
-                                          const ScheduleRequest& request) {
-  MUTWO_ASSIGN_OR_RETURN(PlanProfile plan_profile, ProfileFromProto(profile));
-  return PlanModel(profile, plan_profile, request);
-}
-
-absl::StatusOr<v1::Schedule> PlanScheduleAtBatch(
-    const std::vector<v1::Profile>& profiles, int64_t batch_size,
-    const ScheduleRequest& request) {
-  if (batch_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch size ", batch_size, ": must be > 0"));
-  }
-  MUTWO_ASSIGN_OR_RETURN(std::vector<BatchProfile> batch_profiles,
-                         BatchProfilesFromProto(profiles));
-  MUTWO_ASSIGN_OR_RETURN(PlanProfile plan_profile,
-                         ExtrapolateProfile(batch_profiles, batch_size));
-  // The graph's ids come from the largest profile; sizes and times from the
-  // fit.
-  const v1::Profile* largest = &profiles.front();
-  for (const v1::Profile& p : profiles) {
-    if (p.batch_size() > largest->batch_size()) largest = &p;
-  }
-  v1::Profile at_batch = *largest;
-  at_batch.set_batch_size(batch_size);
-  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
-                         PlanModel(at_batch, plan_profile, request));
-  std::string sizes;
-  for (const v1::Profile& p : profiles) {
-    absl::StrAppend(&sizes, sizes.empty() ? "" : ", ", p.batch_size());
-  }
-  schedule.set_reason(absl::StrCat(
-      schedule.reason(), schedule.reason().empty() ? "" : "; ",
-      "extrapolated to batch size ", batch_size, " from profiles at ", sizes));
-  return schedule;
-}
-
 absl::StatusOr<Decisions> DecisionsFromSchedule(const v1::Schedule& schedule,
                                                 const v1::Profile& profile) {
   absl::flat_hash_map<int, int> index_of;
@@ -788,39 +533,6 @@ absl::StatusOr<Decisions> DecisionsFromSchedule(const v1::Schedule& schedule,
     }
   }
   return d;
-}
-
-absl::StatusOr<v1::MaxBatchPrediction> PredictMaxBatchProto(
-    const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
-    double max_overhead) {
-  MUTWO_ASSIGN_OR_RETURN(std::vector<BatchProfile> batch_profiles,
-                         BatchProfilesFromProto(profiles));
-  MaxBatchOptions options;
-  options.capacity_bytes =
-      capacity_bytes > 0
-          ? capacity_bytes
-          : static_cast<int64_t>(
-                0.95 *
-                static_cast<double>(profiles.front().device().total_bytes()));
-  options.max_overhead = max_overhead > 0 ? max_overhead : 0.25;
-  options.reserve_bytes =
-      AllocatorReserveBytes(profiles.front(), options.capacity_bytes);
-  MUTWO_ASSIGN_OR_RETURN(MaxBatchResult r,
-                         PredictMaxBatch(batch_profiles, options));
-  v1::MaxBatchPrediction out;
-  out.set_capacity_bytes(r.capacity_bytes);
-  out.set_max_batch_without_checkpointing(r.max_batch_without_checkpointing);
-  out.set_max_batch_with_schedule(r.max_batch_with_schedule);
-  out.set_max_overhead(r.max_overhead);
-  for (int64_t b : r.profiled_batch_sizes) out.add_profiled_batch_sizes(b);
-  for (int64_t b : r.verify_batch_sizes) out.add_verify_batch_sizes(b);
-  out.set_bytes_per_sample(r.bytes_per_sample);
-  out.set_bytes_intercept(r.bytes_intercept);
-  out.set_fragmentation_fraction(r.fragmentation_fraction);
-  out.set_reserve_bytes(r.reserve_bytes);
-  out.set_extrapolation(r.extrapolation);
-  out.set_reason(r.reason);
-  return out;
 }
 
 }  // namespace mutwo::planner

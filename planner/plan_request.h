@@ -1,47 +1,19 @@
-// The planner's proto edge: v1::Profile -> PlanProfile (validated field by
-// field), v1::MemoryBudget -> bytes, PlanResult -> v1::Schedule, several
-// profiles -> v1::MaxBatchPrediction. Used by the server and by the offline
-// `mutwo plan` command. Stateless and thread-safe.
-#ifndef MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
-#define MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
+// Planning from protos: one profile (or a model's profiles at several batch
+// sizes) and a v1::MemoryBudget in, a v1::Schedule or v1::MaxBatchPrediction
+// out. Resolves the budget (bytes, fractions, `auto`: the knee of the Pareto
+// curve) and plans below it by the allocator reserve. Used by the server and
+// by the offline `mutwo plan` command. Stateless and thread-safe.
+#ifndef MUTWO_PLANNER_PLAN_REQUEST_H_
+#define MUTWO_PLANNER_PLAN_REQUEST_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "mutwo/v1/types.pb.h"
-#include "server/planner/interrupt.h"
-#include "server/planner/max_batch.h"
-#include "server/planner/model.h"
-#include "server/planner/planner.h"
+#include "planner/interrupt.h"
 
 namespace mutwo::planner {
-
-// Errors: InvalidArgument naming the first bad field, e.g.
-// `activations[2] (value_id 7).first_backward_use = 3: must be after
-// last_forward_use 5 and before position 12`.
-[[nodiscard]] absl::StatusOr<PlanProfile> ProfileFromProto(
-    const v1::Profile& profile);
-
-// Limits on what a profile may hold, so that no profile a worker reports
-// can make the planner's arithmetic overflow or its work explode: every
-// byte figure at most kMaxProfileBytes (1 PiB), at most kMaxProfileNodes
-// nodes and backward steps, kMaxProfileActivations activations and
-// kMaxMeanRecomputeSources recompute sources per activation on average.
-inline constexpr int64_t kMaxProfileBytes = int64_t{1} << 50;
-inline constexpr int kMaxProfileNodes = 1 << 20;
-inline constexpr int kMaxProfileActivations = 1 << 20;
-// Recompute sources per activation, on average over the profile (a real op
-// has a few inputs; DenseNet's widest concat a few dozen).
-inline constexpr int kMaxMeanRecomputeSources = 32;
-
-// Whether the planner can take `profile`: the checks of ProfileFromProto
-// and of the simulator (ValidatePlanProfile), the one validation the
-// server runs on a reported profile before storing it. A profile that ran
-// out of memory (oom) carries no timeline and is checked for its counts and
-// figures only. InvalidArgument naming the first bad field.
-[[nodiscard]] absl::Status ValidateProfile(const v1::Profile& profile);
 
 // What the μ-TWO policy keeps free under a budget. On a CUDA device 4 MiB +
 // 1% of the budget, for the caching allocator's block rounding (blocks are
@@ -59,16 +31,6 @@ inline constexpr double kReserveFraction = 0.01;
 inline constexpr double kCpuReserveFraction = 0.015;
 int64_t AllocatorReserveBytes(const v1::Profile& profile, int64_t budget_bytes);
 
-// The factor the profile's compute times are scaled by: the plain module
-// step over the interpreted step synchronised after every node, when both
-// are measured and the module step is the faster; else 1.
-double TimeScale(const v1::MeasuredStep& measured);
-
-// Each profile converted and paired with its batch size (errors name the
-// profile's batch size).
-[[nodiscard]] absl::StatusOr<std::vector<BatchProfile>> BatchProfilesFromProto(
-    const std::vector<v1::Profile>& profiles);
-
 // Budgets the Pareto sweep of `auto` (MemoryBudget.knee) tries when the
 // request asks for no curve of its own.
 inline constexpr int kKneeParetoPoints = 20;
@@ -80,11 +42,6 @@ inline constexpr int kKneeParetoPoints = 20;
 [[nodiscard]] absl::StatusOr<int64_t> ResolveBudget(
     const v1::MemoryBudget& budget, int64_t baseline_peak_bytes,
     int64_t device_total_bytes);
-
-// `mutwo`, `sqrt_n`, `per_block`, `none` (case-insensitive).
-[[nodiscard]] absl::StatusOr<Policy> ParsePolicy(absl::string_view text);
-Policy PolicyFromProto(v1::Policy policy);  // unspecified -> kMutwo
-v1::Policy PolicyToProto(Policy policy);
 
 struct ScheduleRequest {
   v1::MemoryBudget budget;
@@ -121,18 +78,6 @@ struct ScheduleRequest {
     const std::vector<v1::Profile>& profiles, int64_t batch_size,
     const ScheduleRequest& request);
 
-// The v1::Schedule of a computed plan (decisions for every activation).
-v1::Schedule ScheduleToProto(const v1::Profile& profile,
-                             const PlanProfile& plan_profile,
-                             const PlanResult& result,
-                             const v1::MemoryBudget& budget,
-                             int max_timeline_samples);
-
-// The decisions a schedule encodes, for re-simulation. Errors:
-// InvalidArgument for a value id the profile does not have.
-[[nodiscard]] absl::StatusOr<Decisions> DecisionsFromSchedule(
-    const v1::Schedule& schedule, const v1::Profile& profile);
-
 // Max batch size from profiles at two or more batch sizes. capacity_bytes 0
 // means 95% of the first profile's device.total_bytes; max_overhead 0 means
 // 0.25.
@@ -142,4 +87,4 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_PROTO_CONVERT_H_
+#endif  // MUTWO_PLANNER_PLAN_REQUEST_H_

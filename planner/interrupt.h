@@ -8,8 +8,8 @@
 //
 // Thread safety: polled by the one thread that plans; the cancellation
 // callback may read state of other threads (it must be thread-safe).
-#ifndef MUTWO_SERVER_PLANNER_INTERRUPT_H_
-#define MUTWO_SERVER_PLANNER_INTERRUPT_H_
+#ifndef MUTWO_PLANNER_INTERRUPT_H_
+#define MUTWO_PLANNER_INTERRUPT_H_
 
 #include <functional>
 #include <utility>
@@ -70,4 +70,4 @@ class Interrupt {
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_INTERRUPT_H_
+#endif  // MUTWO_PLANNER_INTERRUPT_H_

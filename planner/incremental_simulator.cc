@@ -1,4 +1,4 @@
-#include "server/planner/incremental_simulator.h"
+#include "planner/incremental_simulator.h"
 
 #include <algorithm>
 #include <cmath>

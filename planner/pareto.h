@@ -1,6 +1,6 @@
 // Budget sweeps and the non-dominated (peak, iteration time) frontier.
-#ifndef MUTWO_SERVER_PLANNER_PARETO_H_
-#define MUTWO_SERVER_PLANNER_PARETO_H_
+#ifndef MUTWO_PLANNER_PARETO_H_
+#define MUTWO_PLANNER_PARETO_H_
 
 #include <cstdint>
 #include <vector>
@@ -39,4 +39,4 @@ int KneeIndex(const std::vector<ParetoPoint>& curve);
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_PARETO_H_
+#endif  // MUTWO_PLANNER_PARETO_H_

@@ -1,4 +1,4 @@
-#include "server/planner/planner.h"
+#include "planner/planner.h"
 
 #include <algorithm>
 #include <limits>
@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "server/planner/baselines.h"
-#include "server/planner/replay_closure.h"
+#include "planner/baselines.h"
+#include "planner/replay_closure.h"
 
 namespace mutwo::planner {
 namespace {

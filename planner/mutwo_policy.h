@@ -27,8 +27,8 @@
 // by inactive time and recompute ratio (the best one inactive at the peak
 // in O(log^2) instead of a scan): the same choices, step by step, as the
 // full re-simulation (Options::incremental off), which tests check.
-#ifndef MUTWO_SERVER_PLANNER_MUTWO_POLICY_H_
-#define MUTWO_SERVER_PLANNER_MUTWO_POLICY_H_
+#ifndef MUTWO_PLANNER_MUTWO_POLICY_H_
+#define MUTWO_PLANNER_MUTWO_POLICY_H_
 
 #include <cstdint>
 #include <memory>
@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner/model.h"
-#include "server/planner/simulator.h"
+#include "planner/model.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 
@@ -172,4 +172,4 @@ Decisions DecisionsAfter(const Decisions& seed,
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_MUTWO_POLICY_H_
+#endif  // MUTWO_PLANNER_MUTWO_POLICY_H_

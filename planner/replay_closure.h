@@ -16,11 +16,11 @@
 // Their producers are replayed already: the replay's work is unchanged,
 // though the simulation may now count the time of a node in the range that
 // no member's lineage named.
-#ifndef MUTWO_SERVER_PLANNER_REPLAY_CLOSURE_H_
-#define MUTWO_SERVER_PLANNER_REPLAY_CLOSURE_H_
+#ifndef MUTWO_PLANNER_REPLAY_CLOSURE_H_
+#define MUTWO_PLANNER_REPLAY_CLOSURE_H_
 
-#include "server/planner/model.h"
-#include "server/planner/simulator.h"
+#include "planner/model.h"
+#include "planner/simulator.h"
 
 namespace mutwo::planner {
 
@@ -31,4 +31,4 @@ Decisions CloseOverReplays(const PlanProfile& profile,
 
 }  // namespace mutwo::planner
 
-#endif  // MUTWO_SERVER_PLANNER_REPLAY_CLOSURE_H_
+#endif  // MUTWO_PLANNER_REPLAY_CLOSURE_H_
