@@ -897,6 +897,21 @@ absl::Status JobCore::RefuseReport(const std::string& task_id,
   });
 }
 
+absl::Status JobCore::WriteReport(
+    absl::string_view task_id, int64_t fence_token, absl::string_view worker_id,
+    absl::string_view result, bool* retried,
+    const std::function<absl::Status(storage::Store::Writer&)>& body) {
+  return store_->Write([&](storage::Store::Writer& w) -> absl::Status {
+    MUTWO_ASSIGN_OR_RETURN(bool stored_now, w.CompleteTask(task_id, fence_token,
+                                                           worker_id, result));
+    if (!stored_now) {
+      *retried = true;
+      return absl::OkStatus();
+    }
+    return body(w);
+  });
+}
+
 void JobCore::ApplyCachePuts(const std::vector<CachePut>& puts) {
   for (const CachePut& put : puts) {
     if (absl::Status s = cache_.Put(put.key, put.job_id, put.schedule);
@@ -1049,16 +1064,10 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
                   prediction.status().ToString());
       }
     }
-    absl::Status written =
-        store_->Write([&](storage::Store::Writer& w) -> absl::Status {
-          MUTWO_ASSIGN_OR_RETURN(
-              bool stored_now,
-              w.CompleteTask(request.task_id(), request.fence_token(),
-                             request.worker_id(), profile.SerializeAsString()));
-          if (!stored_now) {
-            retried = true;  // a retried report: it was stored whole before
-            return absl::OkStatus();
-          }
+    absl::Status written = WriteReport(
+        request.task_id(), request.fence_token(), request.worker_id(),
+        profile.SerializeAsString(), &retried,
+        [&](storage::Store::Writer& w) -> absl::Status {
           MUTWO_RETURN_IF_ERROR(
               w.PutProfile(task.job_id(), task.batch_size(), profile));
           MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
@@ -1149,17 +1158,10 @@ absl::Status JobCore::ReportValidation(
                          CloseRound(job, task, validation, round,
                                     std::move(outcome), &cache_puts));
   bool retried = false;
-  MUTWO_RETURN_IF_ERROR(
-      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
-        MUTWO_ASSIGN_OR_RETURN(
-            bool stored_now,
-            w.CompleteTask(request.task_id(), request.fence_token(),
-                           request.worker_id(),
-                           request.validation().SerializeAsString()));
-        if (!stored_now) {
-          retried = true;
-          return absl::OkStatus();
-        }
+  MUTWO_RETURN_IF_ERROR(WriteReport(
+      request.task_id(), request.fence_token(), request.worker_id(),
+      request.validation().SerializeAsString(), &retried,
+      [&](storage::Store::Writer& w) -> absl::Status {
         MUTWO_RETURN_IF_ERROR(w.PutValidation(
             task.job_id(), task.batch_size(),
             budget.text().empty() ? FormatBudget(budget) : budget.text(), round,
@@ -1261,17 +1263,10 @@ absl::Status JobCore::ReportMaxBatchStep(
     }
   }
   bool retried = false;
-  MUTWO_RETURN_IF_ERROR(
-      store_->Write([&](storage::Store::Writer& w) -> absl::Status {
-        MUTWO_ASSIGN_OR_RETURN(
-            bool stored_now,
-            w.CompleteTask(request.task_id(), request.fence_token(),
-                           request.worker_id(),
-                           request.validation().SerializeAsString()));
-        if (!stored_now) {
-          retried = true;
-          return absl::OkStatus();
-        }
+  MUTWO_RETURN_IF_ERROR(WriteReport(
+      request.task_id(), request.fence_token(), request.worker_id(),
+      request.validation().SerializeAsString(), &retried,
+      [&](storage::Store::Writer& w) -> absl::Status {
         bool final = false;
         MUTWO_RETURN_IF_ERROR(
             w.UpdateJob(task.job_id(), [&](v1::Job& j) {

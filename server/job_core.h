@@ -261,6 +261,14 @@ class JobCore {
       bool include_timeline, std::vector<CachePut>* deferred = nullptr,
       const std::function<bool()>& cancelled = nullptr);
   void ApplyCachePuts(const std::vector<CachePut>& puts);
+  // One report's transaction: completes the reported task with `result`,
+  // then runs `body` with the same Writer. A report of a task completed
+  // before (a retry of a report stored whole the first time) sets
+  // `*retried` and writes nothing more.
+  absl::Status WriteReport(
+      absl::string_view task_id, int64_t fence_token,
+      absl::string_view worker_id, absl::string_view result, bool* retried,
+      const std::function<absl::Status(storage::Store::Writer&)>& body);
   // The store's reason why a report with this fence from this worker is not
   // taken (OK for a retried report of a completed task); writes nothing.
   absl::Status RefuseReport(const std::string& task_id, int64_t fence_token,
