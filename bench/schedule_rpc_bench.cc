@@ -24,7 +24,6 @@
 #include "grpcpp/grpcpp.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
-#include "planner/plan_request.h"
 #include "server/server.h"
 #include "tests/testing/synthetic_profile.h"
 
@@ -46,10 +45,7 @@ int Run() {
   options.metrics_listen = "";
   options.data_dir = dir.string();
   options.plan = PlannerPlanFn(20);
-  options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
-                         double o) {
-    return planner::PredictMaxBatchProto(ps, c, o);
-  };
+  options.max_batch = PlannerMaxBatchFn();
   auto server = *MutwoServer::Create(options);
   if (auto s = server->Start(); !s.ok()) {
     std::cerr << s << "\n";

@@ -243,6 +243,14 @@ PlanFn PlannerPlanFn(int pareto_points) {
       };
 }
 
+MaxBatchFn PlannerMaxBatchFn() {
+  return [](const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
+            double max_overhead) {
+    return planner::PredictMaxBatchProto(profiles, capacity_bytes,
+                                         max_overhead);
+  };
+}
+
 // ---------------------------------------------------------------------------
 // UploadSession
 

@@ -67,6 +67,8 @@ PlanFn PlannerPlanFn(int pareto_points);
 using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
     const std::vector<v1::Profile>& profiles, int64_t capacity_bytes,
     double max_overhead)>;
+// The real predictor (planner::PredictMaxBatchProto).
+MaxBatchFn PlannerMaxBatchFn();
 
 // Verifies one streamed upload: header first, then chunks. The bytes are
 // never held in memory: each chunk is hashed and appended to a temp file of

@@ -8,7 +8,6 @@
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/parse.h"
-#include "planner/plan_request.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
@@ -154,11 +153,7 @@ int main(int argc, char** argv) {
     options.core.max_upload_bytes_per_client = *bytes;
   }
   options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
-  options.max_batch = [](const std::vector<mutwo::v1::Profile>& profiles,
-                         int64_t capacity_bytes, double max_overhead) {
-    return mutwo::planner::PredictMaxBatchProto(profiles, capacity_bytes,
-                                                max_overhead);
-  };
+  options.max_batch = mutwo::PlannerMaxBatchFn();
   auto server = mutwo::MutwoServer::Create(options);
   if (!server.ok()) {
     MUTWO_LOG(error, "{}", server.status().ToString());

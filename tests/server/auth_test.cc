@@ -19,7 +19,6 @@
 #include "gtest/gtest.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
-#include "planner/plan_request.h"
 #include "server/auth/token_table.h"
 #include "server/server.h"
 #include "tests/testing/command.h"
@@ -103,10 +102,7 @@ class AuthTest : public ::testing::Test {
     options.data_dir = (dir_ / "data").string();
     options.security.tokens_file = (dir_ / "tokens.txt").string();
     options.plan = PlannerPlanFn(5);
-    options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
-                           double o) {
-      return planner::PredictMaxBatchProto(ps, c, o);
-    };
+    options.max_batch = PlannerMaxBatchFn();
     return options;
   }
 

@@ -34,7 +34,6 @@
 #include "gtest/gtest.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
-#include "planner/plan_request.h"
 #include "planner/proto_convert.h"
 #include "server/server.h"
 #include "storage/sqlite.h"
@@ -167,10 +166,7 @@ class FuzzTest : public ::testing::Test {
     options.core.max_lease_wait_ms = 200;
     options.core.max_model_bytes = 1 << 20;
     options.plan = PlannerPlanFn(5);
-    options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
-                           double o) {
-      return planner::PredictMaxBatchProto(ps, c, o);
-    };
+    options.max_batch = PlannerMaxBatchFn();
     auto server = MutwoServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);

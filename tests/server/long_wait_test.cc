@@ -18,7 +18,6 @@
 #include "gtest/gtest.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
-#include "planner/plan_request.h"
 #include "server/job_core.h"
 #include "server/server.h"
 #include "tests/testing/process.h"
@@ -71,10 +70,7 @@ class LongWaitTest : public ::testing::Test {
     options.core.max_watchers = max_watchers;
     options.core.waiter_retry_after_ms = retry_after_ms;
     options.plan = PlannerPlanFn(5);
-    options.max_batch = [](const std::vector<v1::Profile>& ps, int64_t c,
-                           double o) {
-      return planner::PredictMaxBatchProto(ps, c, o);
-    };
+    options.max_batch = PlannerMaxBatchFn();
     auto server = MutwoServer::Create(std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
