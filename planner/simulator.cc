@@ -43,7 +43,22 @@ int64_t Simulator::ReplayTransient(
     }
     most = std::max(most, made + node_transient_[node] - total);
   }
+  if (!forward_during_max_.empty() && !nodes.empty() && !members.empty()) {
+    const int first = std::min(nodes.front(), members.front().first);
+    const int last = members.back().first;
+    if (first > 0 && last >= first) {
+      const int64_t held =
+          ForwardDuringMax(first, last) - base_after_[first - 1];
+      most = std::max(most, held - total);
+    }
+  }
   return most;
+}
+
+int64_t Simulator::ForwardDuringMax(int first, int last) const {
+  const int level = 31 - __builtin_clz(static_cast<unsigned>(last - first + 1));
+  return std::max(forward_during_max_[level][first],
+                  forward_during_max_[level][last - (1 << level) + 1]);
 }
 
 const char* ActionName(Action action) {
@@ -217,6 +232,19 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
   sim->node_transient_.assign(n, 0);
   for (int i = 0; i < n; ++i) {
     sim->node_transient_[i] = profile->nodes[i].transient_bytes;
+  }
+  if (profile->HasAllocatorFigures() && n > 0) {
+    auto& table = sim->forward_during_max_;
+    table.emplace_back(sim->base_during_.begin(),
+                       sim->base_during_.begin() + n);
+    for (int width = 2; width <= n; width *= 2) {
+      const std::vector<int64_t>& prev = table.back();
+      std::vector<int64_t> next(n - width + 1);
+      for (int i = 0; i + width <= n; ++i) {
+        next[i] = std::max(prev[i], prev[i + width / 2]);
+      }
+      table.push_back(std::move(next));
+    }
   }
 
   sim->produced_by_.resize(n);

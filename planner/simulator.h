@@ -125,10 +125,14 @@ class Simulator {
   int64_t replay_transient_bytes(int node) const {
     return node_transient_[node];
   }
-  // The most a replay's op transients reach above all its members'
-  // bytes: an op runs with the members made before it (and its own)
-  // resident. `members`: (producer node, bytes) of the RECOMPUTE
-  // activations; `nodes`: the nodes replayed. Sorts both.
+  // The most a replay reaches above all its members' bytes: an op runs
+  // with the members made before it (and its own) resident, its transient
+  // on top. The executor replays the whole node range from the first node
+  // replayed to the last member, so what the plain forward held at most
+  // over that range (values no member is, dying inside it: the windowing
+  // before Swin's attention; retained activations the range makes again)
+  // bounds it from below too. `members`: (producer node, bytes) of the
+  // RECOMPUTE activations; `nodes`: the nodes replayed. Sorts both.
   int64_t ReplayTransient(std::vector<std::pair<int, int64_t>>& members,
                           std::vector<int>& nodes) const;
   // What a replay's transient adds at `position`: the replay runs before
@@ -160,6 +164,10 @@ class Simulator {
   std::vector<double> end_ms_;
   std::vector<int> op_nodes_;
   std::vector<int64_t> node_transient_;
+  // Sparse table of base_during_ over forward positions (range maxima);
+  // empty without allocator figures.
+  std::vector<std::vector<int64_t>> forward_during_max_;
+  int64_t ForwardDuringMax(int first, int last) const;
   std::vector<std::vector<int>> produced_by_;  // node -> activations
   std::vector<int> by_last_forward_use_;       // activation order
   int64_t baseline_peak_bytes_ = 0;

@@ -617,7 +617,8 @@ void SegmentRun::Replay() {
   RestoreCpuRng(cpu_rng_);
   RestoreDeviceRng(device_, cuda_rng_);
   replay_leaves_.clear();
-  replay_outputs_.clear();
+  replay_roots_.clear();
+  std::vector<torch::Tensor> replay_outputs;
   // Per input: a buffer's copy fed to the replay, and the buffer.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> buffer_feeds;
   {
@@ -659,15 +660,15 @@ void SegmentRun::Replay() {
       if (plan_->container_output[i]) {
         for (torch::Tensor& t :
              AddedTensors(value, {}, &container_layout_[i], false)) {
-          replay_outputs_.push_back(std::move(t));
+          replay_outputs.push_back(std::move(t));
         }
       } else {
-        Flatten(value, &replay_outputs_);
+        Flatten(value, &replay_outputs);
       }
     }
     // Inputs the forward wrote in place are outputs too (after the range's
     // outputs, as in RunForward).
-    for (size_t j : dirty_index_) replay_outputs_.push_back(feeds[j]);
+    for (size_t j : dirty_index_) replay_outputs.push_back(feeds[j]);
     // The tail rebuilds what autograd saved after the range (its own
     // backward nodes were recorded in forward): values only, in place into
     // the replayed outputs, from what it captured (buffers as copies).
@@ -721,7 +722,7 @@ void SegmentRun::Replay() {
   for (size_t k = 0; k < tensor_storage_.size(); ++k) {
     c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
     if (!impl) continue;
-    const torch::Tensor& fresh = replay_outputs_[k];
+    const torch::Tensor& fresh = replay_outputs[k];
     if (!tensor_freed_[k]) {
       if (fresh.defined() && fresh.has_storage() && impl->data() != nullptr &&
           !plan_->written_after[tensor_output_[k]] &&
@@ -743,13 +744,23 @@ void SegmentRun::Replay() {
     freed_bytes_ -= static_cast<int64_t>(impl->nbytes());
     tensor_freed_[k] = false;
   }
+  for (const torch::Tensor& t : replay_outputs) {
+    ReplayRoot root;
+    if (t.defined() && t.requires_grad()) {
+      root.differentiable = true;
+      root.leaf = t.grad_fn() == nullptr;
+      root.edge = torch::autograd::impl::gradient_edge(t);
+    }
+    replay_roots_.push_back(std::move(root));
+  }
+  replay_outputs.clear();
   if (after_replay_) after_replay_();
 }
 
 variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
   Replay();
   // The replay's backward runs on gradient edges, not on the replayed
-  // outputs: they are dropped first, so each lives only as long as the
+  // outputs: Replay() dropped them, so each lives only as long as the
   // replay's graph needs it (as in the plain step). Incoming gradients that
   // only the engine holds are moved into tensors of our own and freed once
   // the node that consumes them ran.
@@ -757,20 +768,16 @@ variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
   variable_list grads;
   absl::flat_hash_map<torch::autograd::Node*, std::vector<c10::StorageImpl*>>
       owned_by_root;
-  for (size_t k = 0; k < replay_outputs_.size() && k < grad_outputs.size();
-       ++k) {
-    const torch::Tensor& t = replay_outputs_[k];
-    if (!t.defined() || !t.requires_grad() || !grad_outputs[k].defined()) {
-      continue;
-    }
-    roots.push_back(torch::autograd::impl::gradient_edge(t));
+  for (size_t k = 0; k < replay_roots_.size() && k < grad_outputs.size(); ++k) {
+    const ReplayRoot& root = replay_roots_[k];
+    if (!root.differentiable || !grad_outputs[k].defined()) continue;
+    roots.push_back(root.edge);
     // (The engine copies the gradients of a node with post hooks: the
     // probe's count does not hold for it. An output that is a leaf, a
     // parameter or an input the segment passes through, has its gradient
     // captured as the result: it must not be freed once consumed.)
-    const bool leaf = t.grad_fn() == nullptr;
     torch::Tensor grad =
-        !leaf && grad_fn_ != nullptr && grad_fn_->post_hooks().empty()
+        !root.leaf && grad_fn_ != nullptr && grad_fn_->post_hooks().empty()
             ? TakeGradient(grad_outputs[k])
             : grad_outputs[k];
     if (!grad.is_same(grad_outputs[k])) {
@@ -796,7 +803,7 @@ variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
   for (size_t p = 0; p < params_.size(); ++p) {
     add_wrt(params_[p], num_input_tensors_ + p);
   }
-  replay_outputs_.clear();
+  replay_roots_.clear();
   for (const auto& [root, owned] : owned_by_root) {
     root->add_pre_hook(std::make_unique<FreeAccumulatedGradients>(owned));
     root->add_post_hook(std::make_unique<FreeConsumedGradients>(owned));

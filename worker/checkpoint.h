@@ -186,7 +186,17 @@ class SegmentRun {
   std::vector<int> tensor_free_after_;
   std::vector<std::set<int>> tensor_readers_;
   int64_t freed_bytes_ = 0;
-  std::vector<torch::Tensor> replay_outputs_;
+  // Per output tensor of the replay (in RunForward's order): what Backward
+  // needs of it, its gradient edge. The tensors themselves are dropped when
+  // the replay ends, so an output nothing saved dies as in the plain step
+  // (a range's output that only a node outside the range read: ResNet's
+  // downsample branch) instead of living until this segment's backward.
+  struct ReplayRoot {
+    bool differentiable = false;  // defined and requires grad
+    bool leaf = false;            // no grad_fn: its gradient is the result
+    torch::autograd::Edge edge;
+  };
+  std::vector<ReplayRoot> replay_roots_;
   std::vector<torch::Tensor> replay_leaves_;
   std::string cpu_rng_;
   torch::Tensor cuda_rng_;

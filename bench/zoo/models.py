@@ -41,6 +41,7 @@ import sys
 import time
 import traceback
 import warnings
+import zlib
 from typing import List
 
 import torch
@@ -531,6 +532,56 @@ def script_torchvision(e, tier):
     return scripted
 
 
+_ENTRIES = []
+_ARGS = None
+
+
+def _script_entry(i):
+    """Scripts entry i of _ENTRIES into _ARGS.out and prints one line;
+    returns the entry (what scripting filled in: input size, inputs, loss,
+    path or script_error, params) without its builders, which do not
+    cross a process boundary."""
+    e, args = _ENTRIES[i], _ARGS
+    path, error, params = _script_one(e, args)
+    out = {k: v for k, v in e.items() if k not in ("build", "_builder")}
+    out.update(path=path, script_error=error)
+    if params is not None:
+        out["params"] = params
+    return out
+
+
+def _script_one(e, args):
+    t = time.time()
+    if e.get("excluded"):
+        print(f"{e['name']}: {e['excluded']}", file=sys.stderr, flush=True)
+        return None, None, None
+    if args.jobs > 1:
+        torch.set_num_threads(1)
+    # Weights from a seed of the model's own, whichever process scripts it.
+    torch.manual_seed(zlib.crc32(e["name"].encode()))
+    params, path, error = None, None, None
+    try:
+        if e["source"] == "repo":
+            model = e["build"]()
+            model.train()
+            params = count_params(model)
+            scripted = torch.jit.script(model)
+        else:
+            scripted = script_torchvision(e, args.tier)
+            if scripted is None:
+                print(f"{e['name']}: {e['excluded']}", file=sys.stderr, flush=True)
+                return None, None, None
+        path = os.path.abspath(os.path.join(args.out, e["name"] + ".pt"))
+        scripted.save(path)
+    except Exception as ex:  # recorded, never dropped
+        path, error = None, one_line(ex)
+    shown = params if params is not None else e.get("params", 0)
+    print(f"{e['name']}: {e['family']} {shown / 1e6:.2f}M "
+          f"{'scripted' if path else 'NOT scripted: ' + error}"
+          f" ({time.time() - t:.1f}s)", file=sys.stderr, flush=True)
+    return path, error, params
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tier", choices=["cpu", "gpu"], default="cpu")
@@ -542,6 +593,8 @@ def main():
     ap.add_argument("--cpu-max-params-m", type=float,
                     default=DEFAULT_CPU_MAX_PARAMS_M,
                     help="CPU size rule: parameter bound in millions")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="models scripted at once (processes)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     only = set(filter(None, args.models.split(",")))
@@ -556,34 +609,17 @@ def main():
     if args.batch:
         for e in entries:
             e["batch"] = args.batch
-    for e in entries:
-        t = time.time()
-        e.update(path=None, script_error=None)
-        if e.get("excluded"):
-            e.pop("_builder", None)
-            print(f"{e['name']}: {e['excluded']}", file=sys.stderr)
-            continue
-        try:
-            if e["source"] == "repo":
-                model = e.pop("build")()
-                model.train()
-                e["params"] = count_params(model)
-                scripted = torch.jit.script(model)
-            else:
-                scripted = script_torchvision(e, args.tier)
-                if scripted is None:
-                    print(f"{e['name']}: {e['excluded']}", file=sys.stderr)
-                    continue
-            path = os.path.join(args.out, e["name"] + ".pt")
-            scripted.save(path)
-            e["path"] = os.path.abspath(path)
-        except Exception as ex:  # recorded, never dropped
-            e.pop("build", None)
-            e.pop("_builder", None)
-            e["script_error"] = one_line(ex)
-        print(f"{e['name']}: {e['family']} {e['params'] / 1e6:.2f}M "
-              f"{'scripted' if e['path'] else 'NOT scripted: ' + e['script_error']}"
-              f" ({time.time() - t:.1f}s)", file=sys.stderr, flush=True)
+    global _ENTRIES, _ARGS
+    _ENTRIES, _ARGS = entries, args
+    if args.jobs > 1:
+        # Scripting is Python-bound and per model: children forked with
+        # the entries (builders are not picklable) script one model each.
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            done = pool.map(_script_entry, range(len(entries)), chunksize=1)
+    else:
+        done = [_script_entry(i) for i in range(len(entries))]
+    entries = done
     manifest = {
         "tier": args.tier,
         "command": " ".join(["bench/zoo/models.py"] + sys.argv[1:]),

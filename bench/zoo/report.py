@@ -124,6 +124,13 @@ def section(res):
                f" of it (as mutwo-server does)")
     if res.get("size_rule"):
         out.append(f"- size rule: {res['size_rule']}")
+    if res.get("jobs", 1) > 1:
+        out.append(f"- {res['jobs']} models ran at once on the device (each "
+                   f"point its own process: peaks are per process; step "
+                   f"times were taken on a shared device)")
+    if res.get("complete") is False:
+        out.append("- **incomplete**: the run stopped before its last model; "
+                   "the rows are the models it finished")
     out.append("")
     bars = s["bars"]
     ok = lambda b: "PASS" if b else "FAIL"

@@ -29,7 +29,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 PRED_TOLERANCE = 0.05
 PRED_SHARE = 0.95
@@ -85,8 +87,12 @@ def git_commit(repo):
         return ""
 
 
+_EMIT_LOCK = threading.Lock()
+
+
 def emit(obj):
-    print(json.dumps(obj, separators=(",", ":")), flush=True)
+    with _EMIT_LOCK:
+        print(json.dumps(obj, separators=(",", ":")), flush=True)
 
 
 def run_model(m, args, work):
@@ -389,6 +395,12 @@ def main():
     ap.add_argument("--reproduce", default="",
                     help="the command line that reproduces this run, for the "
                          "report (default: models.py's and this one)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="models run at once on the device (each point is "
+                    "its own process, so measured peaks stay per process; "
+                    "step times are then measured on a shared device). A "
+                    "model that ran out of memory beside others runs again "
+                    "alone")
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 even when a bar fails")
     args = ap.parse_args()
@@ -416,27 +428,68 @@ def main():
     work = args.work or tempfile.mkdtemp(prefix="mutwo-zoo-")
     os.makedirs(work, exist_ok=True)
     t0 = time.time()
-    records = []
-    try:
-        for m in manifest["models"]:
-            if only and m["name"] not in only:
-                continue
-            tm = time.time()
-            rec = run_model(m, args, work)
-            rec["seconds"] = round(time.time() - tm, 1)
-            records.append(rec)
-            if not rec["points"]:
-                emit({"model": rec["name"],
-                      "excluded": rec.get("excluded"),
-                      "failures": rec["failures"]})
-            if rec.get("excluded"):
-                continue
+    todo = [m for m in manifest["models"] if not only or m["name"] in only]
+    done = {}
+    lock = threading.Lock()
+
+    def one(m):
+        tm = time.time()
+        rec = run_model(m, args, work)
+        rec["seconds"] = round(time.time() - tm, 1)
+        if not rec["points"]:
+            emit({"model": rec["name"], "excluded": rec.get("excluded"),
+                  "failures": rec["failures"]})
+        if not rec.get("excluded"):
             print(f"zoo: {rec['name']}: {len(rec['points'])} points, "
                   f"{len(rec['failures'])} model failures ({rec['seconds']}s)",
                   file=sys.stderr, flush=True)
+        with lock:
+            done[m["name"]] = rec
+            # The record so far, after every model: a run cut short keeps
+            # what it measured.
+            write_results(args, manifest, repo, tier,
+                          [done[x["name"]] for x in todo if x["name"] in done],
+                          t0, complete=False)
+        return rec
+
+    try:
+        if args.jobs > 1:
+            with ThreadPoolExecutor(args.jobs) as pool:
+                list(pool.map(one, todo))
+            # Beside other models a model can run out of device memory that
+            # it would have alone: those run again, one at a time.
+            for m in todo:
+                if ran_out_of_memory(done[m["name"]]):
+                    print(f"zoo: {m['name']}: out of memory beside other "
+                          f"models; again alone", file=sys.stderr, flush=True)
+                    one(m)["rerun_alone"] = True
+        else:
+            for m in todo:
+                one(m)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
+    records = [done[m["name"]] for m in todo]
+    summary = write_results(args, manifest, repo, tier, records, t0,
+                            complete=True)
+    emit({"summary": summary})
+    print(f"zoo: wrote {os.path.join(args.out, 'zoo_results.json')} "
+          f"({summary['seconds']}s); "
+          f"{'GREEN' if summary['green'] else 'NOT green'}", file=sys.stderr)
+    return 0 if summary["green"] or args.no_fail else 1
+
+
+def ran_out_of_memory(rec):
+    """Whether a failure or a point of `rec` ran out of device memory."""
+    texts = [f.get("error") or "" for f in rec.get("failures", [])]
+    texts += [p.get("error") or "" for p in rec.get("points", [])]
+    texts += [p.get("executor_error") or "" for p in rec.get("points", [])]
+    return rec.get("profile_oom") or any(
+        "out of memory" in t.lower() for t in texts)
+
+
+def write_results(args, manifest, repo, tier, records, t0, complete):
+    """Writes OUT/zoo_results.json from `records`; returns the summary."""
     summary = summarize(records)
     summary["seconds"] = round(time.time() - t0, 1)
     device_name = next((r["device_name"] for r in records if r.get("device_name")), None)
@@ -465,6 +518,8 @@ def main():
                                "measured_peak <= budget"],
                  "per_run": f"|predicted/measured - 1| <= {PRED_TOLERANCE} "
                             f"at >= {PRED_SHARE:.0%} of executed points"},
+        "jobs": args.jobs,
+        "complete": complete,
         "summary": summary,
         "models": records,
     }
@@ -472,10 +527,7 @@ def main():
     with open(path, "w") as f:
         json.dump(results, f, separators=(",", ":"))
         f.write("\n")
-    emit({"summary": summary})
-    print(f"zoo: wrote {path} ({summary['seconds']}s); "
-          f"{'GREEN' if summary['green'] else 'NOT green'}", file=sys.stderr)
-    return 0 if summary["green"] or args.no_fail else 1
+    return summary
 
 
 if __name__ == "__main__":
