@@ -5,7 +5,8 @@ include(CMakePackageConfigHelpers)
 include(GNUInstallDirs)
 
 install(TARGETS mutwo_train mutwo_worker mutwo_worker_analysis
-                mutwo_worker_daemon mutwo_common mutwo_proto
+                mutwo_worker_daemon mutwo_common mutwo_common_base mutwo_proto
+                mutwo_proto_messages
   EXPORT mutwoTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -8,11 +8,111 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace mutwo {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+
+// `snake_case` as protobuf's JSON name (`snakeCase`), which the parser
+// accepts as well.
+std::string JsonName(const std::string& name) {
+  std::string out;
+  bool upper = false;
+  for (char c : name) {
+    if (c == '_') {
+      upper = true;
+    } else {
+      out += upper ? absl::ascii_toupper(c) : c;
+      upper = false;
+    }
+  }
+  return out;
+}
+
+bool IsReservedKey(const Descriptor& descriptor, const std::string& key) {
+  for (int i = 0; i < descriptor.reserved_name_count(); ++i) {
+    const std::string& name = descriptor.reserved_name(i);
+    if (key == name || key == JsonName(name)) return true;
+  }
+  return false;
+}
+
+// The field a JSON member names: its proto name or its JSON name.
+const FieldDescriptor* FieldNamed(const Descriptor& descriptor,
+                                  const std::string& key) {
+  if (const FieldDescriptor* field = descriptor.FindFieldByName(key)) {
+    return field;
+  }
+  for (int i = 0; i < descriptor.field_count(); ++i) {
+    if (descriptor.field(i)->json_name() == key) return descriptor.field(i);
+  }
+  return nullptr;
+}
+
+int DropReservedKeys(const Descriptor& descriptor,
+                     google::protobuf::Struct* object);
+
+// `value` is the JSON of a `type` message (or a list of them); the
+// well-known types have JSON forms of their own and no reserved names.
+int DropReservedKeysInValue(const Descriptor& type,
+                            google::protobuf::Value* value) {
+  if (type.file()->package() == "google.protobuf") return 0;
+  int dropped = 0;
+  if (value->has_struct_value()) {
+    dropped += DropReservedKeys(type, value->mutable_struct_value());
+  } else if (value->has_list_value()) {
+    for (google::protobuf::Value& element :
+         *value->mutable_list_value()->mutable_values()) {
+      if (element.has_struct_value()) {
+        dropped += DropReservedKeys(type, element.mutable_struct_value());
+      }
+    }
+  }
+  return dropped;
+}
+
+// Removes the members of `object` (the JSON of a `descriptor` message, and
+// of the messages in it) that name a reserved field: a field removed from
+// the API, which JSON written before the removal still has. Returns how
+// many it removed.
+int DropReservedKeys(const Descriptor& descriptor,
+                     google::protobuf::Struct* object) {
+  int dropped = 0;
+  auto& members = *object->mutable_fields();
+  for (auto it = members.begin(); it != members.end();) {
+    if (IsReservedKey(descriptor, it->first)) {
+      it = members.erase(it);
+      ++dropped;
+      continue;
+    }
+    const FieldDescriptor* field = FieldNamed(descriptor, it->first);
+    if (field != nullptr && field->is_map()) {
+      const FieldDescriptor* map_value = field->message_type()->map_value();
+      if (map_value->message_type() != nullptr &&
+          it->second.has_struct_value()) {
+        for (auto& [key, entry] :
+             *it->second.mutable_struct_value()->mutable_fields()) {
+          dropped +=
+              DropReservedKeysInValue(*map_value->message_type(), &entry);
+        }
+      }
+    } else if (field != nullptr && field->message_type() != nullptr) {
+      dropped += DropReservedKeysInValue(*field->message_type(), &it->second);
+    }
+    ++it;
+  }
+  return dropped;
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadFile(const std::string& path,
                                      int64_t max_bytes) {
@@ -80,6 +180,25 @@ absl::Status ProtoFromJson(absl::string_view json, absl::string_view what,
   auto status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(json.data(), json.size()), message,
       options);
+  if (!status.ok()) {
+    // Written by a version that still had a field now reserved (e.g. a
+    // stored profile with Activation.occurrence): read it without those
+    // members. Any other unknown member is still an error.
+    google::protobuf::Value tree;
+    if (google::protobuf::util::JsonStringToMessage(
+            google::protobuf::StringPiece(json.data(), json.size()), &tree)
+            .ok() &&
+        tree.has_struct_value() &&
+        DropReservedKeys(*message->GetDescriptor(),
+                         tree.mutable_struct_value()) > 0) {
+      std::string without;
+      if (google::protobuf::util::MessageToJsonString(tree, &without).ok()) {
+        message->Clear();
+        status = google::protobuf::util::JsonStringToMessage(without, message,
+                                                             options);
+      }
+    }
+  }
   if (!status.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": not a valid ", message->GetDescriptor()->name(),

@@ -21,7 +21,9 @@ namespace mutwo {
 // Pretty JSON with proto field names and default values printed.
 std::string ProtoToJson(const google::protobuf::Message& message,
                         bool pretty = true);
-// Parses JSON into `message`; the error names `what` (e.g. the file).
+// Parses JSON into `message`; the error names `what` (e.g. the file). An
+// unknown member is an error, except one that names a field the message
+// reserves (removed from the API): JSON written before the removal loads.
 [[nodiscard]] absl::Status ProtoFromJson(absl::string_view json,
                                          absl::string_view what,
                                          google::protobuf::Message* message);

@@ -32,25 +32,25 @@ std::string Joined(const Repeated& values) {
 std::string FormatProfileCsv(const v1::Profile& profile) {
   std::string out =
       "id,kind,scope,forward_ms,backward_ms,allocated_bytes_after,"
-      "peak_bytes_during,occurrences,is_op,input_nodes\n";
+      "peak_bytes_during,is_op,input_nodes\n";
   for (const v1::ProfileNode& n : profile.nodes()) {
     absl::StrAppend(&out, n.id(), ",", Cell(n.kind()), ",", Cell(n.scope()),
                     ",", absl::StrFormat("%.6f", n.forward_ms()), ",",
                     absl::StrFormat("%.6f", n.backward_ms()), ",",
                     n.allocated_bytes_after(), ",", n.peak_bytes_during(), ",",
-                    n.occurrences(), ",", n.is_op() ? "true" : "false", ",",
-                    Joined(n.input_nodes()), "\n");
+                    n.is_op() ? "true" : "false", ",", Joined(n.input_nodes()),
+                    "\n");
   }
   absl::StrAppend(
       &out,
-      "\nvalue_id,producer_node,occurrence,size_bytes,storages,"
+      "\nvalue_id,producer_node,size_bytes,storages,"
       "last_forward_use,first_backward_use,last_backward_use,inactive_ms,"
       "recompute_ms,swap_ms,recompute_sources,recompute_nodes\n");
   for (const v1::Activation& a : profile.activations()) {
     absl::StrAppend(
-        &out, a.value_id(), ",", a.producer_node(), ",", a.occurrence(), ",",
-        a.size_bytes(), ",", a.storages(), ",", a.last_forward_use(), ",",
-        a.first_backward_use(), ",", a.last_backward_use(), ",",
+        &out, a.value_id(), ",", a.producer_node(), ",", a.size_bytes(), ",",
+        a.storages(), ",", a.last_forward_use(), ",", a.first_backward_use(),
+        ",", a.last_backward_use(), ",",
         absl::StrFormat("%.6f", a.inactive_ms()), ",",
         absl::StrFormat("%.6f", a.recompute_ms()), ",",
         absl::StrFormat("%.6f", a.swap_ms()), ",",

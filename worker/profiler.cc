@@ -561,7 +561,6 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     v1::Activation* a = profile->add_activations();
     a->set_value_id(record.value_id);
     a->set_producer_node(record.producer_node);
-    a->set_occurrence(0);
     a->set_size_bytes(record.size_bytes);
     a->set_unswappable_bytes(record.unswappable_bytes);
     a->set_storages(record.storages);
@@ -652,7 +651,6 @@ absl::StatusOr<v1::Profile> Profiler::Run() {
     node->set_id(ir.id);
     node->set_kind(ir.kind);
     node->set_scope(ir.scope);
-    node->set_occurrences(1);
     for (int input : ir.input_nodes) node->add_input_nodes(input);
     node->set_is_op(ir.is_op);
   }

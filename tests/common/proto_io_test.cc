@@ -57,6 +57,67 @@ TEST(ProtoIo, BadJsonNamesTheSource) {
   EXPECT_FALSE(ProtoFromJson("{\"no_such_field\": 1}", "x", &profile).ok());
 }
 
+// Profiles stored before issue 13 have ProfileNode.occurrences (always 1)
+// and Activation.occurrence (always 0), now reserved: they still load, as
+// JSON (the form `mutwo plan` reads) and as the binary the store keeps.
+TEST(ProtoIo, ProfilesWithRetiredOccurrenceFieldsStillLoad) {
+  const std::string old_json = R"({
+ "graph_fingerprint": "cf595fe70868d639",
+ "batch_size": "16",
+ "nodes": [
+  {"id": 0, "kind": "aten::conv2d", "scope": "conv1", "forward_ms": 0.5,
+   "allocated_bytes_after": "1024", "occurrences": 1, "input_nodes": [],
+   "is_op": true, "peak_bytes_during": "2048"},
+  {"id": 1, "kind": "aten::relu", "occurrences": 1, "inputNodes": [0],
+   "is_op": true}
+ ],
+ "activations": [
+  {"value_id": 0, "producer_node": 0, "occurrence": 0, "size_bytes": "512",
+   "storages": 1, "last_forward_use": 1, "first_backward_use": 3,
+   "last_backward_use": 3, "recompute_nodes": [0]},
+  {"value_id": 1, "producerNode": 1, "occurrence": 0, "sizeBytes": "256"}
+ ]
+})";
+  v1::Profile profile;
+  absl::Status status = ProtoFromJson(old_json, "old.json", &profile);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(profile.graph_fingerprint(), "cf595fe70868d639");
+  EXPECT_EQ(profile.batch_size(), 16);
+  ASSERT_EQ(profile.nodes_size(), 2);
+  EXPECT_EQ(profile.nodes(0).scope(), "conv1");
+  EXPECT_EQ(profile.nodes(0).forward_ms(), 0.5);
+  EXPECT_EQ(profile.nodes(0).peak_bytes_during(), 2048);
+  EXPECT_EQ(profile.nodes(1).input_nodes(0), 0);
+  ASSERT_EQ(profile.activations_size(), 2);
+  EXPECT_EQ(profile.activations(0).size_bytes(), 512);
+  EXPECT_EQ(profile.activations(0).first_backward_use(), 3);
+  EXPECT_EQ(profile.activations(0).recompute_nodes(0), 0);
+  EXPECT_EQ(profile.activations(1).producer_node(), 1);
+  EXPECT_EQ(profile.activations(1).size_bytes(), 256);
+
+  // A retired name does not make other unknown members acceptable.
+  status = ProtoFromJson(
+      R"({"nodes": [{"id": 0, "occurrences": 1, "occurences": 1}]})", "typo",
+      &profile);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("occurences"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("typo: not a valid"));
+  // Nor a bad value beside it.
+  status = ProtoFromJson(
+      R"({"batch_size": "eight", "activations": [{"occurrence": 0}]})", "bad",
+      &profile);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+
+  // Binary: ProfileNode field 7 (occurrences = 1) after id = 4.
+  v1::ProfileNode node;
+  ASSERT_TRUE(node.ParseFromString(std::string("\x08\x04\x38\x01", 4)));
+  EXPECT_EQ(node.id(), 4);
+  // Activation field 3 (occurrence = 2) after value_id = 5.
+  v1::Activation activation;
+  ASSERT_TRUE(activation.ParseFromString(std::string("\x08\x05\x18\x02", 4)));
+  EXPECT_EQ(activation.value_id(), 5);
+}
+
 TEST(ProtoIo, FilesWriteAtomicallyAndRespectLimits) {
   const std::string path = ::testing::TempDir() + "/proto_io_test.bin";
   ASSERT_TRUE(WriteFileAtomically(path, "hello").ok());

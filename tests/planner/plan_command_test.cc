@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/str_replace.h"
 #include "common/proto_io.h"
 #include "tests/planner/proto_profile.h"
 #include "tests/testing/command.h"
@@ -13,6 +14,15 @@ namespace {
 
 using ::mutwo::testing::BinPath;
 using ::mutwo::testing::RunCommand;
+
+int CountOf(const std::string& text, const std::string& part) {
+  int count = 0;
+  for (size_t at = text.find(part); at != std::string::npos;
+       at = text.find(part, at + part.size())) {
+    ++count;
+  }
+  return count;
+}
 
 class PlanCommandTest : public ::testing::Test {
  protected:
@@ -96,6 +106,29 @@ TEST_F(PlanCommandTest, AutoBudgetPlansAtTheKnee) {
       << r.output;
   EXPECT_NE(r.output.find("feasible        yes"), std::string::npos);
   EXPECT_NE(r.output.find("the knee of the Pareto curve"), std::string::npos);
+}
+
+// A profile JSON written before issue 13 (ProfileNode.occurrences 1,
+// Activation.occurrence 0; both reserved since) plans as it did.
+TEST_F(PlanCommandTest, ProfileWithRetiredOccurrenceFieldsPlansTheSame) {
+  std::string old_json = ProtoToJson(planner::testing::DiamondProto());
+  const int nodes = planner::testing::DiamondProto().nodes_size();
+  const int activations = planner::testing::DiamondProto().activations_size();
+  ASSERT_GT(nodes, 0);
+  ASSERT_GT(activations, 0);
+  old_json = absl::StrReplaceAll(
+      old_json, {{"\"id\": ", "\"occurrences\": 1, \"id\": "},
+                 {"\"value_id\": ", "\"occurrence\": 0, \"value_id\": "}});
+  ASSERT_EQ(CountOf(old_json, "\"occurrences\": 1"), nodes);
+  ASSERT_EQ(CountOf(old_json, "\"occurrence\": 0"), activations);
+  const std::string old_profile = dir_ + "/old_profile.json";
+  ASSERT_TRUE(WriteFileAtomically(old_profile, old_json).ok());
+
+  const auto now = Plan(profile_ + " --budget 70% --output json");
+  const auto old = Plan(old_profile + " --budget 70% --output json");
+  ASSERT_EQ(now.exit_code, 0) << now.output;
+  ASSERT_EQ(old.exit_code, 0) << old.output;
+  EXPECT_EQ(old.output, now.output);
 }
 
 }  // namespace

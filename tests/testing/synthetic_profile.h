@@ -34,7 +34,6 @@ inline v1::Profile ChainProfile(int64_t batch_size, int nodes = 8,
     n->set_backward_ms(2.0);
     n->set_allocated_bytes_after(fixed_bytes + (i + 1) * act);
     n->set_peak_bytes_during(fixed_bytes + (i + 1) * act);
-    n->set_occurrences(1);
     n->set_is_op(true);
     if (i > 0) n->add_input_nodes(i - 1);
   }

@@ -1,0 +1,220 @@
+// planner/plan_request.h: budget resolution, the allocator reserve,
+// PlanSchedule (the knee, corrections, infeasible budgets) and
+// PredictMaxBatchProto on the hand-built Diamond profile; PlanScheduleAtBatch
+// on chain profiles that grow linearly with the batch size (end to end in
+// plan_command_test.cc, PlanAtBatchCommandTest).
+#include "planner/plan_request.h"
+
+#include <gtest/gtest.h>
+
+#include "common/parse.h"
+#include "planner/pareto.h"
+#include "tests/planner/proto_profile.h"
+#include "tests/testing/synthetic_profile.h"
+
+namespace mutwo::planner {
+namespace {
+
+using testing::DiamondProto;
+
+// `auto` resolves to the knee of the Pareto curve: a budget between the
+// floor and the baseline peak at which the plan is the knee's point.
+TEST(PlanRequestTest, AutoBudgetPlansAtTheKnee) {
+  ScheduleRequest request;
+  request.device_reserve = false;
+  request.budget = *ParseBudget("AUTO");
+  request.pareto_points = 20;
+  auto s = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->feasible());
+  EXPECT_EQ(s->budget().text(), "auto");
+  ASSERT_GE(s->pareto_size(), 2);
+  std::vector<ParetoPoint> curve;
+  for (const v1::ParetoPoint& p : s->pareto()) {
+    curve.push_back({p.budget_bytes(), p.predicted_peak_bytes(),
+                     p.predicted_iteration_ms(), p.recomputed(), p.swapped()});
+  }
+  const int knee = KneeIndex(curve);
+  ASSERT_GE(knee, 0);
+  EXPECT_EQ(s->budget_bytes(), curve[knee].predicted_peak_bytes);
+  EXPECT_EQ(s->predicted_peak_bytes(), curve[knee].predicted_peak_bytes);
+  EXPECT_GE(s->budget_bytes(), s->floor_bytes());
+  EXPECT_LE(s->budget_bytes(), s->baseline_peak_bytes());
+  EXPECT_NE(s->reason().find("knee"), std::string::npos) << s->reason();
+  // With the reserve: the lowest budget whose reserve leaves the knee's
+  // peak, planned again the same way every time (the closed loop's rounds).
+  request.device_reserve = true;
+  v1::Profile big = DiamondProto();
+  for (auto& a : *big.mutable_activations())
+    a.set_size_bytes(a.size_bytes() << 12);
+  auto a = PlanSchedule(big, request);
+  auto b = PlanSchedule(big, request);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->budget_bytes(), b->budget_bytes());
+  EXPECT_LE(a->predicted_peak_bytes(),
+            a->budget_bytes() - AllocatorReserveBytes(big, a->budget_bytes()));
+}
+
+TEST(PlanRequestTest, ResolvesEveryBudgetKind) {
+  auto b = [](const char* text) { return *ParseBudget(text); };
+  EXPECT_EQ(*ResolveBudget(b("60%"), 1000, 5000), 600);
+  EXPECT_EQ(*ResolveBudget(b("10%dev"), 1000, 5000), 500);
+  EXPECT_EQ(*ResolveBudget(b("4KiB"), 1000, 5000), 4096);
+  EXPECT_FALSE(ResolveBudget(b("10%dev"), 1000, 0).ok());
+  EXPECT_FALSE(ResolveBudget(v1::MemoryBudget(), 1000, 5000).ok());
+}
+
+TEST(PlanRequestTest, InfeasibleScheduleStatesTheFloor) {
+  ScheduleRequest request;
+  request.device_reserve = false;
+  request.budget = *ParseBudget("100B");
+  auto s = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(s->feasible());
+  EXPECT_GT(s->floor_bytes(), 100);
+  EXPECT_EQ(s->predicted_peak_bytes(), s->floor_bytes());
+  EXPECT_NE(s->reason().find("below the lowest peak"), std::string::npos);
+}
+
+// On a CUDA device μ-TWO keeps 4 MiB + 1% of the budget free for the caching
+// allocator's rounding, on the CPU 16 KiB + 1.5%; the baselines, and a request
+// without the reserve, plan to the budget itself.
+TEST(PlanRequestTest, CudaBudgetsKeepAnAllocatorReserve) {
+  v1::Profile cuda = DiamondProto();
+  cuda.mutable_device()->set_kind("cuda");
+  const int64_t budget = int64_t{100} << 20;
+  EXPECT_EQ(AllocatorReserveBytes(cuda, budget), (4 << 20) + budget / 100);
+  EXPECT_EQ(AllocatorReserveBytes(DiamondProto(), budget),
+            (16 << 10) + budget * 15 / 1000);
+
+  ScheduleRequest request;
+  request.budget = *ParseBudget("100%");
+  ScheduleRequest no_reserve = request;
+  no_reserve.device_reserve = false;
+  auto cpu = PlanSchedule(DiamondProto(), no_reserve);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(cpu->feasible());
+  // The whole profile is a few KB: at 100% nothing is left after the
+  // reserve, and the floor is the lowest budget whose reserve leaves the
+  // lowest peak.
+  auto tight = PlanSchedule(cuda, request);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_FALSE(tight->feasible());
+  EXPECT_EQ(tight->budget_bytes(), cpu->budget_bytes());
+  const int64_t floor = tight->floor_bytes();
+  EXPECT_GE(floor - AllocatorReserveBytes(cuda, floor), cpu->floor_bytes());
+  EXPECT_LE(floor, cpu->floor_bytes() + (4 << 20) + floor / 100 + 2);
+  request.budget.set_bytes(floor);
+  auto fits = PlanSchedule(cuda, request);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_TRUE(fits->feasible());
+  EXPECT_EQ(fits->budget_bytes(), floor);
+  EXPECT_LE(fits->predicted_peak_bytes(),
+            floor - AllocatorReserveBytes(cuda, floor));
+  EXPECT_NE(fits->reason().find("reserve"), std::string::npos)
+      << fits->reason();
+  request.policy = v1::NONE;  // a fixed schedule: checked against the budget
+  auto none = PlanSchedule(cuda, request);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->reason().find("reserve"), std::string::npos);
+}
+
+// A correction learned from a validation plans that many bytes lower but
+// keeps the budget the user asked for (what the worker measures against).
+TEST(PlanRequestTest, CorrectionPlansBelowTheBudgetItKeeps) {
+  ScheduleRequest request;
+  request.device_reserve = false;
+  request.budget = *ParseBudget("100%");
+  auto plain = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(plain->feasible());
+  EXPECT_EQ(plain->correction_bytes(), 0);
+  const int64_t budget = plain->budget_bytes();
+  const int64_t floor = plain->floor_bytes();
+  ASSERT_LT(floor, budget);
+  // Leaves exactly the floor.
+  request.correction_bytes = budget - floor;
+  auto corrected = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(corrected.ok()) << corrected.status();
+  EXPECT_TRUE(corrected->feasible()) << corrected->reason();
+  EXPECT_EQ(corrected->budget_bytes(), budget);
+  EXPECT_EQ(corrected->correction_bytes(), budget - floor);
+  EXPECT_LE(corrected->predicted_peak_bytes(), floor);
+  EXPECT_LT(corrected->predicted_peak_bytes(), plain->predicted_peak_bytes());
+  EXPECT_NE(corrected->reason().find("below the budget"), std::string::npos);
+  // One byte more: below the floor.
+  request.correction_bytes = budget - floor + 1;
+  auto infeasible = PlanSchedule(DiamondProto(), request);
+  ASSERT_TRUE(infeasible.ok()) << infeasible.status();
+  EXPECT_FALSE(infeasible->feasible());
+  EXPECT_EQ(infeasible->budget_bytes(), budget);
+  EXPECT_EQ(infeasible->floor_bytes(), floor);
+  request.correction_bytes = -1;
+  EXPECT_EQ(PlanSchedule(DiamondProto(), request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PlanRequestTest, MaxBatchFromProfiles) {
+  std::vector<v1::Profile> profiles;
+  for (int64_t b : {2, 4}) {
+    v1::Profile p = DiamondProto();
+    p.set_batch_size(b);
+    for (auto& a : *p.mutable_activations())
+      a.set_size_bytes(a.size_bytes() * b);
+    profiles.push_back(p);
+  }
+  // Baseline peak 1050 b; device 4 MiB, capacity 95%, less the CPU
+  // allocator reserve at that capacity (16 KiB + 1.5%).
+  for (v1::Profile& p : profiles) p.mutable_device()->set_total_bytes(4 << 20);
+  const int64_t capacity = static_cast<int64_t>(0.95 * (4 << 20));
+  const int64_t reserve = AllocatorReserveBytes(profiles[0], capacity);
+  auto r = PredictMaxBatchProto(profiles, 0, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->capacity_bytes(), capacity);
+  EXPECT_EQ(r->reserve_bytes(), reserve);
+  EXPECT_EQ(r->fragmentation_fraction(), 0);
+  EXPECT_EQ(r->max_batch_without_checkpointing(), (capacity - reserve) / 1050);
+  // Thousands of samples from profiles at 2 and 4: the answer says so.
+  EXPECT_DOUBLE_EQ(r->extrapolation(), r->max_batch_with_schedule() / 4.0);
+  EXPECT_NE(r->reason().find("extrapolated"), std::string::npos) << r->reason();
+  EXPECT_GE(r->max_batch_with_schedule(), r->max_batch_without_checkpointing());
+  EXPECT_DOUBLE_EQ(r->max_overhead(), 0.25);
+  EXPECT_EQ(r->profiled_batch_sizes_size(), 2);
+  EXPECT_FALSE(r->verify_batch_sizes().empty());
+}
+
+// Profiles whose sizes are exactly linear in the batch size fit exactly:
+// planning at batch 8 from profiles at 2 and 4 plans what the profile at 8
+// plans, and the schedule says it extrapolated.
+TEST(PlanRequestTest, PlanScheduleAtBatchPlansTheFittedProfile) {
+  const std::vector<v1::Profile> profiles = {mutwo::testing::ChainProfile(2),
+                                             mutwo::testing::ChainProfile(4)};
+  ScheduleRequest request;
+  request.budget = *ParseBudget("40MiB");  // baseline 4 MiB + 8 x 8 MiB
+  auto at = PlanScheduleAtBatch(profiles, 8, request);
+  ASSERT_TRUE(at.ok()) << at.status();
+  auto direct = PlanSchedule(mutwo::testing::ChainProfile(8), request);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(at->batch_size(), 8);
+  EXPECT_TRUE(at->feasible()) << at->reason();
+  EXPECT_EQ(at->baseline_peak_bytes(), direct->baseline_peak_bytes());
+  EXPECT_EQ(at->predicted_peak_bytes(), direct->predicted_peak_bytes());
+  EXPECT_EQ(at->floor_bytes(), direct->floor_bytes());
+  ASSERT_EQ(at->decisions_size(), direct->decisions_size());
+  for (int k = 0; k < at->decisions_size(); ++k) {
+    EXPECT_EQ(at->decisions(k).value_id(), direct->decisions(k).value_id());
+    EXPECT_EQ(at->decisions(k).action(), direct->decisions(k).action()) << k;
+  }
+  EXPECT_GT(at->recomputed() + at->swapped(), 0);
+  EXPECT_NE(at->reason().find("extrapolated to batch size 8 from profiles "
+                              "at 2, 4"),
+            std::string::npos)
+      << at->reason();
+
+  EXPECT_EQ(PlanScheduleAtBatch(profiles, 0, request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(PlanScheduleAtBatch({profiles[0]}, 8, request).ok());
+}
+
+}  // namespace
+}  // namespace mutwo::planner
