@@ -185,6 +185,23 @@ TEST(ProfilerMemoryTest, EveryLoopIterationIsCounted) {
   EXPECT_LE(loop->unswappable_bytes(), loop->size_bytes());
 }
 
+TEST(ProfilerTimingTest, NodeTimesSumToThePlainStep) {
+  // The planner predicts a schedule's time from the node and step times:
+  // they must add up to the step the executor runs without a schedule (the
+  // plain interpreted step), not to the instrumented one the profiler
+  // measures them in.
+  TestModel model = testing::TestModels()[0];
+  ASSERT_EQ(model.name, "mlp");
+  const v1::Profile p = MustProfile(OptionsFor(model));
+  const v1::MeasuredStep& m = p.measured();
+  ASSERT_GT(m.iteration_ms(), 0);
+  EXPECT_GT(m.instrumented_iteration_ms(), 0);
+  double parts = m.loss_ms() + m.optimizer_ms();
+  for (const v1::ProfileNode& node : p.nodes()) parts += node.forward_ms();
+  for (const v1::BackwardStep& step : p.backward_steps()) parts += step.ms();
+  EXPECT_NEAR(parts, m.iteration_ms(), 1e-6 * m.iteration_ms());
+}
+
 TEST(ProfilerLineageTest, EncoderLayersAreRecomputable) {
   // transformer: nn.TransformerEncoder's layers are one prim::If each, and
   // each builds (and appends to) a bool list inside its own blocks for the
