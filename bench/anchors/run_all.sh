@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 13's benchmark in one run on one card: mutwo and every anchor on
+# ResNet-152, the Transformer, the GPT-style decoder and ViT-B/16 at
+# make_models.SPECS' batch sizes (64, 64, 16, 32), one model after the
+# other, results written as each finishes:
+#   bench/anchors/run_all.sh OUT_DIR [MODELS]     (default: all four)
+# Builds mutwo and mutwo-worker into $BUILD (default /tmp/bg) against the
+# installed PyTorch's LibTorch unless $BUILD/bin has them, scripts the models
+# (bench/gpu/make_models.py), then per model: mutwo at 10 budgets from the
+# floor to the baseline (bench/gpu/run_benchmark.py, each schedule executed
+# in its own process beside the unmodified step), the anchors (eager,
+# checkpoint per block and sqrt(n), torch.compile at 4 activation memory
+# budgets; bench/anchors/anchors.py, each in a fresh process) and
+# OUT_DIR/report.md + plots (bench/anchors/report.py). OUT_DIR/card.txt
+# names the card. A whole run takes longer than one 10-minute device
+# command: start it detached (setsid) and collect OUT_DIR while it runs;
+# OUT_DIR/DONE marks the end.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: bench/anchors/run_all.sh OUT_DIR [MODELS]}
+MODELS=${2:-resnet152,transformer,gpt,vit_b_16}
+BUILD=${BUILD:-/tmp/bg}
+mkdir -p "$OUT/mutwo"
+nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv > "$OUT/card.txt" 2>&1
+if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
+  export CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUTWO_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" --target mutwo mutwo-worker >> "$OUT/build.log" 2>&1 || { echo "build failed" >&2; exit 1; }
+fi
+MD=${MODELS_DIR:-/tmp/anchor-models}
+python3 bench/gpu/make_models.py "$MD" ${MODELS//,/ } 2> "$OUT/models.log"
+for m in ${MODELS//,/ }; do
+  t0=$(date +%s)
+  batch=$(python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from make_models import SPECS; print(SPECS['$m']['batch'])")
+  python3 bench/gpu/run_benchmark.py --bin "$BUILD/bin" --models_dir "$MD" \
+    --out "$OUT/mutwo" --models "$m" --batches "$m=$batch" --budgets 10 \
+    --iterations 5 2>> "$OUT/mutwo.err"
+  echo "$m mutwo rc $? $(( $(date +%s) - t0 )) s" >> "$OUT/progress.log"
+  python3 bench/anchors/anchors.py --models "$m" --compile_budgets 1.0,0.5,0.2,0.05 \
+    --out "$OUT/anchors.jsonl" --iterations 10 > /dev/null 2>> "$OUT/anchors.err"
+  echo "$m anchors rc $? $(( $(date +%s) - t0 )) s" >> "$OUT/progress.log"
+  python3 bench/anchors/report.py --anchors "$OUT/anchors.jsonl" --mutwo "$OUT/mutwo" \
+    --out "$OUT" > "$OUT/report.log" 2>&1
+done
+touch "$OUT/DONE"
