@@ -39,9 +39,9 @@ int Version(const ParsedArgs&) {
 
 // The training-step flags `profile` and `execute` share.
 const std::vector<std::string> kStepFlags = {
-    "input",  "unbatched",  "batch", "loss",         "optimizer", "device",
-    "warmup", "iterations", "seed",  "memory_limit", "output",
-    "specialize_control_flow"};
+    "input",     "unbatched",    "batch",  "loss",
+    "optimizer", "device",       "warmup", "iterations",
+    "seed",      "memory_limit", "output", "specialize_control_flow"};
 
 std::vector<std::string> StepFlags(std::vector<std::string> more) {
   std::vector<std::string> flags = kStepFlags;

@@ -30,7 +30,8 @@ const Node* TopLevelOwner(const Node* node, const Block* top) {
 
 bool IsOpNode(const Node* node) {
   const c10::Symbol kind = node->kind();
-  static const c10::Symbol guard = c10::Symbol::fromQualString(kBranchGuardKind);
+  static const c10::Symbol guard =
+      c10::Symbol::fromQualString(kBranchGuardKind);
   if (kind == guard) return false;
   if (kind == c10::prim::If || kind == c10::prim::Loop) {
     for (const Block* block : node->blocks()) {

@@ -45,8 +45,7 @@ struct InterpreterHooks {
   // Called for every prim::If that runs, at any depth (inside loop bodies
   // once per iteration), with the branch it takes: true for the first
   // block ("then"). (worker/specialize records branches so.)
-  std::function<void(const torch::jit::Node* node, bool then_branch)>
-      on_branch;
+  std::function<void(const torch::jit::Node* node, bool then_branch)> on_branch;
 };
 
 class Interpreter {
@@ -83,7 +82,7 @@ class Interpreter {
   absl::flat_hash_set<const torch::jit::Node*> warned_;  // aten::warn, once
   int failed_node_ = -1;
   const torch::jit::Node* running_ = nullptr;  // innermost node running
-  const InterpreterHooks* hooks_ = nullptr;     // those of the Run running
+  const InterpreterHooks* hooks_ = nullptr;    // those of the Run running
 };
 
 // True when a LibTorch error is an out-of-memory (CUDA or CPU).

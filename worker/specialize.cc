@@ -81,7 +81,7 @@ std::optional<int64_t> UnrollableTrips(const Node* loop, int max_trips) {
       !cond->isBool() || !again.has_value() || !again->isBool()) {
     return std::nullopt;
   }
-  if (!cond->toBool()) return 0;  // never runs
+  if (!cond->toBool()) return 0;              // never runs
   if (!again->toBool()) return std::nullopt;  // a loop that breaks
   const int64_t n = trips->toInt();
   if (n > max_trips) return std::nullopt;
@@ -91,8 +91,7 @@ std::optional<int64_t> UnrollableTrips(const Node* loop, int max_trips) {
 // Replaces `loop` by `trips` copies of its body, in order.
 void Unroll(torch::jit::Graph& graph, Node* loop, int64_t trips) {
   Block* body = loop->blocks()[0];
-  std::vector<Value*> carried(loop->inputs().begin() + 2,
-                              loop->inputs().end());
+  std::vector<Value*> carried(loop->inputs().begin() + 2, loop->inputs().end());
   torch::jit::WithInsertPoint point(loop);
   for (int64_t trip = 0; trip < trips; ++trip) {
     absl::flat_hash_map<Value*, Value*> env;
@@ -167,8 +166,8 @@ std::string GuardMessage(const Node* branch, const Block* other,
       "with these inputs, or profile and execute with "
       "--specialize_control_flow=false");
   const std::string raised = RaisedMessage(other);
-  if (!raised.empty()) absl::StrAppend(&message, " (that branch raises: ",
-                                       raised, ")");
+  if (!raised.empty())
+    absl::StrAppend(&message, " (that branch raises: ", raised, ")");
   return message;
 }
 

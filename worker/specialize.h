@@ -85,8 +85,7 @@ int UnrollConstantLoops(torch::jit::Graph& graph,
 // block) over `options.recording_runs` forward runs of `module` on
 // `inputs`; only Ifs outside loops that took the same branch in every run.
 // Errors: what the forward raises (InvalidArgument, ResourceExhausted).
-[[nodiscard]] absl::StatusOr<
-    absl::flat_hash_map<const torch::jit::Node*, bool>>
+[[nodiscard]] absl::StatusOr<absl::flat_hash_map<const torch::jit::Node*, bool>>
 RecordBranches(const Graph& graph, const torch::jit::Module& module,
                const std::vector<c10::IValue>& inputs,
                const SpecializeOptions& options = {});
