@@ -6,6 +6,7 @@
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <optional>
 #include <stdexcept>
 #include <utility>

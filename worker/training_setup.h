@@ -159,6 +159,8 @@ struct TrainingState {
         "model ", options.model_name, ": ", graph.status().message()));
   }
   state->graph = *std::move(graph);
+  // The forward runs that recorded branches are not part of any step.
+  state->backend->ResetPeak();
   if (state->graph->num_inputs() != static_cast<int>(options.inputs.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", options.model_name, ": forward takes ",
