@@ -10,7 +10,9 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -79,6 +81,26 @@ struct TrainingState {
           options.inputs.size() + 1) {
     return Graph::Create(state.module);
   }
+  // The recording reseeds (MakeInputs) and draws (dropout) random numbers;
+  // the caller's generator state is put back (ScheduledStep builds this at
+  // its first step, after the caller seeded for it).
+  std::vector<std::pair<at::Generator, torch::Tensor>> generators;
+  for (const torch::Device& device :
+       {torch::Device(torch::kCPU), state.device}) {
+    if (!generators.empty() && device.is_cpu()) continue;
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generators.emplace_back(generator, generator.get_state());
+  }
+  struct RestoreGenerators {
+    std::vector<std::pair<at::Generator, torch::Tensor>>* saved;
+    ~RestoreGenerators() {
+      for (auto& [generator, rng_state] : *saved) {
+        std::lock_guard<std::mutex> lock(generator.mutex());
+        generator.set_state(rng_state);
+      }
+    }
+  } restore_generators{&generators};
   std::vector<c10::IValue> inputs;
   MUTWO_RETURN_IF_ERROR(Guard(
       "generating inputs to specialise control flow", [&]() -> absl::Status {
