@@ -39,8 +39,9 @@ int Version(const ParsedArgs&) {
 
 // The training-step flags `profile` and `execute` share.
 const std::vector<std::string> kStepFlags = {
-    "input",  "unbatched",  "batch", "loss",         "optimizer", "device",
-    "warmup", "iterations", "seed",  "memory_limit", "output"};
+    "input",     "unbatched",    "batch",  "loss",
+    "optimizer", "device",       "warmup", "iterations",
+    "seed",      "memory_limit", "output", "specialize_control_flow"};
 
 std::vector<std::string> StepFlags(std::vector<std::string> more) {
   std::vector<std::string> flags = kStepFlags;
@@ -79,7 +80,7 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        "",
        {"server", "device", "metrics_listen", "work_dir", "task_memory_limit",
         "task_time_limit_ms", "max_tasks", "token_file", "tls_ca", "tls_cert",
-        "tls_key"},
+        "tls_key", "specialize_control_flow"},
        // The flags' own help (worker/task_commands.cc) is written for the
        // global list; here it needs no "serve:" in front.
        {{"server", "mutwo-server address"},
@@ -97,7 +98,11 @@ std::vector<CommandSpec> Commands(const char* argv0) {
          "MUTWO_TOKEN)"},
         {"tls_ca", "PEM CA to verify the server (TLS; or MUTWO_TLS_CA)"},
         {"tls_cert", "PEM client certificate (mTLS), with --tls_key"},
-        {"tls_key", "PEM private key of --tls_cert"}},
+        {"tls_key", "PEM private key of --tls_cert"},
+        {"specialize_control_flow",
+         "profile and execute tasks with the graph specialised to the "
+         "branches the step takes (see `profile --help`); every worker of a "
+         "server must agree"}},
        [argv0](const ParsedArgs& a) {
          return worker::RunServeCommand(a, argv0);
        }},
@@ -105,7 +110,8 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        "--task_file=F --model_file=F --result_file=F",
        "(used by serve) run one leased task file",
        "",
-       {"task_file", "model_file", "result_file", "device"},
+       {"task_file", "model_file", "result_file", "device",
+        "specialize_control_flow"},
        {{"task_file", "the task written by serve"},
         {"model_file", "the model file"},
         {"result_file", "where to write the result"}},

@@ -30,6 +30,9 @@ const Node* TopLevelOwner(const Node* node, const Block* top) {
 
 bool IsOpNode(const Node* node) {
   const c10::Symbol kind = node->kind();
+  static const c10::Symbol guard =
+      c10::Symbol::fromQualString(kBranchGuardKind);
+  if (kind == guard) return false;
   if (kind == c10::prim::If || kind == c10::prim::Loop) {
     for (const Block* block : node->blocks()) {
       for (const Node* inner : block->nodes()) {
@@ -245,13 +248,12 @@ std::string ScopeOf(const Node* node, const torch::jit::Module* root) {
   return absl::StrJoin(parts, ".");
 }
 
-absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
+absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
     const torch::jit::Module& module) {
   auto method = module.find_method("forward");
   if (!method.has_value()) {
     return absl::InvalidArgumentError("the module has no forward method");
   }
-  std::unique_ptr<Graph> out(new Graph());
   // Inline takes each callee's "optimized" graph, which LibTorch only
   // pre-inlines while graph-executor optimization is on; with it off (as a
   // reference run may leave it) calls nested two levels deep would stay as
@@ -259,17 +261,36 @@ absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
   // set: the same file always gives the same IR and fingerprint.
   const bool optimize = torch::jit::getGraphExecutorOptimize();
   torch::jit::setGraphExecutorOptimize(true);
+  std::shared_ptr<torch::jit::Graph> graph;
   try {
-    out->graph_ = method->graph()->copy();
-    torch::jit::Inline(*out->graph_);
-    torch::jit::EliminateDeadCode(out->graph_);
-    FoldConstantAttributes(out->graph_, module);
+    graph = method->graph()->copy();
+    torch::jit::Inline(*graph);
+    torch::jit::EliminateDeadCode(graph);
+    FoldConstantAttributes(graph, module);
   } catch (const c10::Error& e) {
     torch::jit::setGraphExecutorOptimize(optimize);
     return absl::InvalidArgumentError(
         absl::StrCat("cannot inline forward: ", e.msg()));
   }
   torch::jit::setGraphExecutorOptimize(optimize);
+  return graph;
+}
+
+absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
+    const torch::jit::Module& module) {
+  auto forward = ForwardGraph(module);
+  if (!forward.ok()) return forward.status();
+  return Create(module, *std::move(forward));
+}
+
+absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
+    const torch::jit::Module& module,
+    std::shared_ptr<torch::jit::Graph> forward) {
+  if (forward == nullptr) {
+    return absl::InvalidArgumentError("no forward graph to number");
+  }
+  std::unique_ptr<Graph> out(new Graph());
+  out->graph_ = std::move(forward);
   const Block* top = out->graph_->block();
   for (Node* node : out->graph_->nodes()) {
     IrNode ir;

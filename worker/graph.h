@@ -6,7 +6,10 @@
 // topologically ordered). Nodes inside prim::If / prim::Loop sub-blocks get
 // no ids of their own: the control-flow node is one IR node, and its time,
 // memory and activations include everything its blocks ran (every iteration
-// of a loop). The executor replays such a node as a whole.
+// of a loop). The executor replays such a node as a whole. (The profiler
+// and the executor build the IR through worker/specialize.h, which first
+// replaces the Ifs and constant loops a training step runs one way by the
+// ops of that way: what stays opaque is what it could not specialise.)
 //
 // The fingerprint hashes node kinds, output counts, sub-block structure and
 // data edges (FNV-1a, 64 bit, hex); it is stable across runs and processes
@@ -49,11 +52,28 @@ struct IrNode {
   std::vector<const torch::jit::Value*> dead_after;
 };
 
+// The node kind of a control-flow guard (worker/specialize.h): checks at
+// run time that a specialised prim::If takes the branch it took when the
+// graph was built. Not an op (it computes nothing the planner could keep).
+inline constexpr char kBranchGuardKind[] = "mutwo::guard_branch";
+
+// `module`'s forward graph, copied, inlined and cleaned as Graph::Create
+// does it (the module's constant settings folded), not yet numbered; for
+// passes that rewrite it before Graph::Create(module, graph) numbers it.
+// InvalidArgument when the module has no forward or it cannot be inlined.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
+    const torch::jit::Module& module);
+
 class Graph {
  public:
   // `module` must have a forward method (see LoadModule).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Graph>> Create(
       const torch::jit::Module& module);
+  // Numbers `forward`, a graph ForwardGraph(module) gave (possibly rewritten
+  // since; it must stay topologically ordered). Takes it over.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Graph>> Create(
+      const torch::jit::Module& module,
+      std::shared_ptr<torch::jit::Graph> forward);
 
   const std::vector<IrNode>& nodes() const { return nodes_; }
   int num_nodes() const { return static_cast<int>(nodes_.size()); }

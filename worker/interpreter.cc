@@ -80,7 +80,11 @@ void Interpreter::RunNode(Node* node, Env& env) {
         .toObject()
         ->setAttr(node->s(c10::attr::name), get(node->input(1)));
   } else if (kind == c10::prim::If) {
-    Block* block = node->blocks()[get(node->input(0)).toBool() ? 0 : 1];
+    const bool then_branch = get(node->input(0)).toBool();
+    if (hooks_ != nullptr && hooks_->on_branch) {
+      hooks_->on_branch(node, then_branch);
+    }
+    Block* block = node->blocks()[then_branch ? 0 : 1];
     RunBlock(block, env);
     std::vector<IValue> outputs;
     for (const Value* value : block->outputs()) outputs.push_back(get(value));
@@ -234,6 +238,12 @@ absl::StatusOr<c10::IValue> Interpreter::Run(
   }
   int current = -1;
   running_ = nullptr;
+  hooks_ = &hooks;
+  // Cleared however Run ends (RunRange outside a Run reports no branches).
+  struct ClearHooks {
+    const InterpreterHooks** hooks;
+    ~ClearHooks() { *hooks = nullptr; }
+  } clear_hooks{&hooks_};
   try {
     const int n = graph_->num_nodes();
     for (int id = 0; id < n; ++id) {

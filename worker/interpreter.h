@@ -42,6 +42,10 @@ struct InterpreterHooks {
   // last + 1 (before_node/after_node are not called for the range). -1:
   // run `node_id` normally. (The executor runs recompute segments so.)
   std::function<int(int node_id, InterpreterEnv& env)> take_over;
+  // Called for every prim::If that runs, at any depth (inside loop bodies
+  // once per iteration), with the branch it takes: true for the first
+  // block ("then"). (worker/specialize records branches so.)
+  std::function<void(const torch::jit::Node* node, bool then_branch)> on_branch;
 };
 
 class Interpreter {
@@ -78,6 +82,7 @@ class Interpreter {
   absl::flat_hash_set<const torch::jit::Node*> warned_;  // aten::warn, once
   int failed_node_ = -1;
   const torch::jit::Node* running_ = nullptr;  // innermost node running
+  const InterpreterHooks* hooks_ = nullptr;    // those of the Run running
 };
 
 // True when a LibTorch error is an out-of-memory (CUDA or CPU).

@@ -38,6 +38,13 @@ ABSL_FLAG(std::string, memory_limit, "",
           "fail allocations beyond this size like an out-of-memory (e.g. "
           "2GiB; default: the device's memory)");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the generated inputs");
+ABSL_FLAG(bool, specialize_control_flow, true,
+          "plan inside control flow: record the branch each `if` takes on "
+          "the generated inputs and build the graph of that branch, with a "
+          "guard that fails the step if the other one is taken, and unroll "
+          "loops of a constant trip count (<= 64); false: an `if` or loop "
+          "is one opaque node. Profile and execute must agree (the graph "
+          "fingerprint differs)");
 
 namespace mutwo::worker {
 namespace {
@@ -103,6 +110,7 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
   flags.warmup_iterations = absl::GetFlag(FLAGS_warmup);
   flags.measure_iterations = absl::GetFlag(FLAGS_iterations);
   flags.seed = absl::GetFlag(FLAGS_seed);
+  flags.specialize_control_flow = absl::GetFlag(FLAGS_specialize_control_flow);
   if (const std::string limit = absl::GetFlag(FLAGS_memory_limit);
       !limit.empty()) {
     auto bytes = ParseMemorySize("--memory_limit", limit);

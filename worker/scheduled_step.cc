@@ -33,8 +33,67 @@ ScheduleJson ReadScheduleFile(const std::string& path) {
   return ScheduleJson{*std::move(text)};
 }
 
+namespace {
+
+// A spec of `input` (forward's argument `index`) for the executor's
+// generated inputs, with the first dimension as the batch: dtype and shape
+// as the caller's, integers drawn from the range the caller's values span.
+// A non-tensor gets a float [B] placeholder.
+v1::TensorSpec SpecOf(const torch::IValue& input, size_t index) {
+  v1::TensorSpec spec;
+  spec.set_name(absl::StrCat("input", index));
+  spec.set_dtype(v1::FLOAT32);
+  if (!input.isTensor() || input.toTensor().dim() == 0) {
+    spec.add_dims(kBatchDim);
+    return spec;
+  }
+  const torch::Tensor& t = input.toTensor();
+  switch (t.scalar_type()) {
+    case torch::kFloat64:
+      spec.set_dtype(v1::FLOAT64);
+      break;
+    case torch::kFloat16:
+      spec.set_dtype(v1::FLOAT16);
+      break;
+    case torch::kBFloat16:
+      spec.set_dtype(v1::BFLOAT16);
+      break;
+    case torch::kInt64:
+      spec.set_dtype(v1::INT64);
+      break;
+    case torch::kInt32:
+      spec.set_dtype(v1::INT32);
+      break;
+    case torch::kInt8:
+      spec.set_dtype(v1::INT8);
+      break;
+    case torch::kUInt8:
+      spec.set_dtype(v1::UINT8);
+      break;
+    case torch::kBool:
+      spec.set_dtype(v1::BOOL);
+      break;
+    default:
+      break;
+  }
+  spec.add_dims(kBatchDim);
+  for (int64_t d = 1; d < t.dim(); ++d) spec.add_dims(t.size(d));
+  if (spec.dtype() != v1::BOOL && !t.is_floating_point() && t.numel() > 0) {
+    spec.mutable_range()->set_low(t.min().item<double>());
+    spec.mutable_range()->set_high(t.max().item<double>() + 1);
+  }
+  return spec;
+}
+
+}  // namespace
+
 struct ScheduledStep::Impl {
   v1::Schedule schedule;
+  torch::jit::Module model;  // the caller's (a handle)
+  ScheduledStepOptions options;
+  // Made at the first Run: the IR is specialised to the control flow the
+  // step takes (worker/specialize.h) on inputs shaped as the caller's, as
+  // the profile's were by its input specs.
   std::unique_ptr<worker::Executor> executor;
 };
 
@@ -51,32 +110,12 @@ ScheduledStep::ScheduledStep(const torch::jit::Module& model,
         " B, floor ", s.floor_bytes(), " B): ", s.reason(),
         "; set require_feasible = false to run it anyway"));
   }
-  worker::ExecutorOptions o;
-  std::ostringstream bytes;
-  model.save(bytes);
-  o.model_bytes = bytes.str();
-  o.model_name = "the training loop's module";
-  o.device = options.device;
-  o.batch_size = s.batch_size() > 0 ? s.batch_size() : 1;
-  // The executor checks forward's arity against input specs; the caller's
-  // tensors replace the generated inputs at every step.
-  const size_t arity =
-      model.get_method("forward").function().getSchema().arguments().size();
-  for (size_t i = 1; i < arity; ++i) {
-    v1::TensorSpec spec;
-    spec.set_name(absl::StrCat("input", i - 1));
-    spec.set_dtype(v1::FLOAT32);
-    spec.add_dims(kBatchDim);
-    o.inputs.push_back(spec);
-  }
-  if (o.inputs.empty()) {
+  if (model.get_method("forward").function().getSchema().arguments().size() <
+      2) {
     throw std::runtime_error("mutwo: the module's forward takes no input");
   }
-  auto executor = worker::Executor::Create(std::move(o));
-  ThrowIfError(executor.status(), "loading the module");
-  impl_->executor = *std::move(executor);
-  ThrowIfError(impl_->executor->PrepareUserStep(s, model),
-               "applying the schedule");
+  impl_->model = model;
+  impl_->options = std::move(options);
 }
 
 ScheduledStep::~ScheduledStep() = default;
@@ -84,6 +123,30 @@ ScheduledStep::~ScheduledStep() = default;
 torch::Tensor ScheduledStep::Run(
     const std::vector<torch::IValue>& inputs,
     const std::function<torch::Tensor(const torch::IValue&)>& loss) {
+  if (impl_->executor == nullptr) {
+    const v1::Schedule& s = impl_->schedule;
+    worker::ExecutorOptions o;
+    std::ostringstream bytes;
+    impl_->model.save(bytes);
+    o.model_bytes = bytes.str();
+    o.model_name = "the training loop's module";
+    o.device = impl_->options.device;
+    o.batch_size = s.batch_size();
+    if (o.batch_size <= 0) {
+      o.batch_size = !inputs.empty() && inputs[0].isTensor() &&
+                             inputs[0].toTensor().dim() > 0
+                         ? inputs[0].toTensor().size(0)
+                         : 1;
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      o.inputs.push_back(SpecOf(inputs[i], i));
+    }
+    auto executor = worker::Executor::Create(std::move(o));
+    ThrowIfError(executor.status(), "loading the module");
+    ThrowIfError((*executor)->PrepareUserStep(s, impl_->model),
+                 "applying the schedule");
+    impl_->executor = *std::move(executor);
+  }
   absl::StatusOr<torch::Tensor> out = impl_->executor->UserStep(inputs, loss);
   ThrowIfError(out.status(), "training step");
   return *std::move(out);
@@ -106,7 +169,8 @@ int ScheduledStep::swapped() const {
 }
 
 const std::string& ScheduledStep::graph_fingerprint() const {
-  return impl_->executor->graph_fingerprint();
+  return impl_->executor != nullptr ? impl_->executor->graph_fingerprint()
+                                    : impl_->schedule.graph_fingerprint();
 }
 
 }  // namespace mutwo

@@ -26,6 +26,11 @@ struct TrainingStepOptions {
   // (the CPU counting allocator's limit; the CUDA memory fraction).
   int64_t memory_limit_bytes = 0;
   uint64_t seed = 0;
+  // Build the IR specialised to the control flow the step takes on its
+  // generated inputs (worker/specialize.h); false: prim::If / prim::Loop
+  // stay opaque nodes. The profile and the execution of a schedule must
+  // agree (the graph fingerprint differs).
+  bool specialize_control_flow = true;
 };
 
 }  // namespace mutwo::worker

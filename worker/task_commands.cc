@@ -59,6 +59,7 @@ ABSL_FLAG(std::string, model_file, "", "run-task: the model file");
 ABSL_FLAG(std::string, result_file, "", "run-task: where to write the result");
 
 ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(bool, specialize_control_flow);
 
 namespace mutwo::worker {
 namespace {
@@ -187,6 +188,8 @@ int RunTaskCommand(const ParsedArgs&) {
     options.optimizer = spec.optimizer();
     options.batch_size = task.batch_size();
     options.device = absl::GetFlag(FLAGS_device);
+    options.specialize_control_flow =
+        absl::GetFlag(FLAGS_specialize_control_flow);
     if (spec.warmup_iterations() > 0) {
       options.warmup_iterations = spec.warmup_iterations();
     }
@@ -216,6 +219,8 @@ int RunTaskCommand(const ParsedArgs&) {
     options.batch_size = task.batch_size() > 0 ? task.batch_size()
                                                : task.schedule().batch_size();
     options.device = absl::GetFlag(FLAGS_device);
+    options.specialize_control_flow =
+        absl::GetFlag(FLAGS_specialize_control_flow);
     options.run_baseline = task.kind() != v1::Task::MAX_BATCH;
     if (spec.warmup_iterations() > 0) {
       options.warmup_iterations = spec.warmup_iterations();
@@ -256,6 +261,8 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   options.credentials.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.credentials.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   options.device = absl::GetFlag(FLAGS_device);
+  options.specialize_control_flow =
+      absl::GetFlag(FLAGS_specialize_control_flow);
   options.work_dir = absl::GetFlag(FLAGS_work_dir);
   const bool default_work_dir = options.work_dir.empty();
   if (default_work_dir) options.work_dir = DefaultWorkDir();

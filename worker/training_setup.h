@@ -10,17 +10,22 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
 #include "worker/graph.h"
+#include "worker/inputs.h"
 #include "worker/interpreter.h"
 #include "worker/memory.h"
 #include "worker/model_loader.h"
+#include "worker/specialize.h"
 #include "worker/step_options.h"
 
 namespace mutwo::worker {
@@ -60,6 +65,68 @@ struct TrainingState {
     for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
   }
 };
+
+// The IR of the step: specialised to the control flow it takes on the
+// inputs generated from `options` (the same for the profiler and the
+// executor: same specs, batch size and seed, same graph), unless
+// options.specialize_control_flow is off. Errors: those of Graph::Create,
+// or inputs that cannot be generated.
+[[nodiscard]] inline absl::StatusOr<std::unique_ptr<Graph>> CreateTrainingGraph(
+    const TrainingStepOptions& options, const TrainingState& state) {
+  if (!options.specialize_control_flow) return Graph::Create(state.module);
+  auto forward = state.module.find_method("forward");
+  // A wrong input count is reported by the caller, without recording.
+  if (!forward.has_value() ||
+      forward->function().getSchema().arguments().size() !=
+          options.inputs.size() + 1) {
+    return Graph::Create(state.module);
+  }
+  // The recording reseeds (MakeInputs) and draws (dropout) random numbers;
+  // the caller's generator state is put back (ScheduledStep builds this at
+  // its first step, after the caller seeded for it).
+  std::vector<std::pair<at::Generator, torch::Tensor>> generators;
+  for (const torch::Device& device :
+       {torch::Device(torch::kCPU), state.device}) {
+    if (!generators.empty() && device.is_cpu()) continue;
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generators.emplace_back(generator, generator.get_state());
+  }
+  struct RestoreGenerators {
+    std::vector<std::pair<at::Generator, torch::Tensor>>* saved;
+    ~RestoreGenerators() {
+      for (auto& [generator, rng_state] : *saved) {
+        std::lock_guard<std::mutex> lock(generator.mutex());
+        generator.set_state(rng_state);
+      }
+    }
+  } restore_generators{&generators};
+  std::vector<c10::IValue> inputs;
+  MUTWO_RETURN_IF_ERROR(Guard(
+      "generating inputs to specialise control flow", [&]() -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(std::vector<torch::Tensor> tensors,
+                               MakeInputs(options.inputs, options.batch_size,
+                                          state.device, options.seed));
+        inputs.assign(tensors.begin(), tensors.end());
+        return absl::OkStatus();
+      }));
+  SpecializeStats stats;
+  auto graph = CreateSpecializedGraph(state.module, inputs, {}, &stats);
+  if (!stats.recording_error.empty()) {
+    // Debug, not a warning: the step fails the same way and says so.
+    MUTWO_LOG(debug,
+              "model {}: control flow not specialised (forward failed on the "
+              "generated inputs: {})",
+              options.model_name, stats.recording_error);
+  } else if (graph.ok()) {
+    MUTWO_LOG(debug,
+              "model {}: {} loops unrolled, {} branches specialised, {} "
+              "prim::If left",
+              options.model_name, stats.loops_unrolled, stats.ifs_specialized,
+              stats.ifs_kept);
+  }
+  return graph;
+}
 
 // Sets device, backend, module, graph, interpreter and parameters of
 // `state` (fills in options.model_name). Errors: InvalidArgument naming the
@@ -108,12 +175,14 @@ struct TrainingState {
         state->module,
         LoadModule(options.model_bytes, options.model_name, state->device));
   }
-  auto graph = Graph::Create(state->module);
+  auto graph = CreateTrainingGraph(options, *state);
   if (!graph.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model ", options.model_name, ": ", graph.status().message()));
   }
   state->graph = *std::move(graph);
+  // The forward runs that recorded branches are not part of any step.
+  state->backend->ResetPeak();
   if (state->graph->num_inputs() != static_cast<int>(options.inputs.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", options.model_name, ": forward takes ",

@@ -57,6 +57,10 @@ class ScheduledStep {
  public:
   // `model` is trained in place (its parameters get the gradients); it must
   // be the module the schedule was planned for. Throws std::runtime_error.
+  // The module is checked against the schedule at the first Run: its
+  // inputs' dtypes and shapes (the first dimension the batch) stand for the
+  // input specs the schedule's profile had, which decide the control flow
+  // the graph is specialised to (docs/profiler.md).
   ScheduledStep(const torch::jit::Module& model, const ScheduleJson& schedule,
                 ScheduledStepOptions options = {});
   ~ScheduledStep();
@@ -74,6 +78,7 @@ class ScheduledStep {
   // What the schedule does: decisions to recompute and to swap.
   int recomputed() const;
   int swapped() const;
+  // The executor's graph's once Run ran, the schedule's before.
   const std::string& graph_fingerprint() const;
 
  private:

@@ -104,6 +104,33 @@ class ControlFlow(nn.Module):
         return self.out(h)
 
 
+class Gate(nn.Module):
+    """Takes one of two paths by the sign of its input's sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(16, 32)
+
+    def forward(self, x):
+        if bool(x.sum() > 0):
+            return torch.relu(self.up(x))
+        return torch.sigmoid(self.down(x)) * 2.0
+
+
+class Branchy(nn.Module):
+    """A data-dependent branch inside a submodule (the specialisation guard
+    names it: "gate") between two linears."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = Gate()
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.gate(x)))
+
+
 class TwoInputs(nn.Module):
     def __init__(self):
         super().__init__()
@@ -184,6 +211,7 @@ MODELS = {
                     "--loss cross_entropy:y:int64[B,16]{0,1000}"),
     "control_flow": (ControlFlow, "--input x:float32[B,16]"),
     "feature_dict": (FeatureDict, "--input x:float32[B,16]"),
+    "branchy": (Branchy, "--input x:float32[B,16]"),
     "dense_list": (DenseList, "--input x:float32[B,16]"),
     "two_inputs": (TwoInputs,
                    "--input x:float32[B,8] --input y:float32[B,4]"),

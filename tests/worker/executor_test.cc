@@ -28,6 +28,7 @@
 #include "planner/simulator.h"
 #include "tests/testing/command.h"
 #include "tests/worker/test_models.h"
+#include "worker/inputs.h"
 #include "worker/memory.h"
 #include "worker/profiler.h"
 
@@ -611,6 +612,92 @@ TEST(ExecutorSwapTest, SwapsAndRecomputeTogether) {
     ExpectCorrect(*v, name);
     EXPECT_GT(v->swapped(), 0) << name;
   }
+}
+
+// Issue 13: with control flow specialised (the default), the transformer's
+// encoder layers (one prim::If each before) are planned op by op: at the
+// floor the schedule recomputes activations of several kinds inside the
+// layers, and the step matches the plain one within the budget.
+TEST(SpecializedControlFlowTest, TransformerLayersArePlannedOpByOp) {
+  const TestModel model = Model("transformer");
+  const v1::Profile& profile = ProfileOf(model);
+  for (const v1::ProfileNode& node : profile.nodes()) {
+    ASSERT_NE(node.kind(), "prim::If") << node.id() << " " << node.scope();
+  }
+  auto executor = MakeExecutor(model);
+  ASSERT_NE(executor, nullptr);
+  EXPECT_EQ(executor->graph_fingerprint(), profile.graph_fingerprint());
+  const int64_t floor = FloorAndTop(profile).first;
+  const v1::Schedule schedule = Plan(profile, floor);
+  ASSERT_TRUE(schedule.feasible());
+  std::set<std::string> kinds;
+  std::set<std::string> layers;
+  for (const v1::Decision& d : schedule.decisions()) {
+    if (d.action() != v1::Decision::RECOMPUTE) continue;
+    const v1::ProfileNode& node = profile.nodes(d.producer_node());
+    if (node.scope().rfind("encoder.layers.", 0) != 0) continue;
+    kinds.insert(node.kind());
+    layers.insert(node.scope().substr(0, 16));  // "encoder.layers.N"
+  }
+  EXPECT_GE(kinds.size(), 2u);
+  EXPECT_EQ(layers.size(), 2u);
+  auto v = executor->Run(schedule);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectCorrect(*v, "transformer at the floor");
+  if (TestDevice() == "cpu") {
+    EXPECT_LE(v->scheduled().peak_bytes(), floor);
+  }
+}
+
+// branchy takes one path or the other by the sign of its input's sum: an
+// executor on inputs (another seed) that take the other path builds
+// another graph, and refuses the schedule of the profile by its
+// fingerprint instead of running ops the schedule does not describe.
+TEST(SpecializedControlFlowTest, InputsThatTakeTheOtherBranchAreRefused) {
+  TestModel model{"branchy", {"x:float32[B,16]"}};
+  model.batch = 8;
+  const std::vector<v1::TensorSpec> specs = Specs(model);
+  // Two seeds whose inputs have sums of opposite signs.
+  std::map<bool, uint64_t> seed_of;
+  for (uint64_t seed = 0; seed < 64 && seed_of.size() < 2; ++seed) {
+    auto x = worker::MakeInputs(specs, model.batch, torch::kCPU, seed);
+    ASSERT_TRUE(x.ok());
+    seed_of.emplace((*x)[0].sum().item<double>() > 0, seed);
+  }
+  ASSERT_EQ(seed_of.size(), 2u);
+  worker::ProfilerOptions profiling;
+  profiling.model_path = ModelPath(model.name);
+  profiling.inputs = specs;
+  profiling.batch_size = model.batch;
+  profiling.measure_iterations = 1;
+  profiling.seed = seed_of[true];
+  auto profiler = worker::Profiler::Create(profiling);
+  ASSERT_TRUE(profiler.ok()) << profiler.status();
+  auto profile = (*profiler)->Run();
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const v1::Schedule schedule = Plan(*profile, int64_t{1} << 40);
+
+  ExecutorOptions options;
+  options.model_path = ModelPath(model.name);
+  options.inputs = specs;
+  options.batch_size = model.batch;
+  options.measure_iterations = 1;
+  options.seed = seed_of[true];
+  auto same = Executor::Create(options);
+  ASSERT_TRUE(same.ok()) << same.status();
+  auto v = (*same)->Run(schedule);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectCorrect(*v, "branchy, the profiled branch");
+
+  options.seed = seed_of[false];
+  auto other = Executor::Create(options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto refused = (*other)->Run(schedule);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("graph fingerprint"),
+            std::string::npos)
+      << refused.status();
 }
 
 TEST(ExecutorTest, RefusesAScheduleOfAnotherGraph) {

@@ -5,10 +5,14 @@
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "common/parse.h"
 #include "common/proto_io.h"
 #include "tests/worker/test_models.h"
 #include "worker/alias.h"
+#include "worker/inputs.h"
+#include "worker/interpreter.h"
 #include "worker/model_loader.h"
+#include "worker/specialize.h"
 
 namespace mutwo::worker {
 namespace {
@@ -131,6 +135,160 @@ TEST(AliasTest, ReadersOfADictEntryDoNotReadTheOtherEntries) {
   EXPECT_EQ(a.count(head->id), 1u);      // could be any entry: static
   const std::set<int> c = readers_of(relus[2]);
   EXPECT_EQ(c.count(head->id), 1u);  // through the dict's __getitem__
+}
+
+// Forward's arguments generated from TensorSpec texts, as the step does.
+std::vector<c10::IValue> Inputs(const std::vector<std::string>& texts,
+                                int64_t batch, uint64_t seed = 0) {
+  std::vector<v1::TensorSpec> specs;
+  for (const std::string& text : texts) specs.push_back(*ParseTensorSpec(text));
+  auto tensors = MakeInputs(specs, batch, torch::kCPU, seed);
+  EXPECT_TRUE(tensors.ok()) << tensors.status();
+  return std::vector<c10::IValue>(tensors->begin(), tensors->end());
+}
+
+int CountKind(const Graph& graph, const std::string& kind) {
+  int count = 0;
+  for (const IrNode& node : graph.nodes()) count += node.kind == kind;
+  return count;
+}
+
+// Issue 13: a scripted nn.TransformerEncoderLayer is one prim::If (its
+// fast-path check puts the layer in the else branch). Specialised, the
+// layers are their ops, in their module paths, behind a guard each.
+TEST(SpecializeTest, TransformerEncoderLayersBecomeTheirOps) {
+  const torch::jit::Module module = Load("transformer");
+  auto plain = Graph::Create(module);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_GE(CountKind(**plain, "prim::If"), 2);  // what the planner saw
+
+  SpecializeStats stats;
+  auto graph = CreateSpecializedGraph(
+      module, Inputs({"tokens:int64[B,16]{0,1000}"}, 4), {}, &stats);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(stats.recording_error, "");
+  EXPECT_EQ(stats.ifs_kept, 0);
+  EXPECT_EQ(CountKind(**graph, "prim::If"), 0);
+  EXPECT_EQ(CountKind(**graph, "prim::Loop"), 0);
+  std::set<std::string> linears, norms, attention;
+  int guards = 0;
+  for (const IrNode& node : (*graph)->nodes()) {
+    for (int input : node.input_nodes) EXPECT_LT(input, node.id);
+    for (int consumer : node.consumers) EXPECT_GT(consumer, node.id);
+    if (node.kind == "aten::linear") linears.insert(node.scope);
+    if (node.kind == "aten::layer_norm") norms.insert(node.scope);
+    if (node.scope.rfind("encoder.layers.0.self_attn", 0) == 0 && node.is_op) {
+      attention.insert(node.kind);
+    }
+    if (node.kind == kBranchGuardKind) {
+      ++guards;
+      EXPECT_FALSE(node.is_op);
+    }
+  }
+  EXPECT_GT(guards, 0);
+  for (const char* scope :
+       {"encoder.layers.0.linear1", "encoder.layers.0.linear2",
+        "encoder.layers.1.linear1", "encoder.layers.1.linear2", "head"}) {
+    EXPECT_TRUE(linears.count(scope))
+        << scope << ": " << absl::StrJoin(linears, " ");
+  }
+  EXPECT_TRUE(norms.count("encoder.layers.0.norm1"))
+      << absl::StrJoin(norms, " ");
+  EXPECT_TRUE(norms.count("encoder.layers.1.norm2"));
+  // multi_head_attention_forward's ops: projections, scores, softmax.
+  EXPECT_TRUE(attention.count("aten::softmax"))
+      << absl::StrJoin(attention, " ");
+  EXPECT_TRUE(attention.count("aten::linear"));
+  EXPECT_NE((*graph)->fingerprint(), (*plain)->fingerprint());
+}
+
+TEST(SpecializeTest, SameInputsGiveTheSameGraphAndTheModulesResult) {
+  const torch::jit::Module module = Load("transformer");
+  const auto inputs = Inputs({"tokens:int64[B,16]{0,1000}"}, 4);
+  auto a = CreateSpecializedGraph(module, inputs);
+  auto b = CreateSpecializedGraph(module, inputs);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->fingerprint(), (*b)->fingerprint());
+  // The specialised graph computes what the module computes (same RNG
+  // draws for dropout).
+  torch::jit::Module copy = module;
+  torch::manual_seed(3);
+  const torch::Tensor expected = copy.forward(inputs).toTensor();
+  Interpreter interpreter(a->get());
+  torch::manual_seed(3);
+  auto out = interpreter.Run(module, inputs);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->toTensor().equal(expected));
+}
+
+TEST(SpecializeTest, ConstantLoopsAreUnrolled) {
+  // control_flow: `for _ in range(3): h = tanh(cell(h)) + h` and an `if`
+  // on the data.
+  const torch::jit::Module module = Load("control_flow");
+  SpecializeStats stats;
+  auto graph = CreateSpecializedGraph(module, Inputs({"x:float32[B,16]"}, 8),
+                                      {}, &stats);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(stats.loops_unrolled, 1);
+  EXPECT_EQ(stats.ifs_specialized, 1);
+  EXPECT_EQ(CountKind(**graph, "prim::Loop"), 0);
+  EXPECT_EQ(CountKind(**graph, "prim::If"), 0);
+  EXPECT_EQ(CountKind(**graph, "aten::tanh"), 3);
+  int cells = 0;
+  for (const IrNode& node : (*graph)->nodes()) {
+    cells += node.kind == "aten::linear" && node.scope == "cell";
+  }
+  EXPECT_EQ(cells, 3);
+  // A loop over more trips than allowed stays.
+  SpecializeOptions small;
+  small.max_unrolled_trips = 2;
+  auto kept = CreateSpecializedGraph(module, Inputs({"x:float32[B,16]"}, 8),
+                                     small, &stats);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(stats.loops_unrolled, 0);
+  EXPECT_EQ(CountKind(**kept, "prim::Loop"), 1);
+}
+
+// branchy: `if bool(x.sum() > 0)` inside submodule "gate". Specialised on
+// one sign, the step on the other fails with an error naming the If's
+// module, instead of running the wrong branch.
+TEST(SpecializeTest, TheGuardFailsTheStepWhenTheOtherBranchIsTaken) {
+  const torch::jit::Module module = Load("branchy");
+  const std::vector<c10::IValue> positive{torch::ones({4, 16})};
+  const std::vector<c10::IValue> negative{-torch::ones({4, 16})};
+  auto graph = CreateSpecializedGraph(module, positive);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_EQ(CountKind(**graph, "prim::If"), 0);
+  EXPECT_EQ(CountKind(**graph, "aten::relu"), 1);     // the branch taken
+  EXPECT_EQ(CountKind(**graph, "aten::sigmoid"), 0);  // not the other
+  ASSERT_EQ(CountKind(**graph, kBranchGuardKind), 1);
+  Interpreter interpreter(graph->get());
+  EXPECT_TRUE(interpreter.Run(module, positive).ok());
+  auto other = interpreter.Run(module, negative);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(other.status().message());
+  EXPECT_NE(message.find("mutwo: control flow at gate took the other branch "
+                         "than when the model was profiled; re-profile"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+
+  // Unspecialised, both run.
+  auto plain = Graph::Create(module);
+  ASSERT_TRUE(plain.ok());
+  Interpreter opaque(plain->get());
+  EXPECT_TRUE(opaque.Run(module, negative).ok());
+}
+
+TEST(SpecializeTest, AForwardThatFailsLeavesTheBranchesAsTheyAre) {
+  const torch::jit::Module module = Load("branchy");
+  SpecializeStats stats;
+  auto graph =
+      CreateSpecializedGraph(module, {torch::ones({4, 7})}, {}, &stats);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  EXPECT_NE(stats.recording_error, "");
+  EXPECT_EQ(CountKind(**graph, "prim::If"), 1);
 }
 
 TEST(ModelLoaderTest, BadFilesGetErrorsNamingTheProblem) {

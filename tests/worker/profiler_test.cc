@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "common/parse.h"
 #include "tests/worker/test_models.h"
@@ -172,10 +174,14 @@ TEST(ProfilerMemoryTest, DropoutMaskIsCounted) {
 TEST(ProfilerMemoryTest, EveryLoopIterationIsCounted) {
   // control_flow: 3 iterations of h = tanh(cell(h)) + h on [B,32]; each keeps
   // the linear's input and tanh's output: at least 2 * 3 * B * 32 floats.
+  // (With control flow specialised the loop is unrolled: this is for the
+  // loops that stay opaque.)
   TestModel model = testing::TestModels()[4];
   ASSERT_EQ(model.name, "control_flow");
   model.batch = 16;
-  const v1::Profile p = MustProfile(OptionsFor(model));
+  ProfilerOptions options = OptionsFor(model);
+  options.specialize_control_flow = false;
+  const v1::Profile p = MustProfile(options);
   const v1::Activation* loop = ActivationOf(p, "prim::Loop");
   ASSERT_NE(loop, nullptr);
   EXPECT_GE(loop->size_bytes(), 2 * 3 * 16 * 32 * 4);
@@ -207,9 +213,13 @@ TEST(ProfilerLineageTest, EncoderLayersAreRecomputable) {
   // each builds (and appends to) a bool list inside its own blocks for the
   // fast-path check. A replay makes that list again: no reason to refuse
   // the recompute (it was: the floor sat above the baseline on the H100).
+  // (With control flow specialised, as by default, the layers are their
+  // ops, below.)
   TestModel model = testing::TestModels()[3];
   ASSERT_EQ(model.name, "transformer");
-  const v1::Profile p = MustProfile(OptionsFor(model));
+  ProfilerOptions options = OptionsFor(model);
+  options.specialize_control_flow = false;
+  const v1::Profile p = MustProfile(options);
   int layers = 0;
   for (const auto& a : p.activations()) {
     const v1::ProfileNode& node = p.nodes(a.producer_node());
@@ -218,6 +228,33 @@ TEST(ProfilerLineageTest, EncoderLayersAreRecomputable) {
     EXPECT_EQ(a.not_recomputable(), "") << node.scope();
   }
   EXPECT_EQ(layers, 2);
+}
+
+TEST(ProfilerLineageTest, SpecialisedEncoderLayersAreRecomputableOps) {
+  // Issue 13: with control flow specialised, each encoder layer's
+  // activations are those of its ops (linear, attention, layer norm), each
+  // recomputable on its own, in the layer's module paths.
+  TestModel model = testing::TestModels()[3];
+  ASSERT_EQ(model.name, "transformer");
+  const v1::Profile p = MustProfile(OptionsFor(model));
+  for (const auto& node : p.nodes()) {
+    EXPECT_NE(node.kind(), "prim::If") << node.id() << " " << node.scope();
+  }
+  std::map<std::string, int> per_layer;  // activations per encoder layer
+  std::set<std::string> kinds;
+  for (const auto& a : p.activations()) {
+    const v1::ProfileNode& node = p.nodes(a.producer_node());
+    for (const char* layer : {"encoder.layers.0", "encoder.layers.1"}) {
+      if (node.scope().rfind(layer, 0) != 0) continue;
+      ++per_layer[layer];
+      kinds.insert(node.kind());
+      EXPECT_EQ(a.not_recomputable(), "") << node.kind() << " " << node.scope();
+    }
+  }
+  EXPECT_GE(per_layer["encoder.layers.0"], 6);
+  EXPECT_GE(per_layer["encoder.layers.1"], 6);
+  EXPECT_TRUE(kinds.count("aten::linear"));
+  EXPECT_TRUE(kinds.count("aten::layer_norm"));
 }
 
 TEST(ProfilerLineageTest, AReplayReadingAListWrittenLaterIsRefused) {

@@ -278,7 +278,9 @@ absl::Status WorkerDaemon::RunOneTask(const v1::LeaseTaskResponse& lease) {
   auto child =
       RunChild({options_.self_executable, "run-task",
                 "--task_file=" + task_file, "--model_file=" + *model_path,
-                "--result_file=" + result_file, "--device=" + options_.device},
+                "--result_file=" + result_file, "--device=" + options_.device,
+                std::string("--specialize_control_flow=") +
+                    (options_.specialize_control_flow ? "true" : "false")},
                stderr_file, limits);
   busy_.Set(0);
   RefreshDeviceGauges();

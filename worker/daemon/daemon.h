@@ -45,7 +45,9 @@ class WorkerDaemon {
     std::string server = "127.0.0.1:50051";
     // Token and TLS files (common/credentials.h); the target is `server`.
     ClientCredentialsOptions credentials;
-    std::string device = "cpu";   // passed to the child: cpu | cuda:N
+    std::string device = "cpu";  // passed to the child: cpu | cuda:N
+    // Passed to the child: --specialize_control_flow (worker/specialize.h).
+    bool specialize_control_flow = true;
     std::string work_dir;         // model cache and task files
     std::string self_executable;  // the mutwo-worker binary
     // RLIMIT_AS of a CPU task process; 0: none. Default: half the machine's
