@@ -81,10 +81,11 @@ TestModel Model(const std::string& name) {
 // second copy of the model (an Executor), or the copy's parameters count.
 // `optimizer`: ParseOptimizerSpec's text; empty: none.
 const v1::Profile& ProfileOf(const TestModel& model,
-                             const std::string& optimizer = "") {
+                             const std::string& optimizer = "",
+                             bool specialize = false) {
   static auto* cache = new std::map<std::string, v1::Profile>();
   std::string key = absl::StrCat(model.name, " ", model.batch, " ", model.loss,
-                                 " ", optimizer);
+                                 " ", optimizer, " ", specialize);
   for (const std::string& input : model.inputs) absl::StrAppend(&key, input);
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
@@ -103,6 +104,7 @@ const v1::Profile& ProfileOf(const TestModel& model,
   options.warmup_iterations = 1;
   options.measure_iterations = 1;
   options.device = TestDevice();
+  options.specialize_control_flow = specialize;
   auto profiler = worker::Profiler::Create(options);
   EXPECT_TRUE(profiler.ok()) << profiler.status();
   auto profile = (*profiler)->Run();
@@ -113,8 +115,10 @@ const v1::Profile& ProfileOf(const TestModel& model,
 std::unique_ptr<Executor> MakeExecutor(const TestModel& model,
                                        const std::string& optimizer = "",
                                        bool run_baseline = true,
-                                       int warmup_iterations = 1) {
+                                       int warmup_iterations = 1,
+                                       bool specialize = false) {
   ExecutorOptions options;
+  options.specialize_control_flow = specialize;
   options.model_path = ModelPath(model.name);
   options.inputs = Specs(model);
   auto loss = ParseLossSpec(model.loss);
@@ -620,11 +624,11 @@ TEST(ExecutorSwapTest, SwapsAndRecomputeTogether) {
 // layers, and the step matches the plain one within the budget.
 TEST(SpecializedControlFlowTest, TransformerLayersArePlannedOpByOp) {
   const TestModel model = Model("transformer");
-  const v1::Profile& profile = ProfileOf(model);
+  const v1::Profile& profile = ProfileOf(model, "", /*specialize=*/true);
   for (const v1::ProfileNode& node : profile.nodes()) {
     ASSERT_NE(node.kind(), "prim::If") << node.id() << " " << node.scope();
   }
-  auto executor = MakeExecutor(model);
+  auto executor = MakeExecutor(model, "", true, 1, /*specialize=*/true);
   ASSERT_NE(executor, nullptr);
   EXPECT_EQ(executor->graph_fingerprint(), profile.graph_fingerprint());
   const int64_t floor = FloorAndTop(profile).first;
@@ -671,6 +675,7 @@ TEST(SpecializedControlFlowTest, InputsThatTakeTheOtherBranchAreRefused) {
   profiling.batch_size = model.batch;
   profiling.measure_iterations = 1;
   profiling.seed = seed_of[true];
+  profiling.specialize_control_flow = true;
   auto profiler = worker::Profiler::Create(profiling);
   ASSERT_TRUE(profiler.ok()) << profiler.status();
   auto profile = (*profiler)->Run();
@@ -683,6 +688,7 @@ TEST(SpecializedControlFlowTest, InputsThatTakeTheOtherBranchAreRefused) {
   options.batch_size = model.batch;
   options.measure_iterations = 1;
   options.seed = seed_of[true];
+  options.specialize_control_flow = true;
   auto same = Executor::Create(options);
   ASSERT_TRUE(same.ok()) << same.status();
   auto v = (*same)->Run(schedule);

@@ -236,7 +236,9 @@ TEST(ProfilerLineageTest, SpecialisedEncoderLayersAreRecomputableOps) {
   // recomputable on its own, in the layer's module paths.
   TestModel model = testing::TestModels()[3];
   ASSERT_EQ(model.name, "transformer");
-  const v1::Profile p = MustProfile(OptionsFor(model));
+  ProfilerOptions options = OptionsFor(model);
+  options.specialize_control_flow = true;
+  const v1::Profile p = MustProfile(options);
   for (const auto& node : p.nodes()) {
     EXPECT_NE(node.kind(), "prim::If") << node.id() << " " << node.scope();
   }

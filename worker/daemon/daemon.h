@@ -47,7 +47,7 @@ class WorkerDaemon {
     ClientCredentialsOptions credentials;
     std::string device = "cpu";  // passed to the child: cpu | cuda:N
     // Passed to the child: --specialize_control_flow (worker/specialize.h).
-    bool specialize_control_flow = true;
+    bool specialize_control_flow = false;
     std::string work_dir;         // model cache and task files
     std::string self_executable;  // the mutwo-worker binary
     // RLIMIT_AS of a CPU task process; 0: none. Default: half the machine's
