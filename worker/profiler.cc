@@ -117,6 +117,12 @@ struct Profiler::State : TrainingState {
   }
 
   absl::Status CheckCorrectness(v1::Profile* profile);
+  // Warm-up, then measured steps of `forward` + loss + backward +
+  // optimizer; the median time and the allocator's peak over them.
+  absl::Status TimedSteps(
+      const std::string& what,
+      const std::function<absl::StatusOr<c10::IValue>()>& forward, double* ms,
+      int64_t* peak);
   absl::Status MeasureModuleStep(v1::Profile* profile);
   absl::Status InterpretedStep(IterationRecord* record);
   // Median time of the interpreted step with no instrumentation (the step
@@ -184,12 +190,15 @@ absl::Status Profiler::State::CheckCorrectness(v1::Profile* profile) {
   return absl::OkStatus();
 }
 
-absl::Status Profiler::State::MeasureModuleStep(v1::Profile* profile) {
-  std::vector<double> ms;
-  int64_t peak = 0;
+absl::Status Profiler::State::TimedSteps(
+    const std::string& what,
+    const std::function<absl::StatusOr<c10::IValue>()>& forward, double* ms,
+    int64_t* peak) {
+  std::vector<double> times;
+  *peak = 0;
   const int total = options.warmup_iterations + options.measure_iterations;
   for (int it = 0; it < total; ++it) {
-    current_step = "module training step";
+    current_step = what;
     MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
       ZeroGrads();
       backend->Synchronize();
@@ -197,7 +206,7 @@ absl::Status Profiler::State::MeasureModuleStep(v1::Profile* profile) {
       backend->ResetPeak();
       const int start = backend->Mark();
       {
-        c10::IValue outputs = module.forward(inputs);
+        MUTWO_ASSIGN_OR_RETURN(c10::IValue outputs, forward());
         MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(outputs));
         outputs = c10::IValue();
         loss.backward();
@@ -206,44 +215,35 @@ absl::Status Profiler::State::MeasureModuleStep(v1::Profile* profile) {
       const int end = backend->Mark();
       backend->Synchronize();
       if (it >= options.warmup_iterations) {
-        ms.push_back(backend->ElapsedMs(start, end));
-        peak = std::max(peak, backend->PeakBytes());
+        times.push_back(backend->ElapsedMs(start, end));
+        *peak = std::max(*peak, backend->PeakBytes());
       }
       return absl::OkStatus();
     }));
   }
+  *ms = Median(times);
+  return absl::OkStatus();
+}
+
+absl::Status Profiler::State::MeasureModuleStep(v1::Profile* profile) {
+  double ms = 0;
+  int64_t peak = 0;
+  MUTWO_RETURN_IF_ERROR(TimedSteps(
+      "module training step",
+      [&]() -> absl::StatusOr<c10::IValue> { return module.forward(inputs); },
+      &ms, &peak));
   profile->mutable_measured()->set_module_peak_bytes(peak);
-  profile->mutable_measured()->set_module_iteration_ms(Median(ms));
+  profile->mutable_measured()->set_module_iteration_ms(ms);
   return absl::OkStatus();
 }
 
 absl::StatusOr<double> Profiler::State::CleanStepMs() {
-  std::vector<double> ms;
-  const int total = options.warmup_iterations + options.measure_iterations;
-  for (int it = 0; it < total; ++it) {
-    current_step = "timing step";
-    MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
-      ZeroGrads();
-      backend->Synchronize();
-      backend->ClearMarks();
-      const int start = backend->Mark();
-      {
-        MUTWO_ASSIGN_OR_RETURN(c10::IValue outputs,
-                               interpreter->Run(module, inputs));
-        MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(outputs));
-        outputs = c10::IValue();
-        loss.backward();
-      }
-      if (optimizer) optimizer->step();
-      const int end = backend->Mark();
-      backend->Synchronize();
-      if (it >= options.warmup_iterations) {
-        ms.push_back(backend->ElapsedMs(start, end));
-      }
-      return absl::OkStatus();
-    }));
-  }
-  return Median(ms);
+  double ms = 0;
+  int64_t peak = 0;
+  MUTWO_RETURN_IF_ERROR(TimedSteps(
+      "timing step", [&]() { return interpreter->Run(module, inputs); }, &ms,
+      &peak));
+  return ms;
 }
 
 namespace {
