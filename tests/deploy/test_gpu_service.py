@@ -318,10 +318,13 @@ def run(bin_dir, results):
         started = time.monotonic()
         for name, (_, args) in JOBS.items():
             if CPU_DRY_RUN:  # CPU-sized batches and budgets that fit there
+                # (The decoder's floor at batch 2 is 90.2% of its baseline
+                # since the planner counts the whole replayed range: its
+                # floor was 2.3% under-predicted before.)
                 args = [a for a in args
                         if not a.startswith(("--batch=", "--budget="))]
                 args += (["--batch=32", "--budget=95%"] if "cnn" in name
-                         else ["--batch=2", "--budget=90%"])
+                         else ["--batch=2", "--budget=95%"])
             submits[name] = subprocess.Popen(
                 [bin_mutwo, "submit", models[name], "--name=" + name,
                  "--device_kind=" + KIND, "--output=json", "--server=" + stack.target,
