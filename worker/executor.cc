@@ -570,30 +570,13 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
 }
 
 absl::Status Executor::State::TimedSteps(bool scheduled, v1::StepStats* stats) {
-  std::vector<double> ms;
+  double ms = 0;
   int64_t peak = 0;
-  const int total = options.warmup_iterations + options.measure_iterations;
-  for (int it = 0; it < total; ++it) {
-    ZeroGrads();
-    backend->Synchronize();
-    backend->ClearMarks();
-    backend->ResetPeak();
-    const int start = backend->Mark();
-    MUTWO_RETURN_IF_ERROR(Step(scheduled).status());
-    current_step = "optimizer step";
-    MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
-      if (optimizer) optimizer->step();
-      return absl::OkStatus();
-    }));
-    const int end = backend->Mark();
-    backend->Synchronize();
-    if (it >= options.warmup_iterations) {
-      ms.push_back(backend->ElapsedMs(start, end));
-      peak = std::max(peak, backend->PeakBytes());
-    }
-  }
+  MUTWO_RETURN_IF_ERROR(TrainingState::TimedSteps(
+      options.warmup_iterations, options.measure_iterations,
+      [&]() { return Step(scheduled).status(); }, &ms, &peak));
   stats->set_peak_bytes(peak);
-  stats->set_iteration_ms(Median(ms));
+  stats->set_iteration_ms(ms);
   return absl::OkStatus();
 }
 

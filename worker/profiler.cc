@@ -117,8 +117,8 @@ struct Profiler::State : TrainingState {
   }
 
   absl::Status CheckCorrectness(v1::Profile* profile);
-  // Warm-up, then measured steps of `forward` + loss + backward +
-  // optimizer; the median time and the allocator's peak over them.
+  // TrainingState::TimedSteps of `forward` + loss + backward, errors
+  // named `what`.
   absl::Status TimedSteps(
       const std::string& what,
       const std::function<absl::StatusOr<c10::IValue>()>& forward, double* ms,
@@ -194,35 +194,19 @@ absl::Status Profiler::State::TimedSteps(
     const std::string& what,
     const std::function<absl::StatusOr<c10::IValue>()>& forward, double* ms,
     int64_t* peak) {
-  std::vector<double> times;
-  *peak = 0;
-  const int total = options.warmup_iterations + options.measure_iterations;
-  for (int it = 0; it < total; ++it) {
-    current_step = what;
-    MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
-      ZeroGrads();
-      backend->Synchronize();
-      backend->ClearMarks();
-      backend->ResetPeak();
-      const int start = backend->Mark();
-      {
-        MUTWO_ASSIGN_OR_RETURN(c10::IValue outputs, forward());
-        MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(outputs));
-        outputs = c10::IValue();
-        loss.backward();
-      }
-      if (optimizer) optimizer->step();
-      const int end = backend->Mark();
-      backend->Synchronize();
-      if (it >= options.warmup_iterations) {
-        times.push_back(backend->ElapsedMs(start, end));
-        *peak = std::max(*peak, backend->PeakBytes());
-      }
-      return absl::OkStatus();
-    }));
-  }
-  *ms = Median(times);
-  return absl::OkStatus();
+  return TrainingState::TimedSteps(
+      options.warmup_iterations, options.measure_iterations,
+      [&]() {
+        current_step = what;
+        return Guard(current_step, [&]() -> absl::Status {
+          MUTWO_ASSIGN_OR_RETURN(c10::IValue outputs, forward());
+          MUTWO_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(outputs));
+          outputs = c10::IValue();
+          loss.backward();
+          return absl::OkStatus();
+        });
+      },
+      ms, peak);
 }
 
 absl::Status Profiler::State::MeasureModuleStep(v1::Profile* profile) {

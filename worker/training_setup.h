@@ -9,6 +9,8 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,6 +22,7 @@
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/autograd_hooks.h"
 #include "worker/graph.h"
 #include "worker/inputs.h"
 #include "worker/interpreter.h"
@@ -63,6 +66,37 @@ struct TrainingState {
 
   void ZeroGrads() {
     for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
+  }
+
+  // `warmup` then `measure` timed training steps: `step` (forward, loss,
+  // backward), then the optimizer step. The median time of the measured
+  // ones and the allocator's peak over them.
+  absl::Status TimedSteps(int warmup, int measure,
+                          const std::function<absl::Status()>& step, double* ms,
+                          int64_t* peak) {
+    std::vector<double> times;
+    *peak = 0;
+    for (int it = 0; it < warmup + measure; ++it) {
+      ZeroGrads();
+      backend->Synchronize();
+      backend->ClearMarks();
+      backend->ResetPeak();
+      const int start = backend->Mark();
+      MUTWO_RETURN_IF_ERROR(step());
+      current_step = "optimizer step";
+      MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
+        if (optimizer) optimizer->step();
+        return absl::OkStatus();
+      }));
+      const int end = backend->Mark();
+      backend->Synchronize();
+      if (it >= warmup) {
+        times.push_back(backend->ElapsedMs(start, end));
+        *peak = std::max(*peak, backend->PeakBytes());
+      }
+    }
+    *ms = Median(times);
+    return absl::OkStatus();
   }
 };
 
