@@ -1,5 +1,7 @@
 #include "worker/inputs.h"
 
+#include <utility>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -11,30 +13,20 @@
 namespace mutwo::worker {
 namespace {
 
+// The spec dtypes and the scalar types they make, both ways.
+constexpr std::pair<v1::DType, torch::ScalarType> kDTypes[] = {
+    {v1::FLOAT32, torch::kFloat32}, {v1::FLOAT64, torch::kFloat64},
+    {v1::FLOAT16, torch::kFloat16}, {v1::BFLOAT16, torch::kBFloat16},
+    {v1::INT64, torch::kInt64},     {v1::INT32, torch::kInt32},
+    {v1::INT8, torch::kInt8},       {v1::UINT8, torch::kUInt8},
+    {v1::BOOL, torch::kBool}};
+
 absl::StatusOr<torch::ScalarType> ScalarTypeOf(const v1::TensorSpec& spec) {
-  switch (spec.dtype()) {
-    case v1::FLOAT32:
-      return torch::kFloat32;
-    case v1::FLOAT64:
-      return torch::kFloat64;
-    case v1::FLOAT16:
-      return torch::kFloat16;
-    case v1::BFLOAT16:
-      return torch::kBFloat16;
-    case v1::INT64:
-      return torch::kInt64;
-    case v1::INT32:
-      return torch::kInt32;
-    case v1::INT8:
-      return torch::kInt8;
-    case v1::UINT8:
-      return torch::kUInt8;
-    case v1::BOOL:
-      return torch::kBool;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("input \"", spec.name(), "\": no dtype"));
+  for (const auto& [dtype, type] : kDTypes) {
+    if (dtype == spec.dtype()) return type;
   }
+  return absl::InvalidArgumentError(
+      absl::StrCat("input \"", spec.name(), "\": no dtype"));
 }
 
 void Flatten(const c10::IValue& value, std::vector<torch::Tensor>* out) {
@@ -52,6 +44,13 @@ void Flatten(const c10::IValue& value, std::vector<torch::Tensor>* out) {
 }
 
 }  // namespace
+
+std::optional<v1::DType> DTypeOf(torch::ScalarType type) {
+  for (const auto& [dtype, scalar_type] : kDTypes) {
+    if (scalar_type == type) return dtype;
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<torch::Tensor> MakeTensor(const v1::TensorSpec& spec,
                                          int64_t batch_size,

@@ -9,12 +9,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "mutwo/v1/types.pb.h"
 
 namespace mutwo::worker {
+
+// The spec dtype of tensors of `type`; nullopt for a type no spec names.
+std::optional<v1::DType> DTypeOf(torch::ScalarType type);
 
 // One tensor per spec, B replaced by `batch_size`: floating dtypes ~ N(0, 1),
 // integer dtypes uniform in [low, high), bool uniform in {false, true}.

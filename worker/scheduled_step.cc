@@ -14,6 +14,7 @@
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
 #include "worker/executor.h"
+#include "worker/inputs.h"
 
 namespace mutwo {
 namespace {
@@ -48,34 +49,7 @@ v1::TensorSpec SpecOf(const torch::IValue& input, size_t index) {
     return spec;
   }
   const torch::Tensor& t = input.toTensor();
-  switch (t.scalar_type()) {
-    case torch::kFloat64:
-      spec.set_dtype(v1::FLOAT64);
-      break;
-    case torch::kFloat16:
-      spec.set_dtype(v1::FLOAT16);
-      break;
-    case torch::kBFloat16:
-      spec.set_dtype(v1::BFLOAT16);
-      break;
-    case torch::kInt64:
-      spec.set_dtype(v1::INT64);
-      break;
-    case torch::kInt32:
-      spec.set_dtype(v1::INT32);
-      break;
-    case torch::kInt8:
-      spec.set_dtype(v1::INT8);
-      break;
-    case torch::kUInt8:
-      spec.set_dtype(v1::UINT8);
-      break;
-    case torch::kBool:
-      spec.set_dtype(v1::BOOL);
-      break;
-    default:
-      break;
-  }
+  spec.set_dtype(worker::DTypeOf(t.scalar_type()).value_or(v1::FLOAT32));
   spec.add_dims(kBatchDim);
   for (int64_t d = 1; d < t.dim(); ++d) spec.add_dims(t.size(d));
   if (spec.dtype() != v1::BOOL && !t.is_floating_point() && t.numel() > 0) {
