@@ -6,10 +6,11 @@
 // topologically ordered). Nodes inside prim::If / prim::Loop sub-blocks get
 // no ids of their own: the control-flow node is one IR node, and its time,
 // memory and activations include everything its blocks ran (every iteration
-// of a loop). The executor replays such a node as a whole. (The profiler
-// and the executor build the IR through worker/specialize.h, which first
-// replaces the Ifs and constant loops a training step runs one way by the
-// ops of that way: what stays opaque is what it could not specialise.)
+// of a loop). The executor replays such a node as a whole. (With
+// --specialize_control_flow the profiler and the executor build the IR
+// through worker/specialize.h, which first replaces the Ifs and constant
+// loops a training step runs one way by the ops of that way: what stays
+// opaque is what it could not specialise.)
 //
 // The fingerprint hashes node kinds, output counts, sub-block structure and
 // data edges (FNV-1a, 64 bit, hex); it is stable across runs and processes
