@@ -149,10 +149,19 @@ absl::Status WriteFileAtomically(const std::string& path,
       return absl::PermissionDeniedError(absl::StrCat(
           "file \"", tmp, "\": cannot create: ", std::strerror(errno)));
     }
+    errno = 0;
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) {
-      return absl::DataLossError(
-          absl::StrCat("file \"", tmp, "\": write failed"));
+    out.flush();
+    if (!out) {
+      // errno names the cause (ENOSPC, EDQUOT, EIO); the partial file goes,
+      // so a full disk leaves nothing half-written behind.
+      const std::string why =
+          errno != 0 ? std::strerror(errno) : "stream error";
+      out.close();
+      std::remove(tmp.c_str());
+      return absl::DataLossError(absl::StrCat(
+          "file \"", tmp, "\": write of ", bytes.size(),
+          " bytes failed: ", why));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {

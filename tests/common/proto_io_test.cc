@@ -1,5 +1,8 @@
 #include "common/proto_io.h"
 
+#include <sys/resource.h>
+
+#include <csignal>
 #include <cstdio>
 #include <string>
 
@@ -126,6 +129,32 @@ TEST(ProtoIo, FilesWriteAtomicallyAndRespectLimits) {
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(ReadFile(path + ".missing").status().code(),
             absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+// A write the file system refuses (here the file size limit, as a full disk
+// would) names the cause, removes its partial .tmp and keeps the file that
+// was there.
+TEST(ProtoIo, AFailedWriteNamesTheCauseAndKeepsTheOldFile) {
+  const std::string path = ::testing::TempDir() + "/proto_io_limit.bin";
+  ASSERT_TRUE(WriteFileAtomically(path, "kept").ok());
+  rlimit old_limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old_limit;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const absl::Status status =
+      WriteFileAtomically(path, std::string(1 << 20, 'x'));
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(),
+              ::testing::AllOf(::testing::HasSubstr("proto_io_limit.bin.tmp"),
+                               ::testing::HasSubstr("1048576 bytes"),
+                               ::testing::HasSubstr("File too large")));
+  EXPECT_FALSE(ReadFile(path + ".tmp").ok());
+  EXPECT_EQ(*ReadFile(path), "kept");
   std::remove(path.c_str());
 }
 

@@ -34,20 +34,10 @@ using testing::Subprocess;
 
 namespace fs = std::filesystem;
 
-// Models made once per test binary by tests/testing/make_models.py.
+// The worker test models, scripted once per build by
+// tests/testing/make_models.py (target worker_test_models).
 const std::string& ModelDir() {
-  static const std::string* const dir = [] {
-    auto* d = new std::string((fs::path(::testing::TempDir()) /
-                               absl::StrCat("mutwo_e2e_models_", getpid()))
-                                  .string());
-    fs::create_directories(*d);
-    auto r = RunCommand(absl::StrCat("/usr/bin/python3 ", MUTWO_SOURCE_DIR,
-                                     "/tests/testing/make_models.py ", *d));
-    if (r.exit_code != 0) {
-      ADD_FAILURE() << "make_models.py failed: " << r.output;
-    }
-    return d;
-  }();
+  static const std::string* const dir = new std::string(MUTWO_TEST_MODELS_DIR);
   return *dir;
 }
 

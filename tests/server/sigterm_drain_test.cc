@@ -47,11 +47,7 @@ class SigtermDrainTest : public ::testing::Test {
     dir_ = fs::path(::testing::TempDir()) /
            absl::StrCat("mutwo_sigterm_", getpid());
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "models");
-    auto r = RunCommand(absl::StrCat("/usr/bin/python3 ", MUTWO_SOURCE_DIR,
-                                     "/tests/testing/make_models.py ",
-                                     (dir_ / "models").string()));
-    ASSERT_EQ(r.exit_code, 0) << "make_models.py failed: " << r.output;
+    fs::create_directories(dir_);
     port_ = FreePort();
   }
   void TearDown() override {
@@ -88,7 +84,7 @@ class SigtermDrainTest : public ::testing::Test {
 
   std::string Submit(const std::string& model, const std::string& input) {
     auto r = RunCommand(Cli(absl::StrCat(
-        "submit ", (dir_ / "models" / model).string(), " --input=", input,
+        "submit ", (fs::path(MUTWO_TEST_MODELS_DIR) / model).string(), " --input=", input,
         " --batch=64 --budget=95% --device_kind=cpu --output=json")));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::smatch m;

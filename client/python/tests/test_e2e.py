@@ -235,7 +235,11 @@ def test_readme_example_trains_a_torchvision_model(stack) -> None:
         capture_output=True, text=True, cwd=tmp, env=env, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
-    assert re.search(r"RECOMPUTE +layer\d\.\d\.\w+ aten::", out), out
+    # The schedule names what it recomputes by resnet18's module path and
+    # op. Which module wins at 90% follows measured op times (the stem's
+    # conv1/bn1 or a block's), so any of resnet18's modules counts.
+    assert re.search(r"RECOMPUTE +(conv1|bn1|relu|maxpool|"
+                     r"layer[1-4]\.[01]\.\w+(\.\d+)?) aten::\w+", out), out
     assert "step 1: loss" in out
     m = re.search(r"(\d+) saved tensors dropped", out)
     assert m and int(m.group(1)) > 0, out
