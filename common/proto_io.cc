@@ -159,9 +159,9 @@ absl::Status WriteFileAtomically(const std::string& path,
           errno != 0 ? std::strerror(errno) : "stream error";
       out.close();
       std::remove(tmp.c_str());
-      return absl::DataLossError(absl::StrCat(
-          "file \"", tmp, "\": write of ", bytes.size(),
-          " bytes failed: ", why));
+      return absl::DataLossError(absl::StrCat("file \"", tmp, "\": write of ",
+                                              bytes.size(),
+                                              " bytes failed: ", why));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -84,7 +84,8 @@ class SigtermDrainTest : public ::testing::Test {
 
   std::string Submit(const std::string& model, const std::string& input) {
     auto r = RunCommand(Cli(absl::StrCat(
-        "submit ", (fs::path(MUTWO_TEST_MODELS_DIR) / model).string(), " --input=", input,
+        "submit ", (fs::path(MUTWO_TEST_MODELS_DIR) / model).string(),
+        " --input=", input,
         " --batch=64 --budget=95% --device_kind=cpu --output=json")));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::smatch m;
