@@ -111,7 +111,7 @@ def run_model(m, args, work):
     worker = os.path.join(args.bin, "mutwo-worker")
     cli = os.path.join(args.bin, "mutwo")
     common = model_args(m, args.device, args.warmup, args.iterations,
-                        args.optimizer)
+                        args.optimizer) + args.worker_flags.split()
     base = os.path.join(work, m["name"])
     prof_path = base + ".profile.json"
 
@@ -384,6 +384,10 @@ def main():
                     help="extra mutwo-worker execute flags, e.g. "
                     "'--log_level trace' (a failed point's stderr is kept in "
                     "the work dir)")
+    ap.add_argument("--worker-flags", default="",
+                    help="extra flags of both mutwo-worker profile and "
+                    "execute, e.g. '--specialize_control_flow' (the two must "
+                    "build the same graph)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=None,
                     help="measured iterations (default: 1 on cpu, 3 on cuda)")
