@@ -208,7 +208,6 @@ void IncrementalSimulator::AttachRun(int start, int end) {
   }
   const uint32_t stamp = node_stamp_counter_;
   int replay_at = std::numeric_limits<int>::max();
-  double ms = 0;
   std::vector<std::pair<int, int64_t>> members;
   std::vector<int> nodes;
   for (int k = start; k <= end; ++k) {
@@ -220,13 +219,11 @@ void IncrementalSimulator::AttachRun(int start, int end) {
       replay_at = std::min(replay_at, act.first_backward_use);
       if (node_stamp_[act.producer_node] != stamp) {
         node_stamp_[act.producer_node] = stamp;
-        ms += prof_->nodes[act.producer_node].forward_ms;
         nodes.push_back(act.producer_node);
       }
       for (int rn : act.recompute_nodes) {
         if (node_stamp_[rn] != stamp) {
           node_stamp_[rn] = stamp;
-          ms += prof_->nodes[rn].forward_ms;
           nodes.push_back(rn);
         }
       }
@@ -235,6 +232,8 @@ void IncrementalSimulator::AttachRun(int start, int end) {
       MarkSourcesHoldDirty(a);
     }
   }
+  std::sort(nodes.begin(), nodes.end());
+  const double ms = sim_->ReplayMs(nodes);
   run_starts_.insert(
       std::lower_bound(run_starts_.begin(), run_starts_.end(), start), start);
   recompute_ms_valid_ = false;

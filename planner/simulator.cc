@@ -230,8 +230,11 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
   sim->baseline_peak_bytes_ =
       *std::max_element(sim->base_during_.begin(), sim->base_during_.end());
   sim->node_transient_.assign(n, 0);
+  sim->forward_ms_before_.assign(n + 1, 0);
   for (int i = 0; i < n; ++i) {
     sim->node_transient_[i] = profile->nodes[i].transient_bytes;
+    sim->forward_ms_before_[i + 1] =
+        sim->forward_ms_before_[i] + profile->nodes[i].forward_ms;
   }
   if (profile->HasAllocatorFigures() && n > 0) {
     auto& table = sim->forward_during_max_;
@@ -342,13 +345,11 @@ void Simulator::Run(const Decisions& decisions, Options options,
       seg.replay_at = std::min(seg.replay_at, act.first_backward_use);
       if (scratch_node_stamp_[act.producer_node] != stamp) {
         scratch_node_stamp_[act.producer_node] = stamp;
-        seg.ms += prof.nodes[act.producer_node].forward_ms;
         seg.nodes.push_back(act.producer_node);
       }
       for (int rn : act.recompute_nodes) {
         if (scratch_node_stamp_[rn] != stamp) {
           scratch_node_stamp_[rn] = stamp;
-          seg.ms += prof.nodes[rn].forward_ms;
           seg.nodes.push_back(rn);
         }
       }
@@ -356,7 +357,9 @@ void Simulator::Run(const Decisions& decisions, Options options,
   }
   r.segments = static_cast<int>(segments.size());
   stamp_base_ += r.segments + 1;
-  for (const Segment& seg : segments) {
+  for (Segment& seg : segments) {
+    std::sort(seg.nodes.begin(), seg.nodes.end());
+    seg.ms = ReplayMs(seg.nodes);
     r.replays.emplace_back(seg.replay_at, seg.ms);
   }
 

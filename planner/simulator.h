@@ -135,6 +135,15 @@ class Simulator {
   // RECOMPUTE activations; `nodes`: the nodes replayed. Sorts both.
   int64_t ReplayTransient(std::vector<std::pair<int, int64_t>>& members,
                           std::vector<int>& nodes) const;
+  // The time of a replay: the executor runs every node from the first one
+  // replayed to the last (lineage, members, and what lies between: views,
+  // Swin's window partition), so the forward times of that whole range.
+  // `nodes`: the nodes replayed, sorted.
+  double ReplayMs(const std::vector<int>& nodes) const {
+    if (nodes.empty()) return 0;
+    return forward_ms_before_[nodes.back() + 1] -
+           forward_ms_before_[nodes.front()];
+  }
   // What a replay's transient adds at `position`: the replay runs before
   // the backward step there, so the step's own transient (above the memory
   // before it) is not on top of it; the excess is.
@@ -164,6 +173,8 @@ class Simulator {
   std::vector<double> end_ms_;
   std::vector<int> op_nodes_;
   std::vector<int64_t> node_transient_;
+  // forward_ms_before_[k]: the forward time of nodes [0, k).
+  std::vector<double> forward_ms_before_;
   // Sparse table of base_during_ over forward positions (range maxima);
   // empty without allocator figures.
   std::vector<std::vector<int64_t>> forward_during_max_;

@@ -386,7 +386,8 @@ def main():
                     "the work dir)")
     ap.add_argument("--worker-flags", default="",
                     help="extra flags of both mutwo-worker profile and "
-                    "execute, e.g. '--specialize_control_flow' (the two must "
+                    "execute, e.g. --worker-flags=--specialize_control_flow "
+                    "(with '=': the value starts with a dash; the two must "
                     "build the same graph)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=None,

@@ -119,5 +119,31 @@ TEST(IncrementalSimulatorTest, SegmentsMergeAndSplitLikeTheFullSimulation) {
   ExpectSameAsFullSimulation(**sim, **inc, "split");
 }
 
+// The executor replays a segment's whole node range, so a node inside it
+// that is no member's lineage (a mask made from the input, Swin's window
+// partition) costs its forward time again: A (node 0) and C (node 2) are
+// one segment around node 1, which produced no activation.
+TEST(IncrementalSimulatorTest, AReplayCostsItsWholeNodeRange) {
+  PlanProfile p = testing::MakeProfile(
+      4, 4, 0,
+      {{0, 100, 2, 6, 6, {}}, {2, 100, 3, 5, 5, {0}}, {3, 100, 3, 4, 4, {1}}});
+  p.nodes[1].forward_ms = 10;
+  auto sim = Simulator::Create(&p);
+  ASSERT_TRUE(sim.ok()) << sim.status();
+  Decisions d(3);
+  d[0].action = Action::kRecompute;
+  d[1].action = Action::kRecompute;
+  const SimResult full = (*sim)->Run(d);
+  EXPECT_EQ(full.segments, 1);
+  EXPECT_DOUBLE_EQ(full.recompute_ms, 1 + 10 + 1);
+  EXPECT_DOUBLE_EQ(full.iteration_ms, (*sim)->baseline_iteration_ms() + 12);
+  auto inc = IncrementalSimulator::Create(sim->get());
+  ASSERT_TRUE(inc.ok()) << inc.status();
+  (*inc)->Set(0, d[0]);
+  (*inc)->Set(1, d[1]);
+  EXPECT_DOUBLE_EQ((*inc)->recompute_ms(), 12);
+  ExpectSameAsFullSimulation(**sim, **inc, "range");
+}
+
 }  // namespace
 }  // namespace mutwo::planner
