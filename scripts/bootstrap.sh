@@ -12,6 +12,10 @@ PACKAGES=(
   libabsl-dev libssl-dev libsqlite3-dev prometheus-cpp-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev python3-torch python3-torchvision
+  # The BLAS behind Debian's LibTorch (libblas.so.3): OpenBLAS, threaded,
+  # instead of the reference BLAS. The CPU worker's ViT-B/16 step (batch 2,
+  # 32x32) took 2.6 s with the reference BLAS and 0.44 s with it.
+  libopenblas0-pthread
   python3-grpcio python3-protobuf python3-yaml python3-matplotlib prometheus
   python3-pytest python3-tqdm python3-venv python3-pip python3-setuptools
   python3-wheel  # the Python package mutwo: its tests, pip install
