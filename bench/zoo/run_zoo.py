@@ -23,6 +23,7 @@ stdout: one JSON line per point (and per model that has no points), then one
 summary line. RESULTS_DIR/zoo_results.json holds everything (compact).
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -405,7 +406,7 @@ def main():
                     "its own process, so measured peaks stay per process; "
                     "step times are then measured on a shared device). A "
                     "model that ran out of memory beside others runs again "
-                    "alone")
+                    "at once, alone: the others finish their model and wait")
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 even when a bar fails")
     args = ap.parse_args()
@@ -459,15 +460,26 @@ def main():
 
     try:
         if args.jobs > 1:
-            with ThreadPoolExecutor(args.jobs) as pool:
-                list(pool.map(one, todo))
             # Beside other models a model can run out of device memory that
-            # it would have alone: those run again, one at a time.
-            for m in todo:
-                if ran_out_of_memory(done[m["name"]]):
-                    print(f"zoo: {m['name']}: out of memory beside other "
-                          f"models; again alone", file=sys.stderr, flush=True)
-                    one(m)["rerun_alone"] = True
+            # it would have alone: it runs again at once, alone on the
+            # device (the other workers finish their model and wait), so a
+            # run cut short does not lose the reruns.
+            gate = DeviceGate()
+
+            def pooled(m):
+                with gate.shared():
+                    rec = one(m)
+                if not ran_out_of_memory(rec):
+                    return rec
+                print(f"zoo: {m['name']}: out of memory beside other "
+                      f"models; again alone", file=sys.stderr, flush=True)
+                with gate.alone():
+                    rec = one(m)
+                rec["rerun_alone"] = True
+                return rec
+
+            with ThreadPoolExecutor(args.jobs) as pool:
+                list(pool.map(pooled, todo))
         else:
             for m in todo:
                 one(m)
@@ -482,6 +494,45 @@ def main():
           f"({summary['seconds']}s); "
           f"{'GREEN' if summary['green'] else 'NOT green'}", file=sys.stderr)
     return 0 if summary["green"] or args.no_fail else 1
+
+
+class DeviceGate:
+    """Models share the device (`shared()`) or one has it alone (`alone()`,
+    which waits for the sharers to finish and holds new ones back)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._sharers = 0
+        self._alone = False
+        self._waiting_alone = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            while self._alone or self._waiting_alone:
+                self._cond.wait()
+            self._sharers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sharers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self):
+        with self._cond:
+            self._waiting_alone += 1
+            while self._alone or self._sharers:
+                self._cond.wait()
+            self._waiting_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
 
 
 def ran_out_of_memory(rec):
