@@ -580,6 +580,27 @@ absl::Status Executor::State::TimedSteps(bool scheduled, v1::StepStats* stats) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The schedule was planned from a profile of this graph. On a mismatch the
+// IR goes to the debug log, so that two builds of one file that disagree
+// can be compared.
+absl::Status CheckFingerprint(const v1::Schedule& schedule, const Graph& graph,
+                              const std::string& model_name) {
+  if (schedule.graph_fingerprint() == graph.fingerprint()) {
+    return absl::OkStatus();
+  }
+  MUTWO_LOG(debug, "IR of {} (fingerprint {}):\n{}", model_name,
+            graph.fingerprint(), graph.graph()->toString());
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the schedule is for graph fingerprint \"", schedule.graph_fingerprint(),
+      "\" but model ", model_name, " has graph fingerprint \"",
+      graph.fingerprint(), "\" (", graph.num_nodes(),
+      " IR nodes; plan it from a profile of this model)"));
+}
+
+}  // namespace
+
 Executor::Executor(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Executor::~Executor() = default;
 
@@ -599,13 +620,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
 absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
   State& s = *state_;
   const ExecutorOptions& o = s.options;
-  if (schedule.graph_fingerprint() != s.graph->fingerprint()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the schedule is for graph fingerprint \"",
-        schedule.graph_fingerprint(), "\" but model ", o.model_name,
-        " has graph fingerprint \"", s.graph->fingerprint(),
-        "\" (plan it from a profile of this model)"));
-  }
+  MUTWO_RETURN_IF_ERROR(CheckFingerprint(schedule, *s.graph, o.model_name));
   if (schedule.batch_size() != o.batch_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("the schedule is for batch size ", schedule.batch_size(),
@@ -793,13 +808,8 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
 absl::Status Executor::PrepareUserStep(const v1::Schedule& schedule,
                                        const torch::jit::Module& module) {
   State& s = *state_;
-  if (schedule.graph_fingerprint() != s.graph->fingerprint()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the schedule is for graph fingerprint \"",
-        schedule.graph_fingerprint(), "\" but model ", s.options.model_name,
-        " has graph fingerprint \"", s.graph->fingerprint(),
-        "\" (plan it from a profile of this model)"));
-  }
+  MUTWO_RETURN_IF_ERROR(
+      CheckFingerprint(schedule, *s.graph, s.options.model_name));
   MUTWO_ASSIGN_OR_RETURN(s.compiled, CompileSchedule(*s.graph, schedule));
   return Guard("adopting the caller's module", [&]() -> absl::Status {
     torch::jit::Module adopted = module;  // a handle: the caller's object
