@@ -30,9 +30,8 @@ void AddInterval(int begin, int end, int64_t bytes, int last,
 
 int64_t Simulator::ReplayTransient(
     std::vector<std::pair<int, int64_t>>& members,
-    std::vector<int>& nodes) const {
+    const std::vector<int>& nodes) const {
   std::sort(members.begin(), members.end());
-  std::sort(nodes.begin(), nodes.end());
   int64_t total = 0;
   for (const auto& m : members) total += m.second;
   int64_t made = 0, most = 0;

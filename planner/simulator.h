@@ -132,9 +132,10 @@ class Simulator {
   // over that range (values no member is, dying inside it: the windowing
   // before Swin's attention; retained activations the range makes again)
   // bounds it from below too. `members`: (producer node, bytes) of the
-  // RECOMPUTE activations; `nodes`: the nodes replayed. Sorts both.
+  // RECOMPUTE activations (sorted here); `nodes`: the nodes replayed,
+  // sorted (as ReplayMs takes them).
   int64_t ReplayTransient(std::vector<std::pair<int, int64_t>>& members,
-                          std::vector<int>& nodes) const;
+                          const std::vector<int>& nodes) const;
   // The time of a replay: the executor runs every node from the first one
   // replayed to the last (lineage, members, and what lies between: views,
   // Swin's window partition), so the forward times of that whole range.
