@@ -293,3 +293,43 @@ def test_the_module_entry_point_and_its_help() -> None:
     p = subprocess.run([sys.executable, "-m", "mutwo", "verify", "m.py:f"],
                        capture_output=True, text=True, env=env)
     assert p.returncode == 2 and "--schedule" in p.stderr
+
+
+DATA = Path(__file__).resolve().parent / "data"
+# Planned by the real planner for the model above (`make`), batch 32, SGD,
+# on this CPU tier (LibTorch 1.13): the model scripted
+# (torch.jit.script(make()).save("net.pt")), then
+#   mutwo-worker profile net.pt --input 'x:float32[B,3,16,16]' \
+#     --loss 'cross_entropy:y:int64[B]{0,10}' --batch 32 --device cpu \
+#     --optimizer sgd --output json > p.json
+#   mutwo plan p.json --budget 80% --output json   (feasible, 2.42 MiB)
+#   mutwo plan p.json --budget 60% --output json   (below the floor, exit 3)
+# `mutwo-worker execute` of the 80% schedule measured 3.03 MiB unmodified,
+# 2.28 MiB scheduled.
+
+
+def test_a_planned_schedule_holds_on_the_eager_model(
+        model_py: Path, capsys: Any) -> None:
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule",
+        str(DATA / "verify_net_b32_80pct.schedule.json"), "--optimizer",
+        "sgd", "--output", "json"])
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["batch_size"] == 32  # the schedule's
+    assert v["within_budget"] and v["gradients_match"]
+    # The CPU measure agrees with the worker's counting allocator on the
+    # prediction (2.28 MiB predicted and executed) within 5%.
+    assert v["scheduled"]["peak_bytes"] == pytest.approx(
+        v["predicted"]["peak_bytes"], rel=0.05)
+    assert v["scheduled"]["peak_bytes"] < 0.85 * v["baseline"]["peak_bytes"]
+
+
+def test_a_planned_infeasible_schedule_exits_3(
+        model_py: Path, capsys: Any) -> None:
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule",
+        str(DATA / "verify_net_b32_60pct.schedule.json")])
+    assert code == 3 and out == ""
+    assert "is infeasible: the budget 1.82 MiB is below the floor 2.08 MiB" \
+        in err
