@@ -7,6 +7,7 @@ finds its op. The compile path itself needs PyTorch >= 2.4 (GPU machine:
 bench/anchors/anchors.py --systems mutwo_compile)."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
@@ -254,3 +255,101 @@ def test_old_torch_is_told_what_is_needed() -> None:
     with pytest.raises(RuntimeError, match=r"needs PyTorch >= 2.4.*this is "
                        r"torch " + torch.__version__.replace("+", r"\+")):
         _compile.apply_compiled(model, make_schedule(model))
+
+
+# On PyTorch >= 2.4 (the GPU machine): the policy run by torch's selective
+# checkpointing, eager and under torch.compile.
+needs_sac = pytest.mark.skipif(
+    not hasattr(torch.utils.checkpoint, "CheckpointPolicy"),
+    reason="selective activation checkpointing needs PyTorch >= 2.4")
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(64, 32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.fc2(self.act(self.fc1(x))))
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block() for _ in range(3)])
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+def mlp_step(model: nn.Module, step_model: Any, device: str
+             ) -> Tuple[float, dict]:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 32, generator=g).to(device)
+    y = torch.randint(0, 4, (8,), generator=g).to(device)
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(step_model(x), y)
+    loss.backward()
+    return loss.item(), {n: p.grad.detach().clone()
+                         for n, p in model.named_parameters()}
+
+
+def assert_same_grads(a: dict, b: dict, rtol: float) -> None:
+    scale = max(g.abs().max().item() for g in a.values())
+    for name in a:
+        diff = (a[name] - b[name]).abs().max().item()
+        assert diff <= 1e-6 + rtol * scale, f"gradient of {name}: {diff}"
+
+
+def mlp_schedule(model: nn.Module) -> mutwo.Schedule:
+    return make_schedule(model, recompute=[
+        (0, ["blocks.0.fc1", "blocks.0.act"], []),
+        (1, ["blocks.1.fc1", "blocks.1.act"], [])])
+
+
+@needs_sac
+def test_eager_selective_checkpointing_keeps_the_gradients() -> None:
+    torch.manual_seed(0)
+    model = Mlp()
+    plain = copy.deepcopy(model)
+    _compile.apply_compiled(model, mlp_schedule(model))
+    handle = _compile.compiled_schedule_of(model)
+    assert [f.path for f in handle.frames] == ["blocks.0", "blocks.1"]
+    _, grads_a = mlp_step(plain, plain, "cpu")
+    _, grads_b = mlp_step(model, model, "cpu")
+    assert_same_grads(grads_a, grads_b, 1e-5)
+    # Every decision inside a frame found its op (fc -> addmm, GELU ->
+    # gelu, the block's residual add, LayerNorm -> native_layer_norm).
+    assert handle.unmatched() == [], handle.report()
+    handle.remove()
+    assert _compile.compiled_schedule_of(model) is None
+    assert "forward" not in model.blocks[0].__dict__
+
+
+@needs_sac
+def test_under_torch_compile_the_policy_finds_its_ops() -> None:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = Mlp().to(device)
+    plain = copy.deepcopy(model)
+    _compile.apply_compiled(model, mlp_schedule(model))
+    handle = _compile.compiled_schedule_of(model)
+    compiled = torch.compile(model)
+    _, grads_a = mlp_step(plain, plain, device)
+    _, grads_b = mlp_step(model, compiled, device)
+    assert_same_grads(grads_a, grads_b, 1e-4)
+    # The policy ran while the compiler traced (nn_module_stack names the
+    # module, or the frame-wide count stands in) and matched every row.
+    assert handle._rt.calls > 0
+    assert handle.unmatched() == [], handle.report()
+
+
+@needs_sac
+def test_a_compiled_model_is_refused() -> None:
+    model = Mlp()
+    with pytest.raises(TypeError, match="before torch.compile"):
+        _compile.apply_compiled(torch.compile(model), mlp_schedule(model))
