@@ -293,16 +293,24 @@ def deterministic_kernels(cuda: bool) -> Any:
     saved = (torch.backends.cudnn.deterministic,
              torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.allow_tf32)
+    algorithms = (torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled())
     if cuda:
         torch.backends.cudnn.deterministic = True
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        # warn_only: an op without a deterministic kernel runs as it is;
+        # the second unmodified step measures that noise.
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
     finally:
         (torch.backends.cudnn.deterministic,
          torch.backends.cuda.matmul.allow_tf32,
          torch.backends.cudnn.allow_tf32) = saved
+        if cuda:
+            torch.use_deterministic_algorithms(algorithms[0],
+                                               warn_only=algorithms[1])
 
 
 @dataclasses.dataclass
