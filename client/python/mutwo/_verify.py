@@ -360,7 +360,9 @@ def cpu_step_peak_bytes(step: Callable[[], None], model: Any, optimizer: Any,
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() ==
               _cpu_device_type()]
-    events.sort(key=lambda e: e.start_us())
+    # start_ns on newer PyTorch, start_us on 1.13.
+    events.sort(key=lambda e: e.start_ns() if hasattr(e, "start_ns")
+                else e.start_us() * 1000)
     running = peak = 0
     for e in events:
         running += e.nbytes()

@@ -163,7 +163,7 @@ def test_json_output_has_the_measured_peaks_and_the_comparison(
     assert v["predicted"]["peak_bytes"] == 600_000
 
 
-def test_recompute_lowers_the_measured_end_of_forward(
+def test_recompute_lowers_the_measured_cpu_peak(
         model_py: Path, tmp_path: Path) -> None:
     """The CPU measure sees what the schedule drops: the whole-step peak of
     the applied model is below the unmodified one's when the recomputed
