@@ -10,16 +10,29 @@ each system in a fresh process (clean allocator statistics):
   ckpt_sqrt         sqrt(n) segments of consecutive blocks, each checkpointed
   compile:B         torch.compile with
                     torch._functorch.config.activation_memory_budget = B
+  mutwo_compile:GB  torch.compile(mutwo._compile.apply_compiled(model, S)):
+                    mutwo's schedule S (planned for budget GB) as selective
+                    activation checkpointing under the compiler (issue 26);
+                    one point per schedule of --mutwo_schedules DIR (the
+                    *_b<batch>_mutwo_<budget>.schedule.json files
+                    bench/gpu/run_benchmark.py writes), at most
+                    --mutwo_compile_points of them, spread over the budgets
 
     anchors.py --models resnet152,transformer --out FILE.jsonl
                [--compile_budgets 1.0,0.5,0.2,0.05] [--iterations 10]
+               [--systems eager,...,mutwo_compile --mutwo_schedules DIR]
 
 Appends one JSON line per point: model, batch, system, peak_bytes
 (torch.cuda.max_memory_allocated over the timed steps), reserved_bytes,
-step_ms (median), warmup_s; or error.
+step_ms (median), warmup_s; or error. mutwo_compile points also carry
+method "mutwo_compile", schedule, budget_bytes, predicted_peak_bytes,
+predicted_iteration_ms, swaps_ignored (SWAP decisions kept on the device:
+SAC cannot swap) and policy_report (mutwo._compile's report: frames,
+decisions no op matched).
 """
 import argparse
 import functools
+import glob
 import json
 import math
 import os
@@ -30,6 +43,25 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "gpu"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+
+
+def mutwo_schedules(directory, model, batch, points):
+    """(budget label, path) of the feasible mutwo-policy schedules of
+    `model` at `batch` in `directory`, at most `points`, spread evenly
+    over the budgets (lowest and highest included)."""
+    found = []
+    pattern = os.path.join(directory, f"{model}_b{batch}_mutwo_*.schedule.json")
+    for path in glob.glob(pattern):
+        with open(path) as f:
+            s = json.load(f)
+        if s.get("feasible"):
+            found.append((int(s["budget_bytes"]), path))
+    found.sort()
+    if points and len(found) > points:
+        step = (len(found) - 1) / (points - 1) if points > 1 else 0
+        found = [found[round(i * step)] for i in range(points)]
+    return [("%.2fGB" % (b / 1e9), path) for b, path in found]
 
 
 def wrap_blocks(blocks, group):
@@ -66,6 +98,8 @@ def child(args):
     x, y = batch_of(args.model, batch, dev)
     system = args.system
     step_model = model
+    extra = {}
+    handle = None
     if system == "ckpt_block":
         wrap_blocks(blocks(args.model, model), 1)
     elif system == "ckpt_sqrt":
@@ -75,6 +109,24 @@ def child(args):
         import torch._functorch.config as fconfig
         fconfig.activation_memory_budget = float(system.split(":")[1])
         step_model = torch.compile(model)
+    elif system.startswith("mutwo_compile:"):
+        import copy
+        import mutwo
+        from mutwo._compile import apply_compiled, compiled_schedule_of
+        schedule = mutwo.Schedule.from_json(args.schedule)
+        # The eager step's gradients are reported beside the compiled
+        # step's (not judged: the compiler's fused kernels round
+        # differently).
+        plain = copy.deepcopy(model)
+        apply_compiled(model, schedule, swaps="ignore")
+        handle = compiled_schedule_of(model)
+        step_model = torch.compile(model)
+        extra = {"method": "mutwo_compile", "schedule": args.schedule,
+                 "budget_bytes": schedule.budget_bytes,
+                 "predicted_peak_bytes": schedule.predicted_peak_bytes,
+                 "predicted_iteration_ms": schedule.predicted_iteration_ms,
+                 "swaps_ignored": len(schedule.swapped),
+                 "swapped_bytes": sum(d.size_bytes for d in schedule.swapped)}
     elif system != "eager":
         raise SystemExit(f"unknown system {system!r}")
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -90,6 +142,21 @@ def child(args):
         opt.step()
 
     t0 = time.time()
+    if handle is not None:
+        torch.manual_seed(0)
+        loss_of(plain(x)).backward()
+        eager_grads = {n: p.grad.detach().cpu() for n, p in
+                       plain.named_parameters() if p.grad is not None}
+        del plain
+        torch.cuda.empty_cache()
+        torch.manual_seed(0)
+        opt.zero_grad(set_to_none=True)
+        loss_of(step_model(x)).backward()
+        scale = max(g.abs().max().item() for g in eager_grads.values())
+        worst = max((p.grad.detach().cpu() - eager_grads[n]).abs().max().item()
+                    for n, p in model.named_parameters() if n in eager_grads)
+        extra["max_grad_diff_vs_eager_rel"] = worst / scale if scale else 0.0
+        del eager_grads
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -108,7 +175,8 @@ def child(args):
         "reserved_bytes": torch.cuda.max_memory_reserved(),
         "step_ms": statistics.median(times), "step_ms_all": times,
         "warmup_s": warmup, "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__}))
+        "torch": torch.__version__, **extra,
+        **({"policy_report": handle.report()} if handle else {})}))
 
 
 def main():
@@ -125,17 +193,46 @@ def main():
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out")
+    ap.add_argument("--schedule", help="(child) a mutwo schedule JSON")
+    ap.add_argument("--mutwo_schedules", "--mutwo-schedules",
+                    help="directory of mutwo schedule JSONs "
+                    "(bench/gpu/run_benchmark.py --out) for mutwo_compile")
+    ap.add_argument("--mutwo_compile_points", type=int, default=4,
+                    help="mutwo_compile: at most this many schedules per "
+                    "model (0: all)")
     args = ap.parse_args()
     if args.child:
         return child(args)
     systems = [s for s in args.systems.split(",") if s]
     systems += [f"compile:{b}" for b in args.compile_budgets.split(",") if b]
+    if "mutwo_compile" in systems and not args.mutwo_schedules:
+        raise SystemExit("--systems mutwo_compile needs --mutwo_schedules DIR"
+                         " (bench/gpu/run_benchmark.py's --out)")
+    from make_models import SPECS
     for model in args.models.split(","):
+        runs = []
         for system in systems:
+            if system != "mutwo_compile":
+                runs.append((system, None))
+                continue
+            batch = args.batch or SPECS[model]["batch"]
+            found = mutwo_schedules(args.mutwo_schedules, model, batch,
+                                    args.mutwo_compile_points)
+            if not found:
+                print(json.dumps({"model": model, "system": system,
+                                  "method": "mutwo_compile", "error":
+                                  f"no feasible {model}_b{batch}_mutwo_*"
+                                  f".schedule.json in "
+                                  f"{args.mutwo_schedules}"}), flush=True)
+            runs += [(f"mutwo_compile:{label}", path)
+                     for label, path in found]
+        for system, schedule in runs:
             cmd = [sys.executable, __file__, "--child", "--model", model,
                    "--system", system, "--device", args.device,
                    "--iterations", str(args.iterations),
                    "--batch", str(args.batch)]
+            if schedule:
+                cmd += ["--schedule", schedule]
             t0 = time.time()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True,
@@ -144,6 +241,9 @@ def main():
                 point = (json.loads(lines[-1]) if p.returncode == 0 and lines
                          else {"model": model, "system": system,
                                "error": p.stderr.strip()[-800:]})
+                if schedule:
+                    point.setdefault("method", "mutwo_compile")
+                    point.setdefault("schedule", schedule)
             except subprocess.TimeoutExpired:
                 point = {"model": model, "system": system,
                          "error": f"timed out after {args.timeout} s"}

@@ -3,7 +3,11 @@
 (anchors.py: eager, torch.utils.checkpoint per block and sqrt(n),
 torch.compile at several activation_memory_budget values) beside mutwo's
 executed schedules (bench/gpu/run_benchmark.py: `mutwo-worker execute` at
-N budgets plus its sqrt_n / per_block policies).
+N budgets plus its sqrt_n / per_block policies), and mutwo's schedules under
+torch.compile (anchors.py's mutwo_compile points, issue 26) beside
+compile's own activation_memory_budget points: the dominance line says
+whether at least one mutwo_compile point is at or under both the peak and
+the step time of a compile:B point.
 
     report.py --anchors anchors.jsonl --mutwo DIR --out DIR
 
@@ -24,7 +28,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "plot"))
 import mutwo_plot  # noqa: E402  (the project's one renderer)
 
 ANCHOR_COLORS = {"eager": "#4d4d4d", "ckpt_block": "#2ca02c",
-                 "ckpt_sqrt": "#1f77b4", "compile": "#9467bd"}
+                 "ckpt_sqrt": "#1f77b4", "compile": "#9467bd",
+                 "mutwo_compile": "#d62728"}
 # Issue 13's bars at the benchmark batch: (model, GB, max overhead vs eager).
 BARS = [("resnet152", 4.0, 0.20), ("resnet152", 8.0, 0.03),
         ("transformer", 3.5, 0.10)]
@@ -74,6 +79,59 @@ def mutwo_points(run):
     return out
 
 
+def is_mutwo_compile(point):
+    return point.get("method") == "mutwo_compile" or \
+        point["system"].startswith("mutwo_compile")
+
+
+def compile_dominance(ok):
+    """mutwo under torch.compile against compile's activation_memory_budget
+    points: for each compile:B point, the fastest mutwo_compile point at or
+    under both its peak and its step time. The bar (issue 26): at least one
+    compile:B point is matched."""
+    ours = [a for a in ok if is_mutwo_compile(a)]
+    theirs = [a for a in ok if a["system"].startswith("compile:")]
+    lines, pairs = [], []
+    if not ours:
+        return lines, None
+    for a in sorted(theirs, key=lambda a: -a["peak_bytes"]):
+        match = [m for m in ours if m["peak_bytes"] <= a["peak_bytes"] and
+                 m["step_ms"] <= a["step_ms"]]
+        best = min(match, key=lambda m: m["step_ms"]) if match else None
+        pairs.append({"compile": a["system"], "matched": best is not None,
+                      "by": best["system"] if best else None})
+        lines.append(f"- {a['system']} ({gb(a['peak_bytes']):.2f} GB, "
+                     f"{a['step_ms']:.1f} ms): " + (
+                         f"matched by {best['system']} "
+                         f"({gb(best['peak_bytes']):.2f} GB, "
+                         f"{best['step_ms']:.1f} ms)" if best else
+                         "no mutwo_compile point at or under both"))
+    met = any(p["matched"] for p in pairs)
+    lines.insert(0, "- mutwo under torch.compile vs compile's "
+                 "activation_memory_budget: " +
+                 ("met" if met else "NOT met") + " (at least one compile:B "
+                 "point with a mutwo_compile point at or under its peak and "
+                 "step time)")
+    for m in ours:
+        notes = []
+        if m.get("swaps_ignored"):
+            notes.append(f"{m['swaps_ignored']} SWAP decisions kept on the "
+                         f"device ({gb(m.get('swapped_bytes', 0)):.2f} GB)")
+        if "budget_bytes" in m:
+            notes.append(f"planned budget {gb(m['budget_bytes']):.2f} GB, "
+                         f"{'within' if m['peak_bytes'] <= m['budget_bytes'] else 'OVER'}")
+        unmatched = [l for l in m.get("policy_report", "").splitlines()
+                     if "not matched" in l]
+        if unmatched:
+            notes.append(f"{len(unmatched)} decisions no op matched")
+        if "max_grad_diff_vs_eager_rel" in m:
+            notes.append("gradients vs eager: max |diff| %.1e of the "
+                         "largest" % m["max_grad_diff_vs_eager_rel"])
+        if notes:
+            lines.append(f"  - {m['system']}: " + "; ".join(notes))
+    return lines, {"met": met, "pairs": pairs}
+
+
 def model_report(model, anchors, run):
     ok = [a for a in anchors if "peak_bytes" in a]
     eager = next((a for a in ok if a["system"] == "eager"), None)
@@ -101,9 +159,10 @@ def model_report(model, anchors, run):
                          f"{a['error'].splitlines()[-1][:120]} | | | | |")
     lines.append("")
     # Dominance: every anchor point has a mutwo answer with <= peak and
-    # <= step time.
+    # <= step time (mutwo's own points under torch.compile are compared
+    # with compile's below).
     dom = []
-    for a in ok:
+    for a in [a for a in ok if not is_mutwo_compile(a)]:
         match = [m for m in answers if m["peak_bytes"] <= a["peak_bytes"] and
                  m["step_ms"] <= a["step_ms"]]
         best = min(match, key=lambda m: m["step_ms"]) if match else None
@@ -141,12 +200,15 @@ def model_report(model, anchors, run):
                          f"{gb(best['peak_bytes']):.2f} GB at "
                          f"{best['step_ms'] / ref - 1:+.0%})" if best else
                          " (no mutwo point at or under it)"))
+    cdom_lines, cdom = compile_dominance(ok)
+    lines += cdom_lines
     errs = [abs(m["predicted_ms"] / m["step_ms"] - 1) for m in mpts]
     within = sum(e <= 0.10 for e in errs)
     lines += [f"- predicted step time within ±10% of measured: {within} of "
               f"{len(errs)} points", ""]
     summary = {"eager_step_ms": ref, "eager_peak_bytes": eager["peak_bytes"],
-               "dominance": dom, "bars": bars, "prediction_within_10pct":
+               "dominance": dom, "compile_dominance": cdom, "bars": bars,
+               "prediction_within_10pct":
                [within, len(errs)], "anchors": ok, "mutwo": mpts}
     return lines, summary
 
@@ -161,12 +223,14 @@ def plot(model, summary, path):
     names = {"eager": "eager, no checkpointing",
              "ckpt_block": "eager, checkpoint per block",
              "ckpt_sqrt": "eager, checkpoint sqrt(n)",
-             "compile": "torch.compile, activation_memory_budget"}
+             "compile": "torch.compile, activation_memory_budget",
+             "mutwo_compile": "torch.compile + mutwo schedule (SAC)"}
     for kind, pts in groups.items():
         series.append({"name": names.get(kind, kind), "source": "measured",
                        "color": ANCHOR_COLORS.get(kind, "#8c564b"),
-                       "marker": {"eager": "s", "compile": "v"}.get(kind, "D"),
-                       "line": kind == "compile",
+                       "marker": {"eager": "s", "compile": "v",
+                                  "mutwo_compile": "^"}.get(kind, "D"),
+                       "line": kind in ("compile", "mutwo_compile"),
                        "points": [{"peak_bytes": p["peak_bytes"],
                                    "overhead": p["step_ms"] / ref - 1}
                                   for p in pts]})

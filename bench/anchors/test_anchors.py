@@ -1,0 +1,70 @@
+"""The anchors benchmark's mutwo_compile plumbing without a GPU: which
+schedules anchors.py picks from run_benchmark.py's output, and report.py's
+comparison of mutwo under torch.compile with compile's own
+activation_memory_budget points."""
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import importlib.util  # noqa: E402
+
+import anchors  # noqa: E402
+
+
+def _load(name, path):
+    # By path: anchors.py puts bench/gpu, which has a report.py too, first
+    # on sys.path.
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("anchors_report", os.path.join(HERE, "report.py"))
+
+
+def write(directory, name, budget_bytes, feasible=True):
+    with open(os.path.join(directory, name), "w") as f:
+        json.dump({"budget_bytes": str(budget_bytes), "feasible": feasible,
+                   "decisions": []}, f)
+
+
+def test_schedules_are_the_feasible_mutwo_ones_spread_over_budgets(tmp_path):
+    d = str(tmp_path)
+    for i, b in enumerate([1e9, 2e9, 3e9, 4e9, 5e9, 6e9, 7e9]):
+        write(d, f"resnet152_b64_mutwo_{int(b)}B.schedule.json", int(b))
+    write(d, "resnet152_b64_mutwo_1B.schedule.json", 1, feasible=False)
+    write(d, "resnet152_b64_sqrt_n_100%.schedule.json", 9e9)
+    write(d, "resnet152_b32_mutwo_5B.schedule.json", 5)
+    picked = anchors.mutwo_schedules(d, "resnet152", 64, 3)
+    assert [label for label, _ in picked] == ["1.00GB", "4.00GB", "7.00GB"]
+    assert len(anchors.mutwo_schedules(d, "resnet152", 64, 0)) == 7
+    assert anchors.mutwo_schedules(d, "transformer", 64, 3) == []
+
+
+def point(system, peak_gb, ms, **extra):
+    return {"system": system, "peak_bytes": int(peak_gb * 1e9),
+            "step_ms": ms, **extra}
+
+
+def test_compile_dominance_needs_one_point_at_or_under_both():
+    pts = [point("compile:1.0", 10, 100), point("compile:0.2", 6, 130),
+           point("mutwo_compile:5.00GB", 5.5, 125, method="mutwo_compile",
+                 budget_bytes=5e9, swaps_ignored=2, swapped_bytes=3e8)]
+    lines, summary = report.compile_dominance(pts)
+    assert summary["met"]
+    assert summary["pairs"] == [
+        {"compile": "compile:1.0", "matched": False, "by": None},
+        {"compile": "compile:0.2", "matched": True,
+         "by": "mutwo_compile:5.00GB"}]
+    text = "\n".join(lines)
+    assert "2 SWAP decisions kept on the device" in text
+    assert "planned budget 5.00 GB, OVER" in text
+    slower = [pts[0], pts[1], point("mutwo_compile:5.00GB", 5.5, 140,
+                                    method="mutwo_compile")]
+    lines, summary = report.compile_dominance(slower)
+    assert not summary["met"] and "NOT met" in lines[0]
+    assert report.compile_dominance(pts[:2]) == ([], None)

@@ -1,0 +1,745 @@
+"""`python3 -m mutwo verify`: a schedule measured on the user's own eager
+model, the way `mutwo-worker execute` measures it on the TorchScript step.
+
+    python3 -m mutwo verify model.py:make_model --schedule s.json --batch 8 \
+        --device cuda:0 [--inputs x:float32[B,3,224,224]] \
+        [--loss cross_entropy:y:int64[B]{0,1000}] [--optimizer adam] \
+        [--steps 3] [--output text|json]
+
+MODEL_PY:FACTORY names a Python file and a function in it:
+
+- `FACTORY()` returns the `nn.Module` (built on the CPU or anywhere; it is
+  moved to --device), or a pair `(module, batch_fn)`.
+- The batch comes from, in this order: --inputs (tensor specs as the worker
+  takes them, filled with seeded random values; a `cross_entropy:SPEC` loss
+  draws its target the same way), the pair's `batch_fn`, or a function
+  `batch(batch_size, device)` defined in MODEL_PY. A batch function returns
+  `(inputs, target)`: `inputs` a tensor or a tuple of tensors passed to the
+  model positionally, `target` a tensor or None.
+- The loss: a function `loss(output, target)` defined in MODEL_PY if there
+  is one and --loss is not given; else --loss as the worker takes it (`mean`
+  and `sum` over the floating outputs, `model`: the model returns its loss,
+  `cross_entropy[:SPEC]`: against the target); default `cross_entropy` when
+  there is an integer target, `mean` otherwise.
+
+Both steps run in one process on --device, from the same weights, seed and
+data: the UNMODIFIED step and the step with `mutwo.apply(model, schedule)`.
+First one step each with deterministic kernels and TF32 off (on CUDA a
+second unmodified step measures the kernels' own noise, as the worker does),
+comparing gradients (largest |difference| against the largest gradient
+element), the loss and buffers such as batch-norm running statistics after
+the step. Then the timed steps (1 warm-up, then --steps; median time) of the
+unmodified model, then of the applied one, one model on the device at a
+time. Peak memory on CUDA: `torch.cuda.max_memory_allocated` over the timed
+steps after `reset_peak_memory_stats` (the caching allocator's bytes, the
+worker's measure). On the CPU there is no such statistic: one extra step
+runs under `torch.profiler` with `profile_memory`, and the peak is the bytes
+of the tensors alive when that step starts (parameters, buffers, optimizer
+state, batch) plus the highest running sum of the CPU allocator's
+allocations minus frees during the step. The output names the measure.
+
+Exit codes as `mutwo-worker execute`: 0 the schedule holds (within its
+budget, gradients, loss and buffers equal to the unmodified step); 1 it does
+not (over budget, out of memory, or something differs; the table is printed
+either way and stderr says why); 2 bad arguments or input (the model file,
+the factory, the schedule file, a schedule of another model); 3 the planner
+marked the schedule infeasible (nothing run; --force runs it anyway).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+
+# Gradient tolerance, as client/python/tests/test_apply.py compares steps:
+# |difference| <= ATOL + RTOL * (largest gradient element of the step).
+GRAD_RTOL = 1e-5
+GRAD_ATOL = 1e-6
+# The worker's kMaxLossDiff (common/validation_check.h).
+MAX_LOSS_DIFF = 1e-4
+
+CPU_PEAK_MEASURE = ("cpu: tensors alive at the step's start + highest "
+                    "running sum of CPU allocator allocations minus frees "
+                    "during one step (torch.profiler profile_memory)")
+CUDA_PEAK_MEASURE = ("cuda: torch.cuda.max_memory_allocated over the timed "
+                     "steps (after reset_peak_memory_stats)")
+
+
+class UsageError(Exception):
+    """Bad arguments or input: exit code 2, the message says what to fix."""
+
+
+@dataclasses.dataclass
+class UserModel:
+    """What MODEL_PY:FACTORY gave: the module and how to feed it."""
+    model: Any
+    batch_fn: Optional[Callable[[int, Any], Any]]
+    loss_fn: Optional[Callable[[Any, Any], Any]]
+    source: str
+
+
+def load_user_model(spec: str) -> UserModel:
+    """Imports MODEL_PY and calls FACTORY(); raises UsageError naming what
+    was wrong (the file, the import, the function, what it returned)."""
+    from torch import nn
+    path, sep, factory_name = spec.rpartition(":")
+    if not sep or not path or not factory_name:
+        raise UsageError(
+            f'model "{spec}": expected MODEL_PY:FACTORY, like '
+            "model.py:make_model (a Python file and a function in it that "
+            "returns the nn.Module)")
+    if not factory_name.isidentifier():
+        raise UsageError(f'model "{spec}": FACTORY "{factory_name}" is not a '
+                         "Python function name")
+    if not os.path.isfile(path):
+        raise UsageError(f'model "{spec}": MODEL_PY "{path}": no such file')
+    name = "mutwo_verify_user_model"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise UsageError(f'model "{spec}": "{path}" is not a Python file '
+                         "(use a .py file)")
+    module = importlib.util.module_from_spec(module_spec)
+    # The model file may import its neighbours.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:  # the user's code: any error is bad input
+        raise UsageError(f'model "{spec}": importing "{path}" failed: '
+                         f"{type(e).__name__}: {e}") from e
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        functions = sorted(n for n, v in vars(module).items()
+                           if callable(v) and not n.startswith("_") and
+                           getattr(v, "__module__", None) == name)
+        raise UsageError(
+            f'model "{spec}": "{path}" has no function "{factory_name}"'
+            + (f"; it defines {', '.join(functions)}" if functions else ""))
+    try:
+        made = factory()
+    except Exception as e:
+        raise UsageError(f'model "{spec}": {factory_name}() raised '
+                         f"{type(e).__name__}: {e}") from e
+    batch_fn = getattr(module, "batch", None)
+    if isinstance(made, tuple) and len(made) == 2 and callable(made[1]):
+        made, batch_fn = made
+    if not isinstance(made, nn.Module):
+        raise UsageError(
+            f'model "{spec}": {factory_name}() returned '
+            f"{type(made).__name__}, expected an nn.Module or a pair "
+            "(nn.Module, batch_fn)")
+    loss_fn = getattr(module, "loss", None)
+    return UserModel(made, batch_fn if callable(batch_fn) else None,
+                     loss_fn if callable(loss_fn) else None, spec)
+
+
+def _tensor_from_spec(spec: Any, batch: int, device: Any,
+                      generator: Any) -> Any:
+    import torch
+    from mutwo._specs import BATCH_DIM
+    from mutwo.v1 import types_pb2
+    dtypes = {types_pb2.FLOAT32: torch.float32,
+              types_pb2.FLOAT64: torch.float64,
+              types_pb2.FLOAT16: torch.float16,
+              types_pb2.BFLOAT16: torch.bfloat16,
+              types_pb2.INT64: torch.int64, types_pb2.INT32: torch.int32,
+              types_pb2.INT8: torch.int8, types_pb2.UINT8: torch.uint8,
+              types_pb2.BOOL: torch.bool}
+    shape = [batch if d == BATCH_DIM else d for d in spec.dims]
+    dtype = dtypes[spec.dtype]
+    if spec.HasField("range"):
+        low, high = int(spec.range.low), int(spec.range.high)
+        if dtype.is_floating_point:
+            t = torch.rand(shape, generator=generator) * (high - low) + low
+        else:
+            t = torch.randint(low, high, shape, generator=generator)
+    elif dtype == torch.bool:
+        t = torch.rand(shape, generator=generator) < 0.5
+    else:
+        t = torch.randn(shape, generator=generator)
+    return t.to(dtype).to(device)
+
+
+def make_batch(user: UserModel, inputs: Sequence[str], loss: str,
+               batch: int, device: Any, seed: int
+               ) -> Tuple[Tuple[Any, ...], Any]:
+    """(inputs tuple, target or None) on `device`."""
+    import torch
+    from mutwo._specs import parse_loss, parse_tensor_spec
+    from mutwo.v1 import types_pb2
+    if inputs:
+        generator = torch.Generator().manual_seed(seed)
+        try:
+            specs = [parse_tensor_spec(s) for s in inputs]
+            target_spec = None
+            if loss:
+                loss_spec = parse_loss(loss)
+                if loss_spec.kind == types_pb2.LossSpec.CROSS_ENTROPY:
+                    target_spec = loss_spec.target
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        xs = tuple(_tensor_from_spec(s, batch, device, generator)
+                   for s in specs)
+        target = (_tensor_from_spec(target_spec, batch, device, generator)
+                  if target_spec is not None else None)
+        return xs, target
+    if user.batch_fn is None:
+        raise UsageError(
+            f'model "{user.source}": no batch to run: pass --inputs '
+            "(x:float32[B,3,224,224]) or define batch(batch_size, device) "
+            "returning (inputs, target) in the model file")
+    torch.manual_seed(seed)
+    try:
+        made = user.batch_fn(batch, device)
+    except Exception as e:
+        raise UsageError(f'model "{user.source}": batch({batch}, {device}) '
+                         f"raised {type(e).__name__}: {e}") from e
+    if not (isinstance(made, (tuple, list)) and len(made) == 2):
+        raise UsageError(f'model "{user.source}": batch() returned '
+                         f"{type(made).__name__}; expected (inputs, target)")
+    xs, target = made
+    if isinstance(xs, torch.Tensor):
+        xs = (xs,)
+    xs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x
+               for x in xs)
+    if isinstance(target, torch.Tensor):
+        target = target.to(device)
+    return xs, target
+
+
+def make_loss(user: UserModel, loss: str, target: Any
+              ) -> Callable[[Any], Any]:
+    """The scalar loss of the model's output."""
+    import torch
+    import torch.nn.functional as F
+    from mutwo._specs import parse_loss
+    from mutwo.v1 import types_pb2
+    if not loss and user.loss_fn is not None:
+        fn = user.loss_fn
+        return lambda out: fn(out, target)
+    text = loss or ("cross_entropy" if isinstance(target, torch.Tensor) and
+                    not target.dtype.is_floating_point else "mean")
+    if text == "cross_entropy":
+        kind = types_pb2.LossSpec.CROSS_ENTROPY
+    else:
+        try:
+            kind = parse_loss(text).kind
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
+    def floats(out: Any) -> List[Any]:
+        from mutwo._apply import _flat_tensors
+        return [t for t in _flat_tensors(out) if t.is_floating_point()]
+
+    if kind == types_pb2.LossSpec.CROSS_ENTROPY:
+        if target is None:
+            raise UsageError("--loss cross_entropy needs a target: the batch "
+                             "function's target or cross_entropy:SPEC")
+
+        def cross_entropy(out: Any) -> Any:
+            logits = out if isinstance(out, torch.Tensor) else floats(out)[0]
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                   target.reshape(-1))
+        return cross_entropy
+    if kind == types_pb2.LossSpec.MODEL:
+        return lambda out: out if isinstance(out, torch.Tensor) else \
+            floats(out)[0]
+    if kind == types_pb2.LossSpec.SUM:
+        return lambda out: sum(t.sum() for t in floats(out))
+    return lambda out: sum(t.mean() for t in floats(out))
+
+
+def make_optimizer(text: str, params: Any) -> Any:
+    import torch
+    from mutwo._specs import parse_optimizer
+    from mutwo.v1 import types_pb2
+    try:
+        spec = parse_optimizer(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    lr = spec.learning_rate or 1e-3
+    kind = spec.kind
+    if kind == types_pb2.OptimizerSpec.NONE:
+        return None
+    if kind == types_pb2.OptimizerSpec.ADAM:
+        return torch.optim.Adam(params, lr=lr,
+                                weight_decay=spec.weight_decay)
+    if kind == types_pb2.OptimizerSpec.ADAMW:
+        return torch.optim.AdamW(params, lr=lr,
+                                 weight_decay=spec.weight_decay or 0.01)
+    momentum = (spec.momentum or 0.9) if kind == \
+        types_pb2.OptimizerSpec.SGD_MOMENTUM else 0.0
+    return torch.optim.SGD(params, lr=lr, momentum=momentum,
+                           weight_decay=spec.weight_decay)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(cuda: bool) -> Any:
+    """Deterministic kernels and full fp32 for the comparison steps, as the
+    worker's DeterministicKernels (TF32 rounds operands to 10 bits)."""
+    import torch
+    saved = (torch.backends.cudnn.deterministic,
+             torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    algorithms = (torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled())
+    if cuda:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        # warn_only: an op without a deterministic kernel runs as it is;
+        # the second unmodified step measures that noise.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        (torch.backends.cudnn.deterministic,
+         torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.allow_tf32) = saved
+        if cuda:
+            torch.use_deterministic_algorithms(algorithms[0],
+                                               warn_only=algorithms[1])
+
+
+@dataclasses.dataclass
+class StepResult:
+    loss: float
+    grads: Dict[str, Any]
+    buffers: Dict[str, Any]
+
+
+def _storage_bytes(tensors: Sequence[Any]) -> int:
+    seen: Dict[int, int] = {}
+    for t in tensors:
+        try:
+            s = t.untyped_storage() if hasattr(t, "untyped_storage") \
+                else t.storage()
+            n = s.nbytes() if hasattr(s, "nbytes") else s.size() * \
+                t.element_size()
+            seen[s.data_ptr()] = n
+        except RuntimeError:
+            continue
+    return sum(seen.values())
+
+
+def _live_tensors(model: Any, optimizer: Any, batch: Sequence[Any]) -> List[Any]:
+    import torch
+    from mutwo._apply import _flat_tensors
+    out = list(model.parameters()) + list(model.buffers())
+    out += [p.grad for p in model.parameters() if p.grad is not None]
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            out += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return out + _flat_tensors(list(batch))
+
+
+def cpu_step_peak_bytes(step: Callable[[], None], model: Any, optimizer: Any,
+                        batch: Sequence[Any]) -> int:
+    """The peak of one CPU step (CPU_PEAK_MEASURE)."""
+    from torch.profiler import ProfilerActivity, profile
+    # Gradients are dropped before the profile starts: a free of a block
+    # allocated before profiling is not reported, so the step's own
+    # zero_grad would leave them counted.
+    model.zero_grad(set_to_none=True)
+    base = _storage_bytes(_live_tensors(model, optimizer, batch))
+    with profile(activities=[ProfilerActivity.CPU],
+                 profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() ==
+              _cpu_device_type()]
+    # start_ns on newer PyTorch, start_us on 1.13.
+    events.sort(key=lambda e: e.start_ns() if hasattr(e, "start_ns")
+                else e.start_us() * 1000)
+    running = peak = 0
+    for e in events:
+        running += e.nbytes()
+        peak = max(peak, running)
+    return base + peak
+
+
+def _cpu_device_type() -> Any:
+    import torch
+    try:
+        return torch._C._autograd.DeviceType.CPU
+    except AttributeError:
+        return torch.device("cpu").type
+
+
+class Session:
+    """One verify run: the model on its device, its initial state, the
+    batch and the loss; runs the comparison and the timed steps."""
+
+    def __init__(self, user: UserModel, device: Any, batch: Tuple[Any, ...],
+                 target: Any, loss_fn: Callable[[Any], Any], optimizer: str,
+                 seed: int):
+        import torch
+        self.torch = torch
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.model = user.model.to(device).train()
+        self.batch = batch
+        self.target = target
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.seed = seed
+        # The weights every run starts from (kept off the device).
+        self.state0 = {k: v.detach().to("cpu", copy=True)
+                       for k, v in self.model.state_dict().items()}
+
+    def reset(self) -> None:
+        self.model.load_state_dict(self.state0)
+        self.model.zero_grad(set_to_none=True)
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def seeded(self) -> None:
+        self.torch.manual_seed(self.seed)
+        if self.cuda:
+            self.torch.cuda.manual_seed_all(self.seed)
+
+    def compare_step(self) -> StepResult:
+        """One forward and backward from the initial state: loss, gradients
+        and buffers, copied to the CPU."""
+        self.reset()
+        self.seeded()
+        loss = self.loss_fn(self.model(*self.batch))
+        loss.backward()
+        value = float(loss.detach())
+        del loss
+        grads = {n: p.grad.detach().to("cpu", copy=True)
+                 for n, p in self.model.named_parameters()
+                 if p.grad is not None}
+        buffers = {n: b.detach().to("cpu", copy=True)
+                   for n, b in self.model.named_buffers()
+                   if b.is_floating_point()}
+        self.model.zero_grad(set_to_none=True)
+        return StepResult(value, grads, buffers)
+
+    def timed(self, steps: int) -> Tuple[int, float, str]:
+        """(peak bytes, median step ms, measure) of warm-up + `steps` steps
+        from the initial state with a fresh optimizer."""
+        torch = self.torch
+        self.reset()
+        opt = make_optimizer(self.optimizer, self.model.parameters())
+
+        def step() -> None:
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
+            else:
+                self.model.zero_grad(set_to_none=True)
+            self.loss_fn(self.model(*self.batch)).backward()
+            if opt is not None:
+                opt.step()
+
+        self.seeded()
+        step()  # warm-up: optimizer state, allocator caches
+        self.sync()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        times = []
+        for _ in range(steps):
+            self.sync()
+            t0 = time.perf_counter()
+            step()
+            self.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            measure = CUDA_PEAK_MEASURE
+        else:
+            peak = cpu_step_peak_bytes(step, self.model, opt, self.batch)
+            measure = CPU_PEAK_MEASURE
+        del opt
+        self.model.zero_grad(set_to_none=True)
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return peak, statistics.median(times), measure
+
+
+def compare(base: StepResult, sched: StepResult,
+            again: Optional[StepResult], rtol: float, atol: float
+            ) -> Dict[str, Any]:
+    """Gradients, loss and buffers of the scheduled step against the
+    unmodified one; `again` (a second unmodified step) measures noise."""
+    scale = max((float(g.abs().max()) for g in base.grads.values()
+                 if g.numel()), default=0.0)
+    max_diff = 0.0
+    worst, worst_excess = "", 0.0
+    match = base.grads.keys() == sched.grads.keys()
+    missing = sorted(set(base.grads) ^ set(sched.grads))
+    for name, g in base.grads.items():
+        if name not in sched.grads or not g.numel():
+            continue
+        diff = float((sched.grads[name] - g).abs().max())
+        max_diff = max(max_diff, diff)
+        noise = (float((again.grads[name] - g).abs().max())
+                 if again is not None else 0.0)
+        excess = diff - (atol + rtol * scale + 2 * noise)
+        # Written so that NaN counts as differing.
+        if not excess <= 0:
+            match = False
+            if not excess <= worst_excess:
+                worst, worst_excess = name, excess
+    buffers_match = base.buffers.keys() == sched.buffers.keys()
+    for name, b in base.buffers.items():
+        if name not in sched.buffers or not b.numel():
+            continue
+        diff = float((sched.buffers[name] - b).abs().max())
+        if not diff <= atol + rtol * float(b.abs().max()):
+            buffers_match = False
+    return {"gradients_match": match, "max_abs_grad_diff": max_diff,
+            "largest_gradient": scale, "worst_gradient_parameter": worst or
+            (missing[0] if missing else ""),
+            "loss_diff": abs(sched.loss - base.loss),
+            "batchnorm_stats_match": buffers_match}
+
+
+def format_bytes(n: float) -> str:
+    from mutwo._specs import format_bytes as fmt
+    return fmt(n)
+
+
+def format_table(v: Dict[str, Any]) -> str:
+    """The table `mutwo-worker execute` prints (FormatValidationText), plus
+    the peak measure and what mutwo.apply reported."""
+    out = [f"device          {v['device']['name']} ({v['device']['kind']})",
+           f"batch size      {v['batch_size']}",
+           f"decisions       {v['recomputed']} recomputed, {v['swapped']} "
+           "swapped"]
+    if v["oom"]:
+        out.append(f"OUT OF MEMORY   {v['error']}")
+    out.append("%-15s %14s %12s" % ("", "peak", "iteration"))
+    for name in ("baseline", "scheduled", "predicted"):
+        s = v[name]
+        out.append("%-15s %14s %10.1f ms" % (name, format_bytes(
+            s["peak_bytes"]), s["iteration_ms"]))
+    out.append(f"budget          {format_bytes(v['budget_bytes'])} "
+               f"({'within' if v['within_budget'] else 'EXCEEDED'})")
+    b, s, p = v["baseline"], v["scheduled"], v["predicted"]
+    if b["peak_bytes"] > 0:
+        out.append("memory saved    %s (%.1f%%), time paid %+.1f%%" % (
+            format_bytes(b["peak_bytes"] - s["peak_bytes"]),
+            100.0 * (b["peak_bytes"] - s["peak_bytes"]) / b["peak_bytes"],
+            100.0 * (s["iteration_ms"] / b["iteration_ms"] - 1)
+            if b["iteration_ms"] > 0 else 0.0))
+    if p["peak_bytes"] > 0 and not v["oom"]:
+        out.append("vs predicted    peak %+.1f%%, step time %+.1f%%" % (
+            100.0 * (s["peak_bytes"] / p["peak_bytes"] - 1),
+            100.0 * (s["iteration_ms"] / p["iteration_ms"] - 1)
+            if p["iteration_ms"] > 0 else 0.0))
+    if "gradients_match" in v:
+        out.append("gradients       %s (max |diff| %g of largest %g), loss "
+                   "diff %g, batch-norm statistics %s" % (
+                       "match" if v["gradients_match"] else "DIFFER",
+                       v["max_abs_grad_diff"], v["largest_gradient"],
+                       v["loss_diff"],
+                       "match" if v["batchnorm_stats_match"] else "DIFFER"))
+    out.append(f"peak measure    {v['peak_measure']}")
+    out += ["  " + line for line in v.get("apply_report", "").splitlines()]
+    return "\n".join(out) + "\n"
+
+
+def problems_of(v: Dict[str, Any]) -> str:
+    """Empty when the run proves the schedule, else every problem in one
+    line (common/validation_check.cc's CheckValidation)."""
+    problems = []
+    if v["oom"]:
+        problems.append(f"out of memory: {v['error']}")
+    elif not v["within_budget"]:
+        m, b = v["scheduled"]["peak_bytes"], v["budget_bytes"]
+        problems.append("measured peak %s exceeds the budget %s by %.1f%%" % (
+            format_bytes(m), format_bytes(b), 100.0 * (m - b) / b))
+    if not v["oom"] and "gradients_match" in v:
+        differ = []
+        if not v["gradients_match"]:
+            differ.append("gradients (max |diff| %g%s)" % (
+                v["max_abs_grad_diff"],
+                f", worst at {v['worst_gradient_parameter']}"
+                if v["worst_gradient_parameter"] else ""))
+        if not v["loss_diff"] <= MAX_LOSS_DIFF:
+            differ.append("loss (diff %g)" % v["loss_diff"])
+        if not v["batchnorm_stats_match"]:
+            differ.append("batch-norm statistics")
+        if differ:
+            problems.append(", ".join(differ) +
+                            " differ from the unmodified step")
+    return "; ".join(problems)
+
+
+def infeasible_message(schedule: Any) -> str:
+    budget, floor = (format_bytes(schedule.budget_bytes),
+                     format_bytes(schedule.floor_bytes))
+    if schedule.budget_bytes < schedule.floor_bytes:
+        return (f"infeasible: the budget {budget} is below the floor {floor}"
+                " (the lowest budget the planner fits)")
+    reason = schedule.reason.replace("\n", " ")
+    return (f"infeasible for the budget {budget} (floor {floor})" +
+            (f": {reason}" if reason else ""))
+
+
+def verify(args: argparse.Namespace, out: Any = None,
+           err: Any = None) -> int:
+    """Runs `verify`; returns the exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    prog = "mutwo verify"
+    try:
+        from mutwo._types import Schedule
+        if not args.schedule:
+            raise UsageError("--schedule: the schedule JSON file is required")
+        try:
+            schedule = Schedule.from_json(args.schedule)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--schedule {args.schedule}: {e}") from None
+        path = args.model.rpartition(":")[0]
+        if not path or not os.path.isfile(path):
+            load_user_model(args.model)  # raises the message for it
+        if args.steps < 1:
+            raise UsageError("--steps: at least 1 timed step")
+        batch_size = args.batch or schedule.batch_size
+        if batch_size <= 0:
+            raise UsageError("--batch: a positive batch size is required")
+        if not schedule.feasible and not args.force:
+            print(f"{prog}: {args.schedule} is {infeasible_message(schedule)}"
+                  "; nothing run, --force runs it anyway", file=err)
+            return EXIT_INFEASIBLE
+        import torch
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as e:
+            raise UsageError(f"--device {args.device}: {e}") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise UsageError(f"--device {args.device}: CUDA is not "
+                                 "available here; use --device cpu")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(device)
+        elif device.type != "cpu":
+            raise UsageError(f"--device {args.device}: use cpu or cuda[:N]")
+        user = load_user_model(args.model)
+        xs, target = make_batch(user, args.inputs, args.loss, batch_size,
+                                device, args.seed)
+        loss_fn = make_loss(user, args.loss, target)
+        make_optimizer(args.optimizer, [torch.zeros(1, requires_grad=True)])
+        import mutwo._apply as apply_mod
+        session = Session(user, device, xs, target, loss_fn, args.optimizer,
+                          args.seed)
+        try:
+            # Checks the schedule against the model before anything runs.
+            apply_mod.apply(session.model, schedule).remove()
+        except apply_mod.ScheduleMismatchError as e:
+            raise UsageError(f"--schedule {args.schedule}: {e}") from None
+    except UsageError as e:
+        print(f"{prog}: {e}", file=err)
+        return EXIT_BAD_INPUT
+
+    v: Dict[str, Any] = {
+        "device": {"name": (torch.cuda.get_device_name(device)
+                            if device.type == "cuda" else "cpu"),
+                   "kind": device.type},
+        "batch_size": batch_size, "budget_bytes": schedule.budget_bytes,
+        "recomputed": len(schedule.recomputed),
+        "swapped": len(schedule.swapped),
+        "graph_fingerprint": schedule.graph_fingerprint,
+        "predicted": {"peak_bytes": schedule.predicted_peak_bytes,
+                      "iteration_ms": schedule.predicted_iteration_ms},
+        "baseline": {"peak_bytes": 0, "iteration_ms": 0.0},
+        "scheduled": {"peak_bytes": 0, "iteration_ms": 0.0},
+        "oom": False, "error": "", "within_budget": False,
+        "peak_measure": CUDA_PEAK_MEASURE if session.cuda
+        else CPU_PEAK_MEASURE, "torch": torch.__version__,
+    }
+    oom_types: Tuple[type, ...] = tuple(
+        t for t in (getattr(torch.cuda, "OutOfMemoryError", None),)
+        if t is not None)
+    phase = "unmodified comparison step"
+    try:
+        with deterministic_kernels(session.cuda):
+            base = session.compare_step()
+            again = session.compare_step() if session.cuda else None
+            phase = "scheduled comparison step"
+            with apply_mod.apply(session.model, schedule) as applied:
+                sched = session.compare_step()
+                report = applied.report()
+        v.update(compare(base, sched, again, args.grad_rtol, args.grad_atol))
+        phase = "unmodified timed steps"
+        peak, ms, _ = session.timed(args.steps)
+        v["baseline"] = {"peak_bytes": peak, "iteration_ms": ms}
+        phase = "scheduled timed steps"
+        with apply_mod.apply(session.model, schedule) as applied:
+            peak, ms, _ = session.timed(args.steps)
+            report = applied.report()
+        v["scheduled"] = {"peak_bytes": peak, "iteration_ms": ms}
+        v["apply_report"] = report
+    except oom_types as e:  # type: ignore[misc]
+        v["oom"] = True
+        v["error"] = f"{phase}: {str(e).splitlines()[0]}"
+    except Exception as e:
+        print(f"{prog}: model {args.model}: {phase} failed: "
+              f"{type(e).__name__}: {e}", file=err)
+        return EXIT_FAILURE
+    v["within_budget"] = (not v["oom"] and (
+        schedule.budget_bytes <= 0 or
+        v["scheduled"]["peak_bytes"] <= schedule.budget_bytes))
+    if args.output == "json":
+        print(json.dumps(v, indent=1), file=out)
+    else:
+        print(format_table(v), end="", file=out)
+    problem = problems_of(v)
+    if problem:
+        print(f"{prog}: {problem}", file=err)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL_PY:FACTORY",
+                   help="a Python file and a function in it returning the "
+                   "nn.Module (or (module, batch_fn)); the file may define "
+                   "batch(batch_size, device) -> (inputs, target) and "
+                   "loss(output, target)")
+    p.add_argument("--schedule", required=True,
+                   help="the Schedule JSON (`mutwo plan ... --output json`)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="batch size (default: the schedule's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--inputs", action="append", default=[],
+                   metavar="SPEC", help="input tensor spec, repeatable, as "
+                   "the worker's --input: x:float32[B,3,224,224], "
+                   "tokens:int64[B,128]{0,30000} (default: the model file's "
+                   "batch function)")
+    p.add_argument("--loss", default="",
+                   help="mean, sum, model, cross_entropy or "
+                   "cross_entropy:y:int64[B]{0,1000} (default: the model "
+                   "file's loss(output, target), else cross_entropy with an "
+                   "integer target, else mean)")
+    p.add_argument("--optimizer", default="sgd",
+                   help="none, sgd, sgd_momentum, adam, adamw "
+                   "(optionally :lr=0.01,...)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="timed steps after one warm-up step (median time)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true",
+                   help="run a schedule the planner marked infeasible "
+                   "instead of refusing it with exit code 3")
+    p.add_argument("--grad_rtol", type=float, default=GRAD_RTOL,
+                   help="gradient tolerance relative to the largest "
+                   "gradient element (default %(default)g)")
+    p.add_argument("--grad_atol", type=float, default=GRAD_ATOL)
+    p.add_argument("--output", choices=("text", "json"), default="text")

@@ -1,0 +1,335 @@
+"""`python3 -m mutwo verify` (client/python/mutwo/_verify.py) on the CPU:
+a schedule that holds exits 0 with the worker's table, one over its budget
+or one that changes the gradients exits 1, an infeasible one exits 3, and a
+bad MODEL_PY:FACTORY exits 2 naming what was wrong."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, List, Sequence, Tuple
+
+import pytest
+import torch
+
+from mutwo.__main__ import main
+from schedules import make_schedule
+
+MODEL_PY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        """Four conv blocks with batch norm, a linear head."""
+        def __init__(self):
+            super().__init__()
+            layers = []
+            for i in range(4):
+                layers += [nn.Conv2d(3 if i == 0 else 8, 8, 3, padding=1),
+                           nn.BatchNorm2d(8), nn.ReLU()]
+            self.features = nn.Sequential(*layers)
+            self.head = nn.Linear(8 * 16 * 16, 10)
+
+        def forward(self, x):
+            return self.head(self.features(x).flatten(1))
+
+    class Counting(nn.Module):
+        """A module whose forward depends on how often it ran: a replay
+        computes something else (a schedule cannot recompute it)."""
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return torch.tanh(self.lin(x) * self.calls)
+
+    class Stateful(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Counting()
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    def make():
+        torch.manual_seed(0)
+        return Net()
+
+    def make_stateful():
+        torch.manual_seed(0)
+        return Stateful(), stateful_batch
+
+    def stateful_batch(n, device):
+        return torch.randn(n, 16, device=device), torch.randint(0, 4, (n,), device=device)
+
+    def not_a_model():
+        return 42
+
+    def broken():
+        raise RuntimeError("weights file missing")
+
+    def batch(n, device):
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(n, 3, 16, 16, generator=g)
+        return x.to(device), torch.randint(0, 10, (n,), generator=g).to(device)
+''')
+
+
+@pytest.fixture()
+def model_py(tmp_path: Path) -> Path:
+    path = tmp_path / "model.py"
+    path.write_text(MODEL_PY)
+    return path
+
+
+def load(path: Path, factory: str) -> Any:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("verify_test_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    made = getattr(module, factory)()
+    return made[0] if isinstance(made, tuple) else made
+
+
+def write_schedule(tmp_path: Path, model: Any, name: str,
+                   recompute: Sequence[Tuple[int, Sequence[str], Sequence[str]]],
+                   budget_bytes: int, feasible: bool = True,
+                   floor_bytes: int = 0) -> Path:
+    s = make_schedule(model, recompute=recompute).proto
+    s.batch_size = 4
+    s.budget_bytes = budget_bytes
+    s.floor_bytes = floor_bytes
+    s.feasible = feasible
+    s.predicted_peak_bytes = 600_000
+    s.predicted_iteration_ms = 3.0
+    path = tmp_path / name
+    path.write_text(json_format_message(s))
+    return path
+
+
+def json_format_message(message: Any) -> str:
+    from google.protobuf import json_format
+    return json_format.MessageToJson(message, preserving_proto_field_name=True)
+
+
+FEATURES = (0, [f"features.{i}" for i in range(6)], [])
+
+
+def run_verify(capsys: Any, args: List[str]) -> Tuple[int, str, str]:
+    code = main(["verify"] + args)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_schedule_that_holds_exits_0_with_the_table(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "ok.json",
+                              [FEATURES], budget_bytes=1 << 30)
+    code, out, err = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                         str(schedule), "--batch", "4"])
+    assert code == 0, err
+    for row in ("baseline", "scheduled", "predicted"):
+        assert row in out
+    assert "budget          1.00 GiB (within)" in out
+    assert "gradients       match" in out
+    assert "batch-norm statistics match" in out
+    assert "peak measure    cpu:" in out
+    assert "replays in features[0:6]" in out
+
+
+def test_json_output_has_the_measured_peaks_and_the_comparison(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "ok.json",
+                              [FEATURES], budget_bytes=1 << 30)
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule", str(schedule), "--batch", "4",
+        "--optimizer", "adam", "--steps", "2", "--output", "json"])
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["gradients_match"] and v["batchnorm_stats_match"]
+    assert v["max_abs_grad_diff"] <= 1e-6 + 1e-5 * v["largest_gradient"]
+    assert v["within_budget"]
+    # Both steps measured: parameters (about 83 KB for the head) and the
+    # activations of batch 4 are in each peak.
+    assert v["baseline"]["peak_bytes"] > 100_000
+    assert v["scheduled"]["peak_bytes"] > 100_000
+    assert v["scheduled"]["iteration_ms"] > 0
+    assert v["predicted"]["peak_bytes"] == 600_000
+
+
+def test_recompute_lowers_the_measured_cpu_peak(
+        model_py: Path, tmp_path: Path) -> None:
+    """The CPU measure sees what the schedule drops: the whole-step peak of
+    the applied model is below the unmodified one's when the recomputed
+    features dominate."""
+    from mutwo import _verify
+    user = _verify.load_user_model(f"{model_py}:make")
+    x, y = user.batch_fn(32, torch.device("cpu"))  # type: ignore[misc]
+    session = _verify.Session(user, torch.device("cpu"), (x,), y,
+                              _verify.make_loss(user, "", y), "none", 0)
+    base, _, _ = session.timed(1)
+    schedule = make_schedule(session.model, recompute=[FEATURES])
+    import mutwo
+    with mutwo.apply(session.model, schedule):
+        sched, _, _ = session.timed(1)
+    assert sched < base
+
+
+def test_a_schedule_over_its_budget_exits_1(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    # CI bar: `verify` exits 1 on a schedule that does not hold.
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "low.json",
+                              [FEATURES], budget_bytes=1000)
+    code, out, err = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                         str(schedule), "--batch", "4"])
+    assert code == 1
+    assert "(EXCEEDED)" in out  # the table is printed either way
+    assert "exceeds the budget 1000 B" in err
+
+
+def test_gradients_that_differ_exit_1_naming_the_parameter(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    schedule = write_schedule(
+        tmp_path, load(model_py, "make_stateful"), "stateful.json",
+        [(0, ["block.lin"], ["block"])], budget_bytes=1 << 30)
+    code, out, err = run_verify(capsys, [f"{model_py}:make_stateful",
+                                         "--schedule", str(schedule),
+                                         "--batch", "4"])
+    assert code == 1
+    assert "gradients       DIFFER" in out
+    assert "gradients (max |diff|" in err and "worst at block.lin" in err
+
+
+def test_an_infeasible_schedule_exits_3_and_runs_nothing(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "inf.json",
+                              [FEATURES], budget_bytes=1000, feasible=False,
+                              floor_bytes=500_000)
+    code, out, err = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                         str(schedule)])
+    assert code == 3
+    assert out == ""
+    assert "below the floor 488.28 KiB" in err and "--force" in err
+    # --force runs it (and it does not hold: 1000 B).
+    code, out, _ = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                       str(schedule), "--force"])
+    assert code == 1 and "(EXCEEDED)" in out
+
+
+@pytest.mark.parametrize("spec_of, message", [
+    (lambda p: str(p), "expected MODEL_PY:FACTORY"),
+    (lambda p: f"{p.parent}/nope.py:make", "nope.py\": no such file"),
+    (lambda p: f"{p}:make_model", 'has no function "make_model"; it defines '),
+    (lambda p: f"{p}:not_a_model", "not_a_model() returned int, expected an "
+                                   "nn.Module"),
+    (lambda p: f"{p}:broken", "broken() raised RuntimeError: weights file "
+                              "missing"),
+])
+def test_a_bad_model_factory_exits_2_naming_what_was_wrong(
+        model_py: Path, tmp_path: Path, capsys: Any, spec_of: Any,
+        message: str) -> None:
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "ok.json",
+                              [FEATURES], budget_bytes=1 << 30)
+    code, out, err = run_verify(capsys, [spec_of(model_py), "--schedule",
+                                         str(schedule)])
+    assert code == 2
+    assert message in err
+    assert out == ""
+
+
+def test_a_model_file_that_fails_to_import_exits_2(
+        tmp_path: Path, capsys: Any) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nx = 1 / 0\n")
+    schedule = tmp_path / "s.json"
+    schedule.write_text(json.dumps({"batch_size": 2, "feasible": True}))
+    code, _, err = run_verify(capsys, [f"{bad}:make", "--schedule",
+                                       str(schedule)])
+    assert code == 2
+    assert 'importing "' in err and "ZeroDivisionError" in err
+
+
+def test_a_schedule_of_another_model_exits_2(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    other = write_schedule(tmp_path, load(model_py, "make_stateful"),
+                           "other.json", [(0, ["block.lin"], ["block"])],
+                           budget_bytes=1 << 30)
+    code, _, err = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                       str(other)])
+    assert code == 2
+    assert "planned for another model" in err
+
+
+def test_inputs_from_specs_without_a_batch_function(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "ok.json",
+                              [FEATURES], budget_bytes=1 << 30)
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule", str(schedule), "--batch", "2",
+        "--inputs", "x:float32[B,3,16,16]",
+        "--loss", "cross_entropy:y:int64[B]{0,10}"])
+    assert code == 0, err
+    assert "batch size      2" in out
+    code, _, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule", str(schedule),
+        "--inputs", "x:float32[B,3,16"])
+    assert code == 2 and 'input spec "x:float32[B,3,16"' in err
+
+
+def test_the_module_entry_point_and_its_help() -> None:
+    env = dict(os.environ)
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent), str(here)])
+    p = subprocess.run([sys.executable, "-m", "mutwo", "verify", "--help"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0
+    assert "MODEL_PY:FACTORY" in p.stdout and "exit codes" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "mutwo", "verify", "m.py:f"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 2 and "--schedule" in p.stderr
+
+
+DATA = Path(__file__).resolve().parent / "data"
+# Planned by the real planner for the model above (`make`), batch 32, SGD,
+# on this CPU tier (LibTorch 1.13): the model scripted
+# (torch.jit.script(make()).save("net.pt")), then
+#   mutwo-worker profile net.pt --input 'x:float32[B,3,16,16]' \
+#     --loss 'cross_entropy:y:int64[B]{0,10}' --batch 32 --device cpu \
+#     --optimizer sgd --output json > p.json
+#   mutwo plan p.json --budget 80% --output json   (feasible, 2.42 MiB)
+#   mutwo plan p.json --budget 60% --output json   (below the floor, exit 3)
+# `mutwo-worker execute` of the 80% schedule measured 3.03 MiB unmodified,
+# 2.28 MiB scheduled.
+
+
+def test_a_planned_schedule_holds_on_the_eager_model(
+        model_py: Path, capsys: Any) -> None:
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule",
+        str(DATA / "verify_net_b32_80pct.schedule.json"), "--optimizer",
+        "sgd", "--output", "json"])
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["batch_size"] == 32  # the schedule's
+    assert v["within_budget"] and v["gradients_match"]
+    # The CPU measure agrees with the worker's counting allocator on the
+    # prediction (2.28 MiB predicted and executed) within 5%.
+    assert v["scheduled"]["peak_bytes"] == pytest.approx(
+        v["predicted"]["peak_bytes"], rel=0.05)
+    assert v["scheduled"]["peak_bytes"] < 0.85 * v["baseline"]["peak_bytes"]
+
+
+def test_a_planned_infeasible_schedule_exits_3(
+        model_py: Path, capsys: Any) -> None:
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule",
+        str(DATA / "verify_net_b32_60pct.schedule.json")])
+    assert code == 3 and out == ""
+    assert "is infeasible: the budget 1.82 MiB is below the floor 2.08 MiB" \
+        in err
