@@ -139,8 +139,16 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   // μ-TWO plans below the budget by the device reserve; the
   // fixed baseline schedules are only checked against the budget. Both are
   // planned below it by the correction measurements taught.
-  const int64_t reserve =
-      with_reserve ? AllocatorReserveBytes(profile, budget_bytes) : 0;
+  // The unmodified step fits any budget at or above its measured peak: the
+  // reserve covers what replays leave out of the memory model (and the CUDA
+  // allocator's rounding of what a schedule changes), and with no decision
+  // there is no replay and nothing the profile did not measure. So such a
+  // budget is planned to itself: zero decisions, FITS.
+  const int64_t baseline_peak = planner->simulator().baseline_peak_bytes();
+  const bool unmodified_fits = budget_bytes >= baseline_peak;
+  const int64_t reserve = with_reserve && !unmodified_fits
+                              ? AllocatorReserveBytes(profile, budget_bytes)
+                              : 0;
   const int64_t correction = request.correction_bytes;
   PlanResult result =
       planner->Plan(std::max<int64_t>(0, budget_bytes - reserve - correction));
@@ -148,9 +156,13 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     return request.interrupt->status();
   }
   if (reserve > 0 || correction > 0) result.budget_bytes = budget_bytes;
+  if (with_reserve) {
+    // The lowest budget that is feasible: the plan's floor with the reserve
+    // on top, but never above the baseline peak (the unmodified step).
+    result.floor_bytes = std::min(
+        baseline_peak, LowestBudgetAbove(profile, result.floor_bytes));
+  }
   if (reserve > 0) {
-    // The lowest budget that is feasible.
-    result.floor_bytes = LowestBudgetAbove(profile, result.floor_bytes);
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned for ",
         budget_bytes - reserve - correction, " B: a reserve of ", reserve,

@@ -94,14 +94,28 @@ TEST(PlanRequestTest, CudaBudgetsKeepAnAllocatorReserve) {
   auto cpu = PlanSchedule(DiamondProto(), no_reserve);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_TRUE(cpu->feasible());
-  // The whole profile is a few KB: at 100% nothing is left after the
-  // reserve, and the floor is the lowest budget whose reserve leaves the
-  // lowest peak.
+  // The whole profile is a few KB: a byte below its baseline peak nothing
+  // is left after the reserve, and the floor is the baseline itself (the
+  // unmodified step, which needs no reserve).
+  request.budget.set_bytes(cpu->baseline_peak_bytes() - 1);
   auto tight = PlanSchedule(cuda, request);
   ASSERT_TRUE(tight.ok()) << tight.status();
   EXPECT_FALSE(tight->feasible());
-  EXPECT_EQ(tight->budget_bytes(), cpu->budget_bytes());
+  EXPECT_EQ(tight->budget_bytes(), cpu->baseline_peak_bytes() - 1);
+  EXPECT_EQ(tight->floor_bytes(), cpu->baseline_peak_bytes());
+  // Activations of MiBs: the floor is the lowest budget whose reserve
+  // leaves the lowest peak.
+  for (auto& a : *cuda.mutable_activations())
+    a.set_size_bytes(a.size_bytes() << 20);
+  no_reserve.budget = *ParseBudget("100%");
+  cpu = PlanSchedule(cuda, no_reserve);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  request.budget.set_bytes(cpu->floor_bytes());
+  tight = PlanSchedule(cuda, request);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_FALSE(tight->feasible());
   const int64_t floor = tight->floor_bytes();
+  ASSERT_LT(floor, cpu->baseline_peak_bytes());
   EXPECT_GE(floor - AllocatorReserveBytes(cuda, floor), cpu->floor_bytes());
   EXPECT_LE(floor, cpu->floor_bytes() + (4 << 20) + floor / 100 + 2);
   request.budget.set_bytes(floor);
@@ -117,6 +131,35 @@ TEST(PlanRequestTest, CudaBudgetsKeepAnAllocatorReserve) {
   auto none = PlanSchedule(cuda, request);
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->reason().find("reserve"), std::string::npos);
+}
+
+// The unmodified step fits any budget at or above its peak: such a budget
+// is FITS with zero decisions on the CPU and on CUDA, whatever the reserve
+// (which covers what replays leave out of the model), and the floor shown is
+// never above the baseline peak (issue 25: a model where nothing is worth
+// recomputing was called infeasible at a budget above its baseline).
+TEST(PlanRequestTest, ABudgetAtOrAboveTheBaselinePeakFitsWithNoDecisions) {
+  for (const char* kind : {"cpu", "cuda"}) {
+    v1::Profile profile = DiamondProto();
+    profile.mutable_device()->set_kind(kind);
+    ScheduleRequest request;
+    request.budget = *ParseBudget("100%");
+    auto at = PlanSchedule(profile, request);
+    ASSERT_TRUE(at.ok()) << at.status();
+    const int64_t baseline = at->baseline_peak_bytes();
+    for (int64_t budget : {baseline, baseline + 1, baseline + 4096}) {
+      request.budget.set_bytes(budget);
+      auto s = PlanSchedule(profile, request);
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_TRUE(s->feasible()) << kind << " " << budget << ": " << s->reason();
+      for (const v1::Decision& d : s->decisions()) {
+        EXPECT_EQ(d.action(), v1::Decision::RETAIN)
+            << kind << " " << budget << ": value " << d.value_id();
+      }
+      EXPECT_EQ(s->predicted_peak_bytes(), baseline) << kind;
+      EXPECT_LE(s->floor_bytes(), baseline) << kind;
+    }
+  }
 }
 
 // A correction learned from a validation plans that many bytes lower but
