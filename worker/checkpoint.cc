@@ -313,10 +313,19 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     }
   }
   // A freeable output may share its storage with an input (a view an op
-  // returned): those are never freed.
+  // returned), or with a parameter or buffer the range read (`attn_mask =
+  // self.mask.unsqueeze(0)`): those are never freed (freeing a buffer's
+  // memory would leave the module reading freed memory in later steps).
   absl::flat_hash_set<const c10::StorageImpl*> input_storages;
-  for (size_t j = 0; j < num_input_tensors_; ++j) {
-    const torch::Tensor& t = tensors[j];
+  for (const torch::Tensor& t : tensors) {  // inputs, then parameters
+    if (t.defined() && t.has_storage()) {
+      input_storages.insert(t.storage().unsafeGetStorageImpl());
+    }
+  }
+  for (const auto& [object, name] : buffer_slots_) {
+    const c10::IValue value = object->getAttr(name);
+    if (!value.isTensor()) continue;
+    const torch::Tensor& t = value.toTensor();
     if (t.defined() && t.has_storage()) {
       input_storages.insert(t.storage().unsafeGetStorageImpl());
     }
@@ -501,6 +510,23 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
       Flatten(value, &out);
     }
     output_tensor_end_.push_back(out.size());
+  }
+  // An output that is a buffer the range read itself (not through an input:
+  // `mask = self.mask` inside an If the range replays) goes out as an alias:
+  // autograd gives a function's outputs its history, and on the buffer
+  // itself that history would outlive the step (the next step's forward
+  // reads the buffer and links its graph to this step's freed segment: a
+  // use after free).
+  for (torch::Tensor& t : out) {
+    if (!t.defined()) continue;
+    for (const auto& [object, name] : buffer_slots_) {
+      const c10::IValue value = object->getAttr(name);
+      if (value.isTensor() &&
+          value.toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        t = t.view_as(t);
+        break;
+      }
+    }
   }
   variable_list non_differentiable;
   for (const torch::Tensor& t : out) {

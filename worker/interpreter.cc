@@ -73,8 +73,9 @@ void Interpreter::RunNode(Node* node, Env& env) {
     auto value = torch::jit::toIValue(node->output());
     env[node->output()] = value.has_value() ? *value : IValue();
   } else if (kind == c10::prim::GetAttr) {
-    const IValue& object = get(node->input(0));
-    env[node->output()] = object.toObject()->getAttr(node->s(c10::attr::name));
+    IValue value =
+        get(node->input(0)).toObject()->getAttr(node->s(c10::attr::name));
+    env[node->output()] = std::move(value);
   } else if (kind == c10::prim::SetAttr) {
     get(node->input(0))
         .toObject()
@@ -183,7 +184,8 @@ void Interpreter::RunNode(Node* node, Env& env) {
   } else if (kind == c10::prim::Uninitialized) {
     env[node->output()] = IValue();
   } else if (kind == c10::prim::unchecked_cast) {
-    env[node->output()] = get(node->input(0));
+    IValue value = get(node->input(0));  // a copy before env may grow
+    env[node->output()] = std::move(value);
   } else if (kind == c10::prim::CallMethod || kind == c10::prim::CallFunction) {
     throw InterpreterError(
         absl::StrCat("unsupported node ", kind.toQualString(),

@@ -19,14 +19,19 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "worker/graph.h"
 
 namespace mutwo::worker {
 
-// The values of one run: graph value -> its IValue.
+// The values of one run: graph value -> its IValue. A node map: a
+// reference to a value stays valid while others are inserted (a flat map
+// moves every value when it grows, and `env[out] = env.at(in)` then copied
+// from freed memory: issue 25's `isDouble()` assert and `InvalidTag`, which
+// came and went with the addresses the map hashed).
 using InterpreterEnv =
-    absl::flat_hash_map<const torch::jit::Value*, c10::IValue>;
+    absl::node_hash_map<const torch::jit::Value*, c10::IValue>;
 
 struct InterpreterHooks {
   // Called before and after each top-level node (id = IR node id). `outputs`

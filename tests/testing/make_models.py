@@ -200,6 +200,89 @@ class NoForward(nn.Module):
         return self.fc(x)
 
 
+class DiffusionBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv, twice, with a residual (1x1 when widths
+    differ): a diffusion U-Net's ResBlock."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.n1 = nn.GroupNorm(4, cin)
+        self.c1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.n2 = nn.GroupNorm(4, cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x):
+        h = self.c1(F.silu(self.n1(x)))
+        h = self.c2(F.silu(self.n2(h)))
+        return h + self.skip(x)
+
+
+class DiffusionAttention(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.norm = nn.GroupNorm(4, c)
+        self.qkv = nn.Conv2d(c, 3 * c, 1)
+        self.out = nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, 3, c, h * w).unbind(1)
+        a = torch.softmax(q.transpose(1, 2) @ k / (c ** 0.5), dim=-1)
+        return x + self.out((v @ a.transpose(1, 2)).reshape(b, c, h, w))
+
+
+class DiffusionUnet(nn.Module):
+    """A diffusion-style U-Net (issue 25): GroupNorm, SiLU, self-attention
+    at the bottom, `F.interpolate(scale_factor=2.0, mode="nearest")` in the
+    decoder (scripted, an If tree over every mode whose branches build the
+    scale-factor list). Its profile crashed one run in three."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.inp = nn.Conv2d(3, c, 3, padding=1)
+        self.d1 = DiffusionBlock(c, c)
+        self.down1 = nn.Conv2d(c, c, 3, stride=2, padding=1)
+        self.d2 = DiffusionBlock(c, 2 * c)
+        self.down2 = nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1)
+        self.mid = DiffusionBlock(2 * c, 2 * c)
+        self.attn = DiffusionAttention(2 * c)
+        self.u2 = DiffusionBlock(4 * c, 2 * c)
+        self.u1 = DiffusionBlock(3 * c, c)
+        self.out_norm = nn.GroupNorm(4, c)
+        self.out = nn.Conv2d(c, 10, 3, padding=1)
+
+    def forward(self, x):
+        h0 = self.d1(self.inp(x))
+        h1 = self.d2(self.down1(h0))
+        m = self.attn(self.mid(self.down2(h1)))
+        m = F.interpolate(m, scale_factor=2.0, mode="nearest")
+        u = self.u2(torch.cat([m, h1], 1))
+        u = F.interpolate(u, scale_factor=2.0, mode="nearest")
+        u = self.u1(torch.cat([u, h0], 1))
+        return self.out(F.silu(self.out_norm(u))).mean((2, 3))
+
+
+class Seq2Seq(nn.Module):
+    """nn.Transformer encoder-decoder (issue 25): batch_first, a causal
+    `tgt_mask` buffer, two inputs. Its floor execute read a freed value
+    (`InvalidTag`) once."""
+
+    def __init__(self, d: int = 32, layers: int = 2, vocab: int = 64,
+                 t: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.tr = nn.Transformer(d, 4, layers, layers, 64, dropout=0.1,
+                                 batch_first=True)
+        self.register_buffer(
+            "tgt_mask", torch.triu(torch.full((t, t), float("-inf")), 1))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, src, tgt):
+        return self.head(self.tr(self.emb(src), self.emb(tgt),
+                                 tgt_mask=self.tgt_mask))
+
+
 # name -> (module, profile arguments for the tests and docs)
 MODELS = {
     "mlp": (Mlp, "--input x:float32[B,32]"),
@@ -215,6 +298,12 @@ MODELS = {
     "dense_list": (DenseList, "--input x:float32[B,16]"),
     "two_inputs": (TwoInputs,
                    "--input x:float32[B,8] --input y:float32[B,4]"),
+    "diffusion_unet": (DiffusionUnet,
+                       "--input x:float32[B,3,32,32] "
+                       "--loss cross_entropy:y:int64[B]{0,10}"),
+    "seq2seq": (Seq2Seq,
+                "--input src:int64[B,8]{0,64} --input tgt:int64[B,8]{0,64} "
+                "--loss cross_entropy:y:int64[B,8]{0,64}"),
 }
 
 
