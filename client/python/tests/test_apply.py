@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -400,3 +401,470 @@ def test_a_compiled_module_is_refused_with_what_to_do() -> None:
     model = resnet()
     with pytest.raises(TypeError, match="not the result of torch.compile"):
         mutwo.apply(OptimizedModule(model), resnet_schedule(model))
+
+
+# --------------------------------------------------------------------------
+# Issue 26: every decision is applied, or refused before the first step.
+
+class VitBlock(nn.Module):
+    """A user's pre-norm ViT block: nn.MultiheadAttention and an MLP
+    Sequential(Linear, GELU, Linear)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
+                                 nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = self.ln1(x)
+        x = x + self.attn(y, y, y, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class Vit(nn.Module):
+    def __init__(self, d: int = 32, heads: int = 4, depth: int = 4) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 4, 4)
+        self.blocks = nn.ModuleList([VitBlock(d, heads)
+                                     for _ in range(depth)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x.mean(1))
+
+
+def vit() -> nn.Module:
+    torch.manual_seed(5)
+    return Vit().train()
+
+
+VIT_INPUT = (torch.randn(4, 3, 32, 32,
+                         generator=torch.Generator().manual_seed(6)),)
+
+
+def vit_loss(out: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, torch.tensor([1, 2, 3, 4]))
+
+
+def test_user_vit_applies_every_decision_with_equal_gradients() -> None:
+    """The issue's ViT: GELU outputs (saved by the next Linear, as a 2-D
+    view) and a LayerNorm output (saved inside nn.MultiheadAttention) were
+    'not applied'; now each is dropped and re-made."""
+    model = vit()
+    plain = copy.deepcopy(model)
+    calls = count_calls(model)
+    refs = outputs_of(model, ["blocks.0.mlp.1", "blocks.2.ln1"])
+    schedule = make_schedule(
+        model, recompute=[(0, ["blocks.0.mlp.1"], []),
+                          (1, ["blocks.1.mlp.1"], []),
+                          (2, ["blocks.2.ln1"], []),
+                          # The whole MLP and the attention of block 3.
+                          (3, ["blocks.3.attn", "blocks.3.ln2",
+                               "blocks.3.mlp.0", "blocks.3.mlp.1"],
+                           ["blocks.3.mlp.2", "blocks.3"])],
+        op_kinds={"blocks.3.attn": "aten::softmax"})
+    applied = mutwo.apply(model, schedule)
+    torch.manual_seed(0)
+    loss = vit_loss(model(*VIT_INPUT))
+    gc.collect()
+    assert refs["blocks.0.mlp.1"]() is None  # really released
+    assert refs["blocks.2.ln1"]() is None
+    loss.backward()
+    assert applied.unmatched() == []
+    assert "not applied" not in applied.report()
+    # A frame of one module replays its forward (no module call).
+    assert applied.stats.replays == {"blocks.0.mlp.1": 1,
+                                     "blocks.1.mlp.1": 1, "blocks.2.ln1": 1,
+                                     "blocks.3": 1}
+    assert calls["blocks.3.mlp.0"] == 2 and calls["blocks.3.ln1"] == 2
+    assert calls["blocks.0.mlp.2"] == 1
+    assert_same_step(plain, model, VIT_INPUT, vit_loss)
+
+
+class Mlp(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ConvNextBlock(nn.Module):
+    """timm's ConvNeXt block: depthwise 7x7, LayerNorm over channels after
+    a permute, MLP, layer scale (a parameter multiply), residual."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.conv_dw = nn.Conv2d(d, d, 7, padding=3, groups=d)
+        self.norm = nn.LayerNorm(d)
+        self.mlp = Mlp(d)
+        self.gamma = nn.Parameter(torch.full((d,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        x = self.norm(self.conv_dw(x).permute(0, 2, 3, 1))
+        x = self.mlp(x).permute(0, 3, 1, 2)
+        x = x.mul(self.gamma.reshape(1, -1, 1, 1))
+        return x + shortcut
+
+
+class ConvNext(nn.Module):
+    def __init__(self, d: int = 16, depth: int = 3) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, d, 4, 4)
+        self.blocks = nn.Sequential(*[ConvNextBlock(d) for _ in range(depth)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def test_convnext_replays_a_frame_whose_input_was_dropped() -> None:
+    """The MLP's input is the LayerNorm's output, dropped by the norm's own
+    frame. The MLP's replay got it back detached, so its Linear saved no
+    weight and every later saved index moved (timm convnext_small: 'did not
+    re-make saved tensor #4'; here a shape error): it is re-made requiring
+    grad as in forward. fc2's output reaches the layer scale multiply as a
+    permuted view."""
+    torch.manual_seed(7)
+    model = ConvNext().train()
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(
+        model, recompute=[(0, ["blocks.1.norm"], []),
+                          (1, ["blocks.1.mlp.fc1", "blocks.1.mlp.act",
+                               "blocks.1.mlp.fc2"], [])])
+    applied = mutwo.apply(model, schedule)
+    assert applied.frames == ["blocks.1.norm", "blocks.1.mlp"]
+    assert_same_step(plain, model, CNN_INPUT, cnn_loss)
+    assert applied.unmatched() == []
+    assert applied.stats.replays["blocks.1.mlp"] >= 1
+
+
+def test_torchvision_convnext_block_applies_with_equal_gradients() -> None:
+    torch.manual_seed(8)
+    model = torchvision.models.convnext_tiny(num_classes=10).train()
+    plain = copy.deepcopy(model)
+    block = "features.1.0.block"
+    schedule = make_schedule(
+        model, recompute=[(0, [f"{block}.2"], [f"{block}.1"]),
+                          (1, [f"{block}.3", f"{block}.4"], []),
+                          # The whole second block (stochastic depth draws
+                          # its noise again at replay).
+                          (2, ["features.1.1.block.0", "features.1.1.block.2",
+                               "features.1.1.block.3", "features.1.1.block.4",
+                               "features.1.1.block.5"],
+                           ["features.1.1"])])
+    applied = mutwo.apply(model, schedule)
+    x = (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(9)),)
+    assert_same_step(plain, model, x, cnn_loss)
+    assert applied.unmatched() == []
+
+
+# One rule each: the module whose decision a saved tensor takes.
+
+def test_a_tensor_saved_by_a_later_module_is_its_producers() -> None:
+    # GELU's output is saved by the Linear after it, not by GELU.
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    plain = copy.deepcopy(model)
+    refs = outputs_of(model, ["1"])
+    applied = mutwo.apply(model, make_schedule(model,
+                                               recompute=[(0, ["1"], [])]))
+    loss = model(torch.randn(5, 8)).sum()
+    gc.collect()
+    assert refs["1"]() is None
+    loss.backward()
+    assert applied.stats.dropped_paths == {"1"}
+    assert_same_step(plain, model, (torch.randn(5, 8),), lambda o: o.sum())
+
+
+class Residual(nn.Module):
+    """A functional op in a module's forward (the residual add) whose result
+    a child saves: the TorchScript scope of the add is this module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.fc(x)
+        return self.ln(h)
+
+
+def test_a_functional_op_of_a_forward_is_that_modules() -> None:
+    torch.manual_seed(10)
+    model = nn.Sequential(Residual(), Residual())
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(model, recompute=[(0, ["0"], ["0.fc"])],
+                             op_kinds={"0": "aten::add"})
+    applied = mutwo.apply(model, schedule)
+    x = (torch.randn(4, 16),)
+    assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    # The add's output, saved by 0.ln: 0's decision, not 0.ln's.
+    assert applied.stats.dropped_paths == {"0"}
+    assert applied.unmatched() == []
+
+
+def test_a_view_of_a_dropped_output_is_re_made_as_that_view() -> None:
+    # A Linear on [B, T, D] saves its input reshaped to 2-D: a view.
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    plain = copy.deepcopy(model)
+    applied = mutwo.apply(model, make_schedule(model,
+                                               recompute=[(0, ["1"], [])]))
+    seen = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t._base is not None)
+        return t
+
+    x = torch.randn(3, 5, 8)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        plain(x).sum()
+    assert any(seen)  # the premise: a view is saved
+    refs = outputs_of(model, ["1"])
+    loss = model(x).pow(2).sum()
+    gc.collect()
+    assert refs["1"]() is None  # dropped, the view with it
+    loss.backward()
+    assert applied.unmatched() == []
+    assert_same_step(plain, model, (x,), lambda o: o.pow(2).sum())
+
+
+def test_an_in_place_result_belongs_to_the_op_that_made_the_storage() -> None:
+    # relu_ writes into the batch norm's output: the planner counts the
+    # storage to the batch norm (the node that allocated it) and replays
+    # the relu_ with it; ReLU and the next conv save the value after it.
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8),
+                          nn.ReLU(inplace=True), nn.Conv2d(8, 4, 3)).train()
+    plain = copy.deepcopy(model)
+    refs = outputs_of(model, ["1"])
+    applied = mutwo.apply(model, make_schedule(
+        model, recompute=[(0, ["1"], ["2"])]))
+    assert applied.frames == ["(model)[1:3]"]
+    assert_same_step(plain, model, CNN_INPUT, lambda o: o.pow(2).mean())
+    assert applied.unmatched() == []
+    loss = model(*CNN_INPUT).pow(2).mean()
+    gc.collect()
+    assert refs["1"]() is None
+    loss.backward()
+
+
+class Twice(nn.Module):
+    """One GELU module called twice (two IR nodes with its scope)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(self.act(self.fc2(self.act(self.fc1(x)))))
+
+
+def test_a_module_called_twice_applies_its_decisions_to_both_calls() -> None:
+    torch.manual_seed(12)
+    model = Twice()
+    plain = copy.deepcopy(model)
+    calls = count_calls(model)
+    schedule = make_schedule(model, recompute=[(0, ["act"], [])])
+    applied = mutwo.apply(model, schedule)
+    x = (torch.randn(4, 8),)
+    assert_same_step(plain, model, x, lambda o: o.sum())
+    # Both calls' outputs were dropped and each re-made by its own frame
+    # (a frame of one module replays its forward: no module call).
+    assert applied.stats.dropped == 2
+    assert applied.stats.replays == {"act": 2}
+    assert calls["act"] == 2
+    assert applied.unmatched() == []
+
+
+class Shared(nn.Module):
+    """One Linear reachable as `a` and `b`: TorchScript names a call
+    through `self.b` with scope `b`, which named_modules() omits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = self.a
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.gelu(self.b(F.gelu(self.a(x)))))
+
+
+def test_a_shared_modules_other_path_is_applied() -> None:
+    torch.manual_seed(13)
+    model = Shared()
+    plain = copy.deepcopy(model)
+    # Each call's output is saved by the GELU after it. The decision names
+    # `b`, the shared module's second path (the second call).
+    schedule = make_schedule(model)
+    proto = schedule.proto
+    d = proto.decisions.add(value_id=99, producer_node=99, size_bytes=0,
+                            action=proto.decisions[0].SWAP, module_path="b",
+                            op_kind="aten::linear", output_index=0)
+    assert d.module_path not in dict(model.named_modules())
+    applied = mutwo.apply(model, mutwo.Schedule.from_proto(proto))
+    x = (torch.randn(4, 8, requires_grad=True),)
+    assert_same_step(plain, model, (torch.randn(4, 8),), lambda o: o.sum())
+    del x
+    # `b` stands for the module whose first path is `a`.
+    assert applied.stats.swapped_paths == {"a"}
+    assert applied.unmatched() == []
+
+
+def test_multihead_attention_internals_are_the_attention_modules() -> None:
+    # nn.MultiheadAttention runs F.multi_head_attention_forward: its
+    # projections, softmax and dropout are ops of `attn` itself.
+    torch.manual_seed(14)
+    model = VitBlock(16, 2).train()
+    model.attn.dropout = 0.1
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(model, recompute=[(0, ["attn"], [])],
+                             op_kinds={"attn": "aten::softmax"})
+    applied = mutwo.apply(model, schedule)
+    x = (torch.randn(2, 6, 16),)
+    assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    assert applied.stats.dropped >= 4  # q/k/v, attention weights, mask...
+    assert applied.stats.replays == {"attn": 1}
+    assert applied.unmatched() == []
+
+
+def test_transformer_encoder_layer_parts_apply_with_the_fast_path_off(
+        ) -> None:
+    # In training with grad the layer runs its Python path: the residual
+    # adds are the layer's own ops, saved by its norms.
+    model = transformer()
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(
+        model, recompute=[(0, ["layers.0"], ["layers.0.self_attn",
+                                             "layers.0.dropout1"])],
+        op_kinds={"layers.0": "aten::add"})
+    applied = mutwo.apply(model, schedule)
+    x = (torch.randn(2, 10, 32),)
+    assert_same_step(plain, model, x, lambda o: o.pow(2).mean())
+    assert applied.unmatched() == []
+    # The first residual add's output, which norm1 saves, is dropped: the
+    # layer's decision, not norm1's (norm1 has none).
+    added: List[Any] = []
+    model.layers[0].norm1.register_forward_pre_hook(
+        lambda m, args: added.append(weakref.ref(args[0])))
+    loss = model(*x).pow(2).mean()
+    gc.collect()
+    assert added[0]() is None
+    assert "layers.0.norm1" not in applied.stats.dropped_paths
+    loss.backward()
+
+
+# Refused before the first backward.
+
+def mlp_with_dead_decision() -> Tuple[nn.Module, mutwo.Schedule]:
+    torch.manual_seed(15)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.5),
+                          nn.Linear(32, 4))
+    # GELU's output goes to a dropout, which saves only its mask: no
+    # tensor of GELU is held, the decision cannot be applied.
+    return model, make_schedule(model, recompute=[(0, ["1", "2"], [])],
+                                size_bytes=4096)
+
+
+def test_an_unapplicable_decision_raises_before_the_first_backward() -> None:
+    model, schedule = mlp_with_dead_decision()
+    mutwo.apply(model, schedule)
+    with pytest.raises(mutwo.ScheduleMismatchError) as e:
+        model(torch.randn(2, 8)).sum().backward()
+    assert "RECOMPUTE 1 aten::gelu (4.00 KiB)" in str(e.value)
+    assert "4.00 KiB of the 8.00 KiB planned saving" in str(e.value)
+    assert [d.module_path for d in e.value.decisions] == ["1"]
+    assert all(p.grad is None for p in model.parameters())  # no backward
+
+
+def test_strict_false_trains_and_warns_once_with_figures() -> None:
+    model, schedule = mlp_with_dead_decision()
+    applied = mutwo.apply(model, schedule, strict=False)
+    with pytest.warns(mutwo.BudgetWarning, match="1 of the schedule's 2 "
+                      r"recompute/swap decisions .* 4.00 KiB of the 8.00 KiB"):
+        model(torch.randn(2, 8)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(2, 8)).sum().backward()
+    assert "not applied: RECOMPUTE 1 aten::gelu" in applied.report()
+
+
+def infeasible(model: nn.Module) -> mutwo.Schedule:
+    s = make_schedule(model, recompute=[(0, ["1"], ["0"])])
+    s.proto.feasible = False
+    s.proto.budget_bytes = 1000
+    s.proto.floor_bytes = 5000
+    s.proto.budget.text = "1000B"
+    s.proto.reason = "budget below the floor"
+    return mutwo.Schedule.from_proto(s.proto)
+
+
+def test_an_infeasible_schedule_is_refused_unless_forced() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(mutwo.InfeasibleScheduleError,
+                       match=r"infeasible \(budget 1000B = 1000 B, floor "
+                       r"4.88 KiB .*\): budget below the floor; "
+                       "`mutwo-worker execute` refuses it too.*force=True"):
+        mutwo.apply(model, infeasible(model))
+    assert "forward" not in model.__dict__  # nothing was put on
+    applied = mutwo.apply(model, infeasible(model), force=True)
+    assert any("force=True" in n for n in applied.notes)
+    model(torch.randn(3, 4)).sum().backward()
+    assert applied.stats.dropped > 0
+
+
+# The first step measures itself.
+
+def test_first_step_measures_the_saving_it_planned() -> None:
+    torch.manual_seed(16)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    # ReLU's result, [8, 64] fp32, saved by ReLU and by the next Linear.
+    # Its replay runs the first Linear again (its output is not held
+    # without the schedule: the planner replays back to what is).
+    schedule = make_schedule(model, recompute=[(0, ["1"], ["0"])],
+                             size_bytes=8 * 64 * 4)
+    applied = mutwo.apply(model, schedule)
+    assert applied.measurements() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(8, 16)).sum().backward()
+    m = applied.measurements()
+    assert m is not None and m.device == "cpu" and m.peak_bytes is None
+    # Without the schedule: ReLU's result (ReLU saves its output).
+    assert m.unmodified_saved_bytes == 8 * 64 * 4
+    assert m.saved_bytes == 0
+    assert m.saving_bytes == m.planned_saving_bytes == 8 * 64 * 4
+    assert m.saving_fraction == 1.0
+    assert m.step_seconds is not None and m.step_seconds >= m.forward_seconds
+    assert "saving 2.00 KiB, planned 2.00 KiB" in applied.report()
+
+
+def test_first_step_warns_once_when_the_saving_falls_short() -> None:
+    torch.manual_seed(16)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    # Planned as if it saved 10x what it does.
+    schedule = make_schedule(model, recompute=[(0, ["1"], ["0"])],
+                             size_bytes=10 * 8 * 64 * 4)
+    mutwo.apply(model, schedule)
+    with pytest.warns(mutwo.BudgetWarning, match="a saving of 2.00 KiB, "
+                      "10% of the 20.00 KiB planned"):
+        model(torch.randn(8, 16)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(8, 16)).sum().backward()
