@@ -491,12 +491,24 @@ class _StepRecord:
     def __init__(self) -> None:
         self.dropped_paths: Set[str] = set()
         self.swapped_paths: Set[str] = set()
-        self.saved: Dict[int, int] = {}  # storage -> bytes, every save
+        # Every storage saved: a dropped one is freed in forward and its
+        # address may be reused, so a key counts again once the tensor it
+        # was seen with is gone.
+        self.saved: Dict[int, Tuple[Any, int]] = {}
+        self.saved_bytes = 0
         self.kept: Dict[int, int] = {}   # left to autograd
         # Dropped or swapped: alive at the end of forward only if something
         # else holds them.
         self.released: List[Tuple[Any, int, int]] = []
         self.swapped_bytes = 0
+
+    def note_saved(self, t: torch.Tensor, key: int, nbytes: int) -> None:
+        seen = self.saved.get(key)
+        if seen is not None and seen[0]() is not None:
+            return
+        base = t._base if t._base is not None else t
+        self.saved[key] = (weakref.ref(base), nbytes)
+        self.saved_bytes += nbytes
 
     def held_bytes(self, frames: Iterable[Any]) -> int:
         held = dict(self.kept)
@@ -605,7 +617,7 @@ class _Runtime:
             return t
         key, nbytes = _storage_key(t), _storage_bytes(t)
         record = self.record
-        record.saved[key] = nbytes
+        record.note_saved(t, key, nbytes)
         path = self.producer_of(t)
         for frame, index in reversed(list(zip(self.open_frames, indices))):
             found = frame.spec.dropping(path)
@@ -827,7 +839,7 @@ class Applied:
         m = ApplyMeasurements(
             device=device,
             saved_bytes=record.held_bytes(rt.closed_frames),
-            unmodified_saved_bytes=sum(record.saved.values()),
+            unmodified_saved_bytes=record.saved_bytes,
             planned_saving_bytes=planned,
             swapped_bytes=record.swapped_bytes,
             forward_seconds=time.perf_counter() - started,
