@@ -6,7 +6,9 @@ For each model (the zoo's own families, bench/zoo/models.py, at their CPU
 tier sizes; a sample of small torchvision models; the issue's ViT and
 ConvNeXt-style models): the eager module is scripted, profiled
 (`mutwo-worker profile --device cpu --output json`) and planned
-(`mutwo plan --budget 50%` and at the floor) and each schedule is applied
+(`mutwo plan --budget 50%`, half way from the floor to the baseline
+peak, at the floor, and at the floor of the profile with a modeled 1 GB/s
+host link, so that the schedule swaps too) and each schedule is applied
 with `mutwo.apply(model, schedule)` (strict: every RECOMPUTE/SWAP decision
 must match a tensor autograd saves) in a plain eager step. Bars per point:
 
@@ -51,6 +53,7 @@ from typing import Optional  # noqa: E402
 
 import mutwo  # noqa: E402
 import models as zoo  # noqa: E402  (bench/zoo/models.py)
+from run_zoo import emulate_link  # noqa: E402
 
 SAVING_BAR = 0.9
 GRAD_RTOL = 1e-5
@@ -185,8 +188,9 @@ def make_loss(spec: str, batch: int, gen: torch.Generator):
         y = make_tensor(spec.split(":", 1)[1], batch, gen)
 
         def ce(out):
-            if out.dim() > 2 and y.dim() == out.dim() - 1 and \
-                    out.shape[1] != y.shape[1]:
+            # Classes last ([B, T, V] against [B, T]: a language model) or
+            # second ([B, C] against [B]; [B, C, H, W] against [B, H, W]).
+            if out.dim() > 2 and tuple(out.shape[:-1]) == tuple(y.shape):
                 return F.cross_entropy(out.reshape(-1, out.shape[-1]),
                                        y.reshape(-1))
             return F.cross_entropy(out, y)
@@ -330,15 +334,26 @@ def run_model(m, args, work):
         baseline = int(probe["baseline_peak_bytes"])
     except (ValueError, KeyError):
         return [dict(model=name, ok=False, error="plan: " + err.strip()[-800:])]
+    # The same profile with a modeled 1 GB/s host link (a CPU profile offers
+    # no swaps; run_zoo's zoo_cpu_swap does the same): SWAP decisions too.
+    profile = json.loads(open(base + ".profile.json").read())
+    emulate_link(profile, 1e9)
+    with open(base + ".link.profile.json", "w") as f:
+        json.dump(profile, f)
     points = []
+    # 50% (below the floor of most CPU-tier models: refused), half way
+    # from the floor to the baseline, and the floor.
     budgets = [("50%", "50%"),
-               ("floor", f"{int(floor * 1.0005) + 1}B")]
+               ("mid", f"{int(floor + 0.5 * max(0, baseline - floor)) + 1}B"),
+               ("floor", f"{int(floor * 1.0005) + 1}B"),
+               ("floor+link", f"{int(floor * 1.0005) + 1}B")]
     for label, budget in budgets:
         point = dict(model=name, budget=label, floor_bytes=floor,
                      baseline_peak_bytes=baseline)
         path = f"{base}.{label.strip('%')}.schedule.json"
-        rc, out, err = run([cli, "plan", base + ".profile.json", "--budget",
-                            budget, "--output", "json"])
+        prof = base + (".link" if "link" in label else "") + ".profile.json"
+        rc, out, err = run([cli, "plan", prof, "--budget", budget, "--output",
+                            "json"])
         if rc not in (0, 3) or not out.strip().startswith("{"):
             point.update(ok=False, error="plan: " + err.strip()[-800:])
             points.append(point)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 import warnings
 import weakref
@@ -104,6 +105,25 @@ def _extent(t: torch.Tensor) -> Tuple[int, int]:
     first = t.storage_offset()
     span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
     return first, first + span
+
+
+def _normal_kind(name: str) -> str:
+    """aten::layer_norm, aten::add_, NativeLayerNormBackward0 -> layernorm,
+    add, layernorm: an op kind and an autograd node's name compared."""
+    name = name.split("::")[-1].replace("_", "").lower()
+    return name[len("native"):] if name.startswith("native") else name
+
+
+_BACKWARD = re.compile(r"Backward\d*$")
+
+
+def _grad_fn_kind(node: Any) -> str:
+    return _normal_kind(_BACKWARD.sub("", type(node).__name__))
+
+
+def _swap_key(t: torch.Tensor) -> Tuple[Any, ...]:
+    return (_storage_key(t), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype)
 
 
 def _flat_tensors(value: Any) -> List[torch.Tensor]:
@@ -205,7 +225,9 @@ class _Frame:
         # replay asks its frame for it again, as the planner's replay
         # starts from what is retained. Holding it would keep it for the
         # whole step.
-        self.input_versions: List[Tuple[torch.Tensor, int]] = []
+        # Weak: a held input is held by the stash; one the schedule swaps
+        # is not held at all (release_swapped_inputs).
+        self.input_versions: List[Tuple[Any, int]] = []
         self.args = self._stash(args)
         self.kwargs = self._stash(kwargs)
         self.cpu_rng = torch.get_rng_state()
@@ -217,7 +239,7 @@ class _Frame:
             dropped = self.rt.dropped_output(value, consume=False)
             if dropped is not None:
                 return dropped
-            self.input_versions.append((value, value._version))
+            self.input_versions.append((weakref.ref(value), value._version))
             return value
         if isinstance(value, tuple):
             return tuple(self._stash(v) for v in value)
@@ -229,7 +251,7 @@ class _Frame:
 
     @staticmethod
     def _unstash(value: Any) -> Any:
-        if isinstance(value, _DroppedOutput):
+        if isinstance(value, (_DroppedOutput, _SwappedInput)):
             return value.get(consume=False)
         if isinstance(value, tuple):
             return tuple(_Frame._unstash(v) for v in value)
@@ -240,7 +262,32 @@ class _Frame:
         return value
 
     def held_inputs(self) -> List[torch.Tensor]:
-        return [t for t, _ in self.input_versions]
+        return [t for t in _flat_tensors((self.args, self.kwargs))]
+
+    def release_swapped_inputs(self) -> None:
+        """An input the schedule swaps (a convolution's output offloaded,
+        the batch norm after it recomputed) is not held on the device by
+        the frame: its replay copies it back from the host copy, as the
+        planner's replay reads the swapped-in value."""
+        entries = self.rt.swap_entries
+
+        def release(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                entry = entries.get(_swap_key(value))
+                if entry is not None and entry.original() is value:
+                    return _SwappedInput(entry, value.requires_grad)
+                return value
+            if isinstance(value, tuple):
+                return tuple(release(v) for v in value)
+            if isinstance(value, list):
+                return [release(v) for v in value]
+            if isinstance(value, dict):
+                return {k: release(v) for k, v in value.items()}
+            return value
+
+        if entries:
+            self.args = release(self.args)
+            self.kwargs = release(self.kwargs)
 
     def run(self) -> Any:
         args, kwargs = self._unstash((self.args, self.kwargs))
@@ -271,8 +318,9 @@ class _Frame:
     replay_count = 0
 
     def replay(self, segment: int, outputs: Sequence[int]) -> None:
-        for t, version in self.input_versions:
-            if t._version != version:
+        for ref, version in self.input_versions:
+            t = ref()
+            if t is not None and t._version != version:
                 raise RuntimeError(
                     f"mutwo.apply: an input of {self.spec.label()} was "
                     "modified in place after the module ran; its replay "
@@ -425,6 +473,23 @@ class _SwapEntry:
         return t
 
 
+class _SwappedInput:
+    """A frame's input held in host memory (its swap entry): copied back
+    for the replay without using up the entry's saved references."""
+    __slots__ = ("entry", "requires_grad")
+
+    def __init__(self, entry: "_SwapEntry", requires_grad: bool):
+        self.entry, self.requires_grad = entry, requires_grad
+
+    def get(self, consume: bool) -> torch.Tensor:
+        e = self.entry
+        if e.device.type == "cuda":  # the copy to the host is complete
+            torch.cuda.current_stream(e.device).wait_stream(
+                e.rt.side_stream(e.device))
+        t = e.host.to(e.device)
+        return t.detach().requires_grad_(self.requires_grad)
+
+
 class _Swapped:
     __slots__ = ("entry", "position")
 
@@ -529,6 +594,10 @@ class _Runtime:
         self.model = model
         self.frames = frames
         self.swap = swap
+        # Module path -> {op kind, normalised: action} for paths whose
+        # decisions differ (a block's own ops: one add recomputed, another
+        # retained); other paths take their decisions' one action.
+        self.op_actions: Dict[str, Dict[str, str]] = {}
         self.prefetch_ahead = prefetch_ahead
         self.mode = "off"  # off | forward | replay
         self.stack: List[str] = []
@@ -567,6 +636,21 @@ class _Runtime:
         self.swap_entries.clear()
         self.swap_order = []
         self.record = _StepRecord()
+
+    def refined(self, t: torch.Tensor, path: str) -> Optional[str]:
+        """For a module path with decisions of different actions, the
+        action of the decision on the op that made `t` (its autograd node's
+        name: SoftmaxBackward0 is aten::softmax); None: the path's
+        strongest action applies (one action only, or an op that cannot be
+        told: a tensor without gradient such as nonzero's indices, or an
+        autograd name that is not the op's)."""
+        kinds = self.op_actions.get(path)
+        if not kinds:
+            return None
+        base = t._base if t._base is not None else t
+        if base.grad_fn is None:
+            return None
+        return kinds.get(_grad_fn_kind(base.grad_fn))
 
     def alive_anyway(self, t: torch.Tensor) -> bool:
         """Parameters, buffers and the forward's inputs, and views of them
@@ -619,7 +703,10 @@ class _Runtime:
         record = self.record
         record.note_saved(t, key, nbytes)
         path = self.producer_of(t)
-        for frame, index in reversed(list(zip(self.open_frames, indices))):
+        refined = self.refined(t, path)
+        frames = ([] if refined in ("RETAIN", "SWAP") else
+                  list(zip(self.open_frames, indices)))
+        for frame, index in reversed(frames):
             found = frame.spec.dropping(path)
             if found is not None:  # the innermost frame dropping it
                 segment, decision_path = found
@@ -636,9 +723,8 @@ class _Runtime:
             record.dropped_paths.add(dropped.decision_path)
             self._released(t, key, nbytes)
             return dropped
-        if path in self.swap:
-            skey = (key, t.storage_offset(), tuple(t.shape),
-                    tuple(t.stride()), t.dtype)
+        if refined == "SWAP" or (refined is None and path in self.swap):
+            skey = _swap_key(t)
             entry = self.swap_entries.get(skey)
             if entry is None or entry.original() is None:
                 entry = _SwapEntry(self, t)
@@ -702,9 +788,12 @@ class _Runtime:
         if frame in self.open_frames:
             del self.open_frames[self.open_frames.index(frame):]
         self.closed_frames.append(weakref.ref(frame))
+        frame.release_swapped_inputs()
         for k, o in enumerate(_flat_tensors(out)):
-            found = frame.spec.dropping(self.producer_of(o))
-            if found is not None and not _is_leaf(o):
+            path = self.producer_of(o)
+            found = frame.spec.dropping(path)
+            if found is not None and not _is_leaf(o) and \
+                    self.refined(o, path) in (None, "RECOMPUTE"):
                 self.frame_outputs.setdefault(_storage_key(o), []).append(
                     (weakref.ref(o), frame, k, o._version, found[0],
                      found[1]))
@@ -1040,6 +1129,33 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
     return merged
 
 
+_STRENGTH = {"RETAIN": 0, "SWAP": 1, "RECOMPUTE": 2}
+
+
+def _op_actions(schedule: Schedule,
+                canonical: Dict[str, str]) -> Dict[str, Dict[str, str]]:
+    """Per module path whose decisions differ in action: op kind ->
+    strongest action of the decisions on that kind."""
+    by_path: Dict[str, List[Decision]] = {}
+    for d in schedule.decisions:
+        if d.op_kind in _CONTROL_FLOW or d.action not in _STRENGTH:
+            continue
+        by_path.setdefault(canonical.get(d.module_path, d.module_path),
+                           []).append(d)
+    out: Dict[str, Dict[str, str]] = {}
+    for path, decisions in by_path.items():
+        if len({d.action for d in decisions}) < 2:
+            continue
+        kinds: Dict[str, str] = {}
+        for d in decisions:
+            k = _normal_kind(d.op_kind)
+            if _STRENGTH[d.action] > _STRENGTH[kinds.get(k, "RETAIN")]:
+                kinds[k] = d.action
+            kinds.setdefault(k, d.action)
+        out[path] = kinds
+    return out
+
+
 def _refuse_infeasible(schedule: Schedule) -> None:
     figures = []
     if schedule.budget_bytes:
@@ -1136,6 +1252,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     recomputed = {canonical[d.module_path] for d in schedule.recomputed}
     swap = {canonical[d.module_path] for d in schedule.swapped} - recomputed
     rt = _Runtime(model, specs, swap, prefetch_ahead)
+    rt.op_actions = _op_actions(schedule, canonical)
     undo: List[Callable[[], None]] = []
 
     # Module stack and producers: every module, while it runs. A module's
