@@ -161,6 +161,9 @@ def suite():
                     batch=4),
         image_model("convnext_tiny", tv("convnext_tiny"), size=64, batch=4),
         image_model("vit_tiny", tiny_vit, batch=16),
+        # Not in the default run (--models resnet50): replay timing.
+        dict(image_model("resnet50", tv("resnet50"), size=64, batch=4),
+             default=False),
         # The worker passes every forward argument: the Optional mask is
         # an additive [T, T] float mask, no batch dimension.
         dict(image_model("user_vit", UserVit, batch=8),
@@ -253,7 +256,16 @@ def unmodified_saved_bytes(model, inputs, loss_fn, seed=7):
     return total
 
 
-def apply_point(m, schedule_path, point):
+def median_step_ms(model, inputs, loss_fn, steps):
+    times = []
+    for i in range(steps + 1):  # the first is a warm-up
+        t = time.perf_counter()
+        step(model, inputs, loss_fn)
+        times.append((time.perf_counter() - t) * 1e3)
+    return round(sorted(times[1:])[len(times[1:]) // 2], 2)
+
+
+def apply_point(m, schedule_path, point, time_steps=0):
     torch.manual_seed(0)
     model = m["build"]().train()
     plain = copy.deepcopy(model)
@@ -308,6 +320,19 @@ def apply_point(m, schedule_path, point):
         budget_warnings=[str(w.message)[:300] for w in caught
                          if issubclass(w.category, mutwo.BudgetWarning)],
         ok=gradients_ok and saving_ok)
+    if time_steps:
+        # Median step (forward, loss, backward) of the unmodified model, the
+        # applied one, and the applied one whose replays run every module
+        # call of their frame from its start (skip_retained=False).
+        point["plain_step_ms"] = median_step_ms(plain, inputs, loss_fn,
+                                                time_steps)
+        point["apply_step_ms"] = median_step_ms(model, inputs, loss_fn,
+                                                time_steps)
+        point["skipped_calls"] = applied.stats.skipped
+        applied.remove()
+        mutwo.apply(model, schedule, skip_retained=False)
+        point["apply_noskip_step_ms"] = median_step_ms(model, inputs, loss_fn,
+                                                       time_steps)
 
 
 def run_model(m, args, work):
@@ -353,6 +378,8 @@ def run_model(m, args, work):
                ("floor", f"{int(floor * 1.0005) + 1}B"),
                ("floor+link", f"{int(floor * 1.0005) + 1}B")]
     for label, budget in budgets:
+        if label not in args.budgets.split(","):
+            continue
         point = dict(model=name, budget=label, floor_bytes=floor,
                      baseline_peak_bytes=baseline)
         path = f"{base}.{label.strip('%')}.schedule.json"
@@ -370,7 +397,7 @@ def run_model(m, args, work):
                      feasible=bool(s.get("feasible", False)),
                      predicted_peak_bytes=int(s.get("predicted_peak_bytes", 0)))
         try:
-            apply_point(m, path, point)
+            apply_point(m, path, point, args.time_steps)
         except Exception as e:  # a crash is a failed bar, with its reason
             point.update(ok=False, error="apply: " + "".join(
                 traceback.format_exception_only(type(e), e)).strip()[-800:])
@@ -387,10 +414,16 @@ def main():
     ap.add_argument("--models", default="",
                     help="comma-separated names (default: all)")
     ap.add_argument("--out", default="", help="keep the work files here")
+    ap.add_argument("--budgets", default="50%,mid,floor,floor+link",
+                    help="which of the budget points to run")
+    ap.add_argument("--time-steps", type=int, default=0,
+                    help="also time this many steps: unmodified, applied, "
+                    "applied without skipping held calls in replays")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     wanted = [n for n in args.models.split(",") if n]
-    models = [m for m in suite() if not wanted or m["name"] in wanted]
+    models = [m for m in suite() if m["name"] in wanted or
+              (not wanted and m.get("default", True))]
     work = args.out or tempfile.mkdtemp(prefix="apply_zoo_cpu_")
     os.makedirs(work, exist_ok=True)
     t0 = time.time()

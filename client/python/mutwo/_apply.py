@@ -210,6 +210,10 @@ class _Frame:
         self.call = call
         self.modules = modules
         self.count = 0
+        # Module calls inside the frame, in forward order (a Sequential
+        # range frame's first child is call 0): what a replay may skip.
+        self.calls = 0
+        self.records: Dict[int, "_CallRecord"] = {}
         self.dropped: Dict[int, int] = {}  # pack index -> segment
         self.ready: Dict[int, torch.Tensor] = {}
         self.ready_outputs: Dict[int, torch.Tensor] = {}
@@ -349,6 +353,7 @@ class _Frame:
         rt = self.rt
         previous = rt.mode
         depth = len(rt.stack)
+        ctx = _ReplayContext(self, counter, set(wanted))
         rt.mode = "replay"
         rt.stats.replays[self.spec.label()] = (
             rt.stats.replays.get(self.spec.label(), 0) + 1)
@@ -360,12 +365,17 @@ class _Frame:
                 with torch.enable_grad(), \
                         torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                     try:
-                        out = self.run()
+                        args, kwargs = self._unstash((self.args, self.kwargs))
+                        if rt.skip_retained:
+                            rt.replays.append(ctx)
+                        out = self.call(*args, **kwargs)
                     except (_Stop, RuntimeError) as e:
                         if _STOP not in str(e):
                             raise
                         out = None
         finally:
+            if rt.replays and rt.replays[-1] is ctx:
+                rt.replays.pop()
             self.replay_count = counter[0]
             rt.mode = previous
             del rt.stack[depth:]  # modules a _Stop interrupted
@@ -376,6 +386,93 @@ class _Frame:
             flat = _flat_tensors(out)
             for k in outputs:
                 self.ready_outputs[k] = flat[k].detach()
+
+
+class _CallRecord:
+    """One module call inside a frame in forward: the frame's saved-tensor
+    indices it made [pack_start, pack_end), the index after its own nested
+    calls, its outputs (weak, with their versions) and the RNG state after
+    it if it drew random numbers."""
+    __slots__ = ("pack_start", "pack_end", "call_end", "outputs", "rng")
+
+    def __init__(self, pack_start: int, pack_end: int, call_end: int,
+                 outputs: Any, rng: Optional[Tuple[Any, List[Any]]]):
+        self.pack_start, self.pack_end = pack_start, pack_end
+        self.call_end, self.outputs, self.rng = call_end, outputs, rng
+
+
+class _Held:
+    __slots__ = ("ref", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.ref, self.version = weakref.ref(t), t._version
+
+
+_NOT_HELD = object()
+
+
+def _weak_outputs(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _Held(value)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_weak_outputs(v) for v in value)
+    if isinstance(value, list):
+        return [_weak_outputs(v) for v in value]
+    if isinstance(value, (dict, set)) or (isinstance(value, tuple)):
+        return _NOT_HELD  # named tuples, dicts: not rebuilt
+    return value
+
+
+def _held_outputs(value: Any) -> Any:
+    """The outputs again, if every tensor is alive and unmodified since
+    the call returned; else _NOT_HELD."""
+    if value is _NOT_HELD:
+        return _NOT_HELD
+    if isinstance(value, _Held):
+        t = value.ref()
+        if t is None or t._version != value.version:
+            return _NOT_HELD
+        return t
+    if isinstance(value, (tuple, list)):
+        out = [_held_outputs(v) for v in value]
+        if any(v is _NOT_HELD for v in out):
+            return _NOT_HELD
+        return type(value)(out)
+    return value
+
+
+class _ReplayContext:
+    """A replay in progress: which forward call the next module call is
+    and which saved-tensor indices it still wants."""
+
+    def __init__(self, frame: _Frame, counter: List[int], wanted: Set[int]):
+        self.frame, self.counter, self.wanted = frame, counter, wanted
+        self.calls = 0
+        self.current: Optional[int] = None
+
+    def skip(self) -> Any:
+        """The outputs of the module call starting now, if it can be
+        skipped: it makes none of the wanted saved tensors and its outputs
+        are still held, unmodified (a convolution before the segment whose
+        output the next batch norm saved); else _NOT_HELD. Skipping moves
+        the saved-tensor index and the RNG past it as running it would."""
+        index, self.current = self.current, None
+        record = self.frame.records.get(index) if index is not None else None
+        if record is None or any(record.pack_start <= w < record.pack_end
+                                 for w in self.wanted):
+            return _NOT_HELD
+        out = _held_outputs(record.outputs)
+        if out is _NOT_HELD:
+            return out
+        self.counter[0] += record.pack_end - record.pack_start
+        self.calls = record.call_end
+        if record.rng is not None:
+            cpu, cuda = record.rng
+            torch.set_rng_state(cpu)
+            for d, state in zip(self.frame.cuda_devices, cuda):
+                torch.cuda.set_rng_state(state, d)
+        self.frame.rt.stats.skipped += 1
+        return out
 
 
 class _Dropped:
@@ -506,6 +603,8 @@ class ApplyStats:
     swapped_out_bytes: int = 0
     swapped_in: int = 0        # copies back from host memory
     replays: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # Module calls replays skipped (outputs still held, nothing wanted).
+    skipped: int = 0
     # Decisions' module paths whose saved tensors were dropped / swapped.
     dropped_paths: Set[str] = dataclasses.field(default_factory=set)
     swapped_paths: Set[str] = dataclasses.field(default_factory=set)
@@ -617,11 +716,58 @@ class _Runtime:
         self.stats = ApplyStats()
         self.record = _StepRecord()
         self.alive_keys: Set[int] = set()
+        self.skip_retained = True
+        self.replays: List[_ReplayContext] = []
+        # Per module call in forward while frames are open: (frame, call
+        # index, pack index) for each, and the RNG state before it.
+        self.calls: List[Optional[Tuple[List[Tuple[_Frame, int, int]],
+                                        Any, List[Any]]]] = []
 
     def side_stream(self, device: torch.device) -> Any:
         if device not in self.streams:
             self.streams[device] = torch.cuda.Stream(device)
         return self.streams[device]
+
+    def rng_states(self, frames: Iterable[_Frame]) -> Tuple[Any, List[Any]]:
+        devices = sorted({d for f in frames for d in f.cuda_devices})
+        return (torch.get_rng_state(),
+                [torch.cuda.get_rng_state(d) for d in devices])
+
+    def call_started(self, first_of: Optional[_Frame] = None) -> None:
+        """A module call starts in forward (pre-hook); `first_of`: a range
+        frame opened by this call's pre-hook, whose call 0 it is."""
+        if first_of is not None:
+            entry = self.calls[-1] if self.calls else None
+            if entry is None:
+                entry = ([], *self.rng_states(self.open_frames))
+                if self.calls:
+                    self.calls[-1] = entry
+            first_of.calls = 1
+            entry[0].append((first_of, 0, 0))
+            return
+        if not self.open_frames:
+            self.calls.append(None)
+            return
+        marks = []
+        for f in self.open_frames:
+            marks.append((f, f.calls, f.count))
+            f.calls += 1
+        self.calls.append((marks, *self.rng_states(self.open_frames)))
+
+    def call_ended(self, out: Any) -> None:
+        entry = self.calls.pop() if self.calls else None
+        if entry is None or not entry[0]:
+            return
+        marks, cpu, cuda = entry
+        frames = [f for f, _, _ in marks]
+        after = self.rng_states(frames)
+        changed = not torch.equal(after[0], cpu) or any(
+            not torch.equal(a, b) for a, b in zip(after[1], cuda))
+        outputs = _weak_outputs(out)
+        for f, index, pack_start in marks:
+            f.records[index] = _CallRecord(pack_start, f.count, f.calls,
+                                           outputs,
+                                           after if changed else None)
 
     def begin_forward(self, inputs: Any) -> None:
         self.alive_keys = {_storage_key(t) for t in
@@ -629,6 +775,7 @@ class _Runtime:
                            list(self.model.parameters()) +
                            list(self.model.buffers())}
         self.stack.clear()
+        self.calls = []
         self.producers.clear()
         self.frame_outputs.clear()
         self.open_frames = []
@@ -1179,7 +1326,8 @@ def _refuse_infeasible(schedule: Schedule) -> None:
 
 def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
           *, strict: bool = True, force: bool = False,
-          prefetch_ahead: int = 2, mode: str = "eager",
+          prefetch_ahead: int = 2, skip_retained: bool = True,
+          mode: str = "eager",
           **kwargs: Any) -> Applied:
     """Applies `schedule` to `model` (the eager nn.Module whose TorchScript
     was planned) for the user's own training loop: call the model as usual,
@@ -1260,10 +1408,17 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     # functional op in its forward, as the TorchScript scope says: a
     # block's residual add saved by the next LayerNorm is the block's).
     def pre_hook(m: nn.Module, args: Any) -> None:
-        if rt.mode == "forward" and rt.stack:
-            caller = rt.stack[-1]
-            for t in _flat_tensors(args):
-                rt.produced(t, caller)
+        if rt.mode == "forward":
+            if rt.stack:
+                caller = rt.stack[-1]
+                for t in _flat_tensors(args):
+                    rt.produced(t, caller)
+            if m is not model:
+                rt.call_started()
+        elif rt.mode == "replay" and rt.replays:
+            ctx = rt.replays[-1]
+            ctx.current = ctx.calls
+            ctx.calls += 1
         rt.stack.append(path_of.get(id(m), ""))
 
     def post_hook(m: nn.Module, _: Any, out: Any) -> None:
@@ -1271,6 +1426,8 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         if rt.mode == "forward":
             for t in _flat_tensors(out):
                 rt.produced(t, path)
+            if m is not model:
+                rt.call_ended(out)
 
     for m in modules.values():
         h1 = m.register_forward_pre_hook(pre_hook)
@@ -1333,7 +1490,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     x = c(*x) if isinstance(x, tuple) else c(x)
                 return x
 
-            rt.open_frames.append(_Frame(rt, spec, run, args, {}, span))
+            frame = _Frame(rt, spec, run, args, {}, span)
+            rt.open_frames.append(frame)
+            rt.call_started(first_of=frame)
 
         def close_hook(m: nn.Module, _: Any, out: Any,
                        spec: _FrameSpec = spec) -> None:
@@ -1388,6 +1547,23 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             return out
         return run
 
+    # Replays skip module calls whose outputs are still held (outermost
+    # wrapper: a frame's own forward, which its replay calls, stays whole).
+    def skip_wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(forward)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if rt.mode == "replay" and rt.replays:
+                out = rt.replays[-1].skip()
+                if out is not _NOT_HELD:
+                    return out
+            return forward(*args, **kwargs)
+        return run
+
+    rt.skip_retained = skip_retained
+    if skip_retained and specs:
+        for m in modules.values():
+            if m is not model:
+                wrap_forward(m, skip_wrapper)
     wrap_forward(model, top_wrapper)
     applied = Applied(model, schedule, rt, notes, undo, strict, canonical)
     handle.append(applied)

@@ -957,3 +957,62 @@ def test_a_frame_does_not_hold_an_input_the_schedule_swaps() -> None:
         "(model)[1:3]": 1}
     m = applied.measurements()
     assert m is not None and m.saving_bytes >= m.planned_saving_bytes
+
+
+def count_runs(model: nn.Module, paths: List[str]) -> Dict[str, int]:
+    """How often each module's forward really ran (a skipped call does not
+    run it; hooks count calls)."""
+    runs = {p: 0 for p in paths}
+    for p in paths:
+        m = model.get_submodule(p)
+
+        def counted(*args: Any, __f: Any = m.forward, __p: str = p,
+                    **kwargs: Any) -> Any:
+            runs[__p] += 1
+            return __f(*args, **kwargs)
+        m.forward = counted  # type: ignore[assignment]
+    return runs
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_replay_skips_calls_whose_outputs_are_held(skip: bool) -> None:
+    """The segment is a block's last batch norm (and the add and relu_
+    after it): the block's frame replays its forward from the start, but
+    conv1 and conv2, whose outputs bn1 and bn2 saved, are not run again;
+    bn1 and bn2 are (their outputs were changed in place by relu_)."""
+    model = resnet()
+    plain = copy.deepcopy(model)
+    runs = count_runs(model, ["layer1.0.conv1", "layer1.0.conv2",
+                              "layer1.0.bn1", "layer1.0.bn2"])
+    schedule = make_schedule(
+        model, recompute=[(0, ["layer1.0.bn2"], ["layer1.0",
+                                                 "layer1.0.relu"])])
+    applied = mutwo.apply(model, schedule, skip_retained=skip)
+    assert applied.frames == ["layer1.0"]
+    assert_same_step(plain, model, CNN_INPUT, cnn_loss)
+    assert applied.stats.replays == {"layer1.0": 1}
+    again = 1 if skip else 2
+    assert runs["layer1.0.conv1"] == again and runs["layer1.0.conv2"] == again
+    assert runs["layer1.0.bn1"] == 2 and runs["layer1.0.bn2"] == 2
+    assert (applied.stats.skipped > 0) == skip
+
+
+def test_a_skipped_call_that_drew_random_numbers_moves_the_rng() -> None:
+    # Dropout before the segment, its output saved by the next Linear: the
+    # replay skips it and sets the RNG to where it left it, so the dropout
+    # in the segment draws the same mask.
+    torch.manual_seed(19)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5),
+                          nn.Linear(32, 32), nn.GELU(), nn.Dropout(0.5),
+                          nn.Linear(32, 4)).train()
+    plain = copy.deepcopy(model)
+    runs = count_runs(model, ["1", "2"])
+    # Linear 2's output (GELU saves it), dropout 4's mask and output.
+    schedule = make_schedule(model, recompute=[(0, ["2", "4"], ["1", "3"])])
+    applied = mutwo.apply(model, schedule)
+    assert applied.frames == ["(model)[1:5]"]
+    x = (torch.randn(8, 16),)
+    assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    assert runs["1"] == 1  # skipped at replay
+    assert runs["2"] == 2
+    assert applied.stats.skipped == 1
