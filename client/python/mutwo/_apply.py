@@ -214,6 +214,7 @@ class _Frame:
         # range frame's first child is call 0): what a replay may skip.
         self.calls = 0
         self.records: Dict[int, "_CallRecord"] = {}
+        self.captured: List[torch.Tensor] = []
         self.dropped: Dict[int, int] = {}  # pack index -> segment
         self.ready: Dict[int, torch.Tensor] = {}
         self.ready_outputs: Dict[int, torch.Tensor] = {}
@@ -243,6 +244,9 @@ class _Frame:
             dropped = self.rt.dropped_output(value, consume=False)
             if dropped is not None:
                 return dropped
+            inner = self.rt.inner_output(value)
+            if inner is not None:
+                return inner
             self.input_versions.append((weakref.ref(value), value._version))
             return value
         if isinstance(value, tuple):
@@ -255,7 +259,7 @@ class _Frame:
 
     @staticmethod
     def _unstash(value: Any) -> Any:
-        if isinstance(value, (_DroppedOutput, _SwappedInput)):
+        if isinstance(value, (_DroppedOutput, _SwappedInput, _CallOutput)):
             return value.get(consume=False)
         if isinstance(value, tuple):
             return tuple(_Frame._unstash(v) for v in value)
@@ -321,7 +325,14 @@ class _Frame:
 
     replay_count = 0
 
-    def replay(self, segment: int, outputs: Sequence[int]) -> None:
+    def call_output(self, call: int, k: int, segment: int) -> torch.Tensor:
+        """Output k of module call `call` inside this frame, re-made by a
+        replay that stops when that call returns."""
+        self.replay(segment, outputs=(), capture=(call, k))
+        return self.captured.pop()
+
+    def replay(self, segment: int, outputs: Sequence[int],
+               capture: Optional[Tuple[int, int]] = None) -> None:
         for ref, version in self.input_versions:
             t = ref()
             if t is not None and t._version != version:
@@ -330,8 +341,9 @@ class _Frame:
                     "modified in place after the module ran; its replay "
                     "would see other values. Leave that module's inputs "
                     "unmodified, or plan without recomputing it.")
-        wanted = {i for i, s in self.dropped.items()
-                  if s == segment and i not in self.ready}
+        wanted = set() if capture is not None else {
+            i for i, s in self.dropped.items()
+            if s == segment and i not in self.ready}
         counter = [0]
 
         def pack(t: torch.Tensor) -> None:
@@ -340,7 +352,7 @@ class _Frame:
             if i in wanted:
                 self.ready[i] = t
                 wanted.discard(i)
-                if not wanted and not outputs:
+                if not wanted and not outputs and capture is None:
                     raise _Stop()
             return None
 
@@ -353,7 +365,7 @@ class _Frame:
         rt = self.rt
         previous = rt.mode
         depth = len(rt.stack)
-        ctx = _ReplayContext(self, counter, set(wanted))
+        ctx = _ReplayContext(self, counter, set(wanted), capture)
         rt.mode = "replay"
         rt.stats.replays[self.spec.label()] = (
             rt.stats.replays.get(self.spec.label(), 0) + 1)
@@ -366,8 +378,7 @@ class _Frame:
                         torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                     try:
                         args, kwargs = self._unstash((self.args, self.kwargs))
-                        if rt.skip_retained:
-                            rt.replays.append(ctx)
+                        rt.replays.append(ctx)
                         out = self.call(*args, **kwargs)
                     except (_Stop, RuntimeError) as e:
                         if _STOP not in str(e):
@@ -445,10 +456,25 @@ class _ReplayContext:
     """A replay in progress: which forward call the next module call is
     and which saved-tensor indices it still wants."""
 
-    def __init__(self, frame: _Frame, counter: List[int], wanted: Set[int]):
+    def __init__(self, frame: _Frame, counter: List[int], wanted: Set[int],
+                 capture: Optional[Tuple[int, int]] = None):
         self.frame, self.counter, self.wanted = frame, counter, wanted
         self.calls = 0
         self.current: Optional[int] = None
+        self.open: List[int] = []  # indices of the calls running now
+        self.capture = capture
+
+    def started(self) -> None:
+        self.current = self.calls
+        self.open.append(self.calls)
+        self.calls += 1
+
+    def ended(self, out: Any) -> None:
+        index = self.open.pop() if self.open else None
+        if self.capture is not None and index == self.capture[0]:
+            self.frame.captured.append(
+                _flat_tensors(out)[self.capture[1]].detach())
+            raise _Stop()
 
     def skip(self) -> Any:
         """The outputs of the module call starting now, if it can be
@@ -568,6 +594,22 @@ class _SwapEntry:
         if self.uses <= 0:
             self.restored = None  # a second backward copies again
         return t
+
+
+class _CallOutput:
+    """A frame's input made inside an enclosing frame that drops it (GPT:
+    the attention frame's input is ln1's output, which the model's frame
+    drops): re-made by a replay of the enclosing frame up to that call."""
+    __slots__ = ("frame", "call", "k", "segment", "requires_grad")
+
+    def __init__(self, frame: _Frame, call: int, k: int, segment: int,
+                 requires_grad: bool):
+        self.frame, self.call, self.k = frame, call, k
+        self.segment, self.requires_grad = segment, requires_grad
+
+    def get(self, consume: bool) -> torch.Tensor:
+        t = self.frame.call_output(self.call, self.k, self.segment)
+        return t.detach().requires_grad_(self.requires_grad)
 
 
 class _SwappedInput:
@@ -718,6 +760,8 @@ class _Runtime:
         self.alive_keys: Set[int] = set()
         self.skip_retained = True
         self.replays: List[_ReplayContext] = []
+        self.inner_outputs: Dict[int, List[Tuple[Any, _Frame, int, int, int,
+                                                 int]]] = {}
         # Per module call in forward while frames are open: (frame, call
         # index, pack index) for each, and the RNG state before it.
         self.calls: List[Optional[Tuple[List[Tuple[_Frame, int, int]],
@@ -768,6 +812,28 @@ class _Runtime:
             f.records[index] = _CallRecord(pack_start, f.count, f.calls,
                                            outputs,
                                            after if changed else None)
+        # An output the innermost open frame drops: a frame opened later
+        # inside it takes it as an input without holding it (its replay
+        # asks this frame's replay for it, up to this call).
+        for k, o in enumerate(_flat_tensors(out)):
+            if _is_leaf(o):
+                continue
+            path = self.producer_of(o)
+            if self.refined(o, path) not in (None, "RECOMPUTE"):
+                continue
+            for f, index, _ in reversed(marks):
+                found = f.spec.dropping(path)
+                if found is not None:
+                    self.inner_outputs.setdefault(_storage_key(o), []).append(
+                        (weakref.ref(o), f, index, k, o._version, found[0]))
+                    break
+
+    def inner_output(self, t: torch.Tensor) -> Optional["_CallOutput"]:
+        for ref, frame, index, k, version, segment in \
+                self.inner_outputs.get(_storage_key(t), ()):
+            if ref() is t and t._version == version:
+                return _CallOutput(frame, index, k, segment, t.requires_grad)
+        return None
 
     def begin_forward(self, inputs: Any) -> None:
         self.alive_keys = {_storage_key(t) for t in
@@ -776,6 +842,7 @@ class _Runtime:
                            list(self.model.buffers())}
         self.stack.clear()
         self.calls = []
+        self.inner_outputs.clear()
         self.producers.clear()
         self.frame_outputs.clear()
         self.open_frames = []
@@ -1416,9 +1483,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             if m is not model:
                 rt.call_started()
         elif rt.mode == "replay" and rt.replays:
-            ctx = rt.replays[-1]
-            ctx.current = ctx.calls
-            ctx.calls += 1
+            rt.replays[-1].started()
         rt.stack.append(path_of.get(id(m), ""))
 
     def post_hook(m: nn.Module, _: Any, out: Any) -> None:
@@ -1428,6 +1493,8 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                 rt.produced(t, path)
             if m is not model:
                 rt.call_ended(out)
+        elif rt.mode == "replay" and rt.replays:
+            rt.replays[-1].ended(out)
 
     for m in modules.values():
         h1 = m.register_forward_pre_hook(pre_hook)
