@@ -329,6 +329,12 @@ class _Frame:
         """Output k of module call `call` inside this frame, re-made by a
         replay that stops when that call returns."""
         self.replay(segment, outputs=(), capture=(call, k))
+        if not self.captured:
+            raise RuntimeError(
+                f"mutwo.apply: replaying {self.spec.label()} did not reach "
+                f"module call #{call}, whose output another frame needs: its "
+                "forward ran differently the second time (data-dependent "
+                "control flow?)")
         return self.captured.pop()
 
     def replay(self, segment: int, outputs: Sequence[int],
@@ -487,6 +493,9 @@ class _ReplayContext:
         if record is None or any(record.pack_start <= w < record.pack_end
                                  for w in self.wanted):
             return _NOT_HELD
+        if self.capture is not None and \
+                index <= self.capture[0] < record.call_end:
+            return _NOT_HELD  # the call to re-make runs inside it
         out = _held_outputs(record.outputs)
         if out is _NOT_HELD:
             return out

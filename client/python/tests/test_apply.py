@@ -1059,3 +1059,33 @@ def test_a_frame_does_not_hold_an_input_an_enclosing_frame_drops() -> None:
     loss.backward()
     m = applied.measurements()
     assert m is not None and m.saving_bytes == m.planned_saving_bytes
+
+
+class ResidualMlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(16)
+        self.inner = Mlp(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.inner(self.ln(x))
+
+
+def test_an_enclosing_frames_replay_runs_the_call_it_re_makes() -> None:
+    """GPT's shape: the model's frame drops block.ln's output; the block's
+    output is held (the next LayerNorm's frame holds it), so the model's
+    replay would skip the whole block call, and with it the ln call whose
+    output block.inner's replay asks for."""
+    torch.manual_seed(21)
+    # The LayerNorm after the block is recomputed alone: its frame holds
+    # its input, the block's output, through backward.
+    model = nn.Sequential(ResidualMlp(), nn.LayerNorm(16), nn.Linear(16, 2))
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(
+        model, recompute=[(0, ["0.ln"], [""]),
+                          (1, ["0.inner.fc1", "0.inner.act"], []),
+                          (2, ["1"], [])])
+    applied = mutwo.apply(model, schedule)
+    assert applied.frames == ["(model)", "0.inner", "1"]
+    assert_same_step(plain, model, (torch.randn(4, 16),),
+                     lambda o: o.pow(2).sum())
