@@ -281,9 +281,22 @@ class _Frame:
 
         def release(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
+                base = value._base if value._base is not None else value
                 entry = entries.get(_swap_key(value))
-                if entry is not None and entry.original() is value:
+                if entry is not None and entry.base() is base and \
+                        entry.version == value._version:
                     return _SwappedInput(entry, value.requires_grad)
+                # A view of it was swapped that holds every element (a
+                # LayerNorm2d saves its input permuted).
+                for entry in self.rt.swapped_storages.get(
+                        _storage_key(value), ()):
+                    if entry.base() is base and \
+                            entry.version == value._version and \
+                            entry.dtype == value.dtype and \
+                            entry.host.numel() == value.numel() and \
+                            entry.extent == _extent(value):
+                        return _SwappedInput(entry, value.requires_grad,
+                                             value)
                 return value
             if isinstance(value, tuple):
                 return tuple(release(v) for v in value)
@@ -554,8 +567,15 @@ class _SwapEntry:
         self.rt = rt
         self.device = t.device
         self.shape = t.shape
+        self.stride = t.stride()
+        self.offset = t.storage_offset()
+        self.version = t._version
+        self.extent = _extent(t)
         self.dtype = t.dtype
         self.original = weakref.ref(t)
+        # What owns the storage (views keep it alive): tells this storage
+        # from a later one at the same address.
+        self.base = weakref.ref(t._base if t._base is not None else t)
         self.uses = 0
         self.position = len(rt.swap_order)
         self.restored: Optional[torch.Tensor] = None
@@ -622,19 +642,32 @@ class _CallOutput:
 
 
 class _SwappedInput:
-    """A frame's input held in host memory (its swap entry): copied back
-    for the replay without using up the entry's saved references."""
-    __slots__ = ("entry", "requires_grad")
+    """A frame's input held in host memory (its swap entry, or that of a
+    view with the same elements): copied back for the replay without using
+    up the entry's saved references."""
+    __slots__ = ("entry", "requires_grad", "layout")
 
-    def __init__(self, entry: "_SwapEntry", requires_grad: bool):
+    def __init__(self, entry: "_SwapEntry", requires_grad: bool,
+                 like: Optional[torch.Tensor] = None):
         self.entry, self.requires_grad = entry, requires_grad
+        self.layout = None if like is None else (
+            tuple(like.shape), tuple(like.stride()), like.storage_offset())
 
     def get(self, consume: bool) -> torch.Tensor:
         e = self.entry
         if e.device.type == "cuda":  # the copy to the host is complete
             torch.cuda.current_stream(e.device).wait_stream(
                 e.rt.side_stream(e.device))
-        t = e.host.to(e.device)
+        if self.layout is None:
+            t = e.host.to(e.device)
+        else:
+            # The swapped view's elements into a storage of the input's
+            # extent, then the input's own view of it.
+            lo, hi = e.extent
+            flat = torch.empty(hi - lo + 1, dtype=e.dtype, device=e.device)
+            flat.as_strided(e.shape, e.stride, e.offset - lo).copy_(e.host)
+            size, stride, offset = self.layout
+            t = flat.as_strided(size, stride, offset - lo)
         return t.detach().requires_grad_(self.requires_grad)
 
 
@@ -762,6 +795,7 @@ class _Runtime:
         # Weak: a frame nothing was dropped into goes when it closes.
         self.closed_frames: List[Any] = []
         self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
+        self.swapped_storages: Dict[int, List[_SwapEntry]] = {}
         self.swap_order: List[_SwapEntry] = []
         self.streams: Dict[Any, Any] = {}
         self.stats = ApplyStats()
@@ -857,6 +891,7 @@ class _Runtime:
         self.open_frames = []
         self.closed_frames = []
         self.swap_entries.clear()
+        self.swapped_storages.clear()
         self.swap_order = []
         self.record = _StepRecord()
 
@@ -952,6 +987,7 @@ class _Runtime:
             if entry is None or entry.original() is None:
                 entry = _SwapEntry(self, t)
                 self.swap_entries[skey] = entry
+                self.swapped_storages.setdefault(key, []).append(entry)
                 self.swap_order.append(entry)
                 self.stats.swapped_paths.add(path)
                 record.swapped_bytes += t.numel() * t.element_size()
