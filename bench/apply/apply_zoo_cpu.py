@@ -144,7 +144,8 @@ def tv(name: str, **kw):
 
 
 def image_model(name, build, size=32, batch=2):
-    return dict(name=name, build=build, inputs=[f"x:float32[B,3,{size},{size}]"],
+    return dict(name=name, build=build,
+                inputs=[f"x:float32[B,3,{size},{size}]"],
                 loss="cross_entropy:y:int64[B]{0,10}", batch=batch)
 
 
@@ -363,7 +364,8 @@ def run_model(m, args, work):
         floor = int(probe["floor_bytes"])
         baseline = int(probe["baseline_peak_bytes"])
     except (ValueError, KeyError):
-        return [dict(model=name, ok=False, error="plan: " + err.strip()[-800:])]
+        return [dict(model=name, ok=False,
+                     error="plan: " + err.strip()[-800:])]
     # The same profile with a modeled 1 GB/s host link (a CPU profile offers
     # no swaps; run_zoo's zoo_cpu_swap does the same): SWAP decisions too.
     profile = json.loads(open(base + ".profile.json").read())
@@ -395,7 +397,8 @@ def run_model(m, args, work):
         s = json.loads(out)
         point.update(budget_bytes=int(s.get("budget_bytes", 0)),
                      feasible=bool(s.get("feasible", False)),
-                     predicted_peak_bytes=int(s.get("predicted_peak_bytes", 0)))
+                     predicted_peak_bytes=int(s.get("predicted_peak_bytes",
+                                                    0)))
         try:
             apply_point(m, path, point, args.time_steps)
         except Exception as e:  # a crash is a failed bar, with its reason

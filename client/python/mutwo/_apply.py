@@ -1,11 +1,13 @@
 """mutwo.apply: a schedule applied to the eager nn.Module it was planned for.
 
 The schedule was planned on the TorchScript graph of the model; its
-decisions name the module path of each activation's producer. In eager
-PyTorch, autograd saves tensors through `saved_tensors_hooks`; this module
-attributes each saved tensor to the module that produced it (the innermost
-module whose output it is, else the module running when it is saved) and
-applies the decision of that module path:
+decisions name the module scope of the IR node that allocated each
+activation. In eager PyTorch, autograd saves tensors through
+`saved_tensors_hooks`; this module attributes each saved tensor to the
+module that made its storage, whoever saves it (a module's output: the
+innermost module returning it; a module's input nobody claimed: the
+calling module; else the module running; views follow their base, in-place
+ops make no storage) and applies the decision of that module path:
 
 - RECOMPUTE: the segment's modules run inside a *frame*: the module
   enclosing every node the segment replays (or, inside an nn.Sequential, the
@@ -14,20 +16,22 @@ applies the decision of that module path:
   from its saved inputs (RNG state restored, so dropout draws the same mask;
   module buffers such as batch-norm running statistics restored after the
   replay, so they are updated once) up to the segment's last saved tensor,
-  and hands the re-made tensors to autograd. This is non-reentrant
-  checkpointing (torch.utils.checkpoint(use_reentrant=False)) made
-  selective; it nests with the swap hooks, which torch's own checkpoint
-  would hide inside the checkpointed module.
+  skipping module calls whose outputs are still held, and hands the re-made
+  tensors to autograd. This is non-reentrant checkpointing
+  (torch.utils.checkpoint(use_reentrant=False)) made selective; it nests
+  with the swap hooks, which torch's own checkpoint would hide inside the
+  checkpointed module.
 - SWAP: the saved tensor is copied to pinned host memory on a side CUDA
   stream (on the CPU: a real copy into a separate tensor) and the device
   tensor released; it comes back in backward, prefetched a few tensors
   ahead in the reverse order of forward.
 
-Granularity is the module: all saved tensors attributed to one module path
-get its action (RECOMPUTE wins over SWAP over RETAIN when a module holds
-several activations with different decisions). Functional ops in a
-module's own forward count as that module. `Applied.report()` says what was
-matched at the last forward.
+Decisions of one module path with different actions apply per op kind
+where the saved tensor's autograd node names it, else the strongest
+(RECOMPUTE over SWAP over RETAIN). Every RECOMPUTE/SWAP decision must match
+a saved tensor in the first forward, or ScheduleMismatchError is raised
+before any backward (strict=False: a BudgetWarning). `Applied.measurements()`
+says what the first step measured.
 """
 from __future__ import annotations
 
@@ -309,10 +313,6 @@ class _Frame:
         if entries:
             self.args = release(self.args)
             self.kwargs = release(self.kwargs)
-
-    def run(self) -> Any:
-        args, kwargs = self._unstash((self.args, self.kwargs))
-        return self.call(*args, **kwargs)
 
     def tensor(self, index: int, segment: int) -> torch.Tensor:
         if index not in self.ready:
@@ -1163,8 +1163,9 @@ class Applied:
         if unmatched:
             lost = sum(d.size_bytes for d in unmatched)
             shown = "; ".join(_describe(d) for d in unmatched)
-            text = (f"{len(unmatched)} of the schedule's "
-                    f"{len(self.schedule.recomputed) + len(self.schedule.swapped)}"
+            decided = (len(self.schedule.recomputed) +
+                       len(self.schedule.swapped))
+            text = (f"{len(unmatched)} of the schedule's {decided}"
                     f" recompute/swap decisions matched no tensor autograd "
                     f"saved in this model's forward: {format_bytes(lost)} of "
                     f"the {format_bytes(planned)} planned saving would stay "

@@ -566,7 +566,8 @@ def test_torchvision_convnext_block_applies_with_equal_gradients() -> None:
                                "features.1.1.block.5"],
                            ["features.1.1"])])
     applied = mutwo.apply(model, schedule)
-    x = (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(9)),)
+    x = (torch.randn(2, 3, 32, 32,
+                     generator=torch.Generator().manual_seed(9)),)
     assert_same_step(plain, model, x, cnn_loss)
     assert applied.unmatched() == []
 
