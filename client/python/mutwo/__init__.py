@@ -22,13 +22,16 @@ from mutwo._types import (BatchResult, BudgetOutcome, Decision, Job,
                           ParetoPoint, Schedule, Validation, Worker)
 
 if TYPE_CHECKING:  # for type checkers; imported on first use (__getattr__)
-    from mutwo._apply import Applied, ScheduleMismatchError, apply
+    from mutwo._apply import (Applied, ApplyMeasurements, BudgetWarning,
+                              InfeasibleScheduleError, ScheduleMismatchError,
+                              apply)
     from mutwo._client import Client, JobFailedError, MutwoError
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Client", "MutwoError", "JobFailedError", "apply", "Applied",
+    "ApplyMeasurements", "BudgetWarning", "InfeasibleScheduleError",
     "ScheduleMismatchError", "Schedule", "Decision", "ParetoPoint", "Job",
     "JobProgress", "BatchResult", "BudgetOutcome", "Validation", "MaxBatch",
     "MaxBatchCheck", "Model", "Worker", "make_job_spec", "parse_budget", "parse_bytes",
@@ -40,7 +43,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # torch is imported only when apply is used, grpcio only when the client
     # is.
-    if name in ("apply", "Applied", "ScheduleMismatchError"):
+    if name in ("apply", "Applied", "ApplyMeasurements", "BudgetWarning",
+                "InfeasibleScheduleError", "ScheduleMismatchError"):
         from mutwo import _apply
         return getattr(_apply, name)
     if name in ("Client", "JobFailedError", "MutwoError"):

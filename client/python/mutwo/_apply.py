@@ -1,11 +1,13 @@
 """mutwo.apply: a schedule applied to the eager nn.Module it was planned for.
 
 The schedule was planned on the TorchScript graph of the model; its
-decisions name the module path of each activation's producer. In eager
-PyTorch, autograd saves tensors through `saved_tensors_hooks`; this module
-attributes each saved tensor to the module that produced it (the innermost
-module whose output it is, else the module running when it is saved) and
-applies the decision of that module path:
+decisions name the module scope of the IR node that allocated each
+activation. In eager PyTorch, autograd saves tensors through
+`saved_tensors_hooks`; this module attributes each saved tensor to the
+module that made its storage, whoever saves it (a module's output: the
+innermost module returning it; a module's input nobody claimed: the
+calling module; else the module running; views follow their base, in-place
+ops make no storage) and applies the decision of that module path:
 
 - RECOMPUTE: the segment's modules run inside a *frame*: the module
   enclosing every node the segment replays (or, inside an nn.Sequential, the
@@ -14,25 +16,30 @@ applies the decision of that module path:
   from its saved inputs (RNG state restored, so dropout draws the same mask;
   module buffers such as batch-norm running statistics restored after the
   replay, so they are updated once) up to the segment's last saved tensor,
-  and hands the re-made tensors to autograd. This is non-reentrant
-  checkpointing (torch.utils.checkpoint(use_reentrant=False)) made
-  selective; it nests with the swap hooks, which torch's own checkpoint
-  would hide inside the checkpointed module.
+  skipping module calls whose outputs are still held, and hands the re-made
+  tensors to autograd. This is non-reentrant checkpointing
+  (torch.utils.checkpoint(use_reentrant=False)) made selective; it nests
+  with the swap hooks, which torch's own checkpoint would hide inside the
+  checkpointed module.
 - SWAP: the saved tensor is copied to pinned host memory on a side CUDA
   stream (on the CPU: a real copy into a separate tensor) and the device
   tensor released; it comes back in backward, prefetched a few tensors
   ahead in the reverse order of forward.
 
-Granularity is the module: all saved tensors attributed to one module path
-get its action (RECOMPUTE wins over SWAP over RETAIN when a module holds
-several activations with different decisions). Functional ops in a
-module's own forward count as that module. `Applied.report()` says what was
-matched at the last forward.
+Decisions of one module path with different actions apply per op kind
+where the saved tensor's autograd node names it, else the strongest
+(RECOMPUTE over SWAP over RETAIN). Every RECOMPUTE/SWAP decision must match
+a saved tensor in the first forward, or ScheduleMismatchError is raised
+before any backward (strict=False: a BudgetWarning). `Applied.measurements()`
+says what the first step measured.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+import time
+import warnings
 import weakref
 from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
                     Set, Tuple, Union)
@@ -40,14 +47,36 @@ from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
 import torch
 from torch import nn
 
+from mutwo._specs import format_bytes
 from mutwo._types import Decision, Schedule
 
-__all__ = ["apply", "Applied", "ScheduleMismatchError"]
+__all__ = ["apply", "Applied", "ApplyMeasurements", "ApplyStats",
+           "BudgetWarning", "InfeasibleScheduleError",
+           "ScheduleMismatchError"]
 
 
 class ScheduleMismatchError(ValueError):
-    """The schedule was planned for another model (module paths or op
-    kinds differ)."""
+    """The schedule does not fit this model: it was planned for another
+    model (module paths or op kinds differ), or decisions it makes matched
+    no tensor autograd saved in the first forward (`decisions` lists
+    those; empty for another model)."""
+
+    def __init__(self, message: str,
+                 decisions: Sequence[Decision] = ()) -> None:
+        super().__init__(message)
+        self.decisions = list(decisions)
+
+
+class InfeasibleScheduleError(ValueError):
+    """The planner marked the schedule infeasible (`feasible == False`): its
+    budget lies below what the model can be planned into, or a run measured
+    it over its budget. `mutwo-worker execute` refuses it too."""
+
+
+class BudgetWarning(UserWarning):
+    """The applied schedule does not do what was planned: decisions were
+    not applied (strict=False), or the first step measured more memory than
+    the budget (CUDA) or less saving than planned (CPU)."""
 
 
 # Op kinds a module of a known type can produce (checks that a schedule's
@@ -69,6 +98,38 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.storage().data_ptr()
 
 
+def _storage_bytes(t: torch.Tensor) -> int:
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().nbytes()
+    return t.storage().nbytes()
+
+
+def _extent(t: torch.Tensor) -> Tuple[int, int]:
+    """[first, last] element offsets of `t` in its storage."""
+    first = t.storage_offset()
+    span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return first, first + span
+
+
+def _normal_kind(name: str) -> str:
+    """aten::layer_norm, aten::add_, NativeLayerNormBackward0 -> layernorm,
+    add, layernorm: an op kind and an autograd node's name compared."""
+    name = name.split("::")[-1].replace("_", "").lower()
+    return name[len("native"):] if name.startswith("native") else name
+
+
+_BACKWARD = re.compile(r"Backward\d*$")
+
+
+def _grad_fn_kind(node: Any) -> str:
+    return _normal_kind(_BACKWARD.sub("", type(node).__name__))
+
+
+def _swap_key(t: torch.Tensor) -> Tuple[Any, ...]:
+    return (_storage_key(t), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype)
+
+
 def _flat_tensors(value: Any) -> List[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -80,8 +141,12 @@ def _flat_tensors(value: Any) -> List[torch.Tensor]:
 
 
 def _is_leaf(t: torch.Tensor) -> bool:
-    # Parameters and inputs: alive anyway, nothing to drop or move.
-    return t.grad_fn is None
+    # Parameters and inputs, and views of them (a layer scale's
+    # `gamma.reshape(1, -1, 1, 1)`): alive anyway, nothing to drop or move.
+    if t.grad_fn is None:
+        return True
+    base = t._base
+    return base is not None and base.grad_fn is None
 
 
 _STOP = "mutwo: replay complete"
@@ -149,10 +214,18 @@ class _Frame:
         self.call = call
         self.modules = modules
         self.count = 0
+        # Module calls inside the frame, in forward order (a Sequential
+        # range frame's first child is call 0): what a replay may skip.
+        self.calls = 0
+        self.records: Dict[int, "_CallRecord"] = {}
+        self.captured: List[torch.Tensor] = []
         self.dropped: Dict[int, int] = {}  # pack index -> segment
         self.ready: Dict[int, torch.Tensor] = {}
-        self.outputs: List[Any] = []  # weakrefs of the flattened output
         self.ready_outputs: Dict[int, torch.Tensor] = {}
+        # Saved references to each dropped output not yet unpacked: a
+        # re-made output stays until the last of them is (a GELU output
+        # saved as a view by the next Linear and by an add).
+        self.output_uses: Dict[int, int] = {}
         tensors = _flat_tensors((args, kwargs))
         self.cuda_devices = sorted({t.device.index or 0 for t in tensors
                                     if t.is_cuda})
@@ -161,7 +234,9 @@ class _Frame:
         # replay asks its frame for it again, as the planner's replay
         # starts from what is retained. Holding it would keep it for the
         # whole step.
-        self.input_versions: List[Tuple[torch.Tensor, int]] = []
+        # Weak: a held input is held by the stash; one the schedule swaps
+        # is not held at all (release_swapped_inputs).
+        self.input_versions: List[Tuple[Any, int]] = []
         self.args = self._stash(args)
         self.kwargs = self._stash(kwargs)
         self.cpu_rng = torch.get_rng_state()
@@ -170,10 +245,13 @@ class _Frame:
 
     def _stash(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            dropped = self.rt.dropped_output(value)
+            dropped = self.rt.dropped_output(value, consume=False)
             if dropped is not None:
                 return dropped
-            self.input_versions.append((value, value._version))
+            inner = self.rt.inner_output(value)
+            if inner is not None:
+                return inner
+            self.input_versions.append((weakref.ref(value), value._version))
             return value
         if isinstance(value, tuple):
             return tuple(self._stash(v) for v in value)
@@ -185,8 +263,8 @@ class _Frame:
 
     @staticmethod
     def _unstash(value: Any) -> Any:
-        if isinstance(value, _DroppedOutput):
-            return value.frame.output(value.k, value.segment)
+        if isinstance(value, (_DroppedOutput, _SwappedInput, _CallOutput)):
+            return value.get(consume=False)
         if isinstance(value, tuple):
             return tuple(_Frame._unstash(v) for v in value)
         if isinstance(value, list):
@@ -195,9 +273,46 @@ class _Frame:
             return {k: _Frame._unstash(v) for k, v in value.items()}
         return value
 
-    def run(self) -> Any:
-        args, kwargs = self._unstash((self.args, self.kwargs))
-        return self.call(*args, **kwargs)
+    def held_inputs(self) -> List[torch.Tensor]:
+        return [t for t in _flat_tensors((self.args, self.kwargs))]
+
+    def release_swapped_inputs(self) -> None:
+        """An input the schedule swaps (a convolution's output offloaded,
+        the batch norm after it recomputed) is not held on the device by
+        the frame: its replay copies it back from the host copy, as the
+        planner's replay reads the swapped-in value."""
+        entries = self.rt.swap_entries
+
+        def release(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                base = value._base if value._base is not None else value
+                entry = entries.get(_swap_key(value))
+                if entry is not None and entry.base() is base and \
+                        entry.version == value._version:
+                    return _SwappedInput(entry, value.requires_grad)
+                # A view of it was swapped that holds every element (a
+                # LayerNorm2d saves its input permuted).
+                for entry in self.rt.swapped_storages.get(
+                        _storage_key(value), ()):
+                    if entry.base() is base and \
+                            entry.version == value._version and \
+                            entry.dtype == value.dtype and \
+                            entry.host.numel() == value.numel() and \
+                            entry.extent == _extent(value):
+                        return _SwappedInput(entry, value.requires_grad,
+                                             value)
+                return value
+            if isinstance(value, tuple):
+                return tuple(release(v) for v in value)
+            if isinstance(value, list):
+                return [release(v) for v in value]
+            if isinstance(value, dict):
+                return {k: release(v) for k, v in value.items()}
+            return value
+
+        if entries:
+            self.args = release(self.args)
+            self.kwargs = release(self.kwargs)
 
     def tensor(self, index: int, segment: int) -> torch.Tensor:
         if index not in self.ready:
@@ -205,25 +320,49 @@ class _Frame:
         if index not in self.ready:
             raise RuntimeError(
                 f"mutwo.apply: replaying {self.spec.label()} did not re-make "
-                f"saved tensor #{index}: its forward saved different tensors "
-                "the second time (data-dependent control flow?)")
+                f"saved tensor #{index}: its forward saved {self.count} "
+                f"tensors, the replay {self.replay_count} (data-dependent "
+                "control flow?)")
         return self.ready.pop(index)
 
-    def output(self, k: int, segment: int) -> torch.Tensor:
-        if k not in self.ready_outputs:
+    def output(self, k: int, segment: int, consume: bool) -> torch.Tensor:
+        t = self.ready_outputs.get(k)
+        if t is None:
             self.replay(segment, outputs=(k,))
-        return self.ready_outputs.pop(k)
+            t = self.ready_outputs[k]
+        if consume:
+            self.output_uses[k] = self.output_uses.get(k, 0) - 1
+        if self.output_uses.get(k, 0) <= 0:
+            self.ready_outputs.pop(k, None)
+        return t
 
-    def replay(self, segment: int, outputs: Sequence[int]) -> None:
-        for t, version in self.input_versions:
-            if t._version != version:
+    replay_count = 0
+
+    def call_output(self, call: int, k: int, segment: int) -> torch.Tensor:
+        """Output k of module call `call` inside this frame, re-made by a
+        replay that stops when that call returns."""
+        self.replay(segment, outputs=(), capture=(call, k))
+        if not self.captured:
+            raise RuntimeError(
+                f"mutwo.apply: replaying {self.spec.label()} did not reach "
+                f"module call #{call}, whose output another frame needs: its "
+                "forward ran differently the second time (data-dependent "
+                "control flow?)")
+        return self.captured.pop()
+
+    def replay(self, segment: int, outputs: Sequence[int],
+               capture: Optional[Tuple[int, int]] = None) -> None:
+        for ref, version in self.input_versions:
+            t = ref()
+            if t is not None and t._version != version:
                 raise RuntimeError(
                     f"mutwo.apply: an input of {self.spec.label()} was "
                     "modified in place after the module ran; its replay "
                     "would see other values. Leave that module's inputs "
                     "unmodified, or plan without recomputing it.")
-        wanted = {i for i, s in self.dropped.items()
-                  if s == segment and i not in self.ready}
+        wanted = set() if capture is not None else {
+            i for i, s in self.dropped.items()
+            if s == segment and i not in self.ready}
         counter = [0]
 
         def pack(t: torch.Tensor) -> None:
@@ -232,7 +371,7 @@ class _Frame:
             if i in wanted:
                 self.ready[i] = t
                 wanted.discard(i)
-                if not wanted and not outputs:
+                if not wanted and not outputs and capture is None:
                     raise _Stop()
             return None
 
@@ -245,6 +384,7 @@ class _Frame:
         rt = self.rt
         previous = rt.mode
         depth = len(rt.stack)
+        ctx = _ReplayContext(self, counter, set(wanted), capture)
         rt.mode = "replay"
         rt.stats.replays[self.spec.label()] = (
             rt.stats.replays.get(self.spec.label(), 0) + 1)
@@ -256,12 +396,17 @@ class _Frame:
                 with torch.enable_grad(), \
                         torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                     try:
-                        out = self.run()
+                        args, kwargs = self._unstash((self.args, self.kwargs))
+                        rt.replays.append(ctx)
+                        out = self.call(*args, **kwargs)
                     except (_Stop, RuntimeError) as e:
                         if _STOP not in str(e):
                             raise
                         out = None
         finally:
+            if rt.replays and rt.replays[-1] is ctx:
+                rt.replays.pop()
+            self.replay_count = counter[0]
             rt.mode = previous
             del rt.stack[depth:]  # modules a _Stop interrupted
             with torch.no_grad():
@@ -273,6 +418,111 @@ class _Frame:
                 self.ready_outputs[k] = flat[k].detach()
 
 
+class _CallRecord:
+    """One module call inside a frame in forward: the frame's saved-tensor
+    indices it made [pack_start, pack_end), the index after its own nested
+    calls, its outputs (weak, with their versions) and the RNG state after
+    it if it drew random numbers."""
+    __slots__ = ("pack_start", "pack_end", "call_end", "outputs", "rng")
+
+    def __init__(self, pack_start: int, pack_end: int, call_end: int,
+                 outputs: Any, rng: Optional[Tuple[Any, List[Any]]]):
+        self.pack_start, self.pack_end = pack_start, pack_end
+        self.call_end, self.outputs, self.rng = call_end, outputs, rng
+
+
+class _Held:
+    __slots__ = ("ref", "version")
+
+    def __init__(self, t: torch.Tensor):
+        self.ref, self.version = weakref.ref(t), t._version
+
+
+_NOT_HELD = object()
+
+
+def _weak_outputs(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _Held(value)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_weak_outputs(v) for v in value)
+    if isinstance(value, list):
+        return [_weak_outputs(v) for v in value]
+    if isinstance(value, (dict, set)) or (isinstance(value, tuple)):
+        return _NOT_HELD  # named tuples, dicts: not rebuilt
+    return value
+
+
+def _held_outputs(value: Any) -> Any:
+    """The outputs again, if every tensor is alive and unmodified since
+    the call returned; else _NOT_HELD."""
+    if value is _NOT_HELD:
+        return _NOT_HELD
+    if isinstance(value, _Held):
+        t = value.ref()
+        if t is None or t._version != value.version:
+            return _NOT_HELD
+        return t
+    if isinstance(value, (tuple, list)):
+        out = [_held_outputs(v) for v in value]
+        if any(v is _NOT_HELD for v in out):
+            return _NOT_HELD
+        return type(value)(out)
+    return value
+
+
+class _ReplayContext:
+    """A replay in progress: which forward call the next module call is
+    and which saved-tensor indices it still wants."""
+
+    def __init__(self, frame: _Frame, counter: List[int], wanted: Set[int],
+                 capture: Optional[Tuple[int, int]] = None):
+        self.frame, self.counter, self.wanted = frame, counter, wanted
+        self.calls = 0
+        self.current: Optional[int] = None
+        self.open: List[int] = []  # indices of the calls running now
+        self.capture = capture
+
+    def started(self) -> None:
+        self.current = self.calls
+        self.open.append(self.calls)
+        self.calls += 1
+
+    def ended(self, out: Any) -> None:
+        index = self.open.pop() if self.open else None
+        if self.capture is not None and index == self.capture[0]:
+            self.frame.captured.append(
+                _flat_tensors(out)[self.capture[1]].detach())
+            raise _Stop()
+
+    def skip(self) -> Any:
+        """The outputs of the module call starting now, if it can be
+        skipped: it makes none of the wanted saved tensors and its outputs
+        are still held, unmodified (a convolution before the segment whose
+        output the next batch norm saved); else _NOT_HELD. Skipping moves
+        the saved-tensor index and the RNG past it as running it would."""
+        index, self.current = self.current, None
+        record = self.frame.records.get(index) if index is not None else None
+        if record is None or any(record.pack_start <= w < record.pack_end
+                                 for w in self.wanted):
+            return _NOT_HELD
+        if self.capture is not None and \
+                index <= self.capture[0] < record.call_end:
+            return _NOT_HELD  # the call to re-make runs inside it
+        out = _held_outputs(record.outputs)
+        if out is _NOT_HELD:
+            return out
+        self.counter[0] += record.pack_end - record.pack_start
+        self.calls = record.call_end
+        if record.rng is not None:
+            cpu, cuda = record.rng
+            torch.set_rng_state(cpu)
+            for d, state in zip(self.frame.cuda_devices, cuda):
+                torch.cuda.set_rng_state(state, d)
+        self.frame.rt.stats.skipped += 1
+        return out
+
+
 class _Dropped:
     __slots__ = ("frame", "index", "segment")
 
@@ -281,10 +531,33 @@ class _Dropped:
 
 
 class _DroppedOutput:
-    __slots__ = ("frame", "k", "segment")
+    """A frame output the schedule drops, or a view of one (what a later
+    module saved: the next Linear saves a GELU output reshaped to 2-D),
+    re-made by a replay of its frame when it is needed."""
+    __slots__ = ("frame", "k", "segment", "view", "requires_grad",
+                 "decision_path")
 
-    def __init__(self, frame: _Frame, k: int, segment: int):
+    def __init__(self, frame: _Frame, k: int, segment: int,
+                 view: Optional[Tuple[Tuple[int, ...], Tuple[int, ...], int]],
+                 requires_grad: bool, decision_path: str):
         self.frame, self.k, self.segment = frame, k, segment
+        self.view = view
+        self.requires_grad = requires_grad
+        self.decision_path = decision_path
+
+    def get(self, consume: bool) -> torch.Tensor:
+        t = self.frame.output(self.k, self.segment, consume)
+        if self.view is not None:
+            size, stride, delta = self.view
+            t = t.as_strided(size, stride, t.storage_offset() + delta)
+        if not consume and self.requires_grad:
+            # An input of another frame's replay: it must require grad as
+            # it did in forward, or the ops of the replay save fewer
+            # tensors than they did (a Linear on an input that needs no
+            # gradient does not save its weight) and the saved indices no
+            # longer match.
+            t = t.detach().requires_grad_()
+        return t
 
 
 class _SwapEntry:
@@ -294,8 +567,15 @@ class _SwapEntry:
         self.rt = rt
         self.device = t.device
         self.shape = t.shape
+        self.stride = t.stride()
+        self.offset = t.storage_offset()
+        self.version = t._version
+        self.extent = _extent(t)
         self.dtype = t.dtype
         self.original = weakref.ref(t)
+        # What owns the storage (views keep it alive): tells this storage
+        # from a later one at the same address.
+        self.base = weakref.ref(t._base if t._base is not None else t)
         self.uses = 0
         self.position = len(rt.swap_order)
         self.restored: Optional[torch.Tensor] = None
@@ -345,6 +625,52 @@ class _SwapEntry:
         return t
 
 
+class _CallOutput:
+    """A frame's input made inside an enclosing frame that drops it (GPT:
+    the attention frame's input is ln1's output, which the model's frame
+    drops): re-made by a replay of the enclosing frame up to that call."""
+    __slots__ = ("frame", "call", "k", "segment", "requires_grad")
+
+    def __init__(self, frame: _Frame, call: int, k: int, segment: int,
+                 requires_grad: bool):
+        self.frame, self.call, self.k = frame, call, k
+        self.segment, self.requires_grad = segment, requires_grad
+
+    def get(self, consume: bool) -> torch.Tensor:
+        t = self.frame.call_output(self.call, self.k, self.segment)
+        return t.detach().requires_grad_(self.requires_grad)
+
+
+class _SwappedInput:
+    """A frame's input held in host memory (its swap entry, or that of a
+    view with the same elements): copied back for the replay without using
+    up the entry's saved references."""
+    __slots__ = ("entry", "requires_grad", "layout")
+
+    def __init__(self, entry: "_SwapEntry", requires_grad: bool,
+                 like: Optional[torch.Tensor] = None):
+        self.entry, self.requires_grad = entry, requires_grad
+        self.layout = None if like is None else (
+            tuple(like.shape), tuple(like.stride()), like.storage_offset())
+
+    def get(self, consume: bool) -> torch.Tensor:
+        e = self.entry
+        if e.device.type == "cuda":  # the copy to the host is complete
+            torch.cuda.current_stream(e.device).wait_stream(
+                e.rt.side_stream(e.device))
+        if self.layout is None:
+            t = e.host.to(e.device)
+        else:
+            # The swapped view's elements into a storage of the input's
+            # extent, then the input's own view of it.
+            lo, hi = e.extent
+            flat = torch.empty(hi - lo + 1, dtype=e.dtype, device=e.device)
+            flat.as_strided(e.shape, e.stride, e.offset - lo).copy_(e.host)
+            size, stride, offset = self.layout
+            t = flat.as_strided(size, stride, offset - lo)
+        return t.detach().requires_grad_(self.requires_grad)
+
+
 class _Swapped:
     __slots__ = ("entry", "position")
 
@@ -361,9 +687,88 @@ class ApplyStats:
     swapped_out_bytes: int = 0
     swapped_in: int = 0        # copies back from host memory
     replays: Dict[str, int] = dataclasses.field(default_factory=dict)
-    # Module paths whose saved tensors were dropped / swapped.
+    # Module calls replays skipped (outputs still held, nothing wanted).
+    skipped: int = 0
+    # Decisions' module paths whose saved tensors were dropped / swapped.
     dropped_paths: Set[str] = dataclasses.field(default_factory=set)
     swapped_paths: Set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class ApplyMeasurements:
+    """What `mutwo.apply` measured on the first training step under the
+    schedule. The saved bytes are one method for both sides: the storages
+    of the tensors autograd saved in that forward, counted once each, all of
+    them (`unmodified_saved_bytes`: what the step without a schedule holds
+    at the end of forward) or those still held at its end with the
+    schedule (`saved_bytes`: kept by autograd, held as a frame's input, or
+    dropped or swapped but still alive through another reference); swapped
+    copies in host memory are `swapped_bytes`, not counted as held."""
+    device: str
+    saved_bytes: int
+    unmodified_saved_bytes: int
+    # Sum of size_bytes of the RECOMPUTE and SWAP decisions: the activation
+    # memory the planner expects gone at the end of forward.
+    planned_saving_bytes: int
+    swapped_bytes: int
+    forward_seconds: float
+    budget_bytes: int
+    predicted_peak_bytes: int
+    baseline_peak_bytes: int
+    # Forward start to the end of its backward; None until backward ran.
+    step_seconds: Optional[float] = None
+    # CUDA: torch.cuda.max_memory_allocated over that forward and backward
+    # (peak statistics are reset when it starts); None on the CPU.
+    peak_bytes: Optional[int] = None
+
+    @property
+    def saving_bytes(self) -> int:
+        return self.unmodified_saved_bytes - self.saved_bytes
+
+    @property
+    def saving_fraction(self) -> Optional[float]:
+        """Measured saving over planned saving (None: nothing planned)."""
+        if self.planned_saving_bytes <= 0:
+            return None
+        return self.saving_bytes / self.planned_saving_bytes
+
+
+class _StepRecord:
+    """Per forward: what the hooks saw (attribution and saved bytes)."""
+
+    def __init__(self) -> None:
+        self.dropped_paths: Set[str] = set()
+        self.swapped_paths: Set[str] = set()
+        # Every storage saved: a dropped one is freed in forward and its
+        # address may be reused, so a key counts again once the tensor it
+        # was seen with is gone.
+        self.saved: Dict[int, Tuple[Any, int]] = {}
+        self.saved_bytes = 0
+        self.kept: Dict[int, int] = {}   # left to autograd
+        # Dropped or swapped: alive at the end of forward only if something
+        # else holds them.
+        self.released: List[Tuple[Any, int, int]] = []
+        self.swapped_bytes = 0
+
+    def note_saved(self, t: torch.Tensor, key: int, nbytes: int) -> None:
+        seen = self.saved.get(key)
+        if seen is not None and seen[0]() is not None:
+            return
+        base = t._base if t._base is not None else t
+        self.saved[key] = (weakref.ref(base), nbytes)
+        self.saved_bytes += nbytes
+
+    def held_bytes(self, frames: Iterable[Any]) -> int:
+        held = dict(self.kept)
+        for ref, key, nbytes in self.released:
+            if ref() is not None:
+                held[key] = nbytes
+        for ref in frames:
+            frame = ref()
+            for t in frame.held_inputs() if frame is not None else ():
+                if not _is_leaf(t):
+                    held[_storage_key(t)] = _storage_bytes(t)
+        return sum(held.values())
 
 
 class _Runtime:
@@ -372,36 +777,174 @@ class _Runtime:
         self.model = model
         self.frames = frames
         self.swap = swap
+        # Module path -> {op kind, normalised: action} for paths whose
+        # decisions differ (a block's own ops: one add recomputed, another
+        # retained); other paths take their decisions' one action.
+        self.op_actions: Dict[str, Dict[str, str]] = {}
         self.prefetch_ahead = prefetch_ahead
         self.mode = "off"  # off | forward | replay
         self.stack: List[str] = []
+        # Storage -> (weakref of the tensor owning it, module path): the
+        # module that made the storage. Views keep their base alive, so the
+        # base is what is referenced.
         self.producers: Dict[int, Tuple[Any, str]] = {}
-        self.frame_outputs: Dict[int, Tuple[Any, _Frame, int, int, int]] = {}
+        self.frame_outputs: Dict[int, List[Tuple[Any, _Frame, int, int, int,
+                                                 str]]] = {}
         # Frames open now, outermost first (frames nest as modules do).
         self.open_frames: List[_Frame] = []
+        # Weak: a frame nothing was dropped into goes when it closes.
+        self.closed_frames: List[Any] = []
         self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
+        self.swapped_storages: Dict[int, List[_SwapEntry]] = {}
         self.swap_order: List[_SwapEntry] = []
         self.streams: Dict[Any, Any] = {}
         self.stats = ApplyStats()
+        self.record = _StepRecord()
+        self.alive_keys: Set[int] = set()
+        self.skip_retained = True
+        self.replays: List[_ReplayContext] = []
+        self.inner_outputs: Dict[int, List[Tuple[Any, _Frame, int, int, int,
+                                                 int]]] = {}
+        # Per module call in forward while frames are open: (frame, call
+        # index, pack index) for each, and the RNG state before it.
+        self.calls: List[Optional[Tuple[List[Tuple[_Frame, int, int]],
+                                        Any, List[Any]]]] = []
 
     def side_stream(self, device: torch.device) -> Any:
         if device not in self.streams:
             self.streams[device] = torch.cuda.Stream(device)
         return self.streams[device]
 
-    def begin_forward(self) -> None:
+    def rng_states(self, frames: Iterable[_Frame]) -> Tuple[Any, List[Any]]:
+        devices = sorted({d for f in frames for d in f.cuda_devices})
+        return (torch.get_rng_state(),
+                [torch.cuda.get_rng_state(d) for d in devices])
+
+    def call_started(self, first_of: Optional[_Frame] = None) -> None:
+        """A module call starts in forward (pre-hook); `first_of`: a range
+        frame opened by this call's pre-hook, whose call 0 it is."""
+        if first_of is not None:
+            entry = self.calls[-1] if self.calls else None
+            if entry is None:
+                entry = ([], *self.rng_states(self.open_frames))
+                if self.calls:
+                    self.calls[-1] = entry
+            first_of.calls = 1
+            entry[0].append((first_of, 0, 0))
+            return
+        if not self.open_frames:
+            self.calls.append(None)
+            return
+        marks = []
+        for f in self.open_frames:
+            marks.append((f, f.calls, f.count))
+            f.calls += 1
+        self.calls.append((marks, *self.rng_states(self.open_frames)))
+
+    def call_ended(self, out: Any) -> None:
+        entry = self.calls.pop() if self.calls else None
+        if entry is None or not entry[0]:
+            return
+        marks, cpu, cuda = entry
+        frames = [f for f, _, _ in marks]
+        after = self.rng_states(frames)
+        changed = not torch.equal(after[0], cpu) or any(
+            not torch.equal(a, b) for a, b in zip(after[1], cuda))
+        outputs = _weak_outputs(out)
+        for f, index, pack_start in marks:
+            f.records[index] = _CallRecord(pack_start, f.count, f.calls,
+                                           outputs,
+                                           after if changed else None)
+        # An output the innermost open frame drops: a frame opened later
+        # inside it takes it as an input without holding it (its replay
+        # asks this frame's replay for it, up to this call).
+        for k, o in enumerate(_flat_tensors(out)):
+            if _is_leaf(o):
+                continue
+            path = self.producer_of(o)
+            if self.refined(o, path) not in (None, "RECOMPUTE"):
+                continue
+            for f, index, _ in reversed(marks):
+                found = f.spec.dropping(path)
+                if found is not None:
+                    self.inner_outputs.setdefault(_storage_key(o), []).append(
+                        (weakref.ref(o), f, index, k, o._version, found[0]))
+                    break
+
+    def inner_output(self, t: torch.Tensor) -> Optional["_CallOutput"]:
+        for ref, frame, index, k, version, segment in \
+                self.inner_outputs.get(_storage_key(t), ()):
+            if ref() is t and t._version == version:
+                return _CallOutput(frame, index, k, segment, t.requires_grad)
+        return None
+
+    def begin_forward(self, inputs: Any) -> None:
+        self.alive_keys = {_storage_key(t) for t in
+                           _flat_tensors(inputs) +
+                           list(self.model.parameters()) +
+                           list(self.model.buffers())}
         self.stack.clear()
+        self.calls = []
+        self.inner_outputs.clear()
         self.producers.clear()
         self.frame_outputs.clear()
         self.open_frames = []
+        self.closed_frames = []
         self.swap_entries.clear()
+        self.swapped_storages.clear()
         self.swap_order = []
+        self.record = _StepRecord()
+
+    def refined(self, t: torch.Tensor, path: str) -> Optional[str]:
+        """For a module path with decisions of different actions, the
+        action of the decision on the op that made `t` (its autograd node's
+        name: SoftmaxBackward0 is aten::softmax); None: the path's
+        strongest action applies (one action only, or an op that cannot be
+        told: a tensor without gradient such as nonzero's indices, or an
+        autograd name that is not the op's)."""
+        kinds = self.op_actions.get(path)
+        if not kinds:
+            return None
+        base = t._base if t._base is not None else t
+        if base.grad_fn is None:
+            return None
+        return kinds.get(_grad_fn_kind(base.grad_fn))
+
+    def alive_anyway(self, t: torch.Tensor) -> bool:
+        """Parameters, buffers and the forward's inputs, and views of them
+        (a layer scale's `gamma.reshape(1, -1, 1, 1)`): held whatever the
+        schedule does. A tensor made in forward that needs no gradient (a
+        dropout mask on the CPU, max-pool indices) is an activation."""
+        base = t._base if t._base is not None else t
+        if base.grad_fn is not None:
+            return False
+        return base.requires_grad or _storage_key(t) in self.alive_keys
+
+    def produced(self, t: torch.Tensor, path: str) -> None:
+        """Records `path` as the module that made t's storage, unless a
+        live tensor already claimed it (the innermost module returning a
+        tensor claims it first; an in-place op or a view after it does not
+        make a new storage, so the planner counts it to the op that
+        allocated it, as here)."""
+        key = _storage_key(t)
+        if key in self.alive_keys:
+            return
+        entry = self.producers.get(key)
+        if entry is None or entry[0]() is None:
+            base = t._base if t._base is not None else t
+            self.producers[key] = (weakref.ref(base), path)
 
     def producer_of(self, t: torch.Tensor) -> str:
         entry = self.producers.get(_storage_key(t))
         if entry is not None and entry[0]() is not None:
             return entry[1]
+        # Made by an op of the module running now (a functional op in its
+        # forward): tensors made by a module that returned were claimed by
+        # its forward hook, those a module received by its pre-hook.
         return self.stack[-1] if self.stack else ""
+
+    def _released(self, t: torch.Tensor, key: int, nbytes: int) -> None:
+        self.record.released.append((weakref.ref(t), key, nbytes))
 
     # saved_tensors_hooks of the forward pass
     def pack(self, t: torch.Tensor) -> Any:
@@ -411,52 +954,85 @@ class _Runtime:
         for frame in self.open_frames:
             indices.append(frame.count)
             frame.count += 1
-        if _is_leaf(t) or t.numel() == 0:
+        if t.numel() == 0 or self.alive_anyway(t):
             self.stats.kept += 1
             return t
+        key, nbytes = _storage_key(t), _storage_bytes(t)
+        record = self.record
+        record.note_saved(t, key, nbytes)
         path = self.producer_of(t)
-        for frame, index in reversed(list(zip(self.open_frames, indices))):
+        refined = self.refined(t, path)
+        frames = ([] if refined in ("RETAIN", "SWAP") else
+                  list(zip(self.open_frames, indices)))
+        for frame, index in reversed(frames):
             found = frame.spec.dropping(path)
             if found is not None:  # the innermost frame dropping it
                 segment, decision_path = found
                 frame.dropped[index] = segment
                 self.stats.dropped += 1
                 self.stats.dropped_paths.add(decision_path)
+                record.dropped_paths.add(decision_path)
+                self._released(t, key, nbytes)
                 return _Dropped(frame, index, segment)
-        dropped = self.dropped_output(t)
+        dropped = self.dropped_output(t, consume=True)
         if dropped is not None:
             self.stats.dropped += 1
-            self.stats.dropped_paths.add(path)
+            self.stats.dropped_paths.add(dropped.decision_path)
+            record.dropped_paths.add(dropped.decision_path)
+            self._released(t, key, nbytes)
             return dropped
-        if path in self.swap:
-            key = (_storage_key(t), t.storage_offset(), tuple(t.shape),
-                   tuple(t.stride()), t.dtype)
-            entry = self.swap_entries.get(key)
+        if refined == "SWAP" or (refined is None and path in self.swap):
+            skey = _swap_key(t)
+            entry = self.swap_entries.get(skey)
             if entry is None or entry.original() is None:
                 entry = _SwapEntry(self, t)
-                self.swap_entries[key] = entry
+                self.swap_entries[skey] = entry
+                self.swapped_storages.setdefault(key, []).append(entry)
                 self.swap_order.append(entry)
                 self.stats.swapped_paths.add(path)
+                record.swapped_bytes += t.numel() * t.element_size()
+            record.swapped_paths.add(path)
+            self._released(t, key, nbytes)
             entry.uses += 1
             return _Swapped(entry, entry.position)
         self.stats.kept += 1
+        record.kept[key] = nbytes
         return t
 
-    def dropped_output(self, t: torch.Tensor) -> Optional["_DroppedOutput"]:
-        """A reference to `t` if it is the output of a closed frame that the
-        schedule drops (its frame re-makes it), else None."""
-        out = self.frame_outputs.get(_storage_key(t))
-        if out is not None:
-            ref, owner, k, version, segment = out
-            if ref() is t and t._version == version:
-                return _DroppedOutput(owner, k, segment)
+    def dropped_output(self, t: torch.Tensor,
+                       consume: bool) -> Optional[_DroppedOutput]:
+        """A reference to `t` if it is an output of a closed frame that the
+        schedule drops, or a view into one (its frame re-makes it), else
+        None. `consume`: a saved reference (counted until unpacked), not a
+        frame's input."""
+        entries = self.frame_outputs.get(_storage_key(t))
+        if not entries:
+            return None
+        for ref, owner, k, version, segment, decision in entries:
+            o = ref()
+            if o is None or t._version != version:
+                continue
+            view = None
+            if o is not t:
+                if t.dtype != o.dtype or t.device != o.device:
+                    continue
+                first, last = _extent(t)
+                lo, hi = _extent(o)
+                if first < lo or last > hi:
+                    continue
+                view = (tuple(t.shape), tuple(t.stride()),
+                        t.storage_offset() - o.storage_offset())
+            if consume:
+                owner.output_uses[k] = owner.output_uses.get(k, 0) + 1
+            return _DroppedOutput(owner, k, segment, view, t.requires_grad,
+                                  decision)
         return None
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, _Dropped):
             return packed.frame.tensor(packed.index, packed.segment)
         if isinstance(packed, _DroppedOutput):
-            return packed.frame.output(packed.k, packed.segment)
+            return packed.get(consume=True)
         if isinstance(packed, _Swapped):
             order = self.swap_order
             for p in range(packed.position - 1,
@@ -470,28 +1046,44 @@ class _Runtime:
     def close_frame(self, frame: _Frame, out: Any) -> None:
         if frame in self.open_frames:
             del self.open_frames[self.open_frames.index(frame):]
+        self.closed_frames.append(weakref.ref(frame))
+        frame.release_swapped_inputs()
         for k, o in enumerate(_flat_tensors(out)):
-            found = frame.spec.dropping(self.producer_of(o))
-            if found is not None and not _is_leaf(o):
-                self.frame_outputs[_storage_key(o)] = (
-                    weakref.ref(o), frame, k, o._version, found[0])
+            path = self.producer_of(o)
+            found = frame.spec.dropping(path)
+            if found is not None and not _is_leaf(o) and \
+                    self.refined(o, path) in (None, "RECOMPUTE"):
+                self.frame_outputs.setdefault(_storage_key(o), []).append(
+                    (weakref.ref(o), frame, k, o._version, found[0],
+                     found[1]))
+
+
+def _describe(d: Decision) -> str:
+    return (f"{d.action} {d.module_path or '(model)'} {d.op_kind or '?'} "
+            f"({format_bytes(d.size_bytes)})")
 
 
 class Applied:
     """A schedule applied to a model; `remove()` takes it off again.
 
-    `stats` counts what the hooks did; `report()` says, after a training
-    step, which decisions were applied and which matched no saved tensor.
+    `stats` counts what the hooks did; `report()` says which decisions were
+    applied and which matched no saved tensor; `measurements()` what the
+    first step under the schedule measured.
     """
 
     def __init__(self, model: nn.Module, schedule: Schedule,
                  runtime: _Runtime, notes: List[str],
-                 undo: List[Callable[[], None]]):
+                 undo: List[Callable[[], None]], strict: bool,
+                 canonical: Dict[str, str]):
         self.model = model
         self.schedule = schedule
         self.notes = notes
+        self.strict = strict
         self._runtime = runtime
         self._undo = undo
+        self._canonical = canonical
+        self._measurements: Optional[ApplyMeasurements] = None
+        self._checked = False
 
     @property
     def stats(self) -> ApplyStats:
@@ -505,14 +1097,29 @@ class Applied:
     def reset_stats(self) -> None:
         self._runtime.stats = ApplyStats()
 
+    def _unmatched(self, dropped: Set[str],
+                   swapped: Set[str]) -> List[Decision]:
+        out = []
+        for d in self.schedule.decisions:
+            path = self._canonical.get(d.module_path, d.module_path)
+            if d.action == "RECOMPUTE" and path not in dropped:
+                out.append(d)
+            # A swapped module's tensors dropped for a replay are not held
+            # either: the decision's memory is gone as planned.
+            elif d.action == "SWAP" and path not in swapped | dropped:
+                out.append(d)
+        return out
+
     def unmatched(self) -> List[Decision]:
         """Non-RETAIN decisions whose module saved no tensor that the hooks
         dropped or swapped (after at least one training step)."""
         s = self.stats
-        return [d for d in self.schedule.decisions
-                if (d.action == "RECOMPUTE" and
-                    d.module_path not in s.dropped_paths) or
-                (d.action == "SWAP" and d.module_path not in s.swapped_paths)]
+        return self._unmatched(s.dropped_paths, s.swapped_paths)
+
+    def measurements(self) -> Optional[ApplyMeasurements]:
+        """What the first training step under the schedule measured (None
+        before a forward with gradients ran)."""
+        return self._measurements
 
     def report(self) -> str:
         s = self.stats
@@ -522,12 +1129,115 @@ class Applied:
                  f"  last steps: {s.dropped} saved tensors dropped, "
                  f"{s.swapped_out} swapped out ({s.swapped_out_bytes} B), "
                  f"{s.swapped_in} back, {sum(s.replays.values())} replays"]
+        m = self._measurements
+        if m is not None:
+            line = (f"  first step: saved tensors held at the end of forward "
+                    f"{format_bytes(m.saved_bytes)} (without the schedule "
+                    f"{format_bytes(m.unmodified_saved_bytes)}): saving "
+                    f"{format_bytes(m.saving_bytes)}, planned "
+                    f"{format_bytes(m.planned_saving_bytes)}")
+            if m.peak_bytes is not None:
+                line += (f"; peak {format_bytes(m.peak_bytes)}, budget "
+                         f"{format_bytes(m.budget_bytes)}")
+            lines.append(line)
         lines += [f"  note: {n}" for n in self.notes]
         for d in self.unmatched():
             lines.append(f"  not applied: {d.action} {d.module_path or '(model)'}"
                          f" {d.op_kind}: no saved tensor of that module was "
                          "seen")
         return "\n".join(lines)
+
+    # Called by the model's forward wrapper at the end of every forward
+    # under the hooks; checks and measures the first one.
+    def _forward_done(self, out: Any, started: float,
+                      peak_reset: bool) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        rt = self._runtime
+        record = rt.record
+        unmatched = self._unmatched(record.dropped_paths,
+                                    record.swapped_paths)
+        planned = sum(d.size_bytes for d in self.schedule.decisions
+                      if d.action in ("RECOMPUTE", "SWAP"))
+        if unmatched:
+            lost = sum(d.size_bytes for d in unmatched)
+            shown = "; ".join(_describe(d) for d in unmatched)
+            decided = (len(self.schedule.recomputed) +
+                       len(self.schedule.swapped))
+            text = (f"{len(unmatched)} of the schedule's {decided}"
+                    f" recompute/swap decisions matched no tensor autograd "
+                    f"saved in this model's forward: {format_bytes(lost)} of "
+                    f"the {format_bytes(planned)} planned saving would stay "
+                    f"in memory: {shown}")
+            if self.strict:
+                raise ScheduleMismatchError(
+                    "mutwo.apply: " + text + ". Nothing was trained; the "
+                    "model's forward differs from the TorchScript that was "
+                    "planned (control flow, another input?). Plan again "
+                    "for this model, or pass strict=False to train with "
+                    "the decisions that apply (Applied.report() lists "
+                    "them)", unmatched)
+            warnings.warn("mutwo.apply (strict=False): " + text,
+                          BudgetWarning, stacklevel=3)
+        device = "cpu"
+        tensors = _flat_tensors(out)
+        if tensors:
+            device = str(tensors[0].device)
+        s = self.schedule
+        m = ApplyMeasurements(
+            device=device,
+            saved_bytes=record.held_bytes(rt.closed_frames),
+            unmodified_saved_bytes=record.saved_bytes,
+            planned_saving_bytes=planned,
+            swapped_bytes=record.swapped_bytes,
+            forward_seconds=time.perf_counter() - started,
+            budget_bytes=s.budget_bytes,
+            predicted_peak_bytes=s.predicted_peak_bytes,
+            baseline_peak_bytes=s.baseline_peak_bytes)
+        self._measurements = m
+        fraction = m.saving_fraction
+        cuda = device.startswith("cuda")
+        if not cuda and fraction is not None and fraction < _SAVING_BAR:
+            warnings.warn(
+                f"mutwo.apply: the first step held "
+                f"{format_bytes(m.saved_bytes)} of saved tensors at the end "
+                f"of forward against {format_bytes(m.unmodified_saved_bytes)}"
+                f" without the schedule: a saving of "
+                f"{format_bytes(m.saving_bytes)}, {fraction:.0%} of the "
+                f"{format_bytes(planned)} planned; the budget "
+                f"{format_bytes(s.budget_bytes)} may not hold",
+                BudgetWarning, stacklevel=3)
+
+        def backward_done() -> None:
+            if cuda:
+                torch.cuda.synchronize()
+            m.step_seconds = time.perf_counter() - started
+            if not cuda:
+                return
+            if peak_reset:
+                m.peak_bytes = int(torch.cuda.max_memory_allocated())
+            if m.peak_bytes is not None and m.budget_bytes > 0 and \
+                    m.peak_bytes > m.budget_bytes:
+                warnings.warn(
+                    f"mutwo.apply: the first step peaked at "
+                    f"{format_bytes(m.peak_bytes)} "
+                    "(torch.cuda.max_memory_allocated), over the budget "
+                    f"{format_bytes(m.budget_bytes)} (predicted peak "
+                    f"{format_bytes(m.predicted_peak_bytes)})", BudgetWarning)
+
+        queued = [False]
+
+        def on_grad(grad: torch.Tensor) -> torch.Tensor:
+            if not queued[0]:
+                queued[0] = True
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    backward_done)
+            return grad
+
+        for t in tensors:
+            if t.requires_grad:
+                t.register_hook(on_grad)
 
     def remove(self) -> None:
         for undo in reversed(self._undo):
@@ -539,6 +1249,10 @@ class Applied:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
+
+
+# Below this share of the planned saving the first step warns (CPU).
+_SAVING_BAR = 0.9
 
 
 def _common_prefix(paths: Iterable[str]) -> str:
@@ -555,8 +1269,15 @@ def _common_prefix(paths: Iterable[str]) -> str:
     return ".".join(parts or [])
 
 
+def _all_modules(model: nn.Module) -> Dict[str, nn.Module]:
+    """Every module path, a shared module's each path included (the
+    TorchScript scope of a call names the attribute it was called through:
+    `enc.b` for a module that is also `enc.a`)."""
+    return dict(model.named_modules(remove_duplicate=False))
+
+
 def _check(model: nn.Module, schedule: Schedule) -> None:
-    modules = dict(model.named_modules())
+    modules = _all_modules(model)
     if not schedule.decisions:
         return
     if all(not d.op_kind for d in schedule.decisions):
@@ -594,11 +1315,16 @@ _CONTROL_FLOW = ("prim::If", "prim::Loop")
 
 
 def _frame_specs(model: nn.Module, schedule: Schedule,
+                 canonical: Dict[str, str],
                  notes: List[str]) -> List[_FrameSpec]:
     modules = dict(model.named_modules())
     segments: Dict[int, List[Decision]] = {}
     for d in schedule.recomputed:
-        segments.setdefault(d.segment, []).append(d)
+        segments.setdefault(d.segment, []).append(
+            dataclasses.replace(
+                d, module_path=canonical[d.module_path],
+                recompute_module_paths=tuple(
+                    canonical[p] for p in d.recompute_module_paths)))
     specs: List[_FrameSpec] = []
     for segment, members in sorted(segments.items()):
         paths = [d.module_path for d in members]
@@ -663,16 +1389,83 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
     return merged
 
 
+_STRENGTH = {"RETAIN": 0, "SWAP": 1, "RECOMPUTE": 2}
+
+
+def _op_actions(schedule: Schedule,
+                canonical: Dict[str, str]) -> Dict[str, Dict[str, str]]:
+    """Per module path whose decisions differ in action: op kind ->
+    strongest action of the decisions on that kind."""
+    by_path: Dict[str, List[Decision]] = {}
+    for d in schedule.decisions:
+        if d.op_kind in _CONTROL_FLOW or d.action not in _STRENGTH:
+            continue
+        by_path.setdefault(canonical.get(d.module_path, d.module_path),
+                           []).append(d)
+    out: Dict[str, Dict[str, str]] = {}
+    for path, decisions in by_path.items():
+        if len({d.action for d in decisions}) < 2:
+            continue
+        kinds: Dict[str, str] = {}
+        for d in decisions:
+            k = _normal_kind(d.op_kind)
+            if _STRENGTH[d.action] > _STRENGTH[kinds.get(k, "RETAIN")]:
+                kinds[k] = d.action
+            kinds.setdefault(k, d.action)
+        out[path] = kinds
+    return out
+
+
+def _refuse_infeasible(schedule: Schedule) -> None:
+    figures = []
+    if schedule.budget_bytes:
+        figures.append(f"budget {schedule.budget or ''}"
+                       f"{' = ' if schedule.budget else ''}"
+                       f"{format_bytes(schedule.budget_bytes)}")
+    if schedule.floor_bytes:
+        figures.append(f"floor {format_bytes(schedule.floor_bytes)} (the "
+                       "lowest budget this model plans into)")
+    if schedule.measured_peak_bytes:
+        figures.append(f"measured peak "
+                       f"{format_bytes(schedule.measured_peak_bytes)}")
+    raise InfeasibleScheduleError(
+        "mutwo.apply: the planner marked this schedule infeasible"
+        + (f" ({', '.join(figures)})" if figures else "")
+        + (f": {schedule.reason}" if schedule.reason else "")
+        + "; `mutwo-worker execute` refuses it too. Plan at a budget at "
+        "or above the floor, or pass force=True to apply it anyway (the "
+        "budget will not hold)")
+
+
 def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
-          *, prefetch_ahead: int = 2) -> Applied:
+          *, strict: bool = True, force: bool = False,
+          prefetch_ahead: int = 2, skip_retained: bool = True,
+          mode: str = "eager",
+          **kwargs: Any) -> Applied:
     """Applies `schedule` to `model` (the eager nn.Module whose TorchScript
     was planned) for the user's own training loop: call the model as usual,
     then loss.backward() and the optimizer. Returns an Applied handle
     (`remove()` or use it as a context manager to take it off).
 
     `schedule` is a Schedule or a JSON file/text (`mutwo schedule ...
-    --output json`). Raises ScheduleMismatchError for a schedule planned
-    for another model (module paths or op kinds differ).
+    --output json`). Every RECOMPUTE and SWAP decision is applied, or
+    refused before the first backward:
+      - ScheduleMismatchError here for a schedule planned for another
+        model (module paths or op kinds differ), and from the first
+        forward with gradients if any decision matched no tensor autograd
+        saved (the error lists them with their bytes). `strict=False`
+        trains with the decisions that apply instead and warns once
+        (BudgetWarning) with the figures.
+      - InfeasibleScheduleError for a schedule the planner marked
+        infeasible, as `mutwo-worker execute` refuses it; `force=True`
+        applies it anyway.
+    The first step is measured (`Applied.measurements()`): saved-tensor
+    bytes at the end of forward with and without the schedule, and on CUDA
+    the peak (peak statistics are reset at its start); a BudgetWarning
+    says when it misses the plan.
+
+    `mode="compile"` hands over to mutwo._compile.apply_compiled
+    (torch.compile with selective checkpointing), with `kwargs`.
 
     Not applied: decisions of a TorchScript model (apply needs the eager
     module), under torch.compile (saved-tensor hooks are not traced; apply
@@ -681,6 +1474,16 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     model after apply works as for torch.utils.checkpoint(use_reentrant=
     False).
     """
+    if mode == "compile":
+        from mutwo import _compile  # type: ignore[attr-defined]
+        return _compile.apply_compiled(model, schedule, strict=strict,
+                                       force=force, **kwargs)
+    if mode != "eager":
+        raise ValueError(f"mutwo.apply: mode {mode!r}: expected 'eager' or "
+                         "'compile'")
+    if kwargs:
+        raise TypeError(f"mutwo.apply: unexpected arguments "
+                        f"{', '.join(sorted(kwargs))}")
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError("mutwo.apply needs the eager nn.Module the "
                         "TorchScript came from, not a ScriptModule")
@@ -698,27 +1501,46 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     _check(model, schedule)
     notes: List[str] = []
     if not schedule.feasible:
-        notes.append("the planner marked this schedule infeasible: "
-                     f"{schedule.reason}")
-    specs = _frame_specs(model, schedule, notes)
-    recomputed = {d.module_path for d in schedule.recomputed}
-    swap = {d.module_path for d in schedule.swapped} - recomputed
-    rt = _Runtime(model, specs, swap, prefetch_ahead)
+        if not force:
+            _refuse_infeasible(schedule)
+        notes.append("the planner marked this schedule infeasible "
+                     f"(applied with force=True): {schedule.reason}")
     modules = dict(model.named_modules())
     path_of = {id(m): p for p, m in modules.items()}
+    # A shared module's paths all name the first (named_modules()) path.
+    canonical = {p: path_of[id(m)] for p, m in _all_modules(model).items()}
+    specs = _frame_specs(model, schedule, canonical, notes)
+    recomputed = {canonical[d.module_path] for d in schedule.recomputed}
+    swap = {canonical[d.module_path] for d in schedule.swapped} - recomputed
+    rt = _Runtime(model, specs, swap, prefetch_ahead)
+    rt.op_actions = _op_actions(schedule, canonical)
     undo: List[Callable[[], None]] = []
 
-    # Module stack and producers: every module, while it runs.
-    def pre_hook(m: nn.Module, _: Any) -> None:
+    # Module stack and producers: every module, while it runs. A module's
+    # inputs that no module claimed were made by the module calling it (a
+    # functional op in its forward, as the TorchScript scope says: a
+    # block's residual add saved by the next LayerNorm is the block's).
+    def pre_hook(m: nn.Module, args: Any) -> None:
+        if rt.mode == "forward":
+            if rt.stack:
+                caller = rt.stack[-1]
+                for t in _flat_tensors(args):
+                    rt.produced(t, caller)
+            if m is not model:
+                rt.call_started()
+        elif rt.mode == "replay" and rt.replays:
+            rt.replays[-1].started()
         rt.stack.append(path_of.get(id(m), ""))
 
     def post_hook(m: nn.Module, _: Any, out: Any) -> None:
         path = rt.stack.pop() if rt.stack else path_of.get(id(m), "")
-        for t in _flat_tensors(out):
-            key = _storage_key(t)
-            entry = rt.producers.get(key)
-            if entry is None or entry[0]() is None:
-                rt.producers[key] = (weakref.ref(t), path)
+        if rt.mode == "forward":
+            for t in _flat_tensors(out):
+                rt.produced(t, path)
+            if m is not model:
+                rt.call_ended(out)
+        elif rt.mode == "replay" and rt.replays:
+            rt.replays[-1].ended(out)
 
     for m in modules.values():
         h1 = m.register_forward_pre_hook(pre_hook)
@@ -781,7 +1603,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     x = c(*x) if isinstance(x, tuple) else c(x)
                 return x
 
-            rt.open_frames.append(_Frame(rt, spec, run, args, {}, span))
+            frame = _Frame(rt, spec, run, args, {}, span)
+            rt.open_frames.append(frame)
+            rt.call_started(first_of=frame)
 
         def close_hook(m: nn.Module, _: Any, out: Any,
                        spec: _FrameSpec = spec) -> None:
@@ -796,6 +1620,8 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         h2 = span[-1].register_forward_hook(close_hook)
         undo += [h1.remove, h2.remove]
 
+    handle: List[Applied] = []
+
     def top_wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
         inner = (frame_wrapper(root_spec, model)(forward)
                  if root_spec is not None else forward)
@@ -804,16 +1630,54 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         def run(*args: Any, **kwargs: Any) -> Any:
             if rt.mode != "off" or not torch.is_grad_enabled():
                 return inner(*args, **kwargs)
-            rt.begin_forward()
+            applied = handle[0]
+            first = not applied._checked
+            peak_reset = False
+            if first:
+                devices = {t.device for t in _flat_tensors((args, kwargs))
+                           if t.is_cuda}
+                param = next(model.parameters(), None)
+                if param is not None and param.is_cuda:
+                    devices.add(param.device)
+                for d in devices:
+                    torch.cuda.synchronize(d)
+                    torch.cuda.reset_peak_memory_stats(d)
+                    peak_reset = True
+            started = time.perf_counter()
+            rt.begin_forward((args, kwargs))
             rt.mode = "forward"
+            rt.stack.append(path_of.get(id(model), ""))
             try:
                 with torch.autograd.graph.saved_tensors_hooks(rt.pack,
                                                                rt.unpack):
-                    return inner(*args, **kwargs)
+                    out = inner(*args, **kwargs)
             finally:
                 rt.mode = "off"
                 rt.open_frames = []
+                rt.stack.clear()
+            if first:
+                applied._forward_done(out, started, peak_reset)
+            return out
         return run
 
+    # Replays skip module calls whose outputs are still held (outermost
+    # wrapper: a frame's own forward, which its replay calls, stays whole).
+    def skip_wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(forward)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if rt.mode == "replay" and rt.replays:
+                out = rt.replays[-1].skip()
+                if out is not _NOT_HELD:
+                    return out
+            return forward(*args, **kwargs)
+        return run
+
+    rt.skip_retained = skip_retained
+    if skip_retained and specs:
+        for m in modules.values():
+            if m is not model:
+                wrap_forward(m, skip_wrapper)
     wrap_forward(model, top_wrapper)
-    return Applied(model, schedule, rt, notes, undo)
+    applied = Applied(model, schedule, rt, notes, undo, strict, canonical)
+    handle.append(applied)
+    return applied

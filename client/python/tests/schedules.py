@@ -2,7 +2,7 @@
 make, named by module path as the server names them."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -29,9 +29,13 @@ def make_schedule(model: nn.Module,
                   recompute: Sequence[Tuple[int, Sequence[str],
                                             Sequence[str]]] = (),
                   swap: Sequence[str] = (),
-                  sha: str = "f" * 64) -> Schedule:
+                  sha: str = "f" * 64, size_bytes: int = 0,
+                  op_kinds: Optional[Dict[str, str]] = None) -> Schedule:
     """One decision per module of `model` (RETAIN unless named).
     `recompute`: (segment, member module paths, extra replayed module paths).
+    `size_bytes` of every decision (0: no planned saving to measure
+    against); `op_kinds`: module path -> op kind, instead of the module
+    type's (a module's own forward: its functional ops).
     """
     s = types_pb2.Schedule(policy=types_pb2.MUTWO, model_sha256=sha,
                            graph_fingerprint="test", batch_size=2,
@@ -50,8 +54,11 @@ def make_schedule(model: nn.Module,
         a, segment, replay = action.get(path,
                                         (types_pb2.Decision.RETAIN, 0, []))
         d = s.decisions.add(value_id=node, producer_node=node,
-                            size_bytes=1024, action=a, module_path=path,
-                            op_kind=kind_of(module), output_index=0)
+                            size_bytes=size_bytes, action=a,
+                            module_path=path,
+                            op_kind=(op_kinds or {}).get(path,
+                                                         kind_of(module)),
+                            output_index=0)
         if a == types_pb2.Decision.RECOMPUTE:
             d.segment = segment
             d.recompute_nodes.extend(range(len(replay)))

@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""The CPU "apply tier" (issue 26): real schedules, applied to the eager
+models they were planned for, every decision applied and the saving real.
+
+For each model (the zoo's own families, bench/zoo/models.py, at their CPU
+tier sizes; a sample of small torchvision models; the issue's ViT and
+ConvNeXt-style models): the eager module is scripted, profiled
+(`mutwo-worker profile --device cpu --output json`) and planned
+(`mutwo plan --budget 50%`, half way from the floor to the baseline
+peak, at the floor, and at the floor of the profile with a modeled 1 GB/s
+host link, so that the schedule swaps too) and each schedule is applied
+with `mutwo.apply(model, schedule)` (strict: every RECOMPUTE/SWAP decision
+must match a tensor autograd saves) in a plain eager step. Bars per point:
+
+  applied   no ScheduleMismatchError: every decision applied;
+  gradients the applied step's gradients equal the unmodified eager step's
+            (same seed, fp32): max |diff| <= 1e-5 x max |gradient|;
+  saving    the saved-tensor bytes held at the end of forward, counted the
+            same way for both runs (storages of the tensors autograd saved,
+            once each; parameters and inputs excluded), unmodified minus
+            applied, is at least 90% of the planned saving (the RECOMPUTE
+            and SWAP decisions' size_bytes).
+
+A budget below the floor gives an infeasible schedule (`mutwo plan` exit
+3): the bar is that apply refuses it (InfeasibleScheduleError) before any
+step. Prints one JSON line per point and a summary line; exits 1 when a
+bar fails.
+
+    apply_zoo_cpu.py --bin build/bin [--models gpt,resnet18] [--out DIR]
+"""
+import argparse
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "zoo"))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torchvision  # noqa: E402
+from typing import Optional  # noqa: E402
+
+import mutwo  # noqa: E402
+import models as zoo  # noqa: E402  (bench/zoo/models.py)
+from run_zoo import emulate_link  # noqa: E402
+
+SAVING_BAR = 0.9
+GRAD_RTOL = 1e-5
+
+
+# The issue's models: a user's ViT (nn.MultiheadAttention, MLP Sequential,
+# pre-norm, an Optional mask argument) and a timm-style ConvNeXt.
+class VitBlock(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
+                                 nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        y = self.ln1(x)
+        x = x + self.attn(y, y, y, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class UserVit(nn.Module):
+    def __init__(self, d: int = 64, heads: int = 4, depth: int = 4):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 4, 4)
+        self.blocks = nn.ModuleList([VitBlock(d, heads)
+                                     for _ in range(depth)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor,
+                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x.mean(1))
+
+
+class TimmMlp(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class TimmConvNextBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.conv_dw = nn.Conv2d(d, d, 7, padding=3, groups=d)
+        self.norm = nn.LayerNorm(d)
+        self.mlp = TimmMlp(d)
+        self.gamma = nn.Parameter(torch.full((d,), 1e-1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x
+        x = self.norm(self.conv_dw(x).permute(0, 2, 3, 1))
+        x = self.mlp(x).permute(0, 3, 1, 2)
+        x = x.mul(self.gamma.reshape(1, -1, 1, 1))
+        return x + shortcut
+
+
+class TimmConvNext(nn.Module):
+    def __init__(self, d: int = 32, depth: int = 3):
+        super().__init__()
+        self.stem = nn.Conv2d(3, d, 4, 4)
+        self.blocks = nn.Sequential(*[TimmConvNextBlock(d)
+                                      for _ in range(depth)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
+
+
+def tiny_vit() -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2,
+                             num_heads=2, hidden_dim=32, mlp_dim=64,
+                             num_classes=10)
+
+
+def tv(name: str, **kw):
+    return lambda: getattr(torchvision.models, name)(num_classes=10, **kw)
+
+
+def image_model(name, build, size=32, batch=2):
+    return dict(name=name, build=build,
+                inputs=[f"x:float32[B,3,{size},{size}]"],
+                loss="cross_entropy:y:int64[B]{0,10}", batch=batch)
+
+
+def suite():
+    out = [dict(m) for m in zoo.repo_models("cpu")]
+    out += [
+        # Inputs large enough that activations, not parameters and their
+        # gradients, make the peak: at batch 2 and 32 px the floor of these
+        # is their baseline and the planner decides nothing.
+        image_model("resnet18", tv("resnet18"), size=64, batch=8),
+        image_model("mobilenet_v3_small", tv("mobilenet_v3_small"), size=64,
+                    batch=8),
+        image_model("efficientnet_b0", tv("efficientnet_b0"), size=64,
+                    batch=4),
+        image_model("convnext_tiny", tv("convnext_tiny"), size=64, batch=4),
+        image_model("vit_tiny", tiny_vit, batch=16),
+        # Not in the default run (--models resnet50): replay timing.
+        dict(image_model("resnet50", tv("resnet50"), size=64, batch=4),
+             default=False),
+        # The worker passes every forward argument: the Optional mask is
+        # an additive [T, T] float mask, no batch dimension.
+        dict(image_model("user_vit", UserVit, batch=8),
+             inputs=["x:float32[B,3,32,32]", "mask:float32[64,64]"],
+             unbatched=["mask"]),
+        image_model("timm_convnext", TimmConvNext, size=64),
+    ]
+    return out
+
+
+_SPEC = re.compile(r"^(\w+):(\w+)\[([^\]]*)\](?:\{(-?\d+),(-?\d+)\})?$")
+
+
+def make_tensor(spec: str, batch: int, gen: torch.Generator) -> torch.Tensor:
+    m = _SPEC.match(spec)
+    if m is None:
+        raise ValueError(f"input spec {spec!r}")
+    _, dtype, dims, lo, hi = m.groups()
+    shape = [batch if d.strip() == "B" else int(d) for d in dims.split(",")]
+    if dtype.startswith("int"):
+        return torch.randint(int(lo or 0), int(hi or 2), shape,
+                             generator=gen, dtype=getattr(torch, dtype))
+    return torch.randn(shape, generator=gen, dtype=getattr(torch, dtype))
+
+
+def make_loss(spec: str, batch: int, gen: torch.Generator):
+    if spec == "mean":
+        return lambda out: out.float().mean()
+    if spec.startswith("cross_entropy:"):
+        y = make_tensor(spec.split(":", 1)[1], batch, gen)
+
+        def ce(out):
+            # Classes last ([B, T, V] against [B, T]: a language model) or
+            # second ([B, C] against [B]; [B, C, H, W] against [B, H, W]).
+            if out.dim() > 2 and tuple(out.shape[:-1]) == tuple(y.shape):
+                return F.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                       y.reshape(-1))
+            return F.cross_entropy(out, y)
+        return ce
+    raise ValueError(f"loss {spec!r}")
+
+
+def run(cmd, timeout=300):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def step(model, inputs, loss_fn, seed=7):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    loss_fn(model(*inputs)).backward()
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()
+            if p.grad is not None}
+
+
+def storage_key(t):
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().data_ptr()
+    return t.storage().data_ptr()
+
+
+def storage_bytes(t):
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().nbytes()
+    return t.storage().nbytes()
+
+
+def unmodified_saved_bytes(model, inputs, loss_fn, seed=7):
+    """The unmodified step's saved-tensor bytes at the end of forward,
+    counted as mutwo.apply counts them: storages of the tensors autograd
+    saves, once each, parameters, buffers, inputs and views of them
+    excluded."""
+    alive = {storage_key(t) for t in list(model.parameters()) +
+             list(model.buffers()) + list(inputs)}
+    saved = {}
+
+    def pack(t):
+        base = t._base if t._base is not None else t
+        if t.numel() and not (base.grad_fn is None and (
+                base.requires_grad or storage_key(t) in alive)):
+            saved[storage_key(t)] = storage_bytes(t)
+        return t
+
+    torch.manual_seed(seed)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(*inputs)
+    total = sum(saved.values())
+    loss_fn(out).backward()
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def median_step_ms(model, inputs, loss_fn, steps):
+    times = []
+    for i in range(steps + 1):  # the first is a warm-up
+        t = time.perf_counter()
+        step(model, inputs, loss_fn)
+        times.append((time.perf_counter() - t) * 1e3)
+    return round(sorted(times[1:])[len(times[1:]) // 2], 2)
+
+
+def apply_point(m, schedule_path, point, time_steps=0):
+    torch.manual_seed(0)
+    model = m["build"]().train()
+    plain = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(1)
+    inputs = [make_tensor(s, m["batch"], gen) for s in m["inputs"]]
+    loss_fn = make_loss(m["loss"], m["batch"], gen)
+    schedule = mutwo.Schedule.from_json(schedule_path)
+    point.update(recompute=len(schedule.recomputed),
+                 swap=len(schedule.swapped))
+    if not schedule.feasible:
+        try:
+            mutwo.apply(model, schedule)
+        except mutwo.InfeasibleScheduleError:
+            point.update(refused_infeasible=True, ok=True)
+            return
+        point.update(refused_infeasible=False, ok=False,
+                     error="an infeasible schedule was applied")
+        return
+    unmodified = unmodified_saved_bytes(plain, inputs, loss_fn)
+    applied = mutwo.apply(model, schedule)  # strict
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            g_applied = step(model, inputs, loss_fn)
+    except mutwo.ScheduleMismatchError as e:
+        point.update(applied_all=False, ok=False, error=str(e)[:800],
+                     unapplied=[f"{d.action} {d.module_path} {d.op_kind}"
+                                for d in e.decisions])
+        return
+    point["apply_step_s"] = round(time.perf_counter() - t0, 3)
+    g_plain = step(plain, inputs, loss_fn)
+    scale = max(g.abs().max().item() for g in g_plain.values())
+    diff = max((g_plain[n] - g_applied[n]).abs().max().item()
+               for n in g_plain) if set(g_plain) == set(g_applied) else None
+    meas = applied.measurements()
+    planned = meas.planned_saving_bytes
+    saving = unmodified - meas.saved_bytes
+    ratio = saving / planned if planned > 0 else None
+    gradients_ok = diff is not None and diff <= GRAD_RTOL * scale
+    saving_ok = ratio is None or ratio >= SAVING_BAR
+    point.update(
+        applied_all=True, grad_max_abs_diff=diff, grad_scale=scale,
+        gradients_ok=gradients_ok,
+        unmodified_saved_bytes=unmodified,
+        apply_unmodified_saved_bytes=meas.unmodified_saved_bytes,
+        saved_bytes=meas.saved_bytes, planned_saving_bytes=planned,
+        measured_saving_bytes=saving,
+        saving_ratio=None if ratio is None else round(ratio, 4),
+        saving_ok=saving_ok, frames=len(applied.frames),
+        replays=sum(applied.stats.replays.values()),
+        budget_warnings=[str(w.message)[:300] for w in caught
+                         if issubclass(w.category, mutwo.BudgetWarning)],
+        ok=gradients_ok and saving_ok)
+    if time_steps:
+        # Median step (forward, loss, backward) of the unmodified model, the
+        # applied one, and the applied one whose replays run every module
+        # call of their frame from its start (skip_retained=False).
+        point["plain_step_ms"] = median_step_ms(plain, inputs, loss_fn,
+                                                time_steps)
+        point["apply_step_ms"] = median_step_ms(model, inputs, loss_fn,
+                                                time_steps)
+        point["skipped_calls"] = applied.stats.skipped
+        applied.remove()
+        mutwo.apply(model, schedule, skip_retained=False)
+        point["apply_noskip_step_ms"] = median_step_ms(model, inputs, loss_fn,
+                                                       time_steps)
+
+
+def run_model(m, args, work):
+    name = m["name"]
+    base = os.path.join(work, name)
+    torch.manual_seed(0)
+    t0 = time.time()
+    torch.jit.script(m["build"]().train()).save(base + ".pt")
+    spec = []
+    for i in m["inputs"]:
+        spec += ["--input", i]
+    for u in m.get("unbatched", []):
+        spec += ["--unbatched", u]
+    spec += ["--loss", m["loss"], "--batch", str(m["batch"]), "--device",
+             "cpu", "--warmup", "1", "--iterations", "1"]
+    rc, out, err = run([os.path.join(args.bin, "mutwo-worker"), "profile",
+                        base + ".pt"] + spec + ["--output", "json"])
+    if rc != 0:
+        return [dict(model=name, ok=False,
+                     error="profile: " + err.strip()[-800:])]
+    with open(base + ".profile.json", "w") as f:
+        f.write(out)
+    cli = os.path.join(args.bin, "mutwo")
+    rc, out, err = run([cli, "plan", base + ".profile.json", "--budget", "1B",
+                        "--output", "json"])
+    try:
+        probe = json.loads(out)
+        floor = int(probe["floor_bytes"])
+        baseline = int(probe["baseline_peak_bytes"])
+    except (ValueError, KeyError):
+        return [dict(model=name, ok=False,
+                     error="plan: " + err.strip()[-800:])]
+    # The same profile with a modeled 1 GB/s host link (a CPU profile offers
+    # no swaps; run_zoo's zoo_cpu_swap does the same): SWAP decisions too.
+    profile = json.loads(open(base + ".profile.json").read())
+    emulate_link(profile, 1e9)
+    with open(base + ".link.profile.json", "w") as f:
+        json.dump(profile, f)
+    points = []
+    # 50% (below the floor of most CPU-tier models: refused), half way
+    # from the floor to the baseline, and the floor.
+    budgets = [("50%", "50%"),
+               ("mid", f"{int(floor + 0.5 * max(0, baseline - floor)) + 1}B"),
+               ("floor", f"{int(floor * 1.0005) + 1}B"),
+               ("floor+link", f"{int(floor * 1.0005) + 1}B")]
+    for label, budget in budgets:
+        if label not in args.budgets.split(","):
+            continue
+        point = dict(model=name, budget=label, floor_bytes=floor,
+                     baseline_peak_bytes=baseline)
+        path = f"{base}.{label.strip('%')}.schedule.json"
+        prof = base + (".link" if "link" in label else "") + ".profile.json"
+        rc, out, err = run([cli, "plan", prof, "--budget", budget, "--output",
+                            "json"])
+        if rc not in (0, 3) or not out.strip().startswith("{"):
+            point.update(ok=False, error="plan: " + err.strip()[-800:])
+            points.append(point)
+            continue
+        with open(path, "w") as f:
+            f.write(out)
+        s = json.loads(out)
+        point.update(budget_bytes=int(s.get("budget_bytes", 0)),
+                     feasible=bool(s.get("feasible", False)),
+                     predicted_peak_bytes=int(s.get("predicted_peak_bytes",
+                                                    0)))
+        try:
+            apply_point(m, path, point, args.time_steps)
+        except Exception as e:  # a crash is a failed bar, with its reason
+            point.update(ok=False, error="apply: " + "".join(
+                traceback.format_exception_only(type(e), e)).strip()[-800:])
+        points.append(point)
+    for p in points:
+        p["model_s"] = round(time.time() - t0, 2)
+    return points
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True,
+                    help="folder with mutwo-worker and mutwo")
+    ap.add_argument("--models", default="",
+                    help="comma-separated names (default: all)")
+    ap.add_argument("--out", default="", help="keep the work files here")
+    ap.add_argument("--budgets", default="50%,mid,floor,floor+link",
+                    help="which of the budget points to run")
+    ap.add_argument("--time-steps", type=int, default=0,
+                    help="also time this many steps: unmodified, applied, "
+                    "applied without skipping held calls in replays")
+    args = ap.parse_args()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    wanted = [n for n in args.models.split(",") if n]
+    models = [m for m in suite() if m["name"] in wanted or
+              (not wanted and m.get("default", True))]
+    work = args.out or tempfile.mkdtemp(prefix="apply_zoo_cpu_")
+    os.makedirs(work, exist_ok=True)
+    t0 = time.time()
+    failed = 0
+    points = 0
+    for m in models:
+        for p in run_model(m, args, work):
+            points += 1
+            failed += not p.get("ok", False)
+            print(json.dumps(p, separators=(",", ":")), flush=True)
+    print(json.dumps({"summary": True, "points": points, "failed": failed,
+                      "seconds": round(time.time() - t0, 1),
+                      "torch": torch.__version__}), flush=True)
+    return 1 if failed or not points else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
