@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_join.h"
 #include "common/parse.h"
@@ -323,6 +324,47 @@ TEST(ModelLoaderTest, BadFilesGetErrorsNamingTheProblem) {
   ASSERT_FALSE(too_big.ok());
   EXPECT_NE(too_big.status().message().find("over the limit"),
             std::string::npos);
+}
+
+// The fingerprint hashes the IR's structure in graph order (node ids are
+// what schedules name), never where its nodes and values were allocated:
+// the same IR built again (copied after other graphs took the addresses
+// the first one had, some freed again) hashes the same, and
+// one edge changed hashes differently (issue 25: a fingerprint that
+// differed between two processes on the same file).
+TEST(GraphTest, FingerprintDependsOnStructureNotOnAllocation) {
+  const torch::jit::Module module = Load("cnn");
+  auto first = Graph::Create(module);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Other graphs first, so that the copy lives at other addresses (and a
+  // hash of its pointers would order it otherwise).
+  std::vector<std::shared_ptr<torch::jit::Graph>> ballast;
+  for (int i = 0; i < 8; ++i) ballast.push_back((*first)->graph()->copy());
+  ballast.resize(4);  // and free some, so the next one is interleaved
+  std::shared_ptr<torch::jit::Graph> parsed = (*first)->graph()->copy();
+  auto again = Graph::Create(module, parsed);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->fingerprint(), (*first)->fingerprint());
+  EXPECT_EQ((*again)->num_nodes(), (*first)->num_nodes());
+
+  // The same IR with the two inputs of one op swapped: another graph.
+  std::shared_ptr<torch::jit::Graph> swapped = (*first)->graph()->copy();
+  bool changed = false;
+  for (torch::jit::Node* node : swapped->nodes()) {
+    if (node->inputs().size() >= 2 && node->input(0) != node->input(1) &&
+        node->input(0)->type()->kind() == node->input(1)->type()->kind()) {
+      torch::jit::Value* a = node->input(0);
+      torch::jit::Value* b = node->input(1);
+      node->replaceInput(0, b);
+      node->replaceInput(1, a);
+      changed = true;
+      break;
+    }
+  }
+  ASSERT_TRUE(changed);
+  auto other = Graph::Create(module, swapped);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->fingerprint(), (*first)->fingerprint());
 }
 
 }  // namespace

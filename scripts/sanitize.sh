@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The sanitizer job (issue 25): AddressSanitizer + UndefinedBehaviorSanitizer
+# over the code that runs a training step, where a value read after it was
+# freed once made the same file give different answers run to run.
+#   scripts/sanitize.sh            # build-asan/ (CMakePresets.json "asan")
+#
+# What it builds and runs, and why only this:
+#   - planner_test (the whole planner, pure C++: seconds);
+#   - worker_test and executor_test, the graph/interpreter/profiler/executor
+#     cases (CLI and metrics cases start processes and servers: their
+#     code is the service's, covered by the Release suite);
+#   - mutwo-worker itself on the fixtures whose outcome depended on
+#     addresses (diffusion_unet profile, seq2seq floor execute), 3 runs each.
+# Not the service tests: an ASan build of gRPC-heavy tests plus the worker
+# doubles CI's build time, and the memory bugs found were all in the worker.
+# ThreadSanitizer for the server's threads is the `tsan` preset (run by hand:
+# `cmake --preset tsan && cmake --build build-tsan && ctest --test-dir
+# build-tsan -R 'long_wait|Waiter'`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+cmake --preset asan >&2
+cmake --build build-asan -j"$JOBS" --target mutwo-worker mutwo planner_test \
+  worker_test executor_test worker_test_models >&2
+export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:detect_container_overflow=0:abort_on_error=0
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TEST_TMPDIR=$PWD/build-asan/test_tmp
+mkdir -p "$TEST_TMPDIR"
+BIN=build-asan/bin
+MODELS=build-asan/test_models
+passed=0
+failed=0
+check() {  # check NAME COMMAND...
+  local name=$1
+  shift
+  if "$@" > "build-asan/$name.log" 2>&1; then
+    passed=$((passed + 1))
+    echo "sanitize: $name ok" >&2
+  else
+    failed=$((failed + 1))
+    echo "sanitize: $name FAILED (build-asan/$name.log):" >&2
+    grep -m1 -A25 "ERROR: AddressSanitizer\|runtime error\|FAILED\|Failure" \
+      "build-asan/$name.log" >&2 || tail -25 "build-asan/$name.log" >&2
+  fi
+}
+check planner_test "$BIN/planner_test"
+check worker_test "$BIN/worker_test" \
+  --gtest_filter='Graph*:Interpreter*:Profiler*:Alias*:Specialize*:SpecializedControlFlow*:MakeInputs*:ComputeLoss*:CountingCpuAllocator*:StorageBytes*:ModelLoader*'
+check executor_test "$BIN/executor_test"
+UNET=(--input 'x:float32[B,3,32,32]' --loss 'cross_entropy:y:int64[B]{0,10}'
+      --optimizer sgd --batch 2 --device cpu --iterations 1)
+S2S=(--input 'src:int64[B,8]{0,64}' --input 'tgt:int64[B,8]{0,64}'
+     --loss 'cross_entropy:y:int64[B,8]{0,64}' --optimizer sgd --batch 32
+     --device cpu)
+for i in 1 2 3; do
+  check "diffusion_unet_profile_$i" "$BIN/mutwo-worker" profile \
+    "$MODELS/diffusion_unet.pt" "${UNET[@]}" --output json
+done
+"$BIN/mutwo-worker" profile "$MODELS/seq2seq.pt" "${S2S[@]}" --iterations 1 \
+  --output json > build-asan/seq2seq.profile.json
+floor=$("$BIN/mutwo" plan build-asan/seq2seq.profile.json --budget 100% \
+  --output json | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["floor_bytes"])')
+"$BIN/mutwo" plan build-asan/seq2seq.profile.json --budget "${floor}B" \
+  --output json > build-asan/seq2seq.floor.json
+for i in 1 2 3; do
+  check "seq2seq_floor_execute_$i" "$BIN/mutwo-worker" execute \
+    "$MODELS/seq2seq.pt" --schedule build-asan/seq2seq.floor.json "${S2S[@]}"
+done
+echo "sanitize: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
