@@ -27,7 +27,7 @@ if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUTWO_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1 &&
     cmake --build "$BUILD" --target mutwo mutwo-worker >> "$OUT/build.log" 2>&1 || { echo "build failed" >&2; exit 1; }
 fi
-MD=${MODELS_DIR:-/tmp/anchor-models}
+MD=${MODELS_DIR:-$OUT/models}
 python3 bench/gpu/make_models.py "$MD" ${MODELS//,/ } 2> "$OUT/models.log"
 for m in ${MODELS//,/ }; do
   t0=$(date +%s)

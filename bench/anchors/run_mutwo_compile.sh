@@ -43,7 +43,7 @@ if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
     cmake --build "$BUILD" --target mutwo mutwo-worker >> "$OUT/build.log" 2>&1 || { log "build failed"; exit 1; }
   log "built"
 fi
-MD=${MODELS_DIR:-/tmp/anchor-models}
+MD=${MODELS_DIR:-$OUT/models}
 python3 bench/gpu/make_models.py "$MD" ${MODELS//,/ } 2> "$OUT/models.log"
 for m in ${MODELS//,/ }; do
   batch=$(python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from make_models import SPECS; print(SPECS['$m']['batch'])")

@@ -100,7 +100,11 @@ def main():
     names = sys.argv[2:] or ["resnet152", "transformer"]
     os.makedirs(out, exist_ok=True)
     for name in names:
-        torch.jit.script(build(name)).save(os.path.join(out, name + ".pt"))
+        # Written aside and renamed: a run beside this one reading the same
+        # folder never loads a half-written archive.
+        path = os.path.join(out, name + ".pt")
+        torch.jit.script(build(name)).save(path + f".{os.getpid()}.tmp")
+        os.replace(path + f".{os.getpid()}.tmp", path)
         print(f"wrote {out}/{name}.pt", file=sys.stderr)
 
 
