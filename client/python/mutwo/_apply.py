@@ -1529,7 +1529,8 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         if not force:
             _refuse_infeasible(schedule)
         notes.append("the planner marked this schedule infeasible "
-                     f"(applied with force=True): {schedule.reason}")
+                     "(applied with force=True)" +
+                     (f": {schedule.reason}" if schedule.reason else ""))
     modules = dict(model.named_modules())
     path_of = {id(m): p for p, m in modules.items()}
     # A shared module's paths all name the first (named_modules()) path.
