@@ -1276,6 +1276,13 @@ def _all_modules(model: nn.Module) -> Dict[str, nn.Module]:
     return dict(model.named_modules(remove_duplicate=False))
 
 
+def _canonical_paths(model: nn.Module) -> Dict[str, str]:
+    """Every module path (a shared module's each path) -> the path
+    named_modules() gives that module (its first)."""
+    path_of = {id(m): p for p, m in model.named_modules()}
+    return {p: path_of[id(m)] for p, m in _all_modules(model).items()}
+
+
 def _check(model: nn.Module, schedule: Schedule) -> None:
     modules = _all_modules(model)
     if not schedule.decisions:
@@ -1441,7 +1448,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
           *, strict: bool = True, force: bool = False,
           prefetch_ahead: int = 2, skip_retained: bool = True,
           mode: str = "eager",
-          **kwargs: Any) -> Applied:
+          **kwargs: Any) -> Union[Applied, nn.Module]:
     """Applies `schedule` to `model` (the eager nn.Module whose TorchScript
     was planned) for the user's own training loop: call the model as usual,
     then loss.backward() and the optimizer. Returns an Applied handle
@@ -1464,20 +1471,39 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     the peak (peak statistics are reset at its start); a BudgetWarning
     says when it misses the plan.
 
-    `mode="compile"` hands over to mutwo._compile.apply_compiled
-    (torch.compile with selective checkpointing), with `kwargs`.
+    `mode="compile"` is for torch.compile (PyTorch >= 2.4): it calls
+    `mutwo._compile.apply_compiled(model, schedule, force=force, **kwargs)`
+    (kwargs: swaps, recompute, allow_cache_entry_mutation) and returns
+    `model` itself, its recompute frames wrapped in selective activation
+    checkpointing, to pass to torch.compile; `mutwo._compile.
+    compiled_schedule_of(model)` is the handle (`report()`, `unmatched()`,
+    `remove()`). SWAP decisions are refused there (UnsupportedScheduleError)
+    unless swaps="ignore", and which decisions matched an op is known only
+    after the first compiled step (`unmatched()`): strict=False,
+    prefetch_ahead and skip_retained are eager-mode options (TypeError).
+    Earlier PyTorch raises RuntimeError naming the version.
 
-    Not applied: decisions of a TorchScript model (apply needs the eager
-    module), under torch.compile (saved-tensor hooks are not traced; apply
-    to the module you compile is untested) or inside another
+    Not applied in eager mode: decisions of a TorchScript model (apply
+    needs the eager module), of a module already compiled (TypeError; use
+    mode="compile" on the module before compiling) or inside another
     saved_tensors_hooks context (the innermost hooks win). DDP wrapping the
     model after apply works as for torch.utils.checkpoint(use_reentrant=
     False).
     """
     if mode == "compile":
+        ignored = [name for name, given, default in (
+            ("strict", strict, True), ("prefetch_ahead", prefetch_ahead, 2),
+            ("skip_retained", skip_retained, True)) if given != default]
+        if ignored:
+            raise TypeError(
+                f"mutwo.apply(mode=\"compile\"): {', '.join(ignored)} "
+                "apply to mode=\"eager\" only (under torch.compile the "
+                "decisions no op matched are listed by mutwo._compile."
+                "compiled_schedule_of(model).unmatched() after the first "
+                "compiled step)")
         from mutwo import _compile  # type: ignore[attr-defined]
-        return _compile.apply_compiled(model, schedule, strict=strict,
-                                       force=force, **kwargs)
+        return _compile.apply_compiled(model, schedule, force=force,
+                                       **kwargs)
     if mode != "eager":
         raise ValueError(f"mutwo.apply: mode {mode!r}: expected 'eager' or "
                          "'compile'")
@@ -1492,10 +1518,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         raise TypeError(
             "mutwo.apply needs the eager nn.Module, not the result of "
             "torch.compile: apply the schedule to the module itself (its "
-            "module paths are the schedule's). Compiling the applied module "
-            "runs, but Dynamo breaks its graphs at the saved-tensor hooks: "
-            "slower, and the planned peak is not guaranteed "
-            "(docs/apply.md)")
+            "module paths are the schedule's), or for torch.compile use "
+            "mutwo.apply(model, schedule, mode=\"compile\") before "
+            "compiling (docs/apply.md)")
     if not isinstance(schedule, Schedule):
         schedule = Schedule.from_json(schedule)
     _check(model, schedule)
@@ -1504,11 +1529,12 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         if not force:
             _refuse_infeasible(schedule)
         notes.append("the planner marked this schedule infeasible "
-                     f"(applied with force=True): {schedule.reason}")
+                     "(applied with force=True)" +
+                     (f": {schedule.reason}" if schedule.reason else ""))
     modules = dict(model.named_modules())
     path_of = {id(m): p for p, m in modules.items()}
     # A shared module's paths all name the first (named_modules()) path.
-    canonical = {p: path_of[id(m)] for p, m in _all_modules(model).items()}
+    canonical = _canonical_paths(model)
     specs = _frame_specs(model, schedule, canonical, notes)
     recomputed = {canonical[d.module_path] for d in schedule.recomputed}
     swap = {canonical[d.module_path] for d in schedule.swapped} - recomputed

@@ -1,8 +1,10 @@
 """A schedule's RECOMPUTE decisions under torch.compile, as selective
 activation checkpointing (SAC, PyTorch >= 2.4).
 
-    model = mutwo._compile.apply_compiled(model, schedule)
+    model = mutwo.apply(model, schedule, mode="compile")
     step_model = torch.compile(model)
+
+(`mode="compile"` calls `apply_compiled(model, schedule, ...)` here.)
 
 `mutwo.apply` works through saved-tensor hooks, which Dynamo does not
 trace (it breaks the graph at them). Here each recompute *frame* (the
@@ -201,7 +203,11 @@ def policy_table(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]
             "(eager), or pass swaps=\"ignore\" to keep them on the device "
             "(the peak then exceeds the plan by up to that much)")
     notes: List[str] = []
-    specs = _apply._frame_specs(model, schedule, notes)
+    # A shared module's decisions name it by each path it is called
+    # through; frames and rows use its named_modules() path, as the eager
+    # hooks see it.
+    canonical = _apply._canonical_paths(model)
+    specs = _apply._frame_specs(model, schedule, canonical, notes)
     modules = dict(model.named_modules())
     # Frames nest as modules do: only the outermost is checkpointed, its
     # policy covers the inner ones. A Sequential child range widens to the
@@ -221,7 +227,8 @@ def policy_table(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]
 
     def last_recomputed(path: str) -> bool:
         inside = [d for d in schedule.decisions
-                  if _inside(d.module_path, path)]
+                  if _inside(canonical.get(d.module_path, d.module_path),
+                             path)]
         return bool(inside) and max(
             inside, key=lambda d: d.producer_node).action == "RECOMPUTE"
 
@@ -244,8 +251,11 @@ def policy_table(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]
     roots.sort(key=lambda r: order[r[0]])
     rec = MUST_RECOMPUTE if recompute == "must" else PREFER_RECOMPUTE
     frames: List[FramePolicy] = []
-    decisions = sorted(schedule.decisions,
-                       key=lambda d: (d.producer_node, d.output_index))
+    decisions = sorted(
+        (dataclasses.replace(d, module_path=canonical.get(d.module_path,
+                                                          d.module_path))
+         for d in schedule.decisions),
+        key=lambda d: (d.producer_node, d.output_index))
     for root, label in roots:
         rows: List[PolicyRow] = []
         subtrees: Dict[str, str] = {}
@@ -461,21 +471,30 @@ def compiled_schedule_of(model: nn.Module) -> Optional[CompiledSchedule]:
 def apply_compiled(model: nn.Module,
                    schedule: Union[Schedule, str, Dict[str, Any]], *,
                    swaps: str = "refuse", recompute: str = "must",
-                   allow_cache_entry_mutation: bool = False) -> nn.Module:
+                   allow_cache_entry_mutation: bool = False,
+                   force: bool = False) -> nn.Module:
     """Makes `model` run the schedule's recompute decisions as selective
     activation checkpointing; returns `model` itself (changed in place) to
     be compiled: `torch.compile(apply_compiled(model, schedule))`.
+    `mutwo.apply(model, schedule, mode="compile")` calls this.
     `compiled_schedule_of(model)` gives the handle (`report()`,
-    `remove()`).
+    `unmatched()`, `remove()`).
 
     swaps="ignore" keeps SWAP decisions' activations on the device instead
     of refusing the schedule; recompute="prefer" lets the compiler keep a
     recomputed activation (PREFER_RECOMPUTE) instead of MUST_RECOMPUTE.
-    Raises RuntimeError on PyTorch < 2.4, TypeError for a compiled or
-    scripted module, ScheduleMismatchError for another model's schedule,
+    Raises InfeasibleScheduleError for a schedule the planner marked
+    infeasible unless force=True (as mutwo.apply), RuntimeError on PyTorch
+    < 2.4, TypeError for a compiled or scripted module,
+    ScheduleMismatchError for another model's schedule,
     UnsupportedScheduleError for SWAP decisions.
     """
     import torch
+    from mutwo import _apply
+    if not isinstance(schedule, Schedule):
+        schedule = Schedule.from_json(schedule)
+    if not schedule.feasible and not force:
+        _apply._refuse_infeasible(schedule)
     _require_sac()
     from torch.utils.checkpoint import (checkpoint,
                                         create_selective_checkpoint_contexts)
@@ -490,8 +509,6 @@ def apply_compiled(model: nn.Module,
     if compiled_schedule_of(model) is not None:
         raise ValueError("a schedule is already applied to this model; "
                          "remove() it first")
-    if not isinstance(schedule, Schedule):
-        schedule = Schedule.from_json(schedule)
     frames = policy_table(model, schedule, swaps=swaps, recompute=recompute)
     modules = dict(model.named_modules())
     rt = _Runtime(set(modules))

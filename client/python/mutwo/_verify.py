@@ -37,13 +37,20 @@ runs under `torch.profiler` with `profile_memory`, and the peak is the bytes
 of the tensors alive when that step starts (parameters, buffers, optimizer
 state, batch) plus the highest running sum of the CPU allocator's
 allocations minus frees during the step. The output names the measure.
+It also gives mutwo.apply's own measurements of the first scheduled step
+(`Applied.measurements()`: saved-tensor bytes held at the end of forward
+with and without the schedule, against the planned saving) and any
+BudgetWarning apply raised.
 
 Exit codes as `mutwo-worker execute`: 0 the schedule holds (within its
 budget, gradients, loss and buffers equal to the unmodified step); 1 it does
 not (over budget, out of memory, or something differs; the table is printed
 either way and stderr says why); 2 bad arguments or input (the model file,
-the factory, the schedule file, a schedule of another model); 3 the planner
-marked the schedule infeasible (nothing run; --force runs it anyway).
+the factory, the schedule file, a schedule of another model, or one whose
+RECOMPUTE/SWAP decisions match no tensor autograd saves in this model's
+forward: mutwo.apply's ScheduleMismatchError, raised before any backward);
+3 the planner marked the schedule infeasible (nothing run; --force runs it
+anyway, passing force=True to mutwo.apply).
 """
 from __future__ import annotations
 
@@ -509,6 +516,42 @@ def compare(base: StepResult, sched: StepResult,
             "batchnorm_stats_match": buffers_match}
 
 
+@contextlib.contextmanager
+def _budget_warnings(into: List[Any]) -> Any:
+    """Collects mutwo.apply's BudgetWarnings (reported in the output)."""
+    import warnings
+    from mutwo._apply import BudgetWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", BudgetWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, BudgetWarning):
+                    into.append(w)
+                else:
+                    warnings.warn_explicit(w.message, w.category,
+                                           w.filename, w.lineno)
+
+
+def measurements_dict(m: Any) -> Optional[Dict[str, Any]]:
+    """mutwo.apply's measurements of the first scheduled step (the
+    comparison step): saved-tensor bytes held at the end of forward with
+    and without the schedule, against the planned saving."""
+    if m is None:
+        return None
+    return {"saved_bytes": m.saved_bytes,
+            "unmodified_saved_bytes": m.unmodified_saved_bytes,
+            "saving_bytes": m.saving_bytes,
+            "planned_saving_bytes": m.planned_saving_bytes,
+            "saving_fraction": m.saving_fraction,
+            "swapped_bytes": m.swapped_bytes,
+            "first_step_peak_bytes": m.peak_bytes,
+            "forward_ms": m.forward_seconds * 1e3,
+            "step_ms": (m.step_seconds * 1e3 if m.step_seconds is not None
+                        else None)}
+
+
 def format_bytes(n: float) -> str:
     from mutwo._specs import format_bytes as fmt
     return fmt(n)
@@ -549,8 +592,26 @@ def format_table(v: Dict[str, Any]) -> str:
                        v["max_abs_grad_diff"], v["largest_gradient"],
                        v["loss_diff"],
                        "match" if v["batchnorm_stats_match"] else "DIFFER"))
+    m = v.get("apply_measurements")
+    if m:
+        line = ("saved tensors   %s held at the end of forward (unmodified "
+                "%s): saving %s of %s planned" % (
+                    format_bytes(m["saved_bytes"]),
+                    format_bytes(m["unmodified_saved_bytes"]),
+                    format_bytes(m["saving_bytes"]),
+                    format_bytes(m["planned_saving_bytes"])))
+        if m["saving_fraction"] is not None:
+            line += " (%.0f%%)" % (100.0 * m["saving_fraction"])
+        if m["swapped_bytes"]:
+            line += ", %s swapped to the host" % format_bytes(
+                m["swapped_bytes"])
+        out.append(line)
     out.append(f"peak measure    {v['peak_measure']}")
+    if v.get("forced"):
+        out.append("forced          the planner marked this schedule "
+                   "infeasible; run with --force")
     out += ["  " + line for line in v.get("apply_report", "").splitlines()]
+    out += ["  warning: " + w for w in v.get("apply_warnings", [])]
     return "\n".join(out) + "\n"
 
 
@@ -641,8 +702,10 @@ def verify(args: argparse.Namespace, out: Any = None,
         session = Session(user, device, xs, target, loss_fn, args.optimizer,
                           args.seed)
         try:
-            # Checks the schedule against the model before anything runs.
-            apply_mod.apply(session.model, schedule).remove()
+            # Checks the schedule against the model before anything runs
+            # (module paths and op kinds; infeasible was handled above).
+            apply_mod.apply(session.model, schedule,
+                            force=args.force).remove()
         except apply_mod.ScheduleMismatchError as e:
             raise UsageError(f"--schedule {args.schedule}: {e}") from None
     except UsageError as e:
@@ -664,25 +727,35 @@ def verify(args: argparse.Namespace, out: Any = None,
         "oom": False, "error": "", "within_budget": False,
         "peak_measure": CUDA_PEAK_MEASURE if session.cuda
         else CPU_PEAK_MEASURE, "torch": torch.__version__,
+        "feasible": schedule.feasible, "forced": bool(args.force and not schedule.feasible),
+        "apply_measurements": None, "apply_warnings": [],
     }
     oom_types: Tuple[type, ...] = tuple(
         t for t in (getattr(torch.cuda, "OutOfMemoryError", None),)
         if t is not None)
     phase = "unmodified comparison step"
+    warned: List[Any] = []
     try:
         with deterministic_kernels(session.cuda):
             base = session.compare_step()
             again = session.compare_step() if session.cuda else None
             phase = "scheduled comparison step"
-            with apply_mod.apply(session.model, schedule) as applied:
+            # The first step under the schedule: mutwo.apply checks every
+            # decision matched a saved tensor (strict) and measures it.
+            with _budget_warnings(warned), \
+                    apply_mod.apply(session.model, schedule,
+                                    force=args.force) as applied:
                 sched = session.compare_step()
-                report = applied.report()
+                m = applied.measurements()
+        v["apply_measurements"] = measurements_dict(m)
         v.update(compare(base, sched, again, args.grad_rtol, args.grad_atol))
         phase = "unmodified timed steps"
         peak, ms, _ = session.timed(args.steps)
         v["baseline"] = {"peak_bytes": peak, "iteration_ms": ms}
         phase = "scheduled timed steps"
-        with apply_mod.apply(session.model, schedule) as applied:
+        with _budget_warnings(warned), \
+                apply_mod.apply(session.model, schedule,
+                                force=args.force) as applied:
             peak, ms, _ = session.timed(args.steps)
             report = applied.report()
         v["scheduled"] = {"peak_bytes": peak, "iteration_ms": ms}
@@ -690,10 +763,18 @@ def verify(args: argparse.Namespace, out: Any = None,
     except oom_types as e:  # type: ignore[misc]
         v["oom"] = True
         v["error"] = f"{phase}: {str(e).splitlines()[0]}"
+    except apply_mod.ScheduleMismatchError as e:
+        # Raised by the first forward, before any backward: decisions that
+        # matched no tensor autograd saved in this model's forward.
+        print(f"{prog}: --schedule {args.schedule} does not fit the "
+              f"forward of {args.model}: {e}", file=err)
+        return EXIT_BAD_INPUT
     except Exception as e:
         print(f"{prog}: model {args.model}: {phase} failed: "
               f"{type(e).__name__}: {e}", file=err)
         return EXIT_FAILURE
+    v["apply_warnings"] = list(dict.fromkeys(
+        str(w.message).replace("\n", " ") for w in warned))
     v["within_budget"] = (not v["oom"] and (
         schedule.budget_bytes <= 0 or
         v["scheduled"]["peak_bytes"] <= schedule.budget_bytes))

@@ -203,7 +203,8 @@ def test_occurrences_count_per_module_in_graph_order() -> None:
 def test_swap_decisions_are_refused_naming_count_and_bytes() -> None:
     model = resnet()
     schedule = make_schedule(model, recompute=[(0, ["layer1.0.conv1"], [])],
-                             swap=["layer3.0.conv1", "layer4.1.conv2"])
+                             swap=["layer3.0.conv1", "layer4.1.conv2"],
+                             size_bytes=1024)
     with pytest.raises(UnsupportedScheduleError,
                        match=r"swaps 2 activations \(2.00 KiB: "
                              r"'layer3.0.conv1', 'layer4.1.conv2'\).*"
@@ -255,6 +256,49 @@ def test_old_torch_is_told_what_is_needed() -> None:
     with pytest.raises(RuntimeError, match=r"needs PyTorch >= 2.4.*this is "
                        r"torch " + torch.__version__.replace("+", r"\+")):
         _compile.apply_compiled(model, make_schedule(model))
+
+
+def infeasible(schedule: mutwo.Schedule) -> mutwo.Schedule:
+    s = type(schedule.proto)()
+    s.CopyFrom(schedule.proto)
+    s.feasible = False
+    s.budget_bytes, s.floor_bytes = 1000, 500_000
+    return mutwo.Schedule.from_proto(s)
+
+
+@pytest.mark.skipif(hasattr(torch.utils.checkpoint, "CheckpointPolicy"),
+                    reason="this torch has selective checkpointing")
+def test_apply_mode_compile_dispatches_to_apply_compiled() -> None:
+    """mutwo.apply(mode="compile") is apply_compiled: on torch < 2.4 the
+    same RuntimeError naming the version, and the model is left as it
+    was."""
+    model = resnet()
+    schedule = make_schedule(model, recompute=[(0, ["layer1.0.conv1"], [])])
+    with pytest.raises(RuntimeError, match=r"needs PyTorch >= 2.4.*this is "
+                       r"torch " + torch.__version__.replace("+", r"\+")):
+        mutwo.apply(model, schedule, mode="compile")
+    assert _compile.compiled_schedule_of(model) is None
+    assert "forward" not in model.layer1[0].__dict__
+    # Forced past the infeasible check, the version is what stops it.
+    with pytest.raises(RuntimeError, match=r"needs PyTorch >= 2.4"):
+        mutwo.apply(model, infeasible(schedule), mode="compile", force=True)
+
+
+def test_apply_mode_compile_refuses_what_eager_apply_refuses() -> None:
+    model = resnet()
+    schedule = make_schedule(model, recompute=[(0, ["layer1.0.conv1"], [])])
+    # Infeasible: refused before anything else, as in eager mode.
+    with pytest.raises(mutwo.InfeasibleScheduleError,
+                       match="force=True"):
+        mutwo.apply(model, infeasible(schedule), mode="compile")
+    # Eager-only options are refused, not silently dropped.
+    with pytest.raises(TypeError, match=r"strict apply to mode=\"eager\""):
+        mutwo.apply(model, schedule, mode="compile", strict=False)
+    with pytest.raises(TypeError, match="prefetch_ahead"):
+        mutwo.apply(model, schedule, mode="compile", prefetch_ahead=4)
+    with pytest.raises(ValueError, match="mode 'jit'"):
+        mutwo.apply(model, schedule, mode="jit")
+    assert _compile.compiled_schedule_of(model) is None
 
 
 # On PyTorch >= 2.4 (the GPU machine): the policy run by torch's selective
@@ -346,6 +390,31 @@ def test_under_torch_compile_the_policy_finds_its_ops() -> None:
     # module, or the frame-wide count stands in) and matched every row.
     assert handle._rt.calls > 0
     assert handle.unmatched() == [], handle.report()
+
+
+@needs_sac
+def test_apply_mode_compile_returns_the_module_to_compile() -> None:
+    torch.manual_seed(0)
+    model = Mlp()
+    plain = copy.deepcopy(model)
+    out = mutwo.apply(model, mlp_schedule(model), mode="compile")
+    assert out is model
+    handle = _compile.compiled_schedule_of(model)
+    assert handle is not None
+    assert [f.path for f in handle.frames] == ["blocks.0", "blocks.1"]
+    _, grads_a = mlp_step(plain, plain, "cpu")
+    _, grads_b = mlp_step(model, torch.compile(out), "cpu")
+    assert_same_grads(grads_a, grads_b, 1e-4)
+    assert handle.unmatched() == [], handle.report()
+    handle.remove()
+    # SWAP decisions: refused, or kept on the device with swaps="ignore".
+    swapping = make_schedule(model, recompute=[(0, ["blocks.0.fc1"], [])],
+                             swap=["blocks.2.fc1"])
+    with pytest.raises(UnsupportedScheduleError):
+        mutwo.apply(model, swapping, mode="compile")
+    assert mutwo.apply(model, swapping, mode="compile",
+                       swaps="ignore") is model
+    _compile.compiled_schedule_of(model).remove()
 
 
 @needs_sac

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
+
+import mutwo
 
 from mutwo.__main__ import main
 from schedules import make_schedule
@@ -100,8 +102,9 @@ def load(path: Path, factory: str) -> Any:
 def write_schedule(tmp_path: Path, model: Any, name: str,
                    recompute: Sequence[Tuple[int, Sequence[str], Sequence[str]]],
                    budget_bytes: int, feasible: bool = True,
-                   floor_bytes: int = 0) -> Path:
-    s = make_schedule(model, recompute=recompute).proto
+                   floor_bytes: int = 0,
+                   op_kinds: Optional[Dict[str, str]] = None) -> Path:
+    s = make_schedule(model, recompute=recompute, op_kinds=op_kinds).proto
     s.batch_size = 4
     s.budget_bytes = budget_bytes
     s.floor_bytes = floor_bytes
@@ -141,6 +144,10 @@ def test_a_schedule_that_holds_exits_0_with_the_table(
     assert "batch-norm statistics match" in out
     assert "peak measure    cpu:" in out
     assert "replays in features[0:6]" in out
+    # mutwo.apply's first-step measurements (the hand-made schedule plans
+    # no bytes: no fraction).
+    assert "saved tensors   " in out and "held at the end of forward" in out
+    assert "of 0 B planned" in out
 
 
 def test_json_output_has_the_measured_peaks_and_the_comparison(
@@ -195,15 +202,62 @@ def test_a_schedule_over_its_budget_exits_1(
 
 def test_gradients_that_differ_exit_1_naming_the_parameter(
         model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    # Recomputes the block's tanh output (what autograd saves for tanh and
+    # the head): its replay runs Counting.forward again, which computes
+    # something else the second time.
     schedule = write_schedule(
         tmp_path, load(model_py, "make_stateful"), "stateful.json",
-        [(0, ["block.lin"], ["block"])], budget_bytes=1 << 30)
+        [(0, ["block"], ["block.lin"])], budget_bytes=1 << 30,
+        op_kinds={"block": "aten::tanh"})
     code, out, err = run_verify(capsys, [f"{model_py}:make_stateful",
                                          "--schedule", str(schedule),
                                          "--batch", "4"])
     assert code == 1
     assert "gradients       DIFFER" in out
     assert "gradients (max |diff|" in err and "worst at block.lin" in err
+
+
+def test_apply_measurements_and_budget_warnings_are_reported(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    # The planner's bytes overstated 100-fold: the saving measured by
+    # mutwo.apply falls short of the plan and apply warns (BudgetWarning);
+    # verify reports both and still judges by the measured peak.
+    path = write_schedule(tmp_path, load(model_py, "make"), "big.json",
+                          [FEATURES], budget_bytes=1 << 30)
+    v0 = json.loads(path.read_text())
+    for d in v0["decisions"]:
+        if d.get("action") == "RECOMPUTE":
+            d["size_bytes"] = str(10 << 20)
+    path.write_text(json.dumps(v0))
+    code, out, err = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                         str(path), "--batch", "4",
+                                         "--output", "json"])
+    assert code == 0, err
+    v = json.loads(out)
+    m = v["apply_measurements"]
+    assert m["planned_saving_bytes"] == 6 * (10 << 20)
+    assert 0 < m["saving_bytes"] < m["planned_saving_bytes"]
+    assert m["saving_fraction"] < 0.01
+    assert len(v["apply_warnings"]) == 1
+    assert "the budget 1.00 GiB may not hold" in v["apply_warnings"][0]
+
+
+def test_decisions_matching_no_saved_tensor_exit_2_naming_them(
+        model_py: Path, tmp_path: Path, capsys: Any) -> None:
+    # block.lin's output is multiplied by a Python number: autograd saves
+    # no tensor of it, so mutwo.apply (strict) refuses the schedule in the
+    # first forward, before any backward.
+    schedule = write_schedule(
+        tmp_path, load(model_py, "make_stateful"), "nothing.json",
+        [(0, ["block.lin"], ["block"])], budget_bytes=1 << 30)
+    code, out, err = run_verify(capsys, [f"{model_py}:make_stateful",
+                                         "--schedule", str(schedule),
+                                         "--batch", "4"])
+    assert code == 2
+    assert out == ""
+    assert "does not fit the forward of" in err
+    assert "matched no tensor autograd saved" in err
+    assert "RECOMPUTE block.lin aten::linear" in err
 
 
 def test_an_infeasible_schedule_exits_3_and_runs_nothing(
@@ -216,10 +270,15 @@ def test_an_infeasible_schedule_exits_3_and_runs_nothing(
     assert code == 3
     assert out == ""
     assert "below the floor 488.28 KiB" in err and "--force" in err
-    # --force runs it (and it does not hold: 1000 B).
-    code, out, _ = run_verify(capsys, [f"{model_py}:make", "--schedule",
-                                       str(schedule), "--force"])
+    # --force runs it, mutwo.apply with force=True (and it does not hold:
+    # 1000 B).
+    code, out, err = run_verify(capsys, [f"{model_py}:make", "--schedule",
+                                         str(schedule), "--force"])
     assert code == 1 and "(EXCEEDED)" in out
+    assert "gradients       match" in out
+    assert "forced          the planner marked this schedule infeasible" \
+        in out
+    assert "exceeds the budget 1000 B" in err
 
 
 @pytest.mark.parametrize("spec_of, message", [
@@ -323,6 +382,20 @@ def test_a_planned_schedule_holds_on_the_eager_model(
     assert v["scheduled"]["peak_bytes"] == pytest.approx(
         v["predicted"]["peak_bytes"], rel=0.05)
     assert v["scheduled"]["peak_bytes"] < 0.85 * v["baseline"]["peak_bytes"]
+    # mutwo.apply's measurements of the first scheduled step: the saved
+    # tensors it dropped against what the planner expected gone.
+    m = v["apply_measurements"]
+    planned = sum(d.size_bytes for d in mutwo.Schedule.from_json(
+        str(DATA / "verify_net_b32_80pct.schedule.json")).decisions
+        if d.action in ("RECOMPUTE", "SWAP"))
+    assert m["planned_saving_bytes"] == planned > 0
+    assert m["saving_bytes"] == (m["unmodified_saved_bytes"] -
+                                 m["saved_bytes"])
+    assert m["saving_fraction"] == pytest.approx(
+        m["saving_bytes"] / planned)
+    assert m["saving_fraction"] >= 0.9, m
+    assert m["first_step_peak_bytes"] is None  # CUDA only
+    assert v["apply_warnings"] == []
 
 
 def test_a_planned_infeasible_schedule_exits_3(
