@@ -159,8 +159,8 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   if (with_reserve) {
     // The lowest budget that is feasible: the plan's floor with the reserve
     // on top, but never above the baseline peak (the unmodified step).
-    result.floor_bytes = std::min(
-        baseline_peak, LowestBudgetAbove(profile, result.floor_bytes));
+    result.floor_bytes =
+        std::min(baseline_peak, LowestBudgetAbove(profile, result.floor_bytes));
   }
   if (reserve > 0) {
     result.reason = absl::StrCat(

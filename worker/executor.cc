@@ -773,12 +773,13 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
         // the finite ones.
         const torch::Tensor& a = sched.buffers[i];
         const torch::Tensor& b = base.buffers[i];
-        const torch::Tensor same = a.eq(b).logical_or(
-            a.isnan().logical_and(b.isnan()));
+        const torch::Tensor same =
+            a.eq(b).logical_or(a.isnan().logical_and(b.isnan()));
         const torch::Tensor diff = (a - b).abs().masked_fill(same, 0);
-        const double scale =
-            b.masked_fill(b.isfinite().logical_not(), 0).abs().max()
-                .item<double>();
+        const double scale = b.masked_fill(b.isfinite().logical_not(), 0)
+                                 .abs()
+                                 .max()
+                                 .item<double>();
         buffers_match &=
             diff.max().item<double>() <= o.grad_atol + o.grad_rtol * scale;
       }

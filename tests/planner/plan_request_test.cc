@@ -151,7 +151,8 @@ TEST(PlanRequestTest, ABudgetAtOrAboveTheBaselinePeakFitsWithNoDecisions) {
       request.budget.set_bytes(budget);
       auto s = PlanSchedule(profile, request);
       ASSERT_TRUE(s.ok()) << s.status();
-      EXPECT_TRUE(s->feasible()) << kind << " " << budget << ": " << s->reason();
+      EXPECT_TRUE(s->feasible())
+          << kind << " " << budget << ": " << s->reason();
       for (const v1::Decision& d : s->decisions()) {
         EXPECT_EQ(d.action(), v1::Decision::RETAIN)
             << kind << " " << budget << ": value " << d.value_id();
