@@ -280,8 +280,19 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   record->outputs_alive.assign(n, true);
   std::vector<int> node_start(n, 0), node_end(n, 0);
   std::vector<std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>> weak(n);
-  // Autograd node -> IR node that created it (found when its outputs appear).
-  absl::flat_hash_map<Node*, int> owner;
+  // Autograd node -> IR node that created it (found when its outputs
+  // appear). Keyed by address, so each entry keeps a weak reference: a node
+  // that died in forward and whose address a later node got must not lend
+  // the later one its owner (which IR node made a backward step then
+  // depended on the allocator: issue 25, lstm_lm's first_backward_use 81 in
+  // one profile and 90 in another).
+  absl::flat_hash_map<Node*, std::pair<std::weak_ptr<Node>, int>> owner;
+  auto claim = [&owner](Node* fn, int id) {
+    auto [it, added] = owner.try_emplace(fn, fn->shared_from_this(), id);
+    if (!added && it->second.first.expired()) {
+      it->second = {fn->shared_from_this(), id};
+    }
+  };
 
   ZeroGrads();
   backend->Synchronize();
@@ -331,9 +342,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
             reinterpret_cast<uintptr_t>(t.storage().data()));
         record->output_indices[id].push_back(static_cast<int>(index));
         if (!t.requires_grad()) continue;
-        for (Node* fn : ReachableFrom(t.grad_fn().get())) {
-          owner.emplace(fn, id);
-        }
+        for (Node* fn : ReachableFrom(t.grad_fn().get())) claim(fn, id);
       }
     }
   };
@@ -372,7 +381,9 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   record->steps.reserve(functions.size());
   for (Node* fn : functions) {
     auto it = owner.find(fn);
-    const int forward_node = it == owner.end() ? -1 : it->second;
+    const int forward_node = it == owner.end() || it->second.first.expired()
+                                 ? -1
+                                 : it->second.second;
     fn->add_pre_hook(std::make_unique<CallbackPreHook>([&, fn, forward_node]() {
       const int k = static_cast<int>(record->steps.size());
       windows.Open([record, k](int64_t peak) { record->steps[k].peak = peak; });
