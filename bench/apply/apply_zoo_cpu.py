@@ -30,6 +30,7 @@ bar fails.
 """
 import argparse
 import copy
+import functools
 import json
 import os
 import re
@@ -44,92 +45,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "zoo"))
+# The issue's models as users write them, shared with the apply tests.
+sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
-from typing import Optional  # noqa: E402
 
 import mutwo  # noqa: E402
 import models as zoo  # noqa: E402  (bench/zoo/models.py)
+from user_models import ConvNext, Vit  # noqa: E402
 from run_zoo import emulate_link  # noqa: E402
 
 SAVING_BAR = 0.9
 GRAD_RTOL = 1e-5
-
-
-# The issue's models: a user's ViT (nn.MultiheadAttention, MLP Sequential,
-# pre-norm, an Optional mask argument) and a timm-style ConvNeXt.
-class VitBlock(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
-                                 nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor,
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = self.ln1(x)
-        x = x + self.attn(y, y, y, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class UserVit(nn.Module):
-    def __init__(self, d: int = 64, heads: int = 4, depth: int = 4):
-        super().__init__()
-        self.patch = nn.Conv2d(3, d, 4, 4)
-        self.blocks = nn.ModuleList([VitBlock(d, heads)
-                                     for _ in range(depth)])
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x: torch.Tensor,
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.patch(x).flatten(2).transpose(1, 2)
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.head(x.mean(1))
-
-
-class TimmMlp(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class TimmConvNextBlock(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.conv_dw = nn.Conv2d(d, d, 7, padding=3, groups=d)
-        self.norm = nn.LayerNorm(d)
-        self.mlp = TimmMlp(d)
-        self.gamma = nn.Parameter(torch.full((d,), 1e-1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x
-        x = self.norm(self.conv_dw(x).permute(0, 2, 3, 1))
-        x = self.mlp(x).permute(0, 3, 1, 2)
-        x = x.mul(self.gamma.reshape(1, -1, 1, 1))
-        return x + shortcut
-
-
-class TimmConvNext(nn.Module):
-    def __init__(self, d: int = 32, depth: int = 3):
-        super().__init__()
-        self.stem = nn.Conv2d(3, d, 4, 4)
-        self.blocks = nn.Sequential(*[TimmConvNextBlock(d)
-                                      for _ in range(depth)])
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
 def tiny_vit() -> nn.Module:
@@ -167,10 +97,12 @@ def suite():
              default=False),
         # The worker passes every forward argument: the Optional mask is
         # an additive [T, T] float mask, no batch dimension.
-        dict(image_model("user_vit", UserVit, batch=8),
+        dict(image_model("user_vit", functools.partial(Vit, d=64), batch=8),
              inputs=["x:float32[B,3,32,32]", "mask:float32[64,64]"],
              unbatched=["mask"]),
-        image_model("timm_convnext", TimmConvNext, size=64),
+        image_model("timm_convnext",
+                    functools.partial(ConvNext, d=32, layer_scale=0.1),
+                    size=64),
     ]
     return out
 

@@ -8,7 +8,7 @@ import copy
 import gc
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ from torch import nn
 
 import mutwo
 from schedules import make_schedule
+from user_models import ConvNext, Mlp, Vit, VitBlock
 
 
 def step(model: nn.Module, inputs: Tuple[torch.Tensor, ...],
@@ -406,41 +407,6 @@ def test_a_compiled_module_is_refused_with_what_to_do() -> None:
 # --------------------------------------------------------------------------
 # Issue 26: every decision is applied, or refused before the first step.
 
-class VitBlock(nn.Module):
-    """A user's pre-norm ViT block: nn.MultiheadAttention and an MLP
-    Sequential(Linear, GELU, Linear)."""
-
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(),
-                                 nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor,
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        y = self.ln1(x)
-        x = x + self.attn(y, y, y, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class Vit(nn.Module):
-    def __init__(self, d: int = 32, heads: int = 4, depth: int = 4) -> None:
-        super().__init__()
-        self.patch = nn.Conv2d(3, d, 4, 4)
-        self.blocks = nn.ModuleList([VitBlock(d, heads)
-                                     for _ in range(depth)])
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x: torch.Tensor,
-                mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.patch(x).flatten(2).transpose(1, 2)
-        for block in self.blocks:
-            x = block(x, mask)
-        return self.head(x.mean(1))
-
-
 def vit() -> nn.Module:
     torch.manual_seed(5)
     return Vit().train()
@@ -487,47 +453,6 @@ def test_user_vit_applies_every_decision_with_equal_gradients() -> None:
     assert calls["blocks.3.mlp.0"] == 2 and calls["blocks.3.ln1"] == 2
     assert calls["blocks.0.mlp.2"] == 1
     assert_same_step(plain, model, VIT_INPUT, vit_loss)
-
-
-class Mlp(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class ConvNextBlock(nn.Module):
-    """timm's ConvNeXt block: depthwise 7x7, LayerNorm over channels after
-    a permute, MLP, layer scale (a parameter multiply), residual."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.conv_dw = nn.Conv2d(d, d, 7, padding=3, groups=d)
-        self.norm = nn.LayerNorm(d)
-        self.mlp = Mlp(d)
-        self.gamma = nn.Parameter(torch.full((d,), 0.5))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shortcut = x
-        x = self.norm(self.conv_dw(x).permute(0, 2, 3, 1))
-        x = self.mlp(x).permute(0, 3, 1, 2)
-        x = x.mul(self.gamma.reshape(1, -1, 1, 1))
-        return x + shortcut
-
-
-class ConvNext(nn.Module):
-    def __init__(self, d: int = 16, depth: int = 3) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, d, 4, 4)
-        self.blocks = nn.Sequential(*[ConvNextBlock(d) for _ in range(depth)])
-        self.head = nn.Linear(d, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
 
 
 def test_convnext_replays_a_frame_whose_input_was_dropped() -> None:
