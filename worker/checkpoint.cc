@@ -322,11 +322,8 @@ void SegmentRun::Forward(InterpreterEnv& env) {
       input_storages.insert(t.storage().unsafeGetStorageImpl());
     }
   }
-  for (const auto& [object, name] : buffer_slots_) {
-    const c10::IValue value = object->getAttr(name);
-    if (!value.isTensor()) continue;
-    const torch::Tensor& t = value.toTensor();
-    if (t.defined() && t.has_storage()) {
+  for (const torch::Tensor& t : BufferTensors()) {
+    if (t.has_storage()) {
       input_storages.insert(t.storage().unsafeGetStorageImpl());
     }
   }
@@ -517,14 +514,14 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
   // itself that history would outlive the step (the next step's forward
   // reads the buffer and links its graph to this step's freed segment: a
   // use after free).
-  for (torch::Tensor& t : out) {
-    if (!t.defined()) continue;
-    for (const auto& [object, name] : buffer_slots_) {
-      const c10::IValue value = object->getAttr(name);
-      if (value.isTensor() &&
-          value.toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+  if (!buffer_slots_.empty()) {
+    absl::flat_hash_set<const c10::TensorImpl*> buffers;
+    for (const torch::Tensor& b : BufferTensors()) {
+      buffers.insert(b.unsafeGetTensorImpl());
+    }
+    for (torch::Tensor& t : out) {
+      if (t.defined() && buffers.count(t.unsafeGetTensorImpl()) != 0) {
         t = t.view_as(t);
-        break;
       }
     }
   }
@@ -548,6 +545,17 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
   if (!dirty_.empty()) ctx->mark_dirty(dirty_);
   if (!non_differentiable.empty()) {
     ctx->mark_non_differentiable(non_differentiable);
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> SegmentRun::BufferTensors() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& [object, name] : buffer_slots_) {
+    const c10::IValue value = object->getAttr(name);
+    if (value.isTensor() && value.toTensor().defined()) {
+      out.push_back(value.toTensor());
+    }
   }
   return out;
 }

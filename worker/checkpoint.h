@@ -160,6 +160,8 @@ class SegmentRun {
   // Module slots of the other tensors read by GetAttr inside the range.
   std::vector<std::pair<c10::intrusive_ptr<c10::ivalue::Object>, std::string>>
       buffer_slots_;
+  // The tensors buffer_slots_ hold now (defined ones).
+  std::vector<torch::Tensor> BufferTensors() const;
   std::vector<bool> input_is_buffer_;  // per input tensor
   std::vector<torch::Tensor> saved_inputs_;
   std::vector<torch::Tensor> dirty_;  // inputs written in forward (outputs)

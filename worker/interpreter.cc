@@ -73,9 +73,8 @@ void Interpreter::RunNode(Node* node, Env& env) {
     auto value = torch::jit::toIValue(node->output());
     env[node->output()] = value.has_value() ? *value : IValue();
   } else if (kind == c10::prim::GetAttr) {
-    IValue value =
-        get(node->input(0)).toObject()->getAttr(node->s(c10::attr::name));
-    env[node->output()] = std::move(value);
+    const IValue& object = get(node->input(0));
+    env[node->output()] = object.toObject()->getAttr(node->s(c10::attr::name));
   } else if (kind == c10::prim::SetAttr) {
     get(node->input(0))
         .toObject()
@@ -184,8 +183,7 @@ void Interpreter::RunNode(Node* node, Env& env) {
   } else if (kind == c10::prim::Uninitialized) {
     env[node->output()] = IValue();
   } else if (kind == c10::prim::unchecked_cast) {
-    IValue value = get(node->input(0));  // a copy before env may grow
-    env[node->output()] = std::move(value);
+    env[node->output()] = get(node->input(0));
   } else if (kind == c10::prim::CallMethod || kind == c10::prim::CallFunction) {
     throw InterpreterError(
         absl::StrCat("unsupported node ", kind.toQualString(),
