@@ -336,6 +336,8 @@ def trace(args):
             step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+        if applied is not None:
+            applied.reset_stats()  # counts of the 3 profiled steps
         with profile(activities=acts, record_shapes=False) as prof:
             t = time.perf_counter()
             for _ in range(3):
@@ -346,15 +348,17 @@ def trace(args):
         ka = prof.key_averages()
         attr = "device_time_total" if hasattr(
             ka[0], "device_time_total") else "cuda_time_total"
+        # Kernels, copies and sets on the device, as the table's "Self CUDA
+        # time total" counts them (an op's self device time repeats its
+        # kernels'; a GPU user annotation spans them).
+        from torch.autograd import DeviceType
+        dev_events = [e for e in ka
+                      if getattr(e, "device_type", None) == DeviceType.CUDA
+                      and not getattr(e, "is_user_annotation", False)]
         kernel_us = sum(getattr(e, "self_device_time_total",
                                 getattr(e, "self_cuda_time_total", 0))
-                        for e in ka) / 3
-        n_kernels = sum(e.count for e in ka if getattr(
-            e, "self_device_time_total", getattr(e, "self_cuda_time_total",
-                                                 0)) > 0 and
-            e.key.startswith(("void", "sm", "ampere", "cutlass", "Memcpy",
-                              "Memset", "at::", "cudnn", "nvjet", "triton",
-                              "xmma", "implicit", "cub")))
+                        for e in dev_events) / 3
+        n_kernels = sum(e.count for e in dev_events)
         aten_calls = sum(e.count for e in ka if e.key.startswith("aten::")) / 3
         summary[label] = {"wall_ms_per_step": round(wall, 3),
                           "device_self_ms_per_step": round(kernel_us / 1e3, 3),
