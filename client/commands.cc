@@ -80,8 +80,10 @@ std::vector<CommandSpec> Commands() {
             "wait", "wait_timeout_s", "max_model_bytes"}),
        {{"budget",
          "memory budget, repeatable: 60% (of the baseline peak), 80%dev (of "
-         "the device), 4GiB or 4000MB, or auto (the knee of the Pareto "
-         "curve); a bare number is refused"},
+         "the device), 4GiB or 4000MB, auto (the knee of the Pareto "
+         "curve) or floor (the lowest budget that fits, measured by a "
+         "worker: the answer's floor is then marked measured); a bare "
+         "number is refused"},
         {"capacity",
          "memory the max batch is predicted and verified for: 16GiB or "
          "95%dev (default: 95% of the device; on the CPU the max batch is "
@@ -168,7 +170,9 @@ std::vector<CommandSpec> Commands() {
        "plan a schedule offline from profile JSON (no server)",
        "With several profiles of one model, plans at --batch from the "
        "profile fitted\nto them. --budget auto plans at the knee of the "
-       "Pareto curve. Exit 3 when\nthe budget is below the floor.",
+       "Pareto curve, --budget floor\nat the lowest budget it predicts "
+       "(predicted: nothing is run; submit\n--budget floor measures it). "
+       "Exit 3 when the budget is below the floor.",
        {"budget", "policy", "pareto", "reserve", "batch"},
        {{"batch",
          "with several profiles: the batch size to plan at (may be larger "

@@ -38,6 +38,8 @@ bool SameBudget(const v1::MemoryBudget& a, const v1::MemoryBudget& b) {
       return a.fraction_of_device() == b.fraction_of_device();
     case v1::MemoryBudget::kKnee:
       return a.knee() == b.knee();
+    case v1::MemoryBudget::kFloor:
+      return a.floor() == b.floor();
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }

@@ -21,8 +21,9 @@
 
 ABSL_FLAG(std::string, budget, "",
           "memory budget: 60% (of the baseline peak), 80%dev (of the "
-          "device), 4GiB or 4000MB, or auto (the knee of the Pareto curve); "
-          "a bare number is refused");
+          "device), 4GiB or 4000MB, auto (the knee of the Pareto curve) or "
+          "floor (the lowest budget the plan is predicted to fit); a bare "
+          "number is refused");
 ABSL_FLAG(std::string, policy, "mutwo", "mutwo, sqrt_n, per_block or none");
 ABSL_FLAG(bool, pareto, false,
           "add the Pareto curve (20 budgets from the floor to the baseline "
@@ -67,7 +68,9 @@ void PrintText(const std::string& path, const v1::Schedule& s,
             << Percent(s.predicted_peak_bytes(), s.baseline_peak_bytes())
             << ", at position " << s.peak_position() << ")";
   if (s.floor_bytes() > 0) {
-    std::cout << "; floor " << FormatBytes(s.floor_bytes());
+    // Planned from a profile, nothing run: the floor is the memory model's.
+    std::cout << "; floor " << FormatBytes(s.floor_bytes())
+              << " (predicted; `mutwo submit --budget floor` measures it)";
   }
   std::cout << "\n";
   std::cout << absl::StrFormat(

@@ -187,7 +187,10 @@ void PrintMemoryTable(const v1::Job& job) {
     table.AddRow(
         {absl::StrCat(r.batch_size()), FormatBytes(r.baseline_peak_bytes()),
          absl::StrFormat("%.1f", r.baseline_iteration_ms()),
-         answered ? FormatBytes(r.floor_bytes()) : "-",
+         !answered ? "-"
+         : r.measured_floor_bytes() > 0
+             ? absl::StrCat(FormatBytes(r.measured_floor_bytes()), " measured")
+             : absl::StrCat(FormatBytes(r.floor_bytes()), " predicted"),
          answered ? FormatBytes(k.budget_bytes()) : "-",
          answered ? FormatBytes(k.predicted_peak_bytes()) : "-",
          answered ? absl::StrFormat("%.1f", k.predicted_iteration_ms()) : "-",
@@ -196,8 +199,9 @@ void PrintMemoryTable(const v1::Job& job) {
              : "-",
          answered ? absl::StrCat(r.pareto_size(), " points") : "-"});
   }
-  std::cout << "memory per batch size (floor: the lowest budget mutwo fits; "
-               "auto: the knee of the Pareto curve)\n"
+  std::cout << "memory per batch size (floor: the lowest budget mutwo fits, "
+               "measured by a worker when the job asked for --budget floor, "
+               "else predicted; auto: the knee of the Pareto curve)\n"
             << table.Render();
 }
 

@@ -141,6 +141,11 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
     budget.set_knee(true);
     return budget;
   }
+  if (absl::EqualsIgnoreCase(s, "floor")) {
+    budget.set_text("floor");
+    budget.set_floor(true);
+    return budget;
+  }
   const bool of_device = absl::ConsumeSuffix(&s, "%dev") ||
                          absl::ConsumeSuffix(&s, "%DEV") ||
                          absl::ConsumeSuffix(&s, "%Dev");
@@ -172,8 +177,8 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "budget ", Quote(text),
         ": expected bytes (4GiB, 4000MB), a percentage of the baseline peak "
-        "(60%), of the device (80%dev) or auto (the knee of the Pareto "
-        "curve)"));
+        "(60%), of the device (80%dev), auto (the knee of the Pareto "
+        "curve) or floor (the lowest budget that fits)"));
   }
   budget.set_bytes(*bytes);
   return budget;
@@ -189,6 +194,8 @@ std::string FormatBudget(const v1::MemoryBudget& budget) {
       return absl::StrFormat("%g%%dev", budget.fraction_of_device() * 100);
     case v1::MemoryBudget::kKnee:
       return "auto";
+    case v1::MemoryBudget::kFloor:
+      return "floor";
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }

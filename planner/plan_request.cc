@@ -62,6 +62,10 @@ absl::StatusOr<int64_t> ResolveBudget(const v1::MemoryBudget& budget,
       return absl::InvalidArgumentError(
           "budget \"auto\" (the knee of the Pareto curve) is resolved by "
           "planning, not from the baseline peak alone");
+    case v1::MemoryBudget::kFloor:
+      return absl::InvalidArgumentError(
+          "budget \"floor\" is resolved by planning, not from the baseline "
+          "peak alone");
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }
@@ -79,6 +83,12 @@ int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
       (1 - kReserveFraction)));
   while (budget - AllocatorReserveBytes(profile, budget) < peak_bytes) {
     ++budget;
+  }
+  // The estimate may land a byte or two high (the reserve is truncated).
+  while (budget > 0 &&
+         budget - 1 - AllocatorReserveBytes(profile, budget - 1) >=
+             peak_bytes) {
+    --budget;
   }
   return budget;
 }
@@ -102,7 +112,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
       options.policy == Policy::kMutwo && request.device_reserve;
   int64_t budget_bytes = 0;
   std::vector<ParetoPoint> curve;
-  std::string knee_note;
+  std::string resolved_note;
   if (request.budget.kind_case() == v1::MemoryBudget::kKnee) {
     // `auto`: the lowest budget at which the knee's plan fits with the
     // reserve. The knee comes from the uncorrected curve, so every round
@@ -122,10 +132,21 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     budget_bytes = with_reserve
                        ? LowestBudgetAbove(profile, k.predicted_peak_bytes)
                        : k.predicted_peak_bytes;
-    knee_note = absl::StrCat(
+    resolved_note = absl::StrCat(
         "auto: the knee of the Pareto curve (point ", knee + 1, " of ",
         curve.size(), ", predicted peak ", FormatBytes(k.predicted_peak_bytes),
         ", ", absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
+  } else if (request.budget.kind_case() == v1::MemoryBudget::kFloor) {
+    // `floor`: the lowest budget the plan fits with the reserve, never
+    // above the baseline peak (the unmodified step fits that). The same
+    // budget every round: the closed loop measures it, never plans lower.
+    const int64_t lowest = planner->FloorBytes();
+    budget_bytes =
+        std::min(planner->simulator().baseline_peak_bytes(),
+                 with_reserve ? LowestBudgetAbove(profile, lowest) : lowest);
+    resolved_note =
+        absl::StrCat("floor: the lowest predicted peak ", FormatBytes(lowest),
+                     with_reserve ? " with the reserve on top" : "");
   } else {
     MUTWO_ASSIGN_OR_RETURN(
         budget_bytes, ResolveBudget(request.budget,
@@ -179,9 +200,9 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
         reserve > 0 ? " (and the reserve)" : "",
         ": what validations measured above the prediction, plus a margin");
   }
-  if (!knee_note.empty()) {
-    result.reason = absl::StrCat(knee_note, result.reason.empty() ? "" : "; ",
-                                 result.reason);
+  if (!resolved_note.empty()) {
+    result.reason = absl::StrCat(
+        resolved_note, result.reason.empty() ? "" : "; ", result.reason);
   }
   v1::Schedule schedule =
       ScheduleToProto(profile, planner->profile(), result, request.budget,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/parse.h"
 #include "common/validation_check.h"
 
@@ -57,6 +58,19 @@ std::string NoRoomReason(const v1::Schedule& replanned, int64_t measured_bytes,
       FormatBytes(replanned.floor_bytes()));
 }
 
+std::string MeasuredFloorReason(int64_t measured_bytes,
+                                int64_t predicted_floor_bytes) {
+  return absl::StrCat(
+      "the floor measured ", FormatBytes(measured_bytes), " (predicted ",
+      FormatBytes(predicted_floor_bytes),
+      absl::StrFormat(", %+.1f%%",
+                      100.0 * (static_cast<double>(measured_bytes) /
+                                   static_cast<double>(std::max<int64_t>(
+                                       1, predicted_floor_bytes)) -
+                               1)),
+      "): the lowest budget this schedule is proved to fit");
+}
+
 RoundDecision JudgeRound(const v1::Schedule& schedule,
                          const v1::Validation& validation, int round,
                          const ClosedLoopOptions& options) {
@@ -77,6 +91,11 @@ RoundDecision JudgeRound(const v1::Schedule& schedule,
   }
   const int64_t measured = validation.scheduled().peak_bytes();
   decision.metric_result = "over_budget";
+  if (schedule.budget().floor()) {
+    decision.next = RoundDecision::Next::kFloorMeasured;
+    decision.reason = MeasuredFloorReason(measured, schedule.budget_bytes());
+    return decision;
+  }
   if (round >= options.max_rounds) {
     decision.next = RoundDecision::Next::kOverBudget;
     decision.reason = OverBudgetReason(measured, schedule.budget_bytes(), round,
@@ -96,7 +115,13 @@ RoundDecision JudgeRound(const v1::Schedule& schedule,
 v1::Schedule MarkMeasured(v1::Schedule schedule, int64_t measured_bytes,
                           const std::string& reason) {
   schedule.set_measured_peak_bytes(measured_bytes);
-  if (measured_bytes > schedule.budget_bytes()) {
+  if (schedule.budget().floor() && measured_bytes > schedule.budget_bytes()) {
+    // Nothing is planned below the floor: the floor is what was measured.
+    schedule.set_budget_bytes(measured_bytes);
+    schedule.set_floor_bytes(std::max(schedule.floor_bytes(), measured_bytes));
+    schedule.set_reason(absl::StrCat(
+        reason, schedule.reason().empty() ? "" : "; ", schedule.reason()));
+  } else if (measured_bytes > schedule.budget_bytes()) {
     schedule.set_feasible(false);
     schedule.set_reason(absl::StrCat(
         reason, schedule.reason().empty() ? "" : "; ", schedule.reason()));

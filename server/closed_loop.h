@@ -47,6 +47,10 @@ struct RoundDecision {
     kReplan,      // over the budget, rounds left: plan with the correction
     kOverBudget,  // over the budget in the last round
     kFailed,      // out of memory, or differs from the unmodified step
+    // The budget `floor` measured over its prediction: nothing is planned
+    // lower than the floor, so the measured peak is the floor (FITS at the
+    // measured peak, which becomes the outcome's budget).
+    kFloorMeasured,
   };
   Next next = Next::kFailed;
   int64_t correction_bytes = 0;  // kReplan: for the next plan
@@ -66,8 +70,14 @@ std::string OverBudgetReason(int64_t measured_bytes, int64_t budget_bytes,
 std::string NoRoomReason(const v1::Schedule& replanned, int64_t measured_bytes,
                          int rounds);
 
+// The outcome's reason when the floor measured over its prediction:
+// "the floor measured 3.71 GiB (predicted 3.60 GiB, +3.1%)".
+std::string MeasuredFloorReason(int64_t measured_bytes,
+                                int64_t predicted_floor_bytes);
+
 // `schedule` with the peak a worker measured; over the budget it becomes
-// infeasible with `reason` in front of its own.
+// infeasible with `reason` in front of its own, except for the budget
+// `floor`, which becomes the measured peak (still feasible).
 v1::Schedule MarkMeasured(v1::Schedule schedule, int64_t measured_bytes,
                           const std::string& reason);
 

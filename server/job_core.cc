@@ -14,6 +14,7 @@
 #include "planner/proto_convert.h"
 #include "server/device_wait.h"
 #include "server/max_batch_check.h"
+#include "server/training_loop.h"
 
 namespace mutwo {
 namespace {
@@ -46,15 +47,18 @@ absl::Status ValidateBudget(const v1::MemoryBudget& b) {
     case v1::MemoryBudget::kKnee:
       if (b.knee()) return absl::OkStatus();
       break;
+    case v1::MemoryBudget::kFloor:
+      if (b.floor()) return absl::OkStatus();
+      break;
     case v1::MemoryBudget::KIND_NOT_SET:
       return absl::InvalidArgumentError(
           "a budget has no kind: set bytes, fraction_of_baseline, "
-          "fraction_of_device or knee");
+          "fraction_of_device, knee or floor");
   }
   return absl::InvalidArgumentError(
       absl::StrCat("budget \"", FormatBudget(b),
                    "\": bytes must be positive, fractions in (0, 1] and "
-                   "knee true"));
+                   "knee or floor true"));
 }
 
 absl::Status ValidateSpec(const v1::JobSpec& spec) {
@@ -675,6 +679,31 @@ absl::StatusOr<v1::Job> JobCore::CancelJob(const std::string& job_id) {
   return store_->GetJob(job_id);
 }
 
+absl::StatusOr<v1::ReportTrainingLoopResponse> JobCore::ReportTrainingLoop(
+    const v1::ReportTrainingLoopRequest& request,
+    const std::string& reported_by) {
+  v1::ReportTrainingLoopResponse response;
+  v1::TrainingLoopValidation& report = *response.mutable_report();
+  report = request.report();
+  report.set_reported_by(reported_by);
+  report.set_reported_unix_ms(store_->NowMs());
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Job job,
+      store_->UpdateJob(request.job_id(), [&](v1::Job& j) -> absl::Status {
+        MUTWO_ASSIGN_OR_RETURN(*response.mutable_outcome(),
+                               AddTrainingLoopReport(j, report));
+        return absl::OkStatus();
+      }));
+  MUTWO_LOG(info, "job {} batch {} budget {}: training loop ({}) {}",
+            job.job_id(), report.validation().batch_size(),
+            FormatBudget(report.budget()),
+            v1::TrainingLoopValidation::Path_Name(report.path()),
+            report.holds() ? "holds" : report.problem());
+  PublishModelMetrics(job);
+  NotifyChange();
+  return response;
+}
+
 absl::StatusOr<v1::Profile> JobCore::GetProfile(
     const v1::GetProfileRequest& request) {
   MUTWO_RETURN_IF_ERROR(store_->GetJob(request.job_id()).status());
@@ -1194,6 +1223,10 @@ absl::Status JobCore::ReportValidation(
                } else {
                  *r.add_outcomes() = next.outcome;
                }
+               if (budget.floor() &&
+                   next.outcome.state() == v1::BudgetOutcome::FITS) {
+                 r.set_measured_floor_bytes(next.outcome.budget_bytes());
+               }
                return absl::OkStatus();
              }).status());
         if (next.next_round.has_value() && !final) {
@@ -1344,6 +1377,13 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
     case RoundDecision::Next::kOverBudget:
       outcome.set_state(v1::BudgetOutcome::OVER_BUDGET);
       break;
+    case RoundDecision::Next::kFloorMeasured:
+      // Proved at the peak measured (MarkMeasured raises the schedule's
+      // budget to it below): the floor is what the step took.
+      outcome.set_state(v1::BudgetOutcome::FITS);
+      outcome.set_fits(true);
+      outcome.set_budget_bytes(measured);
+      break;
     case RoundDecision::Next::kReplan: {
       MUTWO_ASSIGN_OR_RETURN(
           v1::Profile profile,
@@ -1378,7 +1418,8 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
   outcome.set_reason(reason);
   // Whatever else went wrong, a peak over the budget is a fact about the
   // plan that ran: the cache must not serve it as fitting again.
-  if (decision.next == RoundDecision::Next::kFits || measured_over) {
+  if (decision.next == RoundDecision::Next::kFits ||
+      decision.next == RoundDecision::Next::kFloorMeasured || measured_over) {
     MUTWO_RETURN_IF_ERROR(
         RecordMeasurement(job, task, measured, reason, cache_puts));
   }

@@ -179,6 +179,12 @@ class JobCore {
       const v1::GetScheduleRequest& request,
       std::function<bool()> cancelled = nullptr);
   [[nodiscard]] absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  // A schedule measured in a training loop, reported by `reported_by`:
+  // judged and stored with the job (server/training_loop.h), the model's
+  // training-loop gauges published.
+  [[nodiscard]] absl::StatusOr<v1::ReportTrainingLoopResponse>
+  ReportTrainingLoop(const v1::ReportTrainingLoopRequest& request,
+                     const std::string& reported_by);
   // The job's tasks (WatchJob's progress: what is leased, what ended).
   [[nodiscard]] absl::StatusOr<std::vector<v1::Task>> ListTasks(
       const std::string& job_id);

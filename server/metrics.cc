@@ -118,13 +118,13 @@ ServerMetrics::ServerMetrics()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model, "
                                   "batch size, budget and kind (baseline, "
-                                  "planned)")
+                                  "planned, training_loop)")
                             .Register(*registry_)),
       model_iteration_seconds_(
           BuildGauge()
               .Name("mutwo_model_iteration_seconds")
               .Help("Training-step time per model, batch size, budget and "
-                    "kind (baseline, planned)")
+                    "kind (baseline, planned, training_loop)")
               .Register(*registry_)),
       model_max_batch_(BuildGauge()
                            .Name("mutwo_model_max_batch_size")
@@ -288,12 +288,24 @@ void ServerMetrics::PublishJobResults(const v1::Job& job) {
             s.predicted_iteration_ms());
       } else if (o.fits()) {
         for (const v1::Validation& v : r.validations()) {
-          if (v.budget_bytes() == o.budget_bytes() && v.round() == o.rounds()) {
+          // A measured floor's budget is its peak (closed_loop.h).
+          const bool same_budget =
+              v.budget_bytes() == o.budget_bytes() ||
+              (o.budget().floor() &&
+               v.scheduled().peak_bytes() == o.measured_peak_bytes());
+          if (same_budget && v.round() == o.rounds()) {
             set("planned", r.batch_size(), budget, v.scheduled().peak_bytes(),
                 v.scheduled().iteration_ms());
           }
         }
       }
+    }
+    // The newest training-loop report per budget (kept oldest first).
+    for (const v1::TrainingLoopValidation& t : r.training_loop()) {
+      if (t.validation().oom()) continue;
+      set("training_loop", r.batch_size(), FormatBudget(t.budget()),
+          t.validation().scheduled().peak_bytes(),
+          t.validation().scheduled().iteration_ms());
     }
   }
   if (job.has_max_batch()) {

@@ -68,7 +68,9 @@ class ServerMetrics {
   // Per model, batch size and budget: peak bytes and iteration seconds of
   // kind "baseline" (budget="none") and "planned" (measured by the last
   // validation round that fits; predicted while a round runs; nothing for a
-  // budget that does not fit), and the max batch "without" / "with"
+  // budget that does not fit), "training_loop" (the newest report of the
+  // schedule measured in a user's training loop, ReportTrainingLoop), and
+  // the max batch "without" / "with"
   // checkpointing under the job's capacity. Called whenever a job's results
   // change.
   void PublishJobResults(const v1::Job& job);

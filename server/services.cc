@@ -306,6 +306,19 @@ grpc::Status PlannerService::GetSchedule(grpc::ServerContext* context,
              response));
 }
 
+grpc::Status PlannerService::ReportTrainingLoop(
+    grpc::ServerContext* context, const v1::ReportTrainingLoopRequest* request,
+    v1::ReportTrainingLoopResponse* response) {
+  RpcTimer timer(metrics_, "ReportTrainingLoop");
+  if (auto s = RequireId(request->job_id(), "job_id"); !s.ok())
+    return timer.Done(s);
+  auto caller =
+      auth_->ForJob(*context, "ReportTrainingLoop", request->job_id());
+  if (!caller.ok()) return timer.Done(caller.status());
+  return timer.Done(
+      Assign(core_->ReportTrainingLoop(*request, caller->name), response));
+}
+
 grpc::Status PlannerService::ListWorkers(grpc::ServerContext* context,
                                          const v1::ListWorkersRequest*,
                                          v1::ListWorkersResponse* response) {

@@ -59,6 +59,10 @@ class PlannerService final
   grpc::Status GetSchedule(grpc::ServerContext* context,
                            const v1::GetScheduleRequest* request,
                            v1::Schedule* response) override;
+  grpc::Status ReportTrainingLoop(
+      grpc::ServerContext* context,
+      const v1::ReportTrainingLoopRequest* request,
+      v1::ReportTrainingLoopResponse* response) override;
   grpc::Status ListWorkers(grpc::ServerContext* context,
                            const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override;

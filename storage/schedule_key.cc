@@ -178,6 +178,8 @@ std::string CanonicalBudgetString(const v1::MemoryBudget& budget,
                           device_total_bytes);
     case v1::MemoryBudget::kKnee:
       return "knee";
+    case v1::MemoryBudget::kFloor:
+      return "floor";
     case v1::MemoryBudget::KIND_NOT_SET:
       break;
   }

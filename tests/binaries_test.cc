@@ -186,7 +186,7 @@ TEST_F(MutwoSubmitChecks, EverythingCheckableIsCheckedBeforeTheUpload) {
            {ok + " --max_overhead -1", "--max_overhead"},
            {ok + " --capacity 60%", "--capacity \"60%\": give bytes"},
            {ok + " --capacity 16", "--capacity \"16\": give bytes"},
-           {ok + " --budget knee", "or auto"},
+           {ok + " --budget knee", "or floor (the lowest budget that fits)"},
        }) {
     CommandResult r = Submit(c.args);
     EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;

@@ -39,6 +39,11 @@ TEST(ParseBudget, Kinds) {
   ASSERT_TRUE(abs.ok());
   EXPECT_EQ(abs->bytes(), int64_t{4} << 30);
   EXPECT_EQ(abs->text(), "4GiB");
+  auto floor = ParseBudget(" FLOOR ");
+  ASSERT_TRUE(floor.ok());
+  EXPECT_TRUE(floor->floor());
+  EXPECT_EQ(floor->text(), "floor");
+  EXPECT_EQ(FormatBudget(*floor), "floor");
 }
 
 TEST(ParseBudget, Errors) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "planner/pareto.h"
 #include "tests/planner/proto_profile.h"
@@ -160,6 +161,39 @@ TEST(PlanRequestTest, ABudgetAtOrAboveTheBaselinePeakFitsWithNoDecisions) {
       EXPECT_EQ(s->predicted_peak_bytes(), baseline) << kind;
       EXPECT_LE(s->floor_bytes(), baseline) << kind;
     }
+  }
+}
+
+// `floor` resolves to the lowest budget the plan is predicted to fit: the
+// floor the same profile reports for any budget, feasible there, and one
+// byte less is infeasible.
+TEST(PlanRequestTest, FloorBudgetPlansAtTheFloor) {
+  for (const char* kind : {"cpu", "cuda"}) {
+    v1::Profile profile = DiamondProto();
+    profile.mutable_device()->set_kind(kind);
+    for (auto& a : *profile.mutable_activations())
+      a.set_size_bytes(a.size_bytes() << 16);
+    ScheduleRequest request;
+    request.budget = *ParseBudget("60%");
+    auto any = PlanSchedule(profile, request);
+    ASSERT_TRUE(any.ok()) << any.status();
+    request.budget = *ParseBudget("Floor");
+    auto at = PlanSchedule(profile, request);
+    ASSERT_TRUE(at.ok()) << at.status();
+    EXPECT_EQ(at->budget().text(), "floor");
+    EXPECT_TRUE(at->budget().floor());
+    EXPECT_EQ(at->budget_bytes(), any->floor_bytes()) << kind;
+    EXPECT_EQ(at->floor_bytes(), any->floor_bytes()) << kind;
+    EXPECT_TRUE(at->feasible()) << kind << ": " << at->reason();
+    EXPECT_LE(at->predicted_peak_bytes(), at->budget_bytes());
+    EXPECT_LT(at->budget_bytes(), at->baseline_peak_bytes()) << kind;
+    EXPECT_NE(at->reason().find("floor: the lowest predicted peak"),
+              std::string::npos)
+        << at->reason();
+    request.budget = *ParseBudget(absl::StrCat(at->budget_bytes() - 1, "B"));
+    auto below = PlanSchedule(profile, request);
+    ASSERT_TRUE(below.ok()) << below.status();
+    EXPECT_FALSE(below->feasible()) << kind;
   }
 }
 

@@ -273,6 +273,26 @@ class AuthTest : public ::testing::Test {
     return Planner(who)->GetSchedule(&context, request, &schedule);
   }
 
+  grpc::Status TrainingLoop(Who who, const std::string& job_id,
+                            const v1::Schedule& schedule) {
+    grpc::ClientContext context;
+    Deadline(context);
+    v1::ReportTrainingLoopRequest request;
+    request.set_job_id(job_id);
+    v1::TrainingLoopValidation& t = *request.mutable_report();
+    t.set_path(v1::TrainingLoopValidation::EAGER);
+    *t.mutable_budget() = schedule.budget();
+    v1::Validation& v = *t.mutable_validation();
+    v.set_batch_size(schedule.batch_size());
+    v.set_budget_bytes(schedule.budget_bytes());
+    v.set_graph_fingerprint(schedule.graph_fingerprint());
+    v.mutable_scheduled()->set_peak_bytes(1);
+    v.set_gradients_match(true);
+    v.set_batchnorm_stats_match(true);
+    v1::ReportTrainingLoopResponse response;
+    return Planner(who)->ReportTrainingLoop(&context, request, &response);
+  }
+
   grpc::Status ListJobs(Who who, std::vector<std::string>* ids = nullptr) {
     grpc::ClientContext context;
     Deadline(context);
@@ -504,6 +524,11 @@ TEST_F(AuthTest, EveryRpcAsEveryIdentityOnAnOwnAndAnotherClientsJob) {
   EXPECT_EQ(ReportValidation(kOtherWorker, w2, validate).error_code(), DENIED);
   const grpc::Status reported = ReportValidation(kWorker, w1, validate);
   EXPECT_TRUE(reported.ok()) << reported.error_message();
+  // A training-loop report of the job's schedule: its owner or an admin.
+  ExpectMatrix(
+      "ReportTrainingLoop",
+      [&](Who who) { return TrainingLoop(who, job, validate.schedule()); },
+      owner_only);
 
   // Listing: each client sees its own jobs only, the admin every job.
   std::vector<std::string> alice_sees, bob_sees, root_sees;

@@ -72,6 +72,36 @@ TEST(ClosedLoopTest, LastRoundOverTheBudgetDoesNotFit) {
               HasSubstr("after 1 round;"));
 }
 
+// The budget `floor` is never planned lower: over its prediction, the
+// measured peak becomes the floor and the schedule fits it.
+TEST(ClosedLoopTest, AFloorMeasuredOverItsPredictionIsTheMeasuredFloor) {
+  v1::Schedule s = Planned(100000, 99000, 0);
+  *s.mutable_budget() = *ParseBudget("floor");
+  s.set_floor_bytes(100000);
+  const RoundDecision d = JudgeRound(s, Measured(s, 103000), 1, {});
+  EXPECT_EQ(d.next, Next::kFloorMeasured);
+  EXPECT_EQ(d.metric_result, "over_budget");
+  EXPECT_EQ(d.reason,
+            "the floor measured 100.59 KiB (predicted 97.66 KiB, +3.0%): the "
+            "lowest budget this schedule is proved to fit");
+  const v1::Schedule marked = MarkMeasured(s, 103000, d.reason);
+  EXPECT_TRUE(marked.feasible());
+  EXPECT_EQ(marked.budget_bytes(), 103000);
+  EXPECT_EQ(marked.floor_bytes(), 103000);
+  EXPECT_EQ(marked.measured_peak_bytes(), 103000);
+  // Within the prediction it simply fits; wrong gradients still fail.
+  EXPECT_EQ(JudgeRound(s, Measured(s, 99000), 1, {}).next, Next::kFits);
+  v1::Validation wrong = Measured(s, 103000);
+  wrong.set_gradients_match(false);
+  EXPECT_EQ(JudgeRound(s, wrong, 1, {}).next, Next::kFailed);
+  // Any other budget over its prediction is still re-planned, and a
+  // schedule for it measured over is not feasible.
+  const v1::Schedule other = Planned(100000, 99000, 0);
+  EXPECT_EQ(JudgeRound(other, Measured(other, 103000), 1, {}).next,
+            Next::kReplan);
+  EXPECT_FALSE(MarkMeasured(other, 103000, "over").feasible());
+}
+
 TEST(ClosedLoopTest, OutOfMemoryAndWrongGradientsFailWithoutReplanning) {
   const v1::Schedule s = Planned(100000, 90000, 0);
   v1::Validation oom = Measured(s, 0);

@@ -232,6 +232,104 @@ TEST_F(JobCoreTest, AutoBudgetIsValidatedAtTheKnee) {
   EXPECT_EQ(Outcome(job).budget_bytes(), r.knee().budget_bytes());
 }
 
+// Issue 25: `floor` is validated like any budget. A worker's peak over the
+// predicted floor becomes the floor the job shows, marked measured; nothing
+// is planned lower, and the schedule fits the measured floor.
+TEST_F(JobCoreTest, FloorBudgetIsMeasuredAndTheMeasuredFloorIsShown) {
+  std::string id;
+  const v1::Task first = StartValidating("floor", &id);
+  v1::Job job = *core_->GetJob(id);
+  const int64_t predicted = job.results(0).floor_bytes();
+  EXPECT_EQ(job.results(0).measured_floor_bytes(), 0);
+  EXPECT_TRUE(first.schedule().budget().floor());
+  EXPECT_EQ(first.schedule().budget_bytes(), predicted);
+  const int64_t measured = predicted + (64 << 10);
+  ASSERT_TRUE(ReportValidation(first, measured).ok());
+  EXPECT_FALSE(Lease().has_task());  // never re-planned below the floor
+  job = *core_->GetJob(id);
+  EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
+  const v1::BudgetOutcome& o = Outcome(job);
+  EXPECT_EQ(o.state(), v1::BudgetOutcome::FITS);
+  EXPECT_EQ(o.budget_bytes(), measured);
+  EXPECT_EQ(o.measured_peak_bytes(), measured);
+  EXPECT_THAT(o.reason(), HasSubstr("the floor measured"));
+  EXPECT_EQ(job.results(0).measured_floor_bytes(), measured);
+  EXPECT_EQ(job.results(0).floor_bytes(), predicted);
+  EXPECT_TRUE(job.results(0).schedules(0).feasible());
+  EXPECT_EQ(job.results(0).schedules(0).budget_bytes(), measured);
+  // The next job is served the measured floor and validates it again.
+  auto cached = CachedSchedule(id, "floor");
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_TRUE(cached->feasible());
+  EXPECT_EQ(cached->budget_bytes(), measured);
+
+  // Measured within its prediction: the predicted floor stands, proved.
+  std::string id2;
+  const v1::Task again = StartValidating("floor", &id2);
+  ASSERT_TRUE(ReportValidation(again, predicted - 1).ok());
+  job = *core_->GetJob(id2);
+  EXPECT_EQ(Outcome(job).state(), v1::BudgetOutcome::FITS);
+  EXPECT_EQ(job.results(0).measured_floor_bytes(),
+            again.schedule().budget_bytes());
+}
+
+// Issue 26: a schedule measured in the user's training loop is reported,
+// judged, stored with the job (which a later read returns) and exported as
+// the model's training_loop gauge; a report of another graph changes
+// nothing.
+TEST_F(JobCoreTest, TrainingLoopReportsAreStoredBesideTheWorkersProof) {
+  std::string id;
+  const v1::Task first = StartValidating("80%", &id);
+  ASSERT_TRUE(ReportValidation(first).ok());
+  const v1::Schedule& s = first.schedule();
+  v1::ReportTrainingLoopRequest request;
+  request.set_job_id(id);
+  v1::TrainingLoopValidation& t = *request.mutable_report();
+  t.set_path(v1::TrainingLoopValidation::COMPILE);
+  *t.mutable_budget() = *ParseBudget("80%");
+  t.set_decisions_planned(s.recomputed() + s.swapped());
+  t.set_decisions_applied(s.recomputed() + s.swapped());
+  v1::Validation& v = *t.mutable_validation();
+  v.set_batch_size(2);
+  v.set_budget_bytes(s.budget_bytes());
+  v.set_graph_fingerprint(s.graph_fingerprint());
+  v.mutable_scheduled()->set_peak_bytes(s.budget_bytes() + 4096);
+  v.mutable_scheduled()->set_iteration_ms(20);
+  v.set_gradients_match(true);
+  v.set_batchnorm_stats_match(true);
+  auto over = core_->ReportTrainingLoop(request, "alice");
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_FALSE(over->report().holds());
+  EXPECT_THAT(over->report().problem(), HasSubstr("exceeds the budget"));
+  EXPECT_EQ(over->report().reported_by(), "alice");
+  EXPECT_EQ(over->report().reported_unix_ms(), now_ms_.load());
+  EXPECT_FALSE(over->outcome().validated_in_training_loop());
+  EXPECT_EQ(over->outcome().state(), v1::BudgetOutcome::FITS);
+
+  v.mutable_scheduled()->set_peak_bytes(s.budget_bytes() - 4096);
+  auto holds = core_->ReportTrainingLoop(request, "alice");
+  ASSERT_TRUE(holds.ok()) << holds.status();
+  EXPECT_TRUE(holds->report().holds());
+  const v1::Job job = *core_->GetJob(id);
+  const v1::BudgetOutcome& o = Outcome(job);
+  EXPECT_TRUE(o.validated_in_training_loop());
+  EXPECT_EQ(o.training_loop_peak_bytes(), s.budget_bytes() - 4096);
+  EXPECT_EQ(o.training_loop_reports(), 2);
+  ASSERT_EQ(job.results(0).training_loop_size(), 2);
+  EXPECT_EQ(job.results(0).training_loop(1).path(),
+            v1::TrainingLoopValidation::COMPILE);
+  EXPECT_EQ(GaugeValue(metrics_, "mutwo_model_peak_bytes", "training_loop"),
+            static_cast<double>(s.budget_bytes() - 4096));
+
+  v.set_graph_fingerprint("another-model");
+  auto refused = core_->ReportTrainingLoop(request, "alice");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_->GetJob(id)->version(), job.version());
+  request.set_job_id("no-such-job");
+  EXPECT_EQ(core_->ReportTrainingLoop(request, "alice").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // Issue 16: the max batch is run on a worker before it is reported; a step
 // over the capacity steps the batch size down, and the job reports the
 // batch size measured to fit.

@@ -76,12 +76,15 @@ def format_bytes(n: float) -> str:
 
 def parse_budget(text: str) -> types_pb2.MemoryBudget:
     """`60%` (of the baseline peak), `80%dev` (of the device), bytes with
-    a unit (`4GiB`, `512B`) or `auto` (the knee of the Pareto curve); a bare
+    a unit (`4GiB`, `512B`), `auto` (the knee of the Pareto curve) or
+    `floor` (the lowest budget that fits; the service measures it); a bare
     number is ambiguous and refused, as in the mutwo CLI."""
     budget = types_pb2.MemoryBudget(text=str(text).strip())
     s = budget.text
     if s.lower() == "auto":
         return types_pb2.MemoryBudget(text="auto", knee=True)
+    if s.lower() == "floor":
+        return types_pb2.MemoryBudget(text="floor", floor=True)
     if re.fullmatch(r"[0-9.]+", s):
         raise ValueError('budget "%s": a bare number is ambiguous; say %s%% '
                          "or %sMiB or %sB" % (text, s, s, s))
@@ -102,7 +105,8 @@ def parse_budget(text: str) -> types_pb2.MemoryBudget:
     except ValueError:
         raise ValueError(
             'budget "%s": expected bytes (4GiB, 4000MB), a percentage of the '
-            "baseline peak (60%%), of the device (80%%dev) or auto" % text
+            "baseline peak (60%%), of the device (80%%dev), auto or floor"
+            % text
         ) from None
     return budget
 

@@ -252,6 +252,9 @@ class BatchResult:
     floor_bytes: int = 0
     pareto: Tuple[ParetoPoint, ...] = ()
     knee: Optional[ParetoPoint] = None
+    # The floor a worker measured (the job asked for budget "floor"); 0:
+    # not measured, floor_bytes is the planner's prediction.
+    measured_floor_bytes: int = 0
     proto: Optional[types_pb2.BatchResult] = _PROTO
 
     @classmethod
@@ -265,6 +268,7 @@ class BatchResult:
                    pareto=tuple(ParetoPoint.from_proto(p) for p in r.pareto),
                    knee=(ParetoPoint.from_proto(r.knee)
                          if r.HasField("knee") else None),
+                   measured_floor_bytes=r.measured_floor_bytes,
                    proto=r)
 
 

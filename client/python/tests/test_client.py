@@ -168,6 +168,9 @@ def test_submit_wait_and_typed_results(fake: Any) -> None:
                       budgets=["auto"], capacity="2GiB")
         assert fake.specs[-1].budgets[0].knee
         assert fake.specs[-1].capacity.bytes == 2 << 30
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[8],
+                      budgets=["floor"])
+        assert fake.specs[-1].budgets[0].floor
         schedule = client.schedule(job, 8, "4GiB")
         assert isinstance(schedule, mutwo.Schedule)
         assert schedule.budget == "4GiB"

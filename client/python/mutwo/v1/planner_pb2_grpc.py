@@ -60,6 +60,11 @@ class PlannerStub(object):
                 request_serializer=mutwo_dot_v1_dot_planner__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=mutwo_dot_v1_dot_planner__pb2.ListWorkersResponse.FromString,
                 )
+        self.ReportTrainingLoop = channel.unary_unary(
+                '/mutwo.v1.Planner/ReportTrainingLoop',
+                request_serializer=mutwo_dot_v1_dot_planner__pb2.ReportTrainingLoopRequest.SerializeToString,
+                response_deserializer=mutwo_dot_v1_dot_planner__pb2.ReportTrainingLoopResponse.FromString,
+                )
 
 
 class PlannerServicer(object):
@@ -127,6 +132,18 @@ class PlannerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportTrainingLoop(self, request, context):
+        """A schedule of the job measured in the caller's training loop: stored
+        with the job's result at that batch size and budget (BatchResult.
+        training_loop), its verdict on the budget's outcome (BudgetOutcome.
+        validated_in_training_loop) and its peak in Prometheus
+        (mutwo_model_peak_bytes{kind="training_loop"}). The job's owner or an
+        admin only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +191,11 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=mutwo_dot_v1_dot_planner__pb2.ListWorkersRequest.FromString,
                     response_serializer=mutwo_dot_v1_dot_planner__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'ReportTrainingLoop': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTrainingLoop,
+                    request_deserializer=mutwo_dot_v1_dot_planner__pb2.ReportTrainingLoopRequest.FromString,
+                    response_serializer=mutwo_dot_v1_dot_planner__pb2.ReportTrainingLoopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -335,5 +357,22 @@ class Planner(object):
         return grpc.experimental.unary_unary(request, target, '/mutwo.v1.Planner/ListWorkers',
             mutwo_dot_v1_dot_planner__pb2.ListWorkersRequest.SerializeToString,
             mutwo_dot_v1_dot_planner__pb2.ListWorkersResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportTrainingLoop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/mutwo.v1.Planner/ReportTrainingLoop',
+            mutwo_dot_v1_dot_planner__pb2.ReportTrainingLoopRequest.SerializeToString,
+            mutwo_dot_v1_dot_planner__pb2.ReportTrainingLoopResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
