@@ -170,6 +170,32 @@ void PrintMaxBatch(const v1::MaxBatchPrediction& m) {
             << "\n  prediction: " << m.reason() << "\n";
 }
 
+// The training-loop column: the newest report of the budget's schedule
+// measured where the user trains (ReportTrainingLoop), "-" without one; a
+// report that does not hold adds its problem to `notes`.
+std::string TrainingLoopText(const v1::BatchResult& r,
+                             const v1::BudgetOutcome* o,
+                             const std::string& budget,
+                             std::vector<std::string>* notes) {
+  if (o == nullptr || o->training_loop_reports() == 0) return "-";
+  const v1::TrainingLoopValidation* newest = nullptr;
+  for (const v1::TrainingLoopValidation& t : r.training_loop()) {
+    if (t.budget().kind_case() == o->budget().kind_case() &&
+        FormatBudget(t.budget()) == FormatBudget(o->budget())) {
+      newest = &t;
+    }
+  }
+  const std::string peak = FormatBytes(o->training_loop_peak_bytes());
+  if (o->validated_in_training_loop()) return absl::StrCat("holds ", peak);
+  if (newest != nullptr) {
+    notes->push_back(absl::StrCat(
+        "batch ", r.batch_size(), ", budget ", budget, ": training loop (",
+        v1::TrainingLoopValidation::Path_Name(newest->path()),
+        "): ", newest->problem()));
+  }
+  return absl::StrCat("NOT HOLDING ", peak);
+}
+
 // The memory question, per batch size, whether or not budgets were given.
 void PrintMemoryTable(const v1::Job& job) {
   TextTable table({"batch", "base peak", "base ms", "floor", "auto budget",
@@ -224,15 +250,15 @@ void PrintJobText(const v1::Job& job) {
   std::cout << "budgets (only \"fits\" is measured within the budget)\n";
   TextTable table(
       {"batch", "budget", "base peak", "base ms", "plan peak", "plan ms",
-       "overhead", "measured", "meas ms", "check"},
-      {true, false, true, true, true, true, true, true, true, false});
+       "overhead", "measured", "meas ms", "check", "training loop"},
+      {true, false, true, true, true, true, true, true, true, false, false});
   // Why budgets do not fit, printed under the table.
   std::vector<std::string> notes;
   for (const v1::BatchResult& r : job.results()) {
     if (r.oom() || (!r.error().empty() && r.schedules().empty())) {
       table.AddRow({absl::StrCat(r.batch_size()), "-",
                     FormatBytes(r.baseline_peak_bytes()), "-", "-", "-", "-",
-                    "-", "-", r.oom() ? "out of memory" : "FAILED"});
+                    "-", "-", r.oom() ? "out of memory" : "FAILED", "-"});
       if (!r.oom()) {
         notes.push_back(
             absl::StrCat("batch ", r.batch_size(), ": ", r.error()));
@@ -250,8 +276,8 @@ void PrintJobText(const v1::Job& job) {
       // outcomes: its last validation for the budget).
       const v1::Validation* v = nullptr;
       for (const auto& val : r.validations()) {
-        if (val.budget_bytes() == s.budget_bytes() &&
-            (o == nullptr || val.round() == o->rounds())) {
+        if (o != nullptr ? IsOutcomeRound(val, *o)
+                         : val.budget_bytes() == s.budget_bytes()) {
           v = &val;
         }
       }
@@ -289,7 +315,8 @@ void PrintJobText(const v1::Job& job) {
                    : absl::StrCat("infeasible (floor ",
                                   FormatBytes(s.floor_bytes()), ")"),
            planned ? absl::StrFormat("%.1f", s.predicted_iteration_ms()) : "-",
-           planned ? Pct(overhead) : "-", measured, meas_ms, check});
+           planned ? Pct(overhead) : "-", measured, meas_ms, check,
+           TrainingLoopText(r, o, budget, &notes)});
     }
     if (!r.error().empty()) {
       notes.push_back(absl::StrCat("batch ", r.batch_size(), ": ", r.error()));

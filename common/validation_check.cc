@@ -20,6 +20,13 @@ std::string OverBudgetMessage(int64_t measured_bytes, int64_t budget_bytes) {
                          pct);
 }
 
+bool IsOutcomeRound(const v1::Validation& v, const v1::BudgetOutcome& o) {
+  const bool same_budget = v.budget_bytes() == o.budget_bytes() ||
+                           (o.budget().floor() && v.scheduled().peak_bytes() ==
+                                                      o.measured_peak_bytes());
+  return same_budget && v.round() == o.rounds();
+}
+
 ValidationCheck CheckValidation(const v1::Validation& v) {
   ValidationCheck check;
   std::vector<std::string> problems;

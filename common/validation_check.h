@@ -39,6 +39,12 @@ struct ValidationCheck {
 
 ValidationCheck CheckValidation(const v1::Validation& validation);
 
+// Whether `validation` is the round that settled `outcome` (its last round,
+// for its budget; a measured floor's budget is the peak measured, so that
+// round is found by its peak).
+bool IsOutcomeRound(const v1::Validation& validation,
+                    const v1::BudgetOutcome& outcome);
+
 // "measured peak 70.00 KiB exceeds the budget 50.00 KiB by 40.0%".
 std::string OverBudgetMessage(int64_t measured_bytes, int64_t budget_bytes);
 

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "common/validation_check.h"
 #include "common/version.h"
 
 namespace mutwo {
@@ -288,12 +289,7 @@ void ServerMetrics::PublishJobResults(const v1::Job& job) {
             s.predicted_iteration_ms());
       } else if (o.fits()) {
         for (const v1::Validation& v : r.validations()) {
-          // A measured floor's budget is its peak (closed_loop.h).
-          const bool same_budget =
-              v.budget_bytes() == o.budget_bytes() ||
-              (o.budget().floor() &&
-               v.scheduled().peak_bytes() == o.measured_peak_bytes());
-          if (same_budget && v.round() == o.rounds()) {
+          if (IsOutcomeRound(v, o)) {
             set("planned", r.batch_size(), budget, v.scheduled().peak_bytes(),
                 v.scheduled().iteration_ms());
           }

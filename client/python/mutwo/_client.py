@@ -13,8 +13,9 @@ import grpc
 
 from mutwo._specs import (channel_credentials, make_job_spec, parse_budget,
                           read_token)
-from mutwo._types import (BatchResult, Job, JobProgress, MaxBatch, Model,
-                          ParetoPoint, Schedule, Worker)
+from mutwo._types import (BatchResult, BudgetOutcome, Job, JobProgress,
+                          MaxBatch, Model, ParetoPoint, Schedule,
+                          TrainingLoopReport, Worker)
 from mutwo.v1 import planner_pb2, planner_pb2_grpc, types_pb2
 
 __all__ = ["Client", "MutwoError", "JobFailedError"]
@@ -340,6 +341,25 @@ class Client:
         """The budget -> predicted step time curve at one batch size."""
         return list(self.schedule(job, batch_size, budget,
                                   include_pareto=True).pareto)
+
+    def report_training_loop(
+            self, job: Union[Job, str],
+            report: types_pb2.TrainingLoopValidation
+    ) -> Tuple[TrainingLoopReport, BudgetOutcome]:
+        """Reports a schedule of the job measured in your training loop
+        (`python3 -m mutwo verify --report JOB` builds `report` from its
+        measurements: `mutwo._verify.training_loop_report`). The server
+        checks it names the job's schedule (batch size, budget, graph,
+        budget bytes), judges it (peak within the budget, gradients, loss
+        and buffers equal, every decision applied), keeps it with the job
+        and marks the budget's outcome validated_in_training_loop. Returns
+        the stored report with the server's verdict, and the outcome."""
+        response = _call("ReportTrainingLoop", self._stub.ReportTrainingLoop,
+                         planner_pb2.ReportTrainingLoopRequest(
+                             job_id=_job_id(job), report=report),
+                         timeout=self.timeout_s)
+        return (TrainingLoopReport.from_proto(response.report),
+                BudgetOutcome.from_proto(response.outcome))
 
     def profile(self, job: Union[Job, str],
                 batch_size: int) -> types_pb2.Profile:

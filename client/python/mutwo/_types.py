@@ -226,6 +226,11 @@ class BudgetOutcome:
     measured_peak_bytes: int
     predicted_peak_bytes: int
     reason: str
+    # The schedule measured where the user trains (report_training_loop):
+    # the newest report holds, its peak, and how many reports came in.
+    validated_in_training_loop: bool = False
+    training_loop_peak_bytes: int = 0
+    training_loop_reports: int = 0
     proto: Optional[types_pb2.BudgetOutcome] = _PROTO
 
     @classmethod
@@ -233,7 +238,35 @@ class BudgetOutcome:
         return cls(o.budget.text, o.budget_bytes,
                    _enum_name(types_pb2.BudgetOutcome.State, o.state), o.fits,
                    o.rounds, o.measured_peak_bytes, o.predicted_peak_bytes,
-                   o.reason, proto=o)
+                   o.reason,
+                   validated_in_training_loop=o.validated_in_training_loop,
+                   training_loop_peak_bytes=o.training_loop_peak_bytes,
+                   training_loop_reports=o.training_loop_reports, proto=o)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingLoopReport:
+    """A schedule measured in a training loop, as the server stored and
+    judged it (`Client.report_training_loop`)."""
+    path: str             # EAGER, COMPILE or LIBTORCH
+    batch_size: int
+    budget: str
+    budget_bytes: int
+    peak_bytes: int       # the scheduled step's, in the training loop
+    iteration_ms: float
+    holds: bool           # the server's verdict
+    problem: str          # why not, when it does not hold
+    reported_by: str
+    proto: Optional[types_pb2.TrainingLoopValidation] = _PROTO
+
+    @classmethod
+    def from_proto(cls, t: types_pb2.TrainingLoopValidation
+                   ) -> "TrainingLoopReport":
+        v = t.validation
+        return cls(_enum_name(types_pb2.TrainingLoopValidation.Path, t.path),
+                   v.batch_size, t.budget.text, v.budget_bytes,
+                   v.scheduled.peak_bytes, v.scheduled.iteration_ms, t.holds,
+                   t.problem, t.reported_by, proto=t)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +288,7 @@ class BatchResult:
     # The floor a worker measured (the job asked for budget "floor"); 0:
     # not measured, floor_bytes is the planner's prediction.
     measured_floor_bytes: int = 0
+    training_loop: Tuple[TrainingLoopReport, ...] = ()
     proto: Optional[types_pb2.BatchResult] = _PROTO
 
     @classmethod
@@ -269,6 +303,8 @@ class BatchResult:
                    knee=(ParetoPoint.from_proto(r.knee)
                          if r.HasField("knee") else None),
                    measured_floor_bytes=r.measured_floor_bytes,
+                   training_loop=tuple(TrainingLoopReport.from_proto(t)
+                                       for t in r.training_loop),
                    proto=r)
 
 

@@ -719,6 +719,7 @@ def verify(args: argparse.Namespace, out: Any = None,
         "batch_size": batch_size, "budget_bytes": schedule.budget_bytes,
         "recomputed": len(schedule.recomputed),
         "swapped": len(schedule.swapped),
+        "decisions_unmatched": 0,
         "graph_fingerprint": schedule.graph_fingerprint,
         "predicted": {"peak_bytes": schedule.predicted_peak_bytes,
                       "iteration_ms": schedule.predicted_iteration_ms},
@@ -747,6 +748,7 @@ def verify(args: argparse.Namespace, out: Any = None,
                                     force=args.force) as applied:
                 sched = session.compare_step()
                 m = applied.measurements()
+                v["decisions_unmatched"] = len(applied.unmatched())
         v["apply_measurements"] = measurements_dict(m)
         v.update(compare(base, sched, again, args.grad_rtol, args.grad_atol))
         phase = "unmodified timed steps"
@@ -783,9 +785,76 @@ def verify(args: argparse.Namespace, out: Any = None,
     else:
         print(format_table(v), end="", file=out)
     problem = problems_of(v)
+    if args.report:
+        reported = report_to_server(args, v, schedule, out, err)
+        if reported != EXIT_OK:
+            return reported
     if problem:
         print(f"{prog}: {problem}", file=err)
         return EXIT_FAILURE
+    return EXIT_OK
+
+
+def training_loop_report(v: Dict[str, Any], schedule: Any,
+                         path: str = "EAGER") -> Any:
+    """verify's measurements `v` of `schedule` as the
+    types_pb2.TrainingLoopValidation that ReportTrainingLoop takes."""
+    from mutwo.v1 import types_pb2
+    report = types_pb2.TrainingLoopValidation(
+        path=types_pb2.TrainingLoopValidation.Path.Value(path.upper()),
+        decisions_planned=v["recomputed"] + v["swapped"],
+        decisions_applied=(v["recomputed"] + v["swapped"] -
+                           v.get("decisions_unmatched", 0)),
+        peak_measure=v["peak_measure"], framework=f"torch {v['torch']}")
+    if schedule.proto is not None:
+        report.budget.CopyFrom(schedule.proto.budget)
+    val = report.validation
+    val.batch_size = v["batch_size"]
+    val.budget_bytes = v["budget_bytes"]
+    val.graph_fingerprint = v["graph_fingerprint"]
+    for field in ("baseline", "scheduled", "predicted"):
+        stats = getattr(val, field)
+        stats.peak_bytes = int(v[field]["peak_bytes"])
+        stats.iteration_ms = float(v[field]["iteration_ms"])
+    val.within_budget = bool(v["within_budget"])
+    val.gradients_match = bool(v.get("gradients_match", False))
+    val.max_abs_grad_diff = float(v.get("max_abs_grad_diff", 0.0))
+    val.loss_diff = float(v.get("loss_diff", 0.0))
+    val.batchnorm_stats_match = bool(v.get("batchnorm_stats_match", False))
+    val.worst_gradient_parameter = v.get("worst_gradient_parameter", "")
+    val.recomputed = v["recomputed"]
+    val.swapped = v["swapped"]
+    val.oom = bool(v["oom"])
+    val.error = v["error"]
+    val.device.name = v["device"]["name"]
+    val.device.kind = v["device"]["kind"]
+    return report
+
+
+def report_to_server(args: argparse.Namespace, v: Dict[str, Any],
+                     schedule: Any, out: Any, err: Any) -> int:
+    """--report JOB: sends the measurements to mutwo-server
+    (ReportTrainingLoop) and prints its verdict; EXIT_BAD_INPUT when the
+    server refuses the report."""
+    from mutwo._client import Client, MutwoError
+    try:
+        with Client(args.server, token=args.token or None,
+                    token_file=args.token_file or None,
+                    tls_ca=args.tls_ca or None) as client:
+            stored, outcome = client.report_training_loop(
+                args.report, training_loop_report(v, schedule))
+    except (MutwoError, ValueError, OSError) as e:
+        print(f"mutwo verify: --report {args.report}: {e}", file=err)
+        return EXIT_BAD_INPUT
+    verdict = "holds" if stored.holds else f"does not hold: {stored.problem}"
+    print(f"reported to {args.server}: job {args.report} batch "
+          f"{stored.batch_size} budget {stored.budget or stored.budget_bytes}"
+          f": {verdict} (validated in the training loop: "
+          f"{'yes' if outcome.validated_in_training_loop else 'no'}, "
+          f"{outcome.training_loop_reports} report"
+          f"{'' if outcome.training_loop_reports == 1 else 's'}; "
+          f"worker: {outcome.state})",
+          file=err if args.output == "json" else out)
     return EXIT_OK
 
 
@@ -824,3 +893,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "gradient element (default %(default)g)")
     p.add_argument("--grad_atol", type=float, default=GRAD_ATOL)
     p.add_argument("--output", choices=("text", "json"), default="text")
+    p.add_argument("--report", default="", metavar="JOB_ID",
+                   help="send the measurements to mutwo-server as a "
+                   "training-loop report of this job's schedule "
+                   "(ReportTrainingLoop); the schedule must be the job's "
+                   "(`mutwo schedule JOB --batch N --budget B --output json`"
+                   " or Client.schedule)")
+    p.add_argument("--server", default=os.environ.get(
+        "MUTWO_SERVER", "127.0.0.1:50051"),
+        help="with --report: the server (default $MUTWO_SERVER or "
+        "%(default)s)")
+    p.add_argument("--token", default="", help="with --report: bearer "
+                   "token (default: MUTWO_TOKEN_FILE, MUTWO_TOKEN)")
+    p.add_argument("--token_file", default="")
+    p.add_argument("--tls_ca", default="")
