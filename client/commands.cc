@@ -173,7 +173,7 @@ std::vector<CommandSpec> Commands() {
        "Pareto curve, --budget floor\nat the lowest budget it predicts "
        "(predicted: nothing is run; submit\n--budget floor measures it). "
        "Exit 3 when the budget is below the floor.",
-       {"budget", "policy", "pareto", "reserve", "batch"},
+       {"budget", "policy", "pareto", "reserve", "swap", "batch"},
        {{"batch",
          "with several profiles: the batch size to plan at (may be larger "
          "than any profiled)"}},

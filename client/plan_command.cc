@@ -33,6 +33,10 @@ ABSL_FLAG(bool, reserve, true,
           "4 MiB + 1% for the caching allocator; CPU: 16 KiB + 1.5% for what "
           "the memory model leaves out of replays); --reserve=false plans to "
           "the budget itself");
+ABSL_FLAG(bool, swap, true,
+          "μ-TWO may swap activations to the host; --swap=false plans "
+          "recomputation only (for torch.compile, where mutwo.apply's "
+          "selective-checkpointing policy has no swap)");
 ABSL_DECLARE_FLAG(std::string, output);
 ABSL_DECLARE_FLAG(std::string, batch);
 
@@ -155,6 +159,7 @@ int PlanCommand(const ParsedArgs& args) {
   request.policy = planner::PolicyToProto(*policy);
   request.pareto_points = absl::GetFlag(FLAGS_pareto) ? kParetoPoints : 0;
   request.device_reserve = absl::GetFlag(FLAGS_reserve);
+  request.allow_swap = absl::GetFlag(FLAGS_swap);
   auto schedule =
       at_batch > 0 ? planner::PlanScheduleAtBatch(profiles, at_batch, request)
                    : planner::PlanSchedule(profiles.front(), request);

@@ -29,14 +29,24 @@ BUILD=${BUILD:-/tmp/bg}
 BUDGETS=${BUDGETS:-6}
 POINTS=${POINTS:-4}
 EXECUTE=${EXECUTE:-0}
+# Flags for `mutwo plan`, e.g. PLAN_FLAGS=--swap=false: recomputation only,
+# what the selective-checkpointing policy runs under torch.compile.
+PLAN_FLAGS=${PLAN_FLAGS:-}
+# torch.compile's own points, and whether stages 1 and 3 run (TESTS=0 and
+# VERIFY=0 skip them, for a run split over cards that only compares).
+COMPILE_BUDGETS=${COMPILE_BUDGETS:-1.0,0.5,0.2,0.05}
+TESTS=${TESTS:-1}
+VERIFY=${VERIFY:-1}
 mkdir -p "$OUT/mutwo" "$OUT/verify"
 log() { echo "$(date -u +%H:%M:%S) $*" >> "$OUT/progress.log"; }
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv > "$OUT/card.txt" 2>&1
 python3 -c 'import torch; print("torch", torch.__version__)' >> "$OUT/card.txt" 2>&1
 export PYTHONPATH=$PWD/client/python:$PWD/client/python/tests${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pytest -q -p no:cacheprovider client/python/tests/test_compile_policy.py \
-  client/python/tests/test_verify.py bench/anchors/test_anchors.py > "$OUT/tests.log" 2>&1
-log "tests rc $?"
+if [ "$TESTS" = 1 ]; then
+  python3 -m pytest -q -p no:cacheprovider client/python/tests/test_compile_policy.py \
+    client/python/tests/test_verify.py bench/anchors/test_anchors.py > "$OUT/tests.log" 2>&1
+  log "tests rc $?"
+fi
 if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
   export CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUTWO_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1 &&
@@ -51,10 +61,10 @@ for m in ${MODELS//,/ }; do
   [ "$EXECUTE" = 1 ] || exec_flag=(--execute_batches "$m=0")
   python3 bench/gpu/run_benchmark.py --bin "$BUILD/bin" --models_dir "$MD" \
     --out "$OUT/mutwo" --models "$m" --batches "$m=$batch" --budgets "$BUDGETS" \
-    --iterations 5 "${exec_flag[@]}" 2>> "$OUT/mutwo.err"
+    --iterations 5 "${exec_flag[@]}" --plan_flags="$PLAN_FLAGS" 2>> "$OUT/mutwo.err"
   log "$m planned rc $?"
   # verify: the lowest feasible budget and the middle one.
-  for s in $(python3 - "$OUT/mutwo" "$m" "$batch" <<'PY'
+  for s in $([ "$VERIFY" = 1 ] && python3 - "$OUT/mutwo" "$m" "$batch" <<'PY'
 import sys
 sys.path.insert(0, "bench/anchors")
 from anchors import mutwo_schedules
@@ -72,7 +82,7 @@ PY
     log "$m verify $name rc $(cat "$OUT/verify/$name.rc")"
   done
   python3 bench/anchors/anchors.py --models "$m" --systems eager,mutwo_compile \
-    --compile_budgets 1.0,0.5,0.2,0.05 --mutwo_schedules "$OUT/mutwo" \
+    --compile_budgets "$COMPILE_BUDGETS" --mutwo_schedules "$OUT/mutwo" \
     --mutwo_compile_points "$POINTS" --out "$OUT/anchors.jsonl" --iterations 10 \
     --timeout 600 > /dev/null 2>> "$OUT/anchors.err"
   log "$m anchors rc $?"

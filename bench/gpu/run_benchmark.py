@@ -75,6 +75,10 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--plan_flags", default="",
+                    help="extra `mutwo plan` flags for the mutwo points, "
+                    "e.g. --swap=false (recomputation only, for "
+                    "torch.compile)")
     ap.add_argument("--batches", default="",
                     help="model=b1/b2,... batches to run (default: MODELS')"
                          " batches)")
@@ -133,7 +137,8 @@ def main():
                 continue
             # The floor: plan for 1 byte (infeasible, exit 3, floor stated).
             rc, out, err, _ = run([cli, "plan", base + "_profile.json",
-                                   "--budget", "1B", "--output", "json"])
+                                   "--budget", "1B", "--output", "json"] +
+                                  args.plan_flags.split())
             floor = int(json.loads(out)["floor_bytes"])
             baseline = int(json.loads(out)["baseline_peak_bytes"])
             record["floor_bytes"] = floor
@@ -149,9 +154,10 @@ def main():
             for policy, budget in plans:
                 sched_path = f"{base}_{policy}_{budget}.schedule.json"
                 t0 = time.time()
-                rc, out, err, t_plan = run([cli, "plan", base + "_profile.json",
-                                            "--budget", budget, "--policy",
-                                            policy, "--output", "json"])
+                rc, out, err, t_plan = run(
+                    [cli, "plan", base + "_profile.json", "--budget", budget,
+                     "--policy", policy, "--output", "json"] +
+                    (args.plan_flags.split() if policy == "mutwo" else []))
                 if rc not in (0, 3):
                     print(f"plan {policy} {budget}: {err.strip()}", file=sys.stderr)
                     continue

@@ -74,6 +74,27 @@ TEST_F(PlanCommandTest, InfeasibleBudgetExits3WithTheFloor) {
   EXPECT_NE(r.output.find("below the floor"), std::string::npos) << r.output;
 }
 
+// --swap=false plans recomputation only (what torch.compile's selective
+// checkpointing can run); on a profile whose host link makes swapping
+// worth it, the default plan swaps.
+TEST_F(PlanCommandTest, SwapFalsePlansRecomputationOnly) {
+  v1::Profile fast_link = planner::testing::DiamondProto();
+  fast_link.mutable_device()->set_kind("cuda");
+  fast_link.mutable_device()->set_host_to_device_bytes_per_second(1e15);
+  fast_link.mutable_device()->set_device_to_host_bytes_per_second(1e15);
+  const std::string path = dir_ + "/fast_link.json";
+  ASSERT_TRUE(WriteFileAtomically(path, ProtoToJson(fast_link)).ok());
+  auto floor = Plan(path + " --budget floor --output json");
+  EXPECT_EQ(floor.exit_code, 0) << floor.output;
+  EXPECT_GT(CountOf(floor.output, "\"action\": \"SWAP\""), 0) << floor.output;
+  auto recompute = Plan(path + " --budget floor --swap=false --output json");
+  EXPECT_EQ(recompute.exit_code, 0) << recompute.output;
+  EXPECT_EQ(CountOf(recompute.output, "\"action\": \"SWAP\""), 0)
+      << recompute.output;
+  EXPECT_GT(CountOf(recompute.output, "\"action\": \"RECOMPUTE\""), 0)
+      << recompute.output;
+}
+
 TEST_F(PlanCommandTest, BadInputExits2WithTheReason) {
   auto r = Plan(dir_ + "/missing.json --budget 60%");
   EXPECT_EQ(r.exit_code, 2) << r.output;
