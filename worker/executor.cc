@@ -617,6 +617,14 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
   return std::unique_ptr<Executor>(new Executor(std::move(state)));
 }
 
+absl::StatusOr<std::unique_ptr<Executor>> Executor::CreateForModule(
+    ExecutorOptions options, const torch::jit::Module& module) {
+  auto state = std::make_unique<State>();
+  MUTWO_RETURN_IF_ERROR(SetUpTraining(options, state.get(), &module));
+  state->options = std::move(options);
+  return std::unique_ptr<Executor>(new Executor(std::move(state)));
+}
+
 absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
   State& s = *state_;
   const ExecutorOptions& o = s.options;

@@ -80,6 +80,13 @@ class Executor {
   // Errors: InvalidArgument naming the bad option, input or model.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Executor>> Create(
       ExecutorOptions options);
+  // As Create, over the caller's `module` itself (moved to the options'
+  // device; options.model_bytes and model_path unused): no second copy of
+  // the model is loaded (ScheduledStep: a copy on the device beside the
+  // caller's until the first step adopted it, and its TorchScript sources
+  // held for the executor's life).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Executor>>
+  CreateForModule(ExecutorOptions options, const torch::jit::Module& module);
   ~Executor();
 
   // Errors: InvalidArgument for a schedule of another graph (both

@@ -4,7 +4,6 @@
 // caller's own module object with the caller's inputs and loss.
 #include "mutwo/scheduled_step.h"
 
-#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -100,9 +99,6 @@ torch::Tensor ScheduledStep::Run(
   if (impl_->executor == nullptr) {
     const v1::Schedule& s = impl_->schedule;
     worker::ExecutorOptions o;
-    std::ostringstream bytes;
-    impl_->model.save(bytes);
-    o.model_bytes = bytes.str();
     o.model_name = "the training loop's module";
     o.device = impl_->options.device;
     o.batch_size = s.batch_size();
@@ -115,7 +111,9 @@ torch::Tensor ScheduledStep::Run(
     for (size_t i = 0; i < inputs.size(); ++i) {
       o.inputs.push_back(SpecOf(inputs[i], i));
     }
-    auto executor = worker::Executor::Create(std::move(o));
+    // Over the caller's module itself: no second copy is loaded.
+    auto executor =
+        worker::Executor::CreateForModule(std::move(o), impl_->model);
     ThrowIfError(executor.status(), "loading the module");
     ThrowIfError((*executor)->PrepareUserStep(s, impl_->model),
                  "applying the schedule");

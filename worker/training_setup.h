@@ -163,10 +163,13 @@ struct TrainingState {
 }
 
 // Sets device, backend, module, graph, interpreter and parameters of
-// `state` (fills in options.model_name). Errors: InvalidArgument naming the
-// bad option, device, model file or input count.
-[[nodiscard]] inline absl::Status SetUpTraining(TrainingStepOptions& options,
-                                                TrainingState* state) {
+// `state` (fills in options.model_name). The module is loaded from the
+// options' bytes or file, or is `module` (the caller's, moved to the
+// device) when given. Errors: InvalidArgument naming the bad option,
+// device, model file or input count.
+[[nodiscard]] inline absl::Status SetUpTraining(
+    TrainingStepOptions& options, TrainingState* state,
+    const torch::jit::Module* module = nullptr) {
   if (options.batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch size must be a positive integer, got ", options.batch_size));
@@ -201,7 +204,14 @@ struct TrainingState {
   }
   // Loaded after the backend exists, so that the counting allocator sees the
   // parameters.
-  if (options.model_bytes.empty()) {
+  if (module != nullptr) {
+    // The caller's own object (a handle), trained in place.
+    MUTWO_RETURN_IF_ERROR(Guard("moving the module to the device", [&]() {
+      state->module = *module;
+      state->module.to(state->device);
+      return absl::OkStatus();
+    }));
+  } else if (options.model_bytes.empty()) {
     MUTWO_ASSIGN_OR_RETURN(state->module,
                            LoadModuleFile(options.model_path, state->device));
   } else {
