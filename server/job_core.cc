@@ -687,13 +687,47 @@ absl::StatusOr<v1::ReportTrainingLoopResponse> JobCore::ReportTrainingLoop(
   report = request.report();
   report.set_reported_by(reported_by);
   report.set_reported_unix_ms(store_->NowMs());
+  v1::Schedule ran;
   MUTWO_ASSIGN_OR_RETURN(
       v1::Job job,
       store_->UpdateJob(request.job_id(), [&](v1::Job& j) -> absl::Status {
         MUTWO_ASSIGN_OR_RETURN(*response.mutable_outcome(),
-                               AddTrainingLoopReport(j, report));
+                               AddTrainingLoopReport(j, report, &ran));
         return absl::OkStatus();
       }));
+  // Over the budget and otherwise right: the budget planned again below it
+  // by what the loop measured over the prediction (the closed loop's rule,
+  // with the user's loop as the measurement). Not stored: the job's
+  // schedule is the one a worker proved; this one is the caller's to try.
+  if (const int64_t correction =
+          TrainingLoopCorrection(ran, report, loop_options_.margin_fraction);
+      correction > 0) {
+    auto profile =
+        store_->GetProfile(job.job_id(), report.validation().batch_size());
+    auto replanned =
+        profile.ok() ? Plan(*profile, ran.budget(), ran.policy(), correction)
+                     : absl::StatusOr<v1::Schedule>(profile.status());
+    if (!replanned.ok()) {
+      response.set_note(
+          absl::StrCat("planning again: ", replanned.status().message()));
+    } else if (replanned->feasible()) {
+      *response.mutable_corrected() =
+          ScheduleCache::Trim(*std::move(replanned), /*include_pareto=*/false,
+                              /*include_timeline=*/false);
+      response.set_note(absl::StrCat(
+          "planned again ", FormatBytes(correction),
+          " below the budget (what the training loop measured over the "
+          "prediction, plus a margin): run the corrected schedule and "
+          "report it"));
+    } else {
+      response.set_note(absl::StrCat(
+          "no schedule is predicted to fit ", FormatBytes(correction),
+          " below the budget ", FormatBytes(ran.budget_bytes()),
+          " (what the training loop measured over the prediction, plus a "
+          "margin); floor ",
+          FormatBytes(replanned->floor_bytes())));
+    }
+  }
   MUTWO_LOG(info, "job {} batch {} budget {}: training loop ({}) {}",
             job.job_id(), report.validation().batch_size(),
             FormatBudget(report.budget()),

@@ -1,5 +1,6 @@
 #include "server/training_loop.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -80,8 +81,26 @@ std::string Budgets(const v1::BatchResult& r) {
 
 }  // namespace
 
+int64_t TrainingLoopCorrection(const v1::Schedule& ran,
+                               const v1::TrainingLoopValidation& report,
+                               double margin_fraction) {
+  const v1::Validation& v = report.validation();
+  const ValidationCheck check = CheckValidation(v);
+  if (report.holds() || check.out_of_memory || check.within_budget ||
+      !check.matches_baseline || !v.error().empty() ||
+      report.decisions_applied() < report.decisions_planned()) {
+    return 0;
+  }
+  const int64_t margin = std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(
+             margin_fraction * static_cast<double>(ran.budget_bytes()))));
+  return std::max(
+      ran.correction_bytes() + margin,
+      v.scheduled().peak_bytes() - ran.predicted_peak_bytes() + margin);
+}
+
 absl::StatusOr<v1::BudgetOutcome> AddTrainingLoopReport(
-    v1::Job& job, v1::TrainingLoopValidation& report) {
+    v1::Job& job, v1::TrainingLoopValidation& report, v1::Schedule* ran) {
   if (absl::Status s = CheckShape(report); !s.ok()) return s;
   const v1::Validation& v = report.validation();
   v1::BatchResult* result = nullptr;
@@ -114,6 +133,7 @@ absl::StatusOr<v1::BudgetOutcome> AddTrainingLoopReport(
                             " (its budgets: ", Budgets(*result), ")"));
   }
   const v1::Schedule& schedule = result->schedules(index);
+  if (ran != nullptr) *ran = schedule;
   if (!schedule.graph_fingerprint().empty() &&
       v.graph_fingerprint() != schedule.graph_fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -26,7 +26,19 @@ inline constexpr int kTrainingLoopReportsKept = 16;
 // malformed report, FailedPrecondition for one that does not match the
 // job's schedule; `job` is unchanged then.
 absl::StatusOr<v1::BudgetOutcome> AddTrainingLoopReport(
-    v1::Job& job, v1::TrainingLoopValidation& report);
+    v1::Job& job, v1::TrainingLoopValidation& report,
+    v1::Schedule* ran = nullptr);
+
+// The correction to plan the budget again with after `report` (judged by
+// AddTrainingLoopReport) of schedule `ran`: when its only problem is the
+// peak over the budget, what the loop measured over the prediction plus
+// `margin_fraction` of the budget, and at least the schedule's own
+// correction plus that margin (as the closed loop grows it); 0 when
+// re-planning cannot help (it holds, it ran out of memory, the step
+// differs, or decisions were not applied).
+int64_t TrainingLoopCorrection(const v1::Schedule& ran,
+                               const v1::TrainingLoopValidation& report,
+                               double margin_fraction);
 
 }  // namespace mutwo
 

@@ -300,6 +300,17 @@ TEST_F(JobCoreTest, TrainingLoopReportsAreStoredBesideTheWorkersProof) {
   auto over = core_->ReportTrainingLoop(request, "alice");
   ASSERT_TRUE(over.ok()) << over.status();
   EXPECT_FALSE(over->report().holds());
+  // Planned again below the budget by the loop's overshoot: lower, same
+  // budget, the correction carried; the job's proved schedule untouched.
+  ASSERT_TRUE(over->has_corrected()) << over->note();
+  const v1::Schedule& corrected = over->corrected();
+  EXPECT_EQ(corrected.budget_bytes(), s.budget_bytes());
+  EXPECT_GE(corrected.correction_bytes(),
+            s.budget_bytes() + 4096 - s.predicted_peak_bytes());
+  EXPECT_LT(corrected.predicted_peak_bytes(), s.predicted_peak_bytes());
+  EXPECT_THAT(over->note(), HasSubstr("run the corrected schedule"));
+  EXPECT_EQ(core_->GetJob(id)->results(0).schedules(0).predicted_peak_bytes(),
+            s.predicted_peak_bytes());
   EXPECT_THAT(over->report().problem(), HasSubstr("exceeds the budget"));
   EXPECT_EQ(over->report().reported_by(), "alice");
   EXPECT_EQ(over->report().reported_unix_ms(), now_ms_.load());
@@ -310,6 +321,7 @@ TEST_F(JobCoreTest, TrainingLoopReportsAreStoredBesideTheWorkersProof) {
   auto holds = core_->ReportTrainingLoop(request, "alice");
   ASSERT_TRUE(holds.ok()) << holds.status();
   EXPECT_TRUE(holds->report().holds());
+  EXPECT_FALSE(holds->has_corrected());
   const v1::Job job = *core_->GetJob(id);
   const v1::BudgetOutcome& o = Outcome(job);
   EXPECT_TRUE(o.validated_in_training_loop());

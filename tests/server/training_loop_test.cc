@@ -154,6 +154,43 @@ TEST(TrainingLoopTest, ReportsThatDoNotNameTheJobsScheduleAreRefused) {
   }
 }
 
+// Re-planning helps only a report whose one problem is its peak: then the
+// loop's overshoot over the prediction plus the margin, at least the
+// schedule's own correction grown by the margin.
+TEST(TrainingLoopTest, OnlyAPeakOverTheBudgetAsksForACorrection) {
+  v1::Job job = JobWithOneFit();
+  v1::Schedule& s = *job.mutable_results(0)->mutable_schedules(0);
+  s.set_predicted_peak_bytes(kBudget - 100000);
+  s.set_correction_bytes(5000);
+  v1::Schedule ran;
+  v1::TrainingLoopValidation over = Report(kBudget + 50000);
+  ASSERT_TRUE(AddTrainingLoopReport(job, over, &ran).ok());
+  EXPECT_EQ(ran.predicted_peak_bytes(), kBudget - 100000);
+  const int64_t margin = (kBudget + 99) / 100;  // 1% of the budget
+  EXPECT_EQ(TrainingLoopCorrection(ran, over, 0.01), 150000 + margin);
+  // A small overshoot still grows the schedule's own correction.
+  v1::TrainingLoopValidation barely = Report(kBudget + 1);
+  ran.set_predicted_peak_bytes(kBudget);
+  ASSERT_TRUE(AddTrainingLoopReport(job, barely).ok());
+  EXPECT_EQ(TrainingLoopCorrection(ran, barely, 0.01), 5000 + margin);
+  // Nothing to correct by planning lower.
+  v1::TrainingLoopValidation holds = Report(kBudget);
+  ASSERT_TRUE(AddTrainingLoopReport(job, holds).ok());
+  EXPECT_EQ(TrainingLoopCorrection(ran, holds, 0.01), 0);
+  v1::TrainingLoopValidation wrong = Report(kBudget + 50000);
+  wrong.mutable_validation()->set_gradients_match(false);
+  ASSERT_TRUE(AddTrainingLoopReport(job, wrong).ok());
+  EXPECT_EQ(TrainingLoopCorrection(ran, wrong, 0.01), 0);
+  v1::TrainingLoopValidation unapplied = Report(kBudget + 50000);
+  unapplied.set_decisions_applied(4);
+  ASSERT_TRUE(AddTrainingLoopReport(job, unapplied).ok());
+  EXPECT_EQ(TrainingLoopCorrection(ran, unapplied, 0.01), 0);
+  v1::TrainingLoopValidation oom = Report(kBudget + 50000);
+  oom.mutable_validation()->set_oom(true);
+  ASSERT_TRUE(AddTrainingLoopReport(job, oom).ok());
+  EXPECT_EQ(TrainingLoopCorrection(ran, oom, 0.01), 0);
+}
+
 TEST(TrainingLoopTest, OnlyTheNewestReportsAreKept) {
   v1::Job job = JobWithOneFit();
   for (int i = 1; i <= kTrainingLoopReportsKept + 3; ++i) {

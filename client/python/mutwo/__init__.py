@@ -19,8 +19,8 @@ from mutwo._specs import (format_bytes, make_job_spec, parse_budget,
                           parse_tensor_spec, read_token)
 from mutwo._types import (BatchResult, BudgetOutcome, Decision, Job,
                           JobProgress, MaxBatch, MaxBatchCheck, Model,
-                          ParetoPoint, Schedule, TrainingLoopReport,
-                          Validation, Worker)
+                          ParetoPoint, Schedule, TrainingLoopAnswer,
+                          TrainingLoopReport, Validation, Worker)
 
 if TYPE_CHECKING:  # for type checkers; imported on first use (__getattr__)
     from mutwo._apply import (Applied, ApplyMeasurements, BudgetWarning,
@@ -35,7 +35,7 @@ __all__ = [
     "ApplyMeasurements", "BudgetWarning", "InfeasibleScheduleError",
     "ScheduleMismatchError", "Schedule", "Decision", "ParetoPoint", "Job",
     "JobProgress", "BatchResult", "BudgetOutcome", "Validation", "MaxBatch",
-    "MaxBatchCheck", "Model", "Worker", "TrainingLoopReport", "make_job_spec", "parse_budget", "parse_bytes",
+    "MaxBatchCheck", "Model", "Worker", "TrainingLoopReport", "TrainingLoopAnswer", "make_job_spec", "parse_budget", "parse_bytes",
     "parse_loss", "parse_optimizer", "parse_tensor_spec", "format_bytes",
     "read_token",
 ]

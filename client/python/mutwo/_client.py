@@ -15,7 +15,7 @@ from mutwo._specs import (channel_credentials, make_job_spec, parse_budget,
                           read_token)
 from mutwo._types import (BatchResult, BudgetOutcome, Job, JobProgress,
                           MaxBatch, Model, ParetoPoint, Schedule,
-                          TrainingLoopReport, Worker)
+                          TrainingLoopAnswer, TrainingLoopReport, Worker)
 from mutwo.v1 import planner_pb2, planner_pb2_grpc, types_pb2
 
 __all__ = ["Client", "MutwoError", "JobFailedError"]
@@ -345,7 +345,7 @@ class Client:
     def report_training_loop(
             self, job: Union[Job, str],
             report: types_pb2.TrainingLoopValidation
-    ) -> Tuple[TrainingLoopReport, BudgetOutcome]:
+    ) -> TrainingLoopAnswer:
         """Reports a schedule of the job measured in your training loop
         (`python3 -m mutwo verify --report JOB` builds `report` from its
         measurements: `mutwo._verify.training_loop_report`). The server
@@ -353,13 +353,18 @@ class Client:
         budget bytes), judges it (peak within the budget, gradients, loss
         and buffers equal, every decision applied), keeps it with the job
         and marks the budget's outcome validated_in_training_loop. Returns
-        the stored report with the server's verdict, and the outcome."""
+        the stored report with the server's verdict, the outcome, and a
+        corrected schedule when the peak alone was over the budget."""
         response = _call("ReportTrainingLoop", self._stub.ReportTrainingLoop,
                          planner_pb2.ReportTrainingLoopRequest(
                              job_id=_job_id(job), report=report),
                          timeout=self.timeout_s)
-        return (TrainingLoopReport.from_proto(response.report),
-                BudgetOutcome.from_proto(response.outcome))
+        return TrainingLoopAnswer(
+            TrainingLoopReport.from_proto(response.report),
+            BudgetOutcome.from_proto(response.outcome),
+            (Schedule.from_proto(response.corrected)
+             if response.HasField("corrected") else None),
+            response.note)
 
     def profile(self, job: Union[Job, str],
                 batch_size: int) -> types_pb2.Profile:

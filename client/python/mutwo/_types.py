@@ -270,6 +270,19 @@ class TrainingLoopReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainingLoopAnswer:
+    """The server's answer to `Client.report_training_loop`: the report as
+    stored and judged, the budget's outcome after it, and, when the only
+    problem was the peak over the budget, the budget planned again below it
+    by what the loop measured over the prediction (`corrected`; `note`
+    says why there is none otherwise)."""
+    report: TrainingLoopReport
+    outcome: BudgetOutcome
+    corrected: Optional[Schedule]
+    note: str
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchResult:
     """Everything a job learned at one batch size."""
     batch_size: int

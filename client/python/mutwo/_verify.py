@@ -841,8 +841,9 @@ def report_to_server(args: argparse.Namespace, v: Dict[str, Any],
         with Client(args.server, token=args.token or None,
                     token_file=args.token_file or None,
                     tls_ca=args.tls_ca or None) as client:
-            stored, outcome = client.report_training_loop(
+            answer = client.report_training_loop(
                 args.report, training_loop_report(v, schedule))
+        stored, outcome = answer.report, answer.outcome
     except (MutwoError, ValueError, OSError) as e:
         print(f"mutwo verify: --report {args.report}: {e}", file=err)
         return EXIT_BAD_INPUT
@@ -855,6 +856,19 @@ def report_to_server(args: argparse.Namespace, v: Dict[str, Any],
           f"{'' if outcome.training_loop_reports == 1 else 's'}; "
           f"worker: {outcome.state})",
           file=err if args.output == "json" else out)
+    if answer.corrected is not None:
+        path = args.corrected or (os.path.splitext(args.schedule)[0] +
+                                  ".corrected.json")
+        from google.protobuf import json_format
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json_format.MessageToJson(answer.corrected.proto))
+        print(f"{answer.note}; wrote {path} (predicted peak "
+              f"{format_bytes(answer.corrected.predicted_peak_bytes)}, "
+              f"{len(answer.corrected.recomputed)} recompute, "
+              f"{len(answer.corrected.swapped)} swap)",
+              file=err if args.output == "json" else out)
+    elif answer.note:
+        print(answer.note, file=err if args.output == "json" else out)
     return EXIT_OK
 
 
@@ -906,4 +920,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default="", help="with --report: bearer "
                    "token (default: MUTWO_TOKEN_FILE, MUTWO_TOKEN)")
     p.add_argument("--token_file", default="")
+    p.add_argument("--corrected", default="", metavar="FILE",
+                   help="with --report: where the service's corrected "
+                   "schedule goes when the peak alone was over the budget "
+                   "(default: SCHEDULE.corrected.json)")
     p.add_argument("--tls_ca", default="")

@@ -125,6 +125,30 @@ USER_SCRIPT = textwrap.dedent('''
     out["replays"] = sum(applied.stats.replays.values())
     out["unmatched"] = [d.module_path for d in applied.unmatched()]
     out["report"] = applied.report()
+    # A training-loop report whose only problem is its peak, 1 MiB over the
+    # budget: the service plans the budget again below it and says so.
+    from mutwo.v1 import types_pb2
+    t = types_pb2.TrainingLoopValidation(
+        path=types_pb2.TrainingLoopValidation.EAGER,
+        decisions_planned=len(schedule.decisions),
+        decisions_applied=len(schedule.decisions))
+    t.budget.CopyFrom(schedule.proto.budget)
+    t.validation.batch_size = 4
+    t.validation.budget_bytes = schedule.budget_bytes
+    t.validation.graph_fingerprint = schedule.graph_fingerprint
+    t.validation.scheduled.peak_bytes = schedule.budget_bytes + (1 << 20)
+    t.validation.gradients_match = True
+    t.validation.batchnorm_stats_match = True
+    answer = client.report_training_loop(job, t)
+    out["over_holds"] = answer.report.holds
+    out["over_corrected"] = (
+        None if answer.corrected is None else
+        [answer.corrected.budget_bytes,
+         answer.corrected.predicted_peak_bytes,
+         answer.corrected.proto.correction_bytes])
+    out["over_note"] = answer.note
+    out["budget_bytes"] = schedule.budget_bytes
+    out["predicted_peak_bytes"] = schedule.predicted_peak_bytes
     try:
         mutwo.Client(target, token="wrong", tls_ca=ca).jobs()
     except mutwo.MutwoError as e:
@@ -231,6 +255,17 @@ def test_install_submit_and_train_with_the_schedule(stack) -> None:
     assert out["max_grad_diff"] <= 1e-6, out
     assert out["dropped"] > 0 and out["replays"] > 0, out["report"]
     assert out["bad_token"] == "UNAUTHENTICATED"
+    # Over the budget in the loop alone: planned again 1 MiB + the margin
+    # below its prediction, or told why not.
+    assert out["over_holds"] is False, out
+    if out["over_corrected"] is not None:
+        budget, predicted, correction = out["over_corrected"]
+        assert budget == out["budget_bytes"], out
+        assert correction >= out["budget_bytes"] + (1 << 20) - \
+            out["predicted_peak_bytes"], out
+        assert "run the corrected schedule" in out["over_note"], out
+    else:
+        assert out["over_note"].startswith("no schedule is predicted"), out
     # The progress bar went to stderr.
     assert "job " in run.stderr
 
@@ -250,7 +285,8 @@ def test_install_submit_and_train_with_the_schedule(stack) -> None:
     assert f"reported to {target}: job {out['job_id']} batch 4 budget 85%" \
         in checked.stdout, said
     holds = checked.returncode == 0
-    assert ("holds (validated in the training loop: yes, 1 report; "
+    # The second report of the budget (train.py sent one over it).
+    assert ("holds (validated in the training loop: yes, 2 reports; "
             "worker: FITS)" if holds else "does not hold: ") in said, said
     # Another report for a job that does not exist is refused, exit 2.
     bad = subprocess.run(verify[:-5] + ["nope"] + verify[-4:],
