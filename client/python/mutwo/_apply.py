@@ -125,6 +125,33 @@ def _grad_fn_kind(node: Any) -> str:
     return _normal_kind(_BACKWARD.sub("", type(node).__name__))
 
 
+class _Ident:
+    """Which storage a tensor made in forward owns, without holding it: a
+    weak reference to the tensor owning the storage (its base) and the
+    autograd node that made that base. The base's Python object may go
+    while views of it live on (a Linear's output split into q, k, v: only
+    the views are referenced), and with it a weak reference; the node stays
+    the views' graph's, so it still tells this storage from a later one at
+    the same address. Holding the node holds no tensor once backward ran."""
+    __slots__ = ("ref", "node")
+
+    def __init__(self, t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        self.ref = weakref.ref(base)
+        self.node = base.grad_fn
+
+    def matches(self, t: torch.Tensor) -> bool:
+        base = t._base if t._base is not None else t
+        if self.ref() is base:
+            return True
+        return self.node is not None and base.grad_fn is self.node
+
+    def alive(self) -> bool:
+        """Conservative: the node outlives the storage only while a graph
+        holds it; with no node the weak reference says."""
+        return self.ref() is not None or self.node is not None
+
+
 def _swap_key(t: torch.Tensor) -> Tuple[Any, ...]:
     return (_storage_key(t), t.storage_offset(), tuple(t.shape),
             tuple(t.stride()), t.dtype)
@@ -285,16 +312,15 @@ class _Frame:
 
         def release(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
-                base = value._base if value._base is not None else value
                 entry = entries.get(_swap_key(value))
-                if entry is not None and entry.base() is base and \
+                if entry is not None and entry.ident.matches(value) and \
                         entry.version == value._version:
                     return _SwappedInput(entry, value.requires_grad)
                 # A view of it was swapped that holds every element (a
                 # LayerNorm2d saves its input permuted).
                 for entry in self.rt.swapped_storages.get(
                         _storage_key(value), ()):
-                    if entry.base() is base and \
+                    if entry.ident.matches(value) and \
                             entry.version == value._version and \
                             entry.dtype == value.dtype and \
                             entry.host.numel() == value.numel() and \
@@ -572,10 +598,9 @@ class _SwapEntry:
         self.version = t._version
         self.extent = _extent(t)
         self.dtype = t.dtype
-        self.original = weakref.ref(t)
         # What owns the storage (views keep it alive): tells this storage
         # from a later one at the same address.
-        self.base = weakref.ref(t._base if t._base is not None else t)
+        self.ident = _Ident(t)
         self.uses = 0
         self.position = len(rt.swap_order)
         self.restored: Optional[torch.Tensor] = None
@@ -788,8 +813,7 @@ class _Runtime:
         # module that made the storage. Views keep their base alive, so the
         # base is what is referenced.
         self.producers: Dict[int, Tuple[Any, str]] = {}
-        self.frame_outputs: Dict[int, List[Tuple[Any, _Frame, int, int, int,
-                                                 str]]] = {}
+        self.frame_outputs: Dict[int, List[Tuple[Any, ...]]] = {}
         # Frames open now, outermost first (frames nest as modules do).
         self.open_frames: List[_Frame] = []
         # Weak: a frame nothing was dropped into goes when it closes.
@@ -930,13 +954,12 @@ class _Runtime:
         if key in self.alive_keys:
             return
         entry = self.producers.get(key)
-        if entry is None or entry[0]() is None:
-            base = t._base if t._base is not None else t
-            self.producers[key] = (weakref.ref(base), path)
+        if entry is None or not entry[0].matches(t):
+            self.producers[key] = (_Ident(t), path)
 
     def producer_of(self, t: torch.Tensor) -> str:
         entry = self.producers.get(_storage_key(t))
-        if entry is not None and entry[0]() is not None:
+        if entry is not None and entry[0].matches(t):
             return entry[1]
         # Made by an op of the module running now (a functional op in its
         # forward): tensors made by a module that returned were claimed by
@@ -984,7 +1007,8 @@ class _Runtime:
         if refined == "SWAP" or (refined is None and path in self.swap):
             skey = _swap_key(t)
             entry = self.swap_entries.get(skey)
-            if entry is None or entry.original() is None:
+            if entry is None or not entry.ident.matches(t) or \
+                    entry.version != t._version:
                 entry = _SwapEntry(self, t)
                 self.swap_entries[skey] = entry
                 self.swapped_storages.setdefault(key, []).append(entry)
@@ -1008,20 +1032,23 @@ class _Runtime:
         entries = self.frame_outputs.get(_storage_key(t))
         if not entries:
             return None
-        for ref, owner, k, version, segment, decision in entries:
-            o = ref()
-            if o is None or t._version != version:
+        for out in entries:
+            ident, owner, k, version, segment, decision = out[:6]
+            if t._version != version or not ident.matches(t):
                 continue
             view = None
-            if o is not t:
-                if t.dtype != o.dtype or t.device != o.device:
+            if out[6]() is not t:
+                # A view of it; the output's own Python object may be gone
+                # (a Linear's output split into q, k, v), so its layout was
+                # noted when the frame closed.
+                lo, hi, offset, dtype, device = out[7:]
+                if t.dtype != dtype or t.device != device:
                     continue
                 first, last = _extent(t)
-                lo, hi = _extent(o)
                 if first < lo or last > hi:
                     continue
                 view = (tuple(t.shape), tuple(t.stride()),
-                        t.storage_offset() - o.storage_offset())
+                        t.storage_offset() - offset)
             if consume:
                 owner.output_uses[k] = owner.output_uses.get(k, 0) + 1
             return _DroppedOutput(owner, k, segment, view, t.requires_grad,
@@ -1054,8 +1081,9 @@ class _Runtime:
             if found is not None and not _is_leaf(o) and \
                     self.refined(o, path) in (None, "RECOMPUTE"):
                 self.frame_outputs.setdefault(_storage_key(o), []).append(
-                    (weakref.ref(o), frame, k, o._version, found[0],
-                     found[1]))
+                    (_Ident(o), frame, k, o._version, found[0], found[1],
+                     weakref.ref(o), *_extent(o), o.storage_offset(),
+                     o.dtype, o.device))
 
 
 def _describe(d: Decision) -> str:

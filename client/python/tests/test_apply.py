@@ -1048,3 +1048,48 @@ def test_a_frame_input_swapped_as_a_view_is_not_held() -> None:
     assert refs["0"]() is None
     loss.backward()
     assert applied.stats.swapped_out == 1
+
+
+class SplitAttention(nn.Module):
+    """GPT's attention in small: the qkv Linear's output is split into q,
+    k, v at once, so only views of it stay referenced (its own Python
+    object goes), and the matmuls save those views."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.qkv = nn.Linear(8, 24)
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln(x)).split(8, dim=2)
+        att = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        return x + self.proj(att @ v)
+
+
+@pytest.mark.parametrize("swap_ln", [False, True])
+def test_a_dropped_output_only_views_of_which_are_held_is_applied(
+        swap_ln: bool) -> None:
+    """The GPU zoo's gpt at its low budget: `blocks.8.attn.qkv` recomputed
+    in a frame of its own (its input swapped) matched no saved tensor: the
+    output's weak reference died with its Python object while q, k, v
+    (views) lived on, so the views the matmuls saved were kept."""
+    torch.manual_seed(19)
+    model = nn.Sequential(SplitAttention(), SplitAttention()).train()
+    plain = copy.deepcopy(model)
+    x = torch.randn(2, 5, 8)
+    applied = mutwo.apply(model, make_schedule(
+        model, recompute=[(0, ["0.qkv"], [])],
+        swap=["0.ln"] if swap_ln else []))
+    assert applied.frames == ["0.qkv"]
+    assert_same_step(plain, model, (x,), lambda o: o.pow(2).sum())
+    assert applied.unmatched() == []
+    assert "0.qkv" in applied.stats.dropped_paths
+    refs = outputs_of(model, ["0.qkv"])
+    applied.reset_stats()
+    loss = model(x).pow(2).sum()
+    gc.collect()
+    assert refs["0.qkv"]() is None
+    # Nothing saved holds the qkv output's storage: re-made in backward.
+    loss.backward()
+    assert applied.stats.replays == {"0.qkv": 1}
