@@ -1093,3 +1093,28 @@ def test_a_dropped_output_only_views_of_which_are_held_is_applied(
     # Nothing saved holds the qkv output's storage: re-made in backward.
     loss.backward()
     assert applied.stats.replays == {"0.qkv": 1}
+
+
+def test_a_frames_inputs_go_when_its_backward_is_done() -> None:
+    """A frame (and the inputs it holds for its replay) lives as long as
+    the saved tensors dropped into it, not until the next forward: the
+    frame-output table held it, and with it a ReLU output through the
+    optimizer step (vgg11_bn's peak on the GPU)."""
+    torch.manual_seed(20)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16),
+                          nn.Linear(16, 4))
+    plain = copy.deepcopy(model)
+    applied = mutwo.apply(model, make_schedule(model,
+                                               recompute=[(0, ["2"], [])]))
+    assert applied.frames == ["2"]
+    x = torch.randn(3, 8)
+    assert_same_step(plain, model, (x,), lambda o: o.pow(2).sum())
+    refs = outputs_of(model, ["1"])
+    loss = model(x).pow(2).sum()
+    gc.collect()
+    assert refs["1"]() is not None  # the frame's input, held for its replay
+    loss.backward()
+    del loss
+    gc.collect()
+    assert applied.stats.replays == {"2": 2}
+    assert refs["1"]() is None
