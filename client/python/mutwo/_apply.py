@@ -35,6 +35,7 @@ says what the first step measured.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -93,9 +94,9 @@ _KINDS_OF_TYPE: Tuple[Tuple[type, Tuple[str, ...]], ...] = (
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    if hasattr(t, "untyped_storage"):
-        return t.untyped_storage().data_ptr()
-    return t.storage().data_ptr()
+    # The storage's address, from the tensor's own (no Storage object is
+    # made: torch 1.13's t.storage() was most of the hooks' own time).
+    return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -199,6 +200,10 @@ class _FrameSpec:
     # prim::Loop: a scripted nn.TransformerEncoderLayer is one prim::If):
     # it stands for every tensor saved inside that module.
     subtree: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # Whether the frame's forward drew random numbers (dropout, stochastic
+    # depth): None until its first run. A frame that draws none reads no
+    # RNG state per module call in forward and restores none at replay.
+    random: Optional[bool] = None
 
     def dropping(self, path: str) -> Optional[Tuple[int, str]]:
         """(segment, decision's module path) if the frame drops tensors of
@@ -269,6 +274,24 @@ class _Frame:
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = [torch.cuda.get_rng_state(d)
                          for d in self.cuda_devices]
+        # Module calls inside record the RNG state they leave unless the
+        # frame is known to draw no random numbers; `drew`: this run did
+        # (set when the frame closes), `untracked`: it did although its
+        # calls recorded nothing (its replay then skips no call).
+        self.tracked = spec.random is not False
+        self.drew = True
+        self.untracked = False
+
+    def closed(self) -> None:
+        """The frame's forward returned: did it draw random numbers?"""
+        self.drew = (not torch.equal(torch.get_rng_state(), self.cpu_rng) or
+                     any(not torch.equal(torch.cuda.get_rng_state(d), s)
+                         for d, s in zip(self.cuda_devices, self.cuda_rng)))
+        if self.drew:
+            self.untracked = not self.tracked
+            self.spec.random = True
+        elif self.spec.random is None:
+            self.spec.random = False
 
     def _stash(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -405,20 +428,25 @@ class _Frame:
             raise RuntimeError("mutwo.apply: a replay's own saved tensor "
                                "was used (internal error)")
 
-        buffers = [(b, b.detach().clone()) for m in self.modules
-                   for b in m.buffers()]
         rt = self.rt
         previous = rt.mode
         depth = len(rt.stack)
         ctx = _ReplayContext(self, counter, set(wanted), capture)
+        if self.spec.children is None:
+            # A module frame calls its module's forward, not the module:
+            # no pre-hook sees it.
+            for m in self.modules:
+                ctx.buffers.enter(m)
         rt.mode = "replay"
         rt.stats.replays[self.spec.label()] = (
             rt.stats.replays.get(self.spec.label(), 0) + 1)
         try:
-            with torch.random.fork_rng(devices=self.cuda_devices):
-                torch.set_rng_state(self.cpu_rng)
-                for d, state in zip(self.cuda_devices, self.cuda_rng):
-                    torch.cuda.set_rng_state(state, d)
+            with (torch.random.fork_rng(devices=self.cuda_devices)
+                  if self.drew else _NO_CONTEXT):
+                if self.drew:
+                    torch.set_rng_state(self.cpu_rng)
+                    for d, state in zip(self.cuda_devices, self.cuda_rng):
+                        torch.cuda.set_rng_state(state, d)
                 with torch.enable_grad(), \
                         torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                     try:
@@ -435,9 +463,7 @@ class _Frame:
             self.replay_count = counter[0]
             rt.mode = previous
             del rt.stack[depth:]  # modules a _Stop interrupted
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+            ctx.buffers.restore()
         if outputs:
             flat = _flat_tensors(out)
             for k in outputs:
@@ -497,6 +523,60 @@ def _held_outputs(value: Any) -> Any:
     return value
 
 
+_NO_CONTEXT = contextlib.nullcontext()
+
+# Batch norms whose forward is known: in a replay their running statistics
+# are left as they are by momentum 0 (running * 1 + batch * 0, exact for
+# finite statistics) and no num_batches_tracked to count, instead of a copy
+# of every buffer before the replay and back after it.
+_PLAIN_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class _BufferGuard:
+    """Keeps a replay from changing the buffers of the modules it runs, so
+    that batch-norm running statistics are updated once per step, as
+    without the schedule. Plain batch norms in training mode run with
+    momentum 0 and num_batches_tracked set aside; other modules' buffers
+    are copied when the module starts and copied back after the replay
+    (not by version counter: torch 1.13's batch_norm updates running
+    statistics without moving it)."""
+    __slots__ = ("norms", "saved", "seen")
+
+    def __init__(self) -> None:
+        self.norms: List[Tuple[nn.Module, Any, Any]] = []
+        self.saved: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self.seen: Set[int] = set()
+
+    def enter(self, m: nn.Module) -> None:
+        buffers = m._buffers
+        if not buffers or id(m) in self.seen:
+            return
+        self.seen.add(id(m))
+        if type(m) in _PLAIN_BATCH_NORMS and m.training and \
+                m.track_running_stats and m.momentum is not None:
+            self.norms.append((m, m.momentum,
+                               buffers.get("num_batches_tracked")))
+            m.momentum = 0.0
+            if "num_batches_tracked" in buffers:
+                buffers["num_batches_tracked"] = None
+            return
+        for b in buffers.values():
+            if b is not None:
+                self.saved.append((b, b.detach().clone()))
+
+    def restore(self) -> None:
+        for m, momentum, tracked in self.norms:
+            m.momentum = momentum
+            if tracked is not None:
+                m._buffers["num_batches_tracked"] = tracked
+        if self.saved:
+            with torch.no_grad():
+                for b, saved in self.saved:
+                    b.copy_(saved)
+        self.norms, self.saved = [], []
+        self.seen.clear()
+
+
 class _ReplayContext:
     """A replay in progress: which forward call the next module call is
     and which saved-tensor indices it still wants."""
@@ -508,8 +588,10 @@ class _ReplayContext:
         self.current: Optional[int] = None
         self.open: List[int] = []  # indices of the calls running now
         self.capture = capture
+        self.buffers = _BufferGuard()
 
-    def started(self) -> None:
+    def started(self, module: nn.Module) -> None:
+        self.buffers.enter(module)
         self.current = self.calls
         self.open.append(self.calls)
         self.calls += 1
@@ -529,7 +611,7 @@ class _ReplayContext:
         the saved-tensor index and the RNG past it as running it would."""
         index, self.current = self.current, None
         record = self.frame.records.get(index) if index is not None else None
-        if record is None or any(record.pack_start <= w < record.pack_end
+        if record is None or self.frame.untracked or any(record.pack_start <= w < record.pack_end
                                  for w in self.wanted):
             return _NOT_HELD
         if self.capture is not None and \
@@ -849,8 +931,10 @@ class _Runtime:
         frame opened by this call's pre-hook, whose call 0 it is."""
         if first_of is not None:
             entry = self.calls[-1] if self.calls else None
-            if entry is None:
-                entry = ([], *self.rng_states(self.open_frames))
+            if entry is None or (entry[1] is None and first_of.tracked):
+                marks = [] if entry is None else entry[0]
+                entry = ((marks, *self.rng_states(self.open_frames))
+                         if first_of.tracked else (marks, None, None))
                 if self.calls:
                     self.calls[-1] = entry
             first_of.calls = 1
@@ -860,20 +944,26 @@ class _Runtime:
             self.calls.append(None)
             return
         marks = []
+        tracked = False
         for f in self.open_frames:
             marks.append((f, f.calls, f.count))
             f.calls += 1
-        self.calls.append((marks, *self.rng_states(self.open_frames)))
+            tracked = tracked or f.tracked
+        self.calls.append((marks, *self.rng_states(self.open_frames))
+                          if tracked else (marks, None, None))
 
     def call_ended(self, out: Any) -> None:
         entry = self.calls.pop() if self.calls else None
         if entry is None or not entry[0]:
             return
         marks, cpu, cuda = entry
-        frames = [f for f, _, _ in marks]
-        after = self.rng_states(frames)
-        changed = not torch.equal(after[0], cpu) or any(
-            not torch.equal(a, b) for a, b in zip(after[1], cuda))
+        after: Any = None
+        changed = False
+        if cpu is not None:
+            frames = [f for f, _, _ in marks]
+            after = self.rng_states(frames)
+            changed = not torch.equal(after[0], cpu) or any(
+                not torch.equal(a, b) for a, b in zip(after[1], cuda))
         outputs = _weak_outputs(out)
         for f, index, pack_start in marks:
             f.records[index] = _CallRecord(pack_start, f.count, f.calls,
@@ -1085,6 +1175,7 @@ class _Runtime:
         return packed
 
     def close_frame(self, frame: _Frame, out: Any) -> None:
+        frame.closed()
         if frame in self.open_frames:
             del self.open_frames[self.open_frames.index(frame):]
         self.closed_frames.append(weakref.ref(frame))
@@ -1597,7 +1688,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             if m is not model:
                 rt.call_started()
         elif rt.mode == "replay" and rt.replays:
-            rt.replays[-1].started()
+            rt.replays[-1].started(m)
         rt.stack.append(path_of.get(id(m), ""))
 
     def post_hook(m: nn.Module, _: Any, out: Any) -> None:

@@ -1118,3 +1118,82 @@ def test_a_frames_inputs_go_when_its_backward_is_done() -> None:
     gc.collect()
     assert applied.stats.replays == {"2": 2}
     assert refs["1"]() is None
+
+
+def test_a_frame_that_draws_no_random_numbers_reads_no_rng_per_call(
+        monkeypatch: Any) -> None:
+    """The RNG state is read per module call inside a frame only while the
+    frame is known to draw random numbers; one that started drawing later
+    (eval, then train: its dropout comes on) is still replayed with the
+    same masks, skipping no call."""
+    torch.manual_seed(21)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.5),
+                          nn.Linear(32, 32), nn.GELU(), nn.Dropout(0.5),
+                          nn.Linear(32, 4))
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(model, recompute=[(0, ["2", "4"], ["1", "3"])])
+    # In eval the dropout saves nothing: its decision applies from train on.
+    applied = mutwo.apply(model, schedule, strict=False)
+    x = (torch.randn(8, 16),)
+    reads = [0]
+    real = torch.get_rng_state
+
+    def counted() -> torch.Tensor:
+        reads[0] += 1
+        return real()
+
+    monkeypatch.setattr(torch, "get_rng_state", counted)
+    for m in (plain, model):
+        m.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    reads[0] = 0
+    model(*x).sum().backward()
+    assert reads[0] <= 2  # the frame's open and close, no call's
+    for m in (plain, model):
+        m.train()
+    applied.reset_stats()
+    assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    assert applied.stats.skipped == 0  # its calls recorded no RNG state
+    applied.reset_stats()
+    assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    assert applied.stats.skipped == 1  # tracked again: dropout 1 skipped
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_statistics_stay_those_of_one_update(
+        momentum: Any) -> None:
+    """Replays leave running statistics and num_batches_tracked as the
+    unmodified step does: plain batch norms by momentum 0 (no copy of
+    their buffers), others (momentum None: a cumulative average) by a copy
+    put back."""
+    torch.manual_seed(22)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=momentum),
+                          nn.ReLU(), nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8, momentum=momentum),
+                          nn.ReLU(), nn.Conv2d(8, 4, 3)).train()
+    plain = copy.deepcopy(model)
+    applied = mutwo.apply(model, make_schedule(
+        model, recompute=[(0, ["1", "2", "3", "4"], [])]))
+    clones = [0]
+    real = torch.Tensor.clone
+
+    def counted(t: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        clones[0] += 1
+        return real(t, *a, **k)
+
+    for _ in range(3):
+        torch.Tensor.clone = counted  # type: ignore[assignment]
+        try:
+            loss = model(*CNN_INPUT).pow(2).mean()
+            clones[0] = 0
+            loss.backward()
+        finally:
+            torch.Tensor.clone = real  # type: ignore[assignment]
+        assert clones[0] == (0 if momentum is not None else 6)
+        plain(*CNN_INPUT).pow(2).mean().backward()
+        for (name, a), b in zip(plain.named_buffers(), model.buffers()):
+            assert torch.equal(a, b), name
+    assert sum(applied.stats.replays.values()) == 3
+    assert model[1].momentum == momentum
+    assert isinstance(model[1].num_batches_tracked, torch.Tensor)
