@@ -13,9 +13,10 @@ ops make no storage) and applies the decision of that module path:
   enclosing every node the segment replays (or, inside an nn.Sequential, the
   run of children it spans). Saved tensors of the segment's modules are
   dropped in forward; the first backward use re-runs the frame's forward
-  from its saved inputs (RNG state restored, so dropout draws the same mask;
-  module buffers such as batch-norm running statistics restored after the
-  replay, so they are updated once) up to the segment's last saved tensor,
+  from its saved inputs (RNG state restored if the frame drew random
+  numbers, so dropout draws the same mask; batch norms replayed with
+  momentum 0, other modules' buffers copied back, so running statistics
+  are updated once) up to the segment's last saved tensor,
   skipping module calls whose outputs are still held, and hands the re-made
   tensors to autograd. This is non-reentrant checkpointing
   (torch.utils.checkpoint(use_reentrant=False)) made selective; it nests
