@@ -265,6 +265,12 @@ def child(args):
         print(json.dumps(res))
         return 0
     meas = applied.measurements()
+    # Buffers (batch-norm running statistics) after that one step each:
+    # replays must leave them as one unmodified step does.
+    bdiff = max(((a.double() - b.double()).abs().max().item()
+                 for a, b in zip(plain.buffers(), model.buffers())
+                 if a.numel()), default=0.0)
+    res.update(buffers_max_abs_diff=bdiff)
     scale = max(g.abs().max().item() for g in g_plain.values())
     same = set(g_plain) == set(g_applied)
     diff = (max((g_plain[n] - g_applied[n]).abs().max().item()
@@ -411,6 +417,108 @@ def trace(args):
     with open(os.path.join(args.out, "trace_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary))
+    return 0
+
+
+def probe(args):
+    """Where the peak of one model's training step occurs, per variant:
+    the unmodified eager step with Adam's default (foreach) and
+    foreach=False, with zero_grad(set_to_none=False), and the applied
+    schedule with and without its SWAP decisions (turned into RETAIN,
+    strict=False). Per variant, 3 warm-up and 3 measured steps; per
+    measured step torch.cuda.max_memory_allocated over forward, backward
+    and the optimizer step (peak statistics reset at each phase's start)
+    and memory_allocated at each boundary. One JSON line per variant."""
+    import torch
+    import mutwo
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    zero = (lambda *a: 0)  # noqa: E731 (CPU smoke run: no figures)
+    allocated = torch.cuda.memory_allocated if cuda else zero
+    max_allocated = torch.cuda.max_memory_allocated if cuda else zero
+    reset = torch.cuda.reset_peak_memory_stats if cuda else zero
+    sync = torch.cuda.synchronize if cuda else zero
+    m = by_name(args.model, args.tier)
+    m["loss_spec"] = args.loss_spec or m["loss"]
+    m["batch"] = args.batch or m["batch"]
+    schedule = (mutwo.Schedule.from_json(args.schedule)
+                if args.schedule else None)
+    variants = [("eager", None, {}, True), ("eager_foreach_false", None,
+                {"foreach": False}, True),
+                ("eager_zero_grad_keep", None, {}, False)]
+    if schedule is not None:
+        variants.append(("applied", schedule, {}, True))
+        if schedule.swapped:
+            doc = json.loads(schedule.to_json()) if hasattr(
+                schedule, "to_json") else None
+            if doc is None:
+                with open(args.schedule) as f:
+                    doc = json.JSONDecoder().raw_decode(f.read())[0]
+            for d in doc["decisions"]:
+                if d.get("action") == "SWAP":
+                    d["action"] = "RETAIN"
+            variants.append(("applied_no_swaps",
+                             mutwo.Schedule.from_json(json.dumps(doc)), {},
+                             True))
+    out = []
+    for label, sched, adam, set_to_none in variants:
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        model = build_model(m).to(dev)
+        inputs, loss_fn = inputs_of(m, dev)
+        applied = None
+        if sched is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                applied = mutwo.apply(model, sched,
+                                      strict=label == "applied")
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, **adam)
+        steps = []
+        for i in range(6):
+            rec = {}
+            sync(dev)
+            rec["start"] = allocated(dev)
+            reset(dev)
+            opt.zero_grad(set_to_none=set_to_none)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loss = loss_fn(model(*inputs))
+            sync(dev)
+            rec["forward_peak"] = max_allocated(dev)
+            rec["after_forward"] = allocated(dev)
+            reset(dev)
+            loss.backward()
+            del loss
+            sync(dev)
+            rec["backward_peak"] = max_allocated(dev)
+            rec["after_backward"] = allocated(dev)
+            reset(dev)
+            opt.step()
+            sync(dev)
+            rec["optimizer_peak"] = max_allocated(dev)
+            rec["after_step"] = allocated(dev)
+            if i >= 3:
+                steps.append(rec)
+        peak = {k: max(r[k] for r in steps) for k in steps[0]}
+        phase = max(("forward_peak", "backward_peak", "optimizer_peak"),
+                    key=lambda k: peak[k])
+        res = dict(model=m["name"], batch=m["batch"], variant=label,
+                   schedule=os.path.basename(args.schedule) if sched
+                   is not None else None, peak_bytes=peak[phase],
+                   peak_phase=phase, **peak)
+        if applied is not None:
+            res["swapped_out"] = applied.stats.swapped_out
+            applied.remove()
+        out.append(res)
+        print(json.dumps(res), flush=True)
+        del model, opt, applied
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"probe_{m['name']}.jsonl"),
+                  "a") as f:
+            for r in out:
+                f.write(json.dumps(r) + "\n")
     return 0
 
 
@@ -696,6 +804,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--probe", action="store_true",
+                    help="peak per phase and variant of one model "
+                    "(--model, optional --schedule)")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--model")
     ap.add_argument("--schedule", default="")
@@ -724,6 +835,8 @@ def main():
         return child(args)
     if args.trace:
         return trace(args)
+    if args.probe:
+        return probe(args)
     if args.merge:
         return merge(args)
     import torch

@@ -12,7 +12,9 @@
 # Environment: WORK (default /tmp/az), BUILD (default /tmp/bg), NGPU
 # (default: every card nvidia-smi lists), WAIT_S (default 480), TRACE (a
 # model whose lowest-budget schedule its shard traces with torch.profiler
-# and cProfile after its points; default resnet50, "" for none), EXTRA
+# and cProfile after its points; default resnet50, "" for none), PROBE
+# (models whose shard runs apply_zoo_gpu.py --probe after its points, with
+# the model's higher-budget schedule; "" for none), EXTRA
 # (more apply_zoo_gpu.py flags), TRACE_FLAGS (more --trace flags). Run
 # from the source root, after `source .gpu/device-env.sh` (docs/gpu.md).
 set -u
@@ -23,6 +25,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 PY=$SRC/bench/apply/apply_zoo_gpu.py
 PYTHON=${PYTHON:-python3}
 T=${TRACE-resnet50}
+P=${PROBE-resnet18,mnasnet1_0,efficientnet_b0,vgg11_bn,squeezenet1_1}
 mkdir -p "$W"
 
 if [ "$cmd" = start ]; then
@@ -56,6 +59,15 @@ if [ "$cmd" = shard ]; then
     "$PYTHON" "$PY" --trace --model "$T" --schedule "$s" --out "$W/trace_$T" \
       ${TRACE_FLAGS:-} || true
   fi
+  # Peak per phase and variant (probe) of the PROBE models this shard ran,
+  # with their higher-budget schedule.
+  for pm in $(echo "$P" | tr , ' '); do
+    ps=$(ls "$W/shard$k/$pm".*B.schedule.json 2>/dev/null | sort -t. -k2,2n |
+      tail -1)
+    [ -n "$ps" ] || continue
+    "$PYTHON" "$PY" --probe --model "$pm" --schedule "$ps" \
+      --out "$W/probe" || true
+  done
   echo done >"$W/shard$k.done"
   exit 0
 fi

@@ -13,9 +13,10 @@ ops make no storage) and applies the decision of that module path:
   enclosing every node the segment replays (or, inside an nn.Sequential, the
   run of children it spans). Saved tensors of the segment's modules are
   dropped in forward; the first backward use re-runs the frame's forward
-  from its saved inputs (RNG state restored, so dropout draws the same mask;
-  module buffers such as batch-norm running statistics restored after the
-  replay, so they are updated once) up to the segment's last saved tensor,
+  from its saved inputs (RNG state restored if the frame drew random
+  numbers, so dropout draws the same mask; batch norms replayed with
+  momentum 0, other modules' buffers copied back, so running statistics
+  are updated once) up to the segment's last saved tensor,
   skipping module calls whose outputs are still held, and hands the re-made
   tensors to autograd. This is non-reentrant checkpointing
   (torch.utils.checkpoint(use_reentrant=False)) made selective; it nests
@@ -35,6 +36,7 @@ says what the first step measured.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -93,9 +95,9 @@ _KINDS_OF_TYPE: Tuple[Tuple[type, Tuple[str, ...]], ...] = (
 
 
 def _storage_key(t: torch.Tensor) -> int:
-    if hasattr(t, "untyped_storage"):
-        return t.untyped_storage().data_ptr()
-    return t.storage().data_ptr()
+    # The storage's address, from the tensor's own (no Storage object is
+    # made: torch 1.13's t.storage() was most of the hooks' own time).
+    return t.data_ptr() - t.storage_offset() * t.element_size()
 
 
 def _storage_bytes(t: torch.Tensor) -> int:
@@ -123,6 +125,33 @@ _BACKWARD = re.compile(r"Backward\d*$")
 
 def _grad_fn_kind(node: Any) -> str:
     return _normal_kind(_BACKWARD.sub("", type(node).__name__))
+
+
+class _Ident:
+    """Which storage a tensor made in forward owns, without holding it: a
+    weak reference to the tensor owning the storage (its base) and the
+    autograd node that made that base. The base's Python object may go
+    while views of it live on (a Linear's output split into q, k, v: only
+    the views are referenced), and with it a weak reference; the node stays
+    the views' graph's, so it still tells this storage from a later one at
+    the same address. Holding the node holds no tensor once backward ran."""
+    __slots__ = ("ref", "node")
+
+    def __init__(self, t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        self.ref = weakref.ref(base)
+        self.node = base.grad_fn
+
+    def matches(self, t: torch.Tensor) -> bool:
+        base = t._base if t._base is not None else t
+        if self.ref() is base:
+            return True
+        return self.node is not None and base.grad_fn is self.node
+
+    def alive(self) -> bool:
+        """Conservative: the node outlives the storage only while a graph
+        holds it; with no node the weak reference says."""
+        return self.ref() is not None or self.node is not None
 
 
 def _swap_key(t: torch.Tensor) -> Tuple[Any, ...]:
@@ -172,6 +201,10 @@ class _FrameSpec:
     # prim::Loop: a scripted nn.TransformerEncoderLayer is one prim::If):
     # it stands for every tensor saved inside that module.
     subtree: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # Whether the frame's forward drew random numbers (dropout, stochastic
+    # depth): None until its first run. A frame that draws none reads no
+    # RNG state per module call in forward and restores none at replay.
+    random: Optional[bool] = None
 
     def dropping(self, path: str) -> Optional[Tuple[int, str]]:
         """(segment, decision's module path) if the frame drops tensors of
@@ -242,6 +275,24 @@ class _Frame:
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = [torch.cuda.get_rng_state(d)
                          for d in self.cuda_devices]
+        # Module calls inside record the RNG state they leave unless the
+        # frame is known to draw no random numbers; `drew`: this run did
+        # (set when the frame closes), `untracked`: it did although its
+        # calls recorded nothing (its replay then skips no call).
+        self.tracked = spec.random is not False
+        self.drew = True
+        self.untracked = False
+
+    def closed(self) -> None:
+        """The frame's forward returned: did it draw random numbers?"""
+        self.drew = (not torch.equal(torch.get_rng_state(), self.cpu_rng) or
+                     any(not torch.equal(torch.cuda.get_rng_state(d), s)
+                         for d, s in zip(self.cuda_devices, self.cuda_rng)))
+        if self.drew:
+            self.untracked = not self.tracked
+            self.spec.random = True
+        elif self.spec.random is None:
+            self.spec.random = False
 
     def _stash(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -281,38 +332,40 @@ class _Frame:
         the batch norm after it recomputed) is not held on the device by
         the frame: its replay copies it back from the host copy, as the
         planner's replay reads the swapped-in value."""
-        entries = self.rt.swap_entries
+        if self.rt.swap_entries:
+            self.args = self._release(self.args)
+            self.kwargs = self._release(self.kwargs)
 
-        def release(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                base = value._base if value._base is not None else value
-                entry = entries.get(_swap_key(value))
-                if entry is not None and entry.base() is base and \
-                        entry.version == value._version:
-                    return _SwappedInput(entry, value.requires_grad)
-                # A view of it was swapped that holds every element (a
-                # LayerNorm2d saves its input permuted).
-                for entry in self.rt.swapped_storages.get(
-                        _storage_key(value), ()):
-                    if entry.base() is base and \
-                            entry.version == value._version and \
-                            entry.dtype == value.dtype and \
-                            entry.host.numel() == value.numel() and \
-                            entry.extent == _extent(value):
-                        return _SwappedInput(entry, value.requires_grad,
-                                             value)
-                return value
-            if isinstance(value, tuple):
-                return tuple(release(v) for v in value)
-            if isinstance(value, list):
-                return [release(v) for v in value]
-            if isinstance(value, dict):
-                return {k: release(v) for k, v in value.items()}
+    # A method, not a closure calling itself: such a closure is a reference
+    # cycle holding the frame, and with it the frame's inputs on the
+    # device, until Python's cyclic collector runs (0.3-0.8 GB held from
+    # one step into the next on the GPU zoo's squeezenet1_1, resnet18 and
+    # vgg11_bn).
+    def _release(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            entry = self.rt.swap_entries.get(_swap_key(value))
+            if entry is not None and entry.ident.matches(value) and \
+                    entry.version == value._version:
+                return _SwappedInput(entry, value.requires_grad)
+            # A view of it was swapped that holds every element (a
+            # LayerNorm2d saves its input permuted).
+            for entry in self.rt.swapped_storages.get(
+                    _storage_key(value), ()):
+                if entry.ident.matches(value) and \
+                        entry.version == value._version and \
+                        entry.dtype == value.dtype and \
+                        entry.host.numel() == value.numel() and \
+                        entry.extent == _extent(value):
+                    return _SwappedInput(entry, value.requires_grad,
+                                         value)
             return value
-
-        if entries:
-            self.args = release(self.args)
-            self.kwargs = release(self.kwargs)
+        if isinstance(value, tuple):
+            return tuple(self._release(v) for v in value)
+        if isinstance(value, list):
+            return [self._release(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self._release(v) for k, v in value.items()}
+        return value
 
     def tensor(self, index: int, segment: int) -> torch.Tensor:
         if index not in self.ready:
@@ -379,20 +432,25 @@ class _Frame:
             raise RuntimeError("mutwo.apply: a replay's own saved tensor "
                                "was used (internal error)")
 
-        buffers = [(b, b.detach().clone()) for m in self.modules
-                   for b in m.buffers()]
         rt = self.rt
         previous = rt.mode
         depth = len(rt.stack)
         ctx = _ReplayContext(self, counter, set(wanted), capture)
+        if self.spec.children is None:
+            # A module frame calls its module's forward, not the module:
+            # no pre-hook sees it.
+            for m in self.modules:
+                ctx.buffers.enter(m)
         rt.mode = "replay"
         rt.stats.replays[self.spec.label()] = (
             rt.stats.replays.get(self.spec.label(), 0) + 1)
         try:
-            with torch.random.fork_rng(devices=self.cuda_devices):
-                torch.set_rng_state(self.cpu_rng)
-                for d, state in zip(self.cuda_devices, self.cuda_rng):
-                    torch.cuda.set_rng_state(state, d)
+            with (torch.random.fork_rng(devices=self.cuda_devices)
+                  if self.drew else _NO_CONTEXT):
+                if self.drew:
+                    torch.set_rng_state(self.cpu_rng)
+                    for d, state in zip(self.cuda_devices, self.cuda_rng):
+                        torch.cuda.set_rng_state(state, d)
                 with torch.enable_grad(), \
                         torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                     try:
@@ -409,9 +467,7 @@ class _Frame:
             self.replay_count = counter[0]
             rt.mode = previous
             del rt.stack[depth:]  # modules a _Stop interrupted
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+            ctx.buffers.restore()
         if outputs:
             flat = _flat_tensors(out)
             for k in outputs:
@@ -471,6 +527,60 @@ def _held_outputs(value: Any) -> Any:
     return value
 
 
+_NO_CONTEXT = contextlib.nullcontext()
+
+# Batch norms whose forward is known: in a replay their running statistics
+# are left as they are by momentum 0 (running * 1 + batch * 0, exact for
+# finite statistics) and no num_batches_tracked to count, instead of a copy
+# of every buffer before the replay and back after it.
+_PLAIN_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class _BufferGuard:
+    """Keeps a replay from changing the buffers of the modules it runs, so
+    that batch-norm running statistics are updated once per step, as
+    without the schedule. Plain batch norms in training mode run with
+    momentum 0 and num_batches_tracked set aside; other modules' buffers
+    are copied when the module starts and copied back after the replay
+    (not by version counter: torch 1.13's batch_norm updates running
+    statistics without moving it)."""
+    __slots__ = ("norms", "saved", "seen")
+
+    def __init__(self) -> None:
+        self.norms: List[Tuple[nn.Module, Any, Any]] = []
+        self.saved: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self.seen: Set[int] = set()
+
+    def enter(self, m: nn.Module) -> None:
+        buffers = m._buffers
+        if not buffers or id(m) in self.seen:
+            return
+        self.seen.add(id(m))
+        if type(m) in _PLAIN_BATCH_NORMS and m.training and \
+                m.track_running_stats and m.momentum is not None:
+            self.norms.append((m, m.momentum,
+                               buffers.get("num_batches_tracked")))
+            m.momentum = 0.0
+            if "num_batches_tracked" in buffers:
+                buffers["num_batches_tracked"] = None
+            return
+        for b in buffers.values():
+            if b is not None:
+                self.saved.append((b, b.detach().clone()))
+
+    def restore(self) -> None:
+        for m, momentum, tracked in self.norms:
+            m.momentum = momentum
+            if tracked is not None:
+                m._buffers["num_batches_tracked"] = tracked
+        if self.saved:
+            with torch.no_grad():
+                for b, saved in self.saved:
+                    b.copy_(saved)
+        self.norms, self.saved = [], []
+        self.seen.clear()
+
+
 class _ReplayContext:
     """A replay in progress: which forward call the next module call is
     and which saved-tensor indices it still wants."""
@@ -482,8 +592,10 @@ class _ReplayContext:
         self.current: Optional[int] = None
         self.open: List[int] = []  # indices of the calls running now
         self.capture = capture
+        self.buffers = _BufferGuard()
 
-    def started(self) -> None:
+    def started(self, module: nn.Module) -> None:
+        self.buffers.enter(module)
         self.current = self.calls
         self.open.append(self.calls)
         self.calls += 1
@@ -503,7 +615,7 @@ class _ReplayContext:
         the saved-tensor index and the RNG past it as running it would."""
         index, self.current = self.current, None
         record = self.frame.records.get(index) if index is not None else None
-        if record is None or any(record.pack_start <= w < record.pack_end
+        if record is None or self.frame.untracked or any(record.pack_start <= w < record.pack_end
                                  for w in self.wanted):
             return _NOT_HELD
         if self.capture is not None and \
@@ -572,10 +684,9 @@ class _SwapEntry:
         self.version = t._version
         self.extent = _extent(t)
         self.dtype = t.dtype
-        self.original = weakref.ref(t)
         # What owns the storage (views keep it alive): tells this storage
         # from a later one at the same address.
-        self.base = weakref.ref(t._base if t._base is not None else t)
+        self.ident = _Ident(t)
         self.uses = 0
         self.position = len(rt.swap_order)
         self.restored: Optional[torch.Tensor] = None
@@ -788,8 +899,7 @@ class _Runtime:
         # module that made the storage. Views keep their base alive, so the
         # base is what is referenced.
         self.producers: Dict[int, Tuple[Any, str]] = {}
-        self.frame_outputs: Dict[int, List[Tuple[Any, _Frame, int, int, int,
-                                                 str]]] = {}
+        self.frame_outputs: Dict[int, List[Tuple[Any, ...]]] = {}
         # Frames open now, outermost first (frames nest as modules do).
         self.open_frames: List[_Frame] = []
         # Weak: a frame nothing was dropped into goes when it closes.
@@ -825,8 +935,10 @@ class _Runtime:
         frame opened by this call's pre-hook, whose call 0 it is."""
         if first_of is not None:
             entry = self.calls[-1] if self.calls else None
-            if entry is None:
-                entry = ([], *self.rng_states(self.open_frames))
+            if entry is None or (entry[1] is None and first_of.tracked):
+                marks = [] if entry is None else entry[0]
+                entry = ((marks, *self.rng_states(self.open_frames))
+                         if first_of.tracked else (marks, None, None))
                 if self.calls:
                     self.calls[-1] = entry
             first_of.calls = 1
@@ -836,20 +948,26 @@ class _Runtime:
             self.calls.append(None)
             return
         marks = []
+        tracked = False
         for f in self.open_frames:
             marks.append((f, f.calls, f.count))
             f.calls += 1
-        self.calls.append((marks, *self.rng_states(self.open_frames)))
+            tracked = tracked or f.tracked
+        self.calls.append((marks, *self.rng_states(self.open_frames))
+                          if tracked else (marks, None, None))
 
     def call_ended(self, out: Any) -> None:
         entry = self.calls.pop() if self.calls else None
         if entry is None or not entry[0]:
             return
         marks, cpu, cuda = entry
-        frames = [f for f, _, _ in marks]
-        after = self.rng_states(frames)
-        changed = not torch.equal(after[0], cpu) or any(
-            not torch.equal(a, b) for a, b in zip(after[1], cuda))
+        after: Any = None
+        changed = False
+        if cpu is not None:
+            frames = [f for f, _, _ in marks]
+            after = self.rng_states(frames)
+            changed = not torch.equal(after[0], cpu) or any(
+                not torch.equal(a, b) for a, b in zip(after[1], cuda))
         outputs = _weak_outputs(out)
         for f, index, pack_start in marks:
             f.records[index] = _CallRecord(pack_start, f.count, f.calls,
@@ -895,6 +1013,20 @@ class _Runtime:
         self.swap_order = []
         self.record = _StepRecord()
 
+    def end_forward(self) -> None:
+        """Forward is over: what only its packs and frames looked up goes.
+        The frame-output and call-output tables hold their frames, and a
+        frame holds its inputs: kept until the next forward they held every
+        recompute frame's inputs through the whole backward and the
+        optimizer step (vgg11_bn: a 411 MB ReLU output past its last use).
+        Frames now live as long as the saved tensors dropped into them."""
+        self.calls = []
+        self.inner_outputs.clear()
+        self.producers.clear()
+        self.frame_outputs.clear()
+        self.swap_entries.clear()
+        self.swapped_storages.clear()
+
     def refined(self, t: torch.Tensor, path: str) -> Optional[str]:
         """For a module path with decisions of different actions, the
         action of the decision on the op that made `t` (its autograd node's
@@ -930,13 +1062,12 @@ class _Runtime:
         if key in self.alive_keys:
             return
         entry = self.producers.get(key)
-        if entry is None or entry[0]() is None:
-            base = t._base if t._base is not None else t
-            self.producers[key] = (weakref.ref(base), path)
+        if entry is None or not entry[0].matches(t):
+            self.producers[key] = (_Ident(t), path)
 
     def producer_of(self, t: torch.Tensor) -> str:
         entry = self.producers.get(_storage_key(t))
-        if entry is not None and entry[0]() is not None:
+        if entry is not None and entry[0].matches(t):
             return entry[1]
         # Made by an op of the module running now (a functional op in its
         # forward): tensors made by a module that returned were claimed by
@@ -984,7 +1115,8 @@ class _Runtime:
         if refined == "SWAP" or (refined is None and path in self.swap):
             skey = _swap_key(t)
             entry = self.swap_entries.get(skey)
-            if entry is None or entry.original() is None:
+            if entry is None or not entry.ident.matches(t) or \
+                    entry.version != t._version:
                 entry = _SwapEntry(self, t)
                 self.swap_entries[skey] = entry
                 self.swapped_storages.setdefault(key, []).append(entry)
@@ -1008,20 +1140,23 @@ class _Runtime:
         entries = self.frame_outputs.get(_storage_key(t))
         if not entries:
             return None
-        for ref, owner, k, version, segment, decision in entries:
-            o = ref()
-            if o is None or t._version != version:
+        for out in entries:
+            ident, owner, k, version, segment, decision = out[:6]
+            if t._version != version or not ident.matches(t):
                 continue
             view = None
-            if o is not t:
-                if t.dtype != o.dtype or t.device != o.device:
+            if out[6]() is not t:
+                # A view of it; the output's own Python object may be gone
+                # (a Linear's output split into q, k, v), so its layout was
+                # noted when the frame closed.
+                lo, hi, offset, dtype, device = out[7:]
+                if t.dtype != dtype or t.device != device:
                     continue
                 first, last = _extent(t)
-                lo, hi = _extent(o)
                 if first < lo or last > hi:
                     continue
                 view = (tuple(t.shape), tuple(t.stride()),
-                        t.storage_offset() - o.storage_offset())
+                        t.storage_offset() - offset)
             if consume:
                 owner.output_uses[k] = owner.output_uses.get(k, 0) + 1
             return _DroppedOutput(owner, k, segment, view, t.requires_grad,
@@ -1044,6 +1179,7 @@ class _Runtime:
         return packed
 
     def close_frame(self, frame: _Frame, out: Any) -> None:
+        frame.closed()
         if frame in self.open_frames:
             del self.open_frames[self.open_frames.index(frame):]
         self.closed_frames.append(weakref.ref(frame))
@@ -1054,8 +1190,9 @@ class _Runtime:
             if found is not None and not _is_leaf(o) and \
                     self.refined(o, path) in (None, "RECOMPUTE"):
                 self.frame_outputs.setdefault(_storage_key(o), []).append(
-                    (weakref.ref(o), frame, k, o._version, found[0],
-                     found[1]))
+                    (_Ident(o), frame, k, o._version, found[0], found[1],
+                     weakref.ref(o), *_extent(o), o.storage_offset(),
+                     o.dtype, o.device))
 
 
 def _describe(d: Decision) -> str:
@@ -1555,7 +1692,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             if m is not model:
                 rt.call_started()
         elif rt.mode == "replay" and rt.replays:
-            rt.replays[-1].started()
+            rt.replays[-1].started(m)
         rt.stack.append(path_of.get(id(m), ""))
 
     def post_hook(m: nn.Module, _: Any, out: Any) -> None:
@@ -1683,6 +1820,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                 rt.stack.clear()
             if first:
                 applied._forward_done(out, started, peak_reset)
+            rt.end_forward()
             return out
         return run
 
