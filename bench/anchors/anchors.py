@@ -106,8 +106,13 @@ def child(args):
         n = len(blocks(args.model, model))
         wrap_blocks(blocks(args.model, model), math.ceil(math.sqrt(n)))
     elif system.startswith("compile:"):
+        import copy
         import torch._functorch.config as fconfig
         fconfig.activation_memory_budget = float(system.split(":")[1])
+        # Compared with eager the same way as mutwo_compile (below), so a
+        # difference the compiler makes on its own is told apart from one
+        # mutwo's policy makes.
+        plain = copy.deepcopy(model)
         step_model = torch.compile(model)
     elif system.startswith("mutwo_compile:"):
         import copy
@@ -142,7 +147,7 @@ def child(args):
         opt.step()
 
     t0 = time.time()
-    if handle is not None:
+    if system.startswith(("compile:", "mutwo_compile:")):
         torch.manual_seed(0)
         loss_of(plain(x)).backward()
         eager_grads = {n: p.grad.detach().cpu() for n, p in
