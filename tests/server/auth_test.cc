@@ -24,6 +24,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
 #include "tests/testing/synthetic_profile.h"
+#include "tests/testing/training_loop_request.h"
 
 namespace mutwo {
 namespace {
@@ -277,18 +278,8 @@ class AuthTest : public ::testing::Test {
                             const v1::Schedule& schedule) {
     grpc::ClientContext context;
     Deadline(context);
-    v1::ReportTrainingLoopRequest request;
-    request.set_job_id(job_id);
-    v1::TrainingLoopValidation& t = *request.mutable_report();
-    t.set_path(v1::TrainingLoopValidation::EAGER);
-    *t.mutable_budget() = schedule.budget();
-    v1::Validation& v = *t.mutable_validation();
-    v.set_batch_size(schedule.batch_size());
-    v.set_budget_bytes(schedule.budget_bytes());
-    v.set_graph_fingerprint(schedule.graph_fingerprint());
-    v.mutable_scheduled()->set_peak_bytes(1);
-    v.set_gradients_match(true);
-    v.set_batchnorm_stats_match(true);
+    const v1::ReportTrainingLoopRequest request =
+        testing::TrainingLoopRequest(job_id, schedule, 1);
     v1::ReportTrainingLoopResponse response;
     return Planner(who)->ReportTrainingLoop(&context, request, &response);
   }

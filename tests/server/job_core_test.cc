@@ -16,6 +16,7 @@
 #include "planner/plan_request.h"
 #include "server/job_progress.h"
 #include "tests/testing/synthetic_profile.h"
+#include "tests/testing/training_loop_request.h"
 
 namespace mutwo {
 namespace {
@@ -282,21 +283,9 @@ TEST_F(JobCoreTest, TrainingLoopReportsAreStoredBesideTheWorkersProof) {
   const v1::Task first = StartValidating("80%", &id);
   ASSERT_TRUE(ReportValidation(first).ok());
   const v1::Schedule& s = first.schedule();
-  v1::ReportTrainingLoopRequest request;
-  request.set_job_id(id);
-  v1::TrainingLoopValidation& t = *request.mutable_report();
-  t.set_path(v1::TrainingLoopValidation::COMPILE);
-  *t.mutable_budget() = *ParseBudget("80%");
-  t.set_decisions_planned(s.recomputed() + s.swapped());
-  t.set_decisions_applied(s.recomputed() + s.swapped());
-  v1::Validation& v = *t.mutable_validation();
-  v.set_batch_size(2);
-  v.set_budget_bytes(s.budget_bytes());
-  v.set_graph_fingerprint(s.graph_fingerprint());
-  v.mutable_scheduled()->set_peak_bytes(s.budget_bytes() + 4096);
-  v.mutable_scheduled()->set_iteration_ms(20);
-  v.set_gradients_match(true);
-  v.set_batchnorm_stats_match(true);
+  v1::ReportTrainingLoopRequest request = testing::TrainingLoopRequest(
+      id, s, s.budget_bytes() + 4096, v1::TrainingLoopValidation::COMPILE);
+  v1::Validation& v = *request.mutable_report()->mutable_validation();
   auto over = core_->ReportTrainingLoop(request, "alice");
   ASSERT_TRUE(over.ok()) << over.status();
   EXPECT_FALSE(over->report().holds());

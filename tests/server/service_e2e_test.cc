@@ -21,6 +21,7 @@
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
+#include "tests/testing/training_loop_request.h"
 
 namespace mutwo {
 namespace {
@@ -169,6 +170,15 @@ class ServiceTest : public ::testing::Test {
   std::vector<std::unique_ptr<Subprocess>> workers_;
 };
 
+// The job `--output=json` printed, between the progress lines (stderr)
+// and any closing line: the text from the first '{' to the last '}'.
+bool JobInOutput(const std::string& output, v1::Job* job) {
+  const size_t brace = output.find('{');
+  const size_t end = output.rfind('}');
+  return brace != std::string::npos && end != std::string::npos &&
+         ProtoFromJson(output.substr(brace, end + 1 - brace), "job", job).ok();
+}
+
 // The progress lines of `submit --wait` / `watch` (stderr): one per change,
 // none repeated, the stage never going back, fixed denominators.
 void ExpectProgressLines(const std::string& output, int batch_sizes,
@@ -217,12 +227,7 @@ TEST_F(ServiceTest, MaxBatchIsVerifiedByAStepOnTheWorker) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("running verify max batch")) << r.output;
   v1::Job job;
-  const size_t brace = r.output.find('{');
-  const size_t end = r.output.rfind('}');
-  ASSERT_NE(brace, std::string::npos) << r.output;
-  ASSERT_TRUE(
-      ProtoFromJson(r.output.substr(brace, end + 1 - brace), "job", &job).ok())
-      << r.output;
+  ASSERT_TRUE(JobInOutput(r.output, &job)) << r.output;
   EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
   const v1::MaxBatchPrediction& m = job.max_batch();
   EXPECT_EQ(m.capacity_bytes(), 16 << 20);
@@ -256,12 +261,7 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   // The JSON (stdout) between the progress lines and the exit-3 line
   // (stderr).
   v1::Job job;
-  const size_t brace = r.output.find('{');
-  const size_t end = r.output.rfind('}');
-  ASSERT_NE(brace, std::string::npos) << r.output;
-  ASSERT_TRUE(
-      ProtoFromJson(r.output.substr(brace, end + 1 - brace), "job", &job).ok())
-      << r.output;
+  ASSERT_TRUE(JobInOutput(r.output, &job)) << r.output;
   EXPECT_EQ(job.state(), v1::Job::SUCCEEDED) << job.error();
   ASSERT_EQ(job.results_size(), 2);
   for (const auto& result : job.results()) {
@@ -320,21 +320,9 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   // mutwo verify --report` sends it) shows beside the worker's proof, in
   // the table and in Prometheus; one over the budget does not hold.
   const v1::Schedule& s = job.results(0).schedules(0);
-  v1::ReportTrainingLoopRequest report;
-  report.set_job_id(job.job_id());
-  v1::TrainingLoopValidation& t = *report.mutable_report();
-  t.set_path(v1::TrainingLoopValidation::EAGER);
-  *t.mutable_budget() = s.budget();
-  t.set_decisions_planned(s.recomputed() + s.swapped());
-  t.set_decisions_applied(s.recomputed() + s.swapped());
-  v1::Validation& tv = *t.mutable_validation();
-  tv.set_batch_size(256);
-  tv.set_budget_bytes(s.budget_bytes());
-  tv.set_graph_fingerprint(s.graph_fingerprint());
-  tv.mutable_scheduled()->set_peak_bytes(s.budget_bytes() - 1000);
-  tv.mutable_scheduled()->set_iteration_ms(3.5);
-  tv.set_gradients_match(true);
-  tv.set_batchnorm_stats_match(true);
+  v1::ReportTrainingLoopRequest report =
+      testing::TrainingLoopRequest(job.job_id(), s, s.budget_bytes() - 1000);
+  v1::Validation& tv = *report.mutable_report()->mutable_validation();
   {
     grpc::ClientContext context;
     v1::ReportTrainingLoopResponse response;
@@ -410,12 +398,7 @@ TEST_F(ServiceTest, TheFloorIsMeasuredByAWorkerWhenAsked) {
                        "--output=json")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   v1::Job job;
-  const size_t brace = r.output.find('{');
-  const size_t end = r.output.rfind('}');
-  ASSERT_NE(brace, std::string::npos) << r.output;
-  ASSERT_TRUE(
-      ProtoFromJson(r.output.substr(brace, end + 1 - brace), "job", &job).ok())
-      << r.output;
+  ASSERT_TRUE(JobInOutput(r.output, &job)) << r.output;
   ASSERT_EQ(job.results_size(), 1);
   const v1::BatchResult& result = job.results(0);
   ASSERT_EQ(result.outcomes_size(), 1);
