@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/floor_text.h"
 #include "client/job_watch.h"
 #include "client/plot_data.h"
 #include "client/plot_render.h"
@@ -213,10 +214,7 @@ void PrintMemoryTable(const v1::Job& job) {
     table.AddRow(
         {absl::StrCat(r.batch_size()), FormatBytes(r.baseline_peak_bytes()),
          absl::StrFormat("%.1f", r.baseline_iteration_ms()),
-         !answered ? "-"
-         : r.measured_floor_bytes() > 0
-             ? absl::StrCat(FormatBytes(r.measured_floor_bytes()), " measured")
-             : absl::StrCat(FormatBytes(r.floor_bytes()), " predicted"),
+         answered ? FloorText(r) : "-",
          answered ? FormatBytes(k.budget_bytes()) : "-",
          answered ? FormatBytes(k.predicted_peak_bytes()) : "-",
          answered ? absl::StrFormat("%.1f", k.predicted_iteration_ms()) : "-",
