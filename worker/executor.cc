@@ -610,17 +610,9 @@ const std::string& Executor::graph_fingerprint() const {
 int Executor::num_nodes() const { return state_->graph->num_nodes(); }
 
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(
-    ExecutorOptions options) {
+    ExecutorOptions options, const torch::jit::Module* module) {
   auto state = std::make_unique<State>();
-  MUTWO_RETURN_IF_ERROR(SetUpTraining(options, state.get()));
-  state->options = std::move(options);
-  return std::unique_ptr<Executor>(new Executor(std::move(state)));
-}
-
-absl::StatusOr<std::unique_ptr<Executor>> Executor::CreateForModule(
-    ExecutorOptions options, const torch::jit::Module& module) {
-  auto state = std::make_unique<State>();
-  MUTWO_RETURN_IF_ERROR(SetUpTraining(options, state.get(), &module));
+  MUTWO_RETURN_IF_ERROR(SetUpTraining(options, state.get(), module));
   state->options = std::move(options);
   return std::unique_ptr<Executor>(new Executor(std::move(state)));
 }
@@ -823,25 +815,12 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
   return validation;
 }
 
-absl::Status Executor::PrepareUserStep(const v1::Schedule& schedule,
-                                       const torch::jit::Module& module) {
+absl::Status Executor::PrepareUserStep(const v1::Schedule& schedule) {
   State& s = *state_;
   MUTWO_RETURN_IF_ERROR(
       CheckFingerprint(schedule, *s.graph, s.options.model_name));
   MUTWO_ASSIGN_OR_RETURN(s.compiled, CompileSchedule(*s.graph, schedule));
-  return Guard("adopting the caller's module", [&]() -> absl::Status {
-    torch::jit::Module adopted = module;  // a handle: the caller's object
-    adopted.to(s.device);
-    s.module = adopted;
-    s.parameters.clear();
-    s.parameter_names.clear();
-    for (const auto& p : s.module.named_parameters()) {
-      if (!p.value.requires_grad()) continue;
-      s.parameters.push_back(p.value);
-      s.parameter_names.push_back(p.name);
-    }
-    return absl::OkStatus();
-  });
+  return absl::OkStatus();
 }
 
 absl::StatusOr<torch::Tensor> Executor::UserStep(

@@ -77,16 +77,15 @@ class Executor {
  public:
   // Validates the options, sets up the device (the counting CPU allocator
   // before the model is loaded), loads the model and rebuilds the IR.
+  // With `module` (the caller's own, include/mutwo/scheduled_step.h) the
+  // executor runs that object itself, moved to the options' device, and
+  // options.model_bytes and model_path are unused: no second copy of the
+  // model is loaded (ScheduledStep once loaded one: a second set of
+  // parameters on the device during its first step, and the copy's
+  // TorchScript sources held for the executor's life).
   // Errors: InvalidArgument naming the bad option, input or model.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Executor>> Create(
-      ExecutorOptions options);
-  // As Create, over the caller's `module` itself (moved to the options'
-  // device; options.model_bytes and model_path unused): no second copy of
-  // the model is loaded (ScheduledStep: a copy on the device beside the
-  // caller's until the first step adopted it, and its TorchScript sources
-  // held for the executor's life).
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Executor>>
-  CreateForModule(ExecutorOptions options, const torch::jit::Module& module);
+      ExecutorOptions options, const torch::jit::Module* module = nullptr);
   ~Executor();
 
   // Errors: InvalidArgument for a schedule of another graph (both
@@ -97,13 +96,11 @@ class Executor {
       const v1::Schedule& schedule);
 
   // A training loop of the caller's own (include/mutwo/scheduled_step.h):
-  // checks and compiles `schedule` (its fingerprint; any batch size) and
-  // runs the caller's `module` from now on: the module the executor's
-  // model bytes were saved from (the same graph; the fingerprint is
-  // checked), so the caller's optimizer trains its own parameters.
-  // Errors: InvalidArgument as for Run.
-  [[nodiscard]] absl::Status PrepareUserStep(const v1::Schedule& schedule,
-                                             const torch::jit::Module& module);
+  // checks and compiles `schedule` (its fingerprint; any batch size) for
+  // UserStep, which runs the module the executor was created over (the
+  // caller's, given to Create), so the caller's optimizer trains its own
+  // parameters. Errors: InvalidArgument as for Run.
+  [[nodiscard]] absl::Status PrepareUserStep(const v1::Schedule& schedule);
   // One forward of the prepared schedule on `inputs`, `loss` on the
   // forward's output, and backward: gradients accumulate in the module's
   // parameters (.grad), as after loss.backward(). Returns the loss.

@@ -112,11 +112,9 @@ torch::Tensor ScheduledStep::Run(
       o.inputs.push_back(SpecOf(inputs[i], i));
     }
     // Over the caller's module itself: no second copy is loaded.
-    auto executor =
-        worker::Executor::CreateForModule(std::move(o), impl_->model);
+    auto executor = worker::Executor::Create(std::move(o), &impl_->model);
     ThrowIfError(executor.status(), "loading the module");
-    ThrowIfError((*executor)->PrepareUserStep(s, impl_->model),
-                 "applying the schedule");
+    ThrowIfError((*executor)->PrepareUserStep(s), "applying the schedule");
     impl_->executor = *std::move(executor);
   }
   absl::StatusOr<torch::Tensor> out = impl_->executor->UserStep(inputs, loss);
