@@ -102,30 +102,34 @@ RoundDecision JudgeRound(const v1::Schedule& schedule,
                                        schedule.floor_bytes());
     return decision;
   }
-  const int64_t margin = static_cast<int64_t>(std::ceil(
-      options.margin_fraction * static_cast<double>(schedule.budget_bytes())));
-  const int64_t overshoot = measured - schedule.predicted_peak_bytes();
   decision.next = RoundDecision::Next::kReplan;
   decision.correction_bytes =
-      std::max(schedule.correction_bytes() + std::max<int64_t>(margin, 1),
-               overshoot + margin);
+      CorrectionAfter(schedule, measured, options.margin_fraction);
   return decision;
+}
+
+int64_t CorrectionAfter(const v1::Schedule& schedule, int64_t measured_bytes,
+                        double margin_fraction) {
+  const int64_t margin = static_cast<int64_t>(std::ceil(
+      margin_fraction * static_cast<double>(schedule.budget_bytes())));
+  const int64_t overshoot = measured_bytes - schedule.predicted_peak_bytes();
+  return std::max(schedule.correction_bytes() + std::max<int64_t>(margin, 1),
+                  overshoot + margin);
 }
 
 v1::Schedule MarkMeasured(v1::Schedule schedule, int64_t measured_bytes,
                           const std::string& reason) {
   schedule.set_measured_peak_bytes(measured_bytes);
-  if (schedule.budget().floor() && measured_bytes > schedule.budget_bytes()) {
+  if (measured_bytes <= schedule.budget_bytes()) return schedule;
+  if (schedule.budget().floor()) {
     // Nothing is planned below the floor: the floor is what was measured.
     schedule.set_budget_bytes(measured_bytes);
     schedule.set_floor_bytes(std::max(schedule.floor_bytes(), measured_bytes));
-    schedule.set_reason(absl::StrCat(
-        reason, schedule.reason().empty() ? "" : "; ", schedule.reason()));
-  } else if (measured_bytes > schedule.budget_bytes()) {
+  } else {
     schedule.set_feasible(false);
-    schedule.set_reason(absl::StrCat(
-        reason, schedule.reason().empty() ? "" : "; ", schedule.reason()));
   }
+  schedule.set_reason(absl::StrCat(
+      reason, schedule.reason().empty() ? "" : "; ", schedule.reason()));
   return schedule;
 }
 

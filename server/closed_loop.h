@@ -62,6 +62,13 @@ RoundDecision JudgeRound(const v1::Schedule& schedule,
                          const v1::Validation& validation, int round,
                          const ClosedLoopOptions& options);
 
+// The correction to plan `schedule`'s budget again with after a step of it
+// measured `measured_bytes`: its overshoot over the prediction plus
+// `margin_fraction` of the budget, and at least its own correction plus
+// that margin (at least a byte), so a persistent overshoot grows it.
+int64_t CorrectionAfter(const v1::Schedule& schedule, int64_t measured_bytes,
+                        double margin_fraction);
+
 // "measured 3.77 GiB > budget 3.39 GiB after 3 rounds; floor 3.60 GiB".
 std::string OverBudgetReason(int64_t measured_bytes, int64_t budget_bytes,
                              int rounds, int64_t floor_bytes);

@@ -1,6 +1,5 @@
 #include "server/training_loop.h"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/parse.h"
 #include "common/validation_check.h"
+#include "server/closed_loop.h"
 
 namespace mutwo {
 namespace {
@@ -91,12 +91,7 @@ int64_t TrainingLoopCorrection(const v1::Schedule& ran,
       report.decisions_applied() < report.decisions_planned()) {
     return 0;
   }
-  const int64_t margin = std::max<int64_t>(
-      1, static_cast<int64_t>(std::ceil(
-             margin_fraction * static_cast<double>(ran.budget_bytes()))));
-  return std::max(
-      ran.correction_bytes() + margin,
-      v.scheduled().peak_bytes() - ran.predicted_peak_bytes() + margin);
+  return CorrectionAfter(ran, v.scheduled().peak_bytes(), margin_fraction);
 }
 
 absl::StatusOr<v1::BudgetOutcome> AddTrainingLoopReport(

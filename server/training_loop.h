@@ -33,7 +33,7 @@ absl::StatusOr<v1::BudgetOutcome> AddTrainingLoopReport(
 // AddTrainingLoopReport) of schedule `ran`: when its only problem is the
 // peak over the budget, what the loop measured over the prediction plus
 // `margin_fraction` of the budget, and at least the schedule's own
-// correction plus that margin (as the closed loop grows it); 0 when
+// correction plus that margin (the closed loop's CorrectionAfter); 0 when
 // re-planning cannot help (it holds, it ran out of memory, the step
 // differs, or decisions were not applied).
 int64_t TrainingLoopCorrection(const v1::Schedule& ran,
