@@ -184,28 +184,47 @@ def run_model(m, args, work):
         # The service's closed loop (server/closed_loop.cc): a round measured
         # over the budget is planned again below it by the overshoot plus a
         # margin, at most args.rounds rounds; the bars judge the last round,
-        # and the first round's figures stay in the record.
+        # and the first round's figures stay in the record. The floor is the
+        # budget `floor` (nothing is planned below it): measured over its
+        # prediction, the floor is what was measured, as the service reports
+        # it, and a second execution of the same schedule in a fresh process
+        # is judged against that measured floor.
         correction = 0
+        schedule = None
         for round_no in range(1, args.rounds + 1):
-            plan_budget = budget - correction
-            if round_no > 1 and plan_budget < floor:
+            plan_budget = "floor" if frac == 0 else f"{budget - correction}B"
+            if round_no > 1 and frac != 0 and budget - correction < floor:
                 pt["not_fitting"] = (f"the correction {correction} B puts the "
                                      f"plan below the floor {floor} B")
                 break
             rnd = run_point(m, args, base, frac, round_no, prof_path, common,
-                            budget, plan_budget)
+                            budget, plan_budget, schedule)
             pt.update(rnd)
             pt["rounds"] = round_no
             pt["correction_bytes"] = correction
+            if frac == 0 and round_no == 1 and "plan_budget_bytes" in rnd:
+                budget = rnd["plan_budget_bytes"]
+                pt["budget_bytes"] = budget
             if not rnd.get("executed") or rnd.get("within_budget"):
                 break
             if round_no == 1:
                 pt["first_round"] = {k: rnd.get(k) for k in (
                     "measured_peak_bytes", "predicted_peak_bytes",
                     "within_budget", "measured_over_budget")}
+            if frac == 0:
+                if pt.get("floor_measured"):
+                    break  # the measured floor did not hold a second time
+                pt.update(floor_measured=True, predicted_floor_bytes=budget)
+                budget = rnd["measured_peak_bytes"]
+                pt["budget_bytes"] = budget
+                schedule = rnd["schedule_path"]
+                continue
             margin = max(1, int(-(-args.replan_margin * budget // 1)))
             overshoot = rnd["measured_peak_bytes"] - rnd["predicted_peak_bytes"]
             correction = max(correction + margin, overshoot + margin)
+        if pt.get("floor_measured"):
+            rec["measured_floor_bytes"] = pt["budget_bytes"]
+        pt.pop("schedule_path", None)
         rec["points"].append(pt)
         emit(pt)
     return rec
@@ -234,26 +253,37 @@ def parse_json(text):
 
 
 def run_point(m, args, base, frac, round_no, prof_path, common, budget,
-              plan_budget):
-    """One round of one point: plan at `plan_budget`, execute, judge the
-    measured peak against `budget`."""
+              plan_budget, schedule=None):
+    """One round of one point: plan at `plan_budget` (a `mutwo plan
+    --budget` value) or take the schedule file `schedule`, execute, judge
+    the measured peak against `budget`."""
     pt = {}
     worker = os.path.join(args.bin, "mutwo-worker")
     cli = os.path.join(args.bin, "mutwo")
-    sched_path = f"{base}.{int(frac * 100)}.r{round_no}.schedule.json"
-    rc, out, err, psecs = run([cli, "plan", prof_path, "--budget",
-                               f"{plan_budget}B", "--output", "json"],
-                              args.plan_timeout)
-    pt["plan_s"] = round(psecs, 3)
-    sched = parse_json(out)
+    sched_path = schedule or f"{base}.{int(frac * 100)}.r{round_no}.schedule.json"
+    if schedule:
+        with open(schedule) as f:
+            out = f.read()
+        rc, err, sched, pt["plan_s"] = 0, "", parse_json(out), 0.0
+    else:
+        rc, out, err, psecs = run([cli, "plan", prof_path, "--budget",
+                                   plan_budget, "--output", "json"],
+                                  args.plan_timeout)
+        pt["plan_s"] = round(psecs, 3)
+        sched = parse_json(out)
     if rc != 0 or sched is None:
         pt.update(stage_failed="plan", error=one_line(err, rc))
         if sched is not None:
             pt["feasible"] = sched.get("feasible")
             pt["predicted_peak_bytes"] = int(sched.get("predicted_peak_bytes", 0))
         return pt
-    with open(sched_path, "w") as f:
-        f.write(out)
+    if not schedule:
+        with open(sched_path, "w") as f:
+            f.write(out)
+    pt["schedule_path"] = sched_path
+    pt["plan_budget_bytes"] = int(sched.get("budget_bytes", 0))
+    if plan_budget == "floor" and not schedule:
+        budget = pt["plan_budget_bytes"]
     pt.update(feasible=sched.get("feasible"),
               predicted_peak_bytes=int(sched["predicted_peak_bytes"]),
               predicted_iteration_ms=sched.get("predicted_iteration_ms"),
@@ -337,6 +367,10 @@ def summarize(records):
              within_budget=sum(1 for p in ex if p["within_budget"]),
              predicted_within_5pct=sum(1 for p in ex if predicted_ok(p)))
     s["predicted_share"] = round(s["predicted_within_5pct"] / len(ex), 4) if ex else 0.0
+    floors = [p for p in ex if p.get("fraction") == 0]
+    s.update(floor_points=len(floors),
+             floors_within_budget=sum(1 for p in floors if p["within_budget"]),
+             floors_measured=sum(1 for p in floors if p.get("floor_measured")))
     failing = [r["name"] for r in records if not r.get("excluded") and
                (r["failures"] or not r["points"] or
                 any(point_failures(p) for p in r["points"]))]
@@ -359,7 +393,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--manifest", required=True,
+    ap.add_argument("--manifest",
                     help="manifest.json written by models.py")
     ap.add_argument("--bin", default=os.path.join(repo, "build", "bin"))
     ap.add_argument("--out", required=True, help="writes OUT/zoo_results.json")
@@ -407,9 +441,19 @@ def main():
                     "step times are then measured on a shared device). A "
                     "model that ran out of memory beside others runs again "
                     "at once, alone: the others finish their model and wait")
+    ap.add_argument("--shard", default="",
+                    help="K/N: run only the models at positions K, K+N, ... "
+                    "of the manifest (one shard per card; --merge joins them)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                    help="join the zoo_results.json of these shard dirs into "
+                    "OUT/zoo_results.json (nothing is run)")
     ap.add_argument("--no-fail", action="store_true",
                     help="exit 0 even when a bar fails")
     args = ap.parse_args()
+    if args.merge:
+        return merge_shards(args)
+    if not args.manifest:
+        ap.error("--manifest is required (unless --merge)")
     try:
         with open(args.manifest) as f:
             manifest = json.load(f)
@@ -435,6 +479,15 @@ def main():
     os.makedirs(work, exist_ok=True)
     t0 = time.time()
     todo = [m for m in manifest["models"] if not only or m["name"] in only]
+    if args.shard:
+        try:
+            k, n = (int(x) for x in args.shard.split("/"))
+            assert 0 <= k < n
+        except (ValueError, AssertionError):
+            print(f"run_zoo: --shard {args.shard!r} is not K/N with 0 <= K < N",
+                  file=sys.stderr)
+            return 2
+        todo = todo[k::n]
     done = {}
     lock = threading.Lock()
 
@@ -493,6 +546,40 @@ def main():
     print(f"zoo: wrote {os.path.join(args.out, 'zoo_results.json')} "
           f"({summary['seconds']}s); "
           f"{'GREEN' if summary['green'] else 'NOT green'}", file=sys.stderr)
+    return 0 if summary["green"] or args.no_fail else 1
+
+
+def merge_shards(args):
+    """OUT/zoo_results.json from the shards' results: the models of all,
+    summarized again; the run's facts from the first shard, with every
+    shard's command and seconds."""
+    shards = []
+    for d in args.merge:
+        path = os.path.join(d, "zoo_results.json")
+        try:
+            with open(path) as f:
+                shards.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"run_zoo: cannot read shard {path}: {e}", file=sys.stderr)
+            return 2
+    merged = dict(shards[0])
+    models = [r for sh in shards for r in sh["models"]]
+    merged["models"] = models
+    merged["complete"] = all(sh.get("complete") for sh in shards)
+    merged["shards"] = [{"dir": d, "command": sh.get("command"),
+                         "device_name": sh.get("device_name"),
+                         "models": len(sh["models"]),
+                         "seconds": sh["summary"].get("seconds"),
+                         "complete": sh.get("complete")}
+                        for d, sh in zip(args.merge, shards)]
+    summary = summarize(models)
+    summary["seconds"] = max(sh["summary"].get("seconds", 0) for sh in shards)
+    merged["summary"] = summary
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "zoo_results.json"), "w") as f:
+        json.dump(merged, f, separators=(",", ":"))
+        f.write("\n")
+    emit({"summary": summary})
     return 0 if summary["green"] or args.no_fail else 1
 
 

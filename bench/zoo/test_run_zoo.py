@@ -1,5 +1,6 @@
-"""run_zoo.py's device sharing (`--jobs N`): a model that ran out of memory
-beside others runs again alone, at once, and nothing runs beside it."""
+"""run_zoo.py: device sharing (`--jobs N`: a model that ran out of memory
+beside others runs again alone, at once, and nothing runs beside it), the
+floor measured by execution as the service measures it, and shard merging."""
 import os
 import sys
 import threading
@@ -44,3 +45,102 @@ def test_a_model_runs_alone_while_no_other_runs_and_the_rest_finish():
     assert sorted(n for n in order if "alone" not in n) == sorted(names)
     # At once, not after the whole pool: some models start after it.
     assert order.index("big (alone)") < len(order) - 1
+
+
+class _FakeBins:
+    """mutwo-worker profile/execute and mutwo plan as canned JSON: the
+    floor is predicted at 1000 B; execute measures `peaks` in turn."""
+
+    def __init__(self, peaks):
+        self.peaks = list(peaks)
+        self.plans = []
+        self.executes = 0
+
+    def __call__(self, cmd, timeout):
+        import json
+        if cmd[1] == "profile":
+            return 0, json.dumps({"device": {"name": "fake"},
+                                  "measured": {"peak_bytes": 2000},
+                                  "nodes": [], "activations": []}), "", 0.1
+        if cmd[1] == "plan":
+            budget = cmd[cmd.index("--budget") + 1]
+            self.plans.append(budget)
+            b = 1000 if budget in ("floor", "100%") else int(budget[:-1])
+            return 0, json.dumps({"budget_bytes": b, "floor_bytes": 1000,
+                                  "baseline_peak_bytes": 2000,
+                                  "predicted_peak_bytes": min(b, 2000),
+                                  "feasible": True}), "", 0.1
+        self.executes += 1
+        peak = self.peaks.pop(0) if self.peaks else 900
+        return 0, json.dumps({"scheduled": {"peak_bytes": peak},
+                              "baseline": {"peak_bytes": 2000},
+                              "gradients_match": True}), "", 0.1
+
+
+def _run_fake(tmp_path, monkeypatch, peaks, fractions=(0.0,)):
+    import argparse
+    fake = _FakeBins(peaks)
+    monkeypatch.setattr(run_zoo, "run", fake)
+    model = tmp_path / "m.pt"
+    model.write_bytes(b"x")
+    args = argparse.Namespace(bin=str(tmp_path), device="cpu", warmup=1,
+                              iterations=1, optimizer="sgd", worker_flags="",
+                              execute_flags="", emulate_link_gbps=0,
+                              profile_timeout=1, plan_timeout=1,
+                              execute_timeout=1, rounds=3, replan_margin=0.01,
+                              fractions=list(fractions))
+    m = {"name": "m", "path": str(model), "inputs": ["x:float32[B,4]"],
+         "loss": "mean", "batch": 2}
+    return run_zoo.run_model(m, args, str(tmp_path)), fake
+
+
+def test_a_floor_measured_over_its_prediction_is_the_measured_floor_and_holds_again(
+        tmp_path, monkeypatch):
+    rec, fake = _run_fake(tmp_path, monkeypatch, peaks=[1040, 1040])
+    (pt,) = rec["points"]
+    assert fake.plans == ["100%", "floor"]  # the floor is never re-planned
+    assert fake.executes == 2  # the same schedule, executed again
+    assert pt["floor_measured"] and pt["predicted_floor_bytes"] == 1000
+    assert pt["budget_bytes"] == 1040 and pt["within_budget"]
+    assert rec["measured_floor_bytes"] == 1040
+    s = run_zoo.summarize([rec])
+    assert (s["floor_points"], s["floors_within_budget"], s["floors_measured"]) == (1, 1, 1)
+
+
+def test_a_measured_floor_that_does_not_hold_a_second_time_fails(
+        tmp_path, monkeypatch):
+    rec, fake = _run_fake(tmp_path, monkeypatch, peaks=[1040, 1100])
+    (pt,) = rec["points"]
+    assert fake.executes == 2
+    assert not pt["within_budget"]
+    assert run_zoo.point_failures(pt) == ["over_budget"]
+    assert not run_zoo.summarize([rec])["green"]
+
+
+def test_a_floor_within_its_prediction_runs_once(tmp_path, monkeypatch):
+    rec, fake = _run_fake(tmp_path, monkeypatch, peaks=[990])
+    (pt,) = rec["points"]
+    assert fake.executes == 1 and pt["within_budget"]
+    assert "floor_measured" not in pt and "measured_floor_bytes" not in rec
+
+
+def test_shards_merge_into_one_summary(tmp_path, monkeypatch):
+    import json
+    for k in range(2):
+        rec, _ = _run_fake(tmp_path, monkeypatch, peaks=[990 + k * 50, 1040])
+        rec["name"] = f"m{k}"
+        d = tmp_path / f"shard{k}"
+        d.mkdir()
+        (d / "zoo_results.json").write_text(json.dumps(
+            {"complete": True, "command": f"shard {k}", "models": [rec],
+             "summary": {"seconds": 10 + k}}))
+    import argparse
+    args = argparse.Namespace(merge=[str(tmp_path / "shard0"),
+                                     str(tmp_path / "shard1")],
+                              out=str(tmp_path / "merged"), no_fail=True)
+    assert run_zoo.merge_shards(args) == 0
+    merged = json.loads((tmp_path / "merged" / "zoo_results.json").read_text())
+    assert [r["name"] for r in merged["models"]] == ["m0", "m1"]
+    assert merged["summary"]["floor_points"] == 2
+    assert merged["summary"]["floors_measured"] == 1
+    assert merged["summary"]["seconds"] == 11
