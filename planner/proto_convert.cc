@@ -407,6 +407,9 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
   s.set_graph_fingerprint(profile.graph_fingerprint());
   s.set_model_sha256(profile.model_sha256());
   s.set_batch_size(profile.batch_size());
+  *s.mutable_inputs() = profile.inputs();
+  if (profile.has_loss()) *s.mutable_loss() = profile.loss();
+  if (profile.has_optimizer()) *s.mutable_optimizer() = profile.optimizer();
   *s.mutable_budget() = budget;
   s.set_budget_bytes(result.budget_bytes);
   s.set_feasible(result.feasible);

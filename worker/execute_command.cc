@@ -1,13 +1,17 @@
 #include "worker/execute_command.h"
 
+#include <algorithm>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/args.h"
 #include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
@@ -59,6 +63,57 @@ std::string InfeasibleMessage(const v1::Schedule& schedule) {
   return absl::StrCat("infeasible for the budget ", budget, " (floor ", floor,
                       ")", schedule.reason().empty() ? "" : ": ",
                       absl::StrReplaceAll(schedule.reason(), {{"\n", " "}}));
+}
+
+// The step `schedule` was planned for, where the flags leave it open: its
+// inputs, loss and optimizer unless --input, --loss or --optimizer is
+// given; a given one that differs is refused, naming both (a schedule
+// measured against another step says nothing about the planned one).
+absl::Status UseScheduleStep(const v1::Schedule& schedule,
+                             const ParsedArgs& args,
+                             TrainingStepOptions* options) {
+  auto join = [](const auto& specs) {
+    std::vector<std::string> texts;
+    for (const v1::TensorSpec& spec : specs) {
+      texts.push_back(FormatTensorSpec(spec));
+    }
+    std::sort(texts.begin(), texts.end());
+    return absl::StrJoin(texts, " ");
+  };
+  if (!schedule.inputs().empty()) {
+    if (!args.Given("input")) {
+      options->inputs.assign(schedule.inputs().begin(),
+                             schedule.inputs().end());
+    } else if (join(options->inputs) != join(schedule.inputs())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input ", join(options->inputs),
+                       " contradicts the schedule, planned for --input ",
+                       join(schedule.inputs())));
+    }
+  }
+  if (schedule.has_loss()) {
+    if (!args.Given("loss")) {
+      options->loss = schedule.loss();
+    } else if (FormatLossSpec(options->loss) !=
+               FormatLossSpec(schedule.loss())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--loss ", FormatLossSpec(options->loss),
+                       " contradicts the schedule, planned for --loss ",
+                       FormatLossSpec(schedule.loss())));
+    }
+  }
+  if (schedule.has_optimizer()) {
+    if (!args.Given("optimizer")) {
+      options->optimizer = schedule.optimizer();
+    } else if (FormatOptimizerSpec(options->optimizer) !=
+               FormatOptimizerSpec(schedule.optimizer())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--optimizer ", FormatOptimizerSpec(options->optimizer),
+                       " contradicts the schedule, planned for --optimizer ",
+                       FormatOptimizerSpec(schedule.optimizer())));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -131,6 +186,9 @@ int RunExecuteCommand(const ParsedArgs& args) {
   ExecutorOptions options;
   options.model_path = args.positional[0];
   if (absl::Status s = ReadStepFlags(args, &options); !s.ok()) return Fail(s);
+  if (absl::Status s = UseScheduleStep(schedule, args, &options); !s.ok()) {
+    return Fail(s);
+  }
   // Without --batch, the schedule's batch size.
   if (options.batch_size <= 0) options.batch_size = schedule.batch_size();
   if (options.batch_size <= 0) {

@@ -249,7 +249,8 @@ std::string ScopeOf(const Node* node, const torch::jit::Module* root) {
 }
 
 absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
-    const torch::jit::Module& module) {
+    const torch::jit::Module& module,
+    const std::vector<OmittedArgument>& omitted) {
   auto method = module.find_method("forward");
   if (!method.has_value()) {
     return absl::InvalidArgumentError("the module has no forward method");
@@ -265,6 +266,7 @@ absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
   try {
     graph = method->graph()->copy();
     torch::jit::Inline(*graph);
+    BindOmittedArguments(*graph, omitted);
     torch::jit::EliminateDeadCode(graph);
     FoldConstantAttributes(graph, module);
   } catch (const c10::Error& e) {
@@ -277,8 +279,9 @@ absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
 }
 
 absl::StatusOr<std::unique_ptr<Graph>> Graph::Create(
-    const torch::jit::Module& module) {
-  auto forward = ForwardGraph(module);
+    const torch::jit::Module& module,
+    const std::vector<OmittedArgument>& omitted) {
+  auto forward = ForwardGraph(module, omitted);
   if (!forward.ok()) return forward.status();
   return Create(module, *std::move(forward));
 }

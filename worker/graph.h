@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "worker/forward_inputs.h"
 
 namespace mutwo::worker {
 
@@ -61,15 +62,18 @@ inline constexpr char kBranchGuardKind[] = "mutwo::guard_branch";
 // `module`'s forward graph, copied, inlined and cleaned as Graph::Create
 // does it (the module's constant settings folded), not yet numbered; for
 // passes that rewrite it before Graph::Create(module, graph) numbers it.
+// The `omitted` arguments (worker/forward_inputs.h) are constants of it.
 // InvalidArgument when the module has no forward or it cannot be inlined.
 [[nodiscard]] absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
-    const torch::jit::Module& module);
+    const torch::jit::Module& module,
+    const std::vector<OmittedArgument>& omitted = {});
 
 class Graph {
  public:
   // `module` must have a forward method (see LoadModule).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Graph>> Create(
-      const torch::jit::Module& module);
+      const torch::jit::Module& module,
+      const std::vector<OmittedArgument>& omitted = {});
   // Numbers `forward`, a graph ForwardGraph(module) gave (possibly rewritten
   // since; it must stay topologically ordered). Takes it over.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Graph>> Create(

@@ -12,6 +12,15 @@
 #include "worker/zip_archive.h"
 
 namespace mutwo::worker {
+namespace {
+
+constexpr char kPickleNotTorchScript[] =
+    "this is a torch.save pickle (a pickled module or state dict), not "
+    "TorchScript: save the model with torch.jit.script(model).save(path), "
+    "or torch.jit.trace(model, example_inputs).save(path) when it does not "
+    "script";
+
+}  // namespace
 
 std::string FirstLine(const std::string& text) {
   absl::string_view view = absl::StripAsciiWhitespace(text);
@@ -51,6 +60,12 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
         absl::StrCat("model ", what, ": ", bytes.size(),
                      " bytes is over the limit of ", max_bytes, " bytes"));
   }
+  // torch.save's legacy format is a bare pickle (protocol 2: 0x80 0x02).
+  if (bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x80 &&
+      static_cast<unsigned char>(bytes[1]) <= 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what, ": ", kPickleNotTorchScript));
+  }
   if (static_cast<int64_t>(bytes.size()) < kMinZipBytes ||
       bytes.compare(0, 4, "PK\x03\x04") != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -69,6 +84,10 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
                      ": cannot load the TorchScript archive (truncated or "
                      "corrupt?): ",
                      inflation.status().message()));
+  }
+  if (inflation->has_data_pickle && !inflation->has_code) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", what, ": ", kPickleNotTorchScript));
   }
   const int64_t allowed =
       std::max<int64_t>(kMaxInflationRatio * static_cast<int64_t>(bytes.size()),

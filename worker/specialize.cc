@@ -303,7 +303,7 @@ absl::StatusOr<std::unique_ptr<Graph>> CreateSpecializedGraph(
   SpecializeStats local;
   if (stats == nullptr) stats = &local;
   *stats = SpecializeStats();
-  auto forward = ForwardGraph(module);
+  auto forward = ForwardGraph(module, options.omitted_arguments);
   if (!forward.ok()) return forward.status();
   std::shared_ptr<torch::jit::Graph> graph = *std::move(forward);
   try {

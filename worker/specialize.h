@@ -55,6 +55,9 @@ struct SpecializeOptions {
   int max_unrolled_trips = 64;
   // Unrolling stops adding nodes beyond this many (over the whole graph).
   int max_unrolled_nodes = 8192;
+  // forward's arguments no input gives, constants of the graph
+  // (worker/forward_inputs.h); the recording's inputs are the others.
+  std::vector<OmittedArgument> omitted_arguments;
 };
 
 struct SpecializeStats {

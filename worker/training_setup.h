@@ -23,6 +23,7 @@
 #include "common/parse.h"
 #include "common/status_macros.h"
 #include "worker/autograd_hooks.h"
+#include "worker/forward_inputs.h"
 #include "worker/graph.h"
 #include "worker/inputs.h"
 #include "worker/interpreter.h"
@@ -59,6 +60,8 @@ struct TrainingState {
   std::vector<torch::Tensor> parameters;     // trainable
   std::vector<std::string> parameter_names;  // module paths, as `parameters`
   std::vector<c10::IValue> inputs;
+  // forward's arguments no --input gives: constants of the graph.
+  std::vector<OmittedArgument> omitted_arguments;
   torch::Tensor target;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   // Where the step that is running now is, for OOM reports.
@@ -107,13 +110,8 @@ struct TrainingState {
 // or inputs that cannot be generated.
 [[nodiscard]] inline absl::StatusOr<std::unique_ptr<Graph>> CreateTrainingGraph(
     const TrainingStepOptions& options, const TrainingState& state) {
-  if (!options.specialize_control_flow) return Graph::Create(state.module);
-  auto forward = state.module.find_method("forward");
-  // A wrong input count is reported by the caller, without recording.
-  if (!forward.has_value() ||
-      forward->function().getSchema().arguments().size() !=
-          options.inputs.size() + 1) {
-    return Graph::Create(state.module);
+  if (!options.specialize_control_flow) {
+    return Graph::Create(state.module, state.omitted_arguments);
   }
   // The recording reseeds (MakeInputs) and draws (dropout) random numbers;
   // the caller's generator state is put back (ScheduledStep builds this at
@@ -145,7 +143,9 @@ struct TrainingState {
         return absl::OkStatus();
       }));
   SpecializeStats stats;
-  auto graph = CreateSpecializedGraph(state.module, inputs, {}, &stats);
+  SpecializeOptions specialize;
+  specialize.omitted_arguments = state.omitted_arguments;
+  auto graph = CreateSpecializedGraph(state.module, inputs, specialize, &stats);
   if (!stats.recording_error.empty()) {
     // Debug, not a warning: the step fails the same way and says so.
     MUTWO_LOG(debug,
@@ -219,6 +219,15 @@ struct TrainingState {
         state->module,
         LoadModule(options.model_bytes, options.model_name, state->device));
   }
+  // The specs in forward's order, by name where they name its arguments;
+  // the arguments left out are constants of the graph.
+  auto binding = BindForwardInputs(state->module, options.inputs);
+  if (!binding.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model ", options.model_name, ": ", binding.status().message()));
+  }
+  options.inputs = binding->inputs;
+  state->omitted_arguments = binding->omitted;
   auto graph = CreateTrainingGraph(options, *state);
   if (!graph.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -228,6 +237,7 @@ struct TrainingState {
   // The forward runs that recorded branches are not part of any step.
   state->backend->ResetPeak();
   if (state->graph->num_inputs() != static_cast<int>(options.inputs.size())) {
+    // Bound above; a graph that still disagrees is an IR bug, said plainly.
     return absl::InvalidArgumentError(
         absl::StrCat("model ", options.model_name, ": forward takes ",
                      state->graph->num_inputs(), " inputs, got ",

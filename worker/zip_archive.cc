@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace mutwo::worker {
@@ -94,6 +95,12 @@ absl::StatusOr<ZipInflation> ReadZipInflation(absl::string_view archive) {
       }
       field += 4 + field_bytes;
     }
+    const absl::string_view name =
+        archive.substr(at + kDirectoryEntryBytes, name_bytes);
+    if (absl::StrContains(name, "/code/") || absl::StartsWith(name, "code/")) {
+      inflation.has_code = true;
+    }
+    if (absl::EndsWith(name, "data.pkl")) inflation.has_data_pickle = true;
     inflation.records += 1;
     inflation.compressed_bytes +=
         static_cast<int64_t>(std::min<uint64_t>(compressed, uint64_t{1} << 62));

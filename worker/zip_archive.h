@@ -17,6 +17,10 @@ struct ZipInflation {
   int64_t records = 0;
   int64_t compressed_bytes = 0;    // sum over the records
   int64_t uncompressed_bytes = 0;  // sum over the records (zip64 included)
+  // What kind of PyTorch archive: TorchScript archives hold code/ records,
+  // torch.save's (a pickled module or state dict) hold data.pkl without.
+  bool has_code = false;
+  bool has_data_pickle = false;
 };
 
 // Sums the central directory's records. InvalidArgument when there is no

@@ -1,0 +1,218 @@
+#!/usr/bin/python3
+"""Models as users bring them, through `mutwo-worker profile`, `mutwo plan`
+and `mutwo-worker execute` on the CPU: an Optional forward argument left
+out, inputs given out of order by name, a traced torchvision model and a
+traced GPT-2-style block; each planned halfway from the floor to the
+baseline and executed within budget with gradients equal. And what users
+get wrong, named: a torch.save pickle, a spec naming no argument, a
+required argument without a spec.
+
+    MUTWO_BIN=BUILD/bin /usr/bin/python3 -m pytest -q user_models_test.py
+"""
+import json
+import os
+import subprocess
+from typing import Optional
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BIN = os.environ.get("MUTWO_BIN", "build/bin")
+
+
+class OptionalMask(nn.Module):
+    """timm's style: forward(x, mask=None, scale=2.0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(32, 64)
+        self.b = nn.Linear(64, 64)
+        self.c = nn.Linear(64, 10)
+
+    def forward(self, x, mask: Optional[torch.Tensor] = None,
+                scale: float = 2.0):
+        h = F.relu(self.a(x))
+        if mask is not None:
+            h = h * mask
+        h = F.relu(self.b(h)) * scale
+        return self.c(h)
+
+
+class ImageText(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.img = nn.Conv2d(3, 8, 3)
+        self.txt = nn.Linear(32, 8)
+        self.out = nn.Linear(16, 10)
+
+    def forward(self, image, text):
+        a = F.relu(self.img(image)).mean((2, 3))
+        b = F.relu(self.txt(text))
+        return self.out(torch.cat([a, b], 1))
+
+
+class Gpt2Block(nn.Module):
+    """A GPT-2-style decoder as Hugging Face writes it: fused qkv, causal
+    mask built from a registered buffer, GELU MLP, tied logits."""
+
+    def __init__(self, vocab=256, d=64, heads=4, layers=2, ctx=32):
+        super().__init__()
+        self.heads = heads
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(ctx, d)
+        self.register_buffer(
+            "bias", torch.tril(torch.ones(ctx, ctx)).view(1, 1, ctx, ctx))
+        self.blocks = nn.ModuleList()
+        for _ in range(layers):
+            self.blocks.append(nn.ModuleDict({
+                "ln1": nn.LayerNorm(d), "attn": nn.Linear(d, 3 * d),
+                "proj": nn.Linear(d, d), "ln2": nn.LayerNorm(d),
+                "fc": nn.Linear(d, 4 * d), "out": nn.Linear(4 * d, d)}))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, input_ids):
+        b, t = input_ids.shape
+        pos = torch.arange(0, t, dtype=torch.long, device=input_ids.device)
+        h = self.wte(input_ids) + self.wpe(pos)
+        for blk in self.blocks:
+            x = blk["ln1"](h)
+            q, k, v = blk["attn"](x).split(x.shape[-1], dim=2)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2)
+                       for z in (q, k, v))
+            w = q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5)
+            w = w.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+            a = (w.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1)
+            h = h + blk["proj"](a)
+            h = h + blk["out"](F.gelu(blk["fc"](blk["ln2"](h))))
+        return self.ln_f(h) @ self.wte.weight.t()
+
+
+def run(*args):
+    return subprocess.run([str(a) for a in args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def profile_plan_execute(tmp_path, model, specs, extra=()):
+    """Profile, plan halfway from the floor to the baseline, execute;
+    returns the execute's JSON."""
+    worker, cli = os.path.join(BIN, "mutwo-worker"), os.path.join(BIN, "mutwo")
+    flags = [f for s in specs for f in ("--input", s)] + [
+        "--batch", "4", "--warmup", "1", "--iterations", "1", *extra]
+    prof = tmp_path / "p.json"
+    p = run(worker, "profile", model, *flags, "--output", "json")
+    assert p.returncode == 0, p.stderr
+    prof.write_text(p.stdout)
+    p = run(cli, "plan", prof, "--budget", "100%", "--output", "json")
+    assert p.returncode == 0, p.stderr
+    s100 = json.loads(p.stdout)
+    floor, top = int(s100["floor_bytes"]), int(s100["baseline_peak_bytes"])
+    budget = (floor + top) // 2 if top > floor else floor
+    p = run(cli, "plan", prof, "--budget", f"{budget}B", "--output", "json")
+    assert p.returncode == 0, p.stderr
+    sched = tmp_path / "s.json"
+    sched.write_text(p.stdout)
+    p = run(worker, "execute", model, "--schedule", sched, *flags,
+            "--output", "json")
+    assert p.returncode == 0, p.stderr
+    v = json.loads(p.stdout)
+    assert v["gradients_match"], v.get("max_abs_grad_diff")
+    assert int(v["scheduled"]["peak_bytes"]) <= budget
+    return v
+
+
+def test_an_optional_argument_left_out_is_none(tmp_path):
+    path = tmp_path / "opt.pt"
+    torch.jit.script(OptionalMask()).save(str(path))
+    profile_plan_execute(tmp_path, path, ["x:float32[B,32]"])
+
+
+def test_inputs_given_out_of_order_are_matched_by_name(tmp_path):
+    path = tmp_path / "two.pt"
+    torch.jit.script(ImageText()).save(str(path))
+    profile_plan_execute(tmp_path, path, ["text:float32[B,32]",
+                                          "image:float32[B,3,16,16]"])
+
+
+def test_a_traced_torchvision_model(tmp_path):
+    import torchvision
+    path = tmp_path / "resnet18.pt"
+    m = torchvision.models.resnet18(num_classes=10)
+    torch.jit.trace(m, torch.randn(2, 3, 32, 32)).save(str(path))
+    profile_plan_execute(tmp_path, path, ["x:float32[B,3,32,32]"],
+                         ["--loss", "cross_entropy:y:int64[B]{0,10}"])
+
+
+def test_a_traced_gpt2_style_decoder(tmp_path):
+    path = tmp_path / "gpt2.pt"
+    m = Gpt2Block()
+    torch.jit.trace(m, torch.randint(0, 256, (2, 32))).save(str(path))
+    profile_plan_execute(tmp_path, path, ["input_ids:int64[B,32]{0,256}"])
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_torch_save_pickle_is_named(tmp_path, legacy):
+    path = tmp_path / "pickle.pt"
+    torch.save(ImageText().state_dict(), str(path),
+               _use_new_zipfile_serialization=not legacy)
+    p = run(os.path.join(BIN, "mutwo-worker"), "profile", path,
+            "--input", "image:float32[B,3,16,16]", "--batch", "2")
+    assert p.returncode == 2, p.stderr
+    assert "torch.save pickle" in p.stderr
+    assert "torch.jit.script(model).save(path)" in p.stderr
+
+
+def test_a_spec_naming_no_argument_and_a_missing_argument_are_named(tmp_path):
+    path = tmp_path / "two.pt"
+    torch.jit.script(ImageText()).save(str(path))
+    worker = os.path.join(BIN, "mutwo-worker")
+    p = run(worker, "profile", path, "--input", "txt:float32[B,32]",
+            "--input", "image:float32[B,3,16,16]", "--batch", "2")
+    assert p.returncode == 2
+    assert "--input txt names no argument of forward(image: Tensor, " \
+           "text: Tensor)" in p.stderr
+    p = run(worker, "profile", path, "--input", "image:float32[B,3,16,16]",
+            "--batch", "2")
+    assert p.returncode == 2
+    assert "forward's argument text (Tensor) has no --input spec" in p.stderr
+
+
+def test_execute_runs_the_step_the_schedule_was_planned_for(tmp_path):
+    """Profiled with cross-entropy and AdamW: execute without those flags
+    runs them (the profile's peak again); with another loss or optimizer it
+    refuses, naming both, exit 2."""
+    path = tmp_path / "two.pt"
+    torch.jit.script(ImageText()).save(str(path))
+    worker, cli = os.path.join(BIN, "mutwo-worker"), os.path.join(BIN, "mutwo")
+    specs = ["--input", "image:float32[B,3,16,16]", "--input",
+             "text:float32[B,32]", "--batch", "4"]
+    step = ["--loss", "cross_entropy:y:int64[B]{0,10}", "--optimizer", "adamw"]
+    p = run(worker, "profile", path, *specs, *step, "--output", "json")
+    assert p.returncode == 0, p.stderr
+    (tmp_path / "p.json").write_text(p.stdout)
+    p = run(cli, "plan", tmp_path / "p.json", "--budget", "100%",
+            "--output", "json")
+    assert p.returncode == 0, p.stderr
+    sched = json.loads(p.stdout)
+    assert sched["loss"]["kind"] == "CROSS_ENTROPY"
+    (tmp_path / "s.json").write_text(p.stdout)
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--output", "json")
+    assert p.returncode == 0, p.stderr
+    flagless = json.loads(p.stdout)["baseline"]["peak_bytes"]
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json", *step,
+            "--output", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["baseline"]["peak_bytes"] == flagless
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--input", "image:float32[B,3,16,16]", "--output", "json")
+    assert p.returncode == 2 and "contradicts the schedule" in p.stderr
+    for flag, value, planned in (
+            ("--loss", "mean", "cross_entropy:y:int64[B]{0,10}"),
+            ("--optimizer", "sgd", "adamw")):
+        p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+                flag, value)
+        assert p.returncode == 2, p.stderr
+        assert f"{flag} {value}" in p.stderr and \
+            f"planned for {flag} {planned}" in p.stderr, p.stderr
