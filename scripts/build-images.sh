@@ -125,11 +125,12 @@ if [ ! -d "$apt_cache" ]; then
   done
 fi
 
+# Docker's image format: the OCI format has no HEALTHCHECK (buildah drops it).
 for target in "${targets[@]}"; do
   image="$prefix-$target:$tag"
   echo "build-images: building $image (target $target, $jobs jobs)" >&2
   start=$(date +%s)
-  buildah bud --layers --pull-never --isolation "$BUILDAH_ISOLATION" \
+  buildah bud --layers --pull-never --format docker --isolation "$BUILDAH_ISOLATION" \
     --volume "$apt_cache:/var/cache/apt/archives" \
     --build-arg JOBS="$jobs" --target "$target" -t "$image" -f Dockerfile .
   echo "build-images: $image built in $(($(date +%s) - start)) s" >&2
