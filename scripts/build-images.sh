@@ -125,6 +125,19 @@ if [ ! -d "$apt_cache" ]; then
   done
 fi
 
+# The build context: the checkout's files (tracked ones, and untracked ones
+# git does not ignore), copied once, so that every target sees the same
+# sources and the shared build stage compiles once, even if the checkout
+# changes during the build.
+context=.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  context="$cache/context"
+  rm -rf "$context"
+  mkdir -p "$context"
+  git ls-files -z --cached --others --exclude-standard |
+    tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$context" -xf -
+fi
+
 # Docker's image format: the OCI format has no HEALTHCHECK (buildah drops it).
 for target in "${targets[@]}"; do
   image="$prefix-$target:$tag"
@@ -132,7 +145,7 @@ for target in "${targets[@]}"; do
   start=$(date +%s)
   buildah bud --layers --pull-never --format docker --isolation "$BUILDAH_ISOLATION" \
     --volume "$apt_cache:/var/cache/apt/archives" \
-    --build-arg JOBS="$jobs" --target "$target" -t "$image" -f Dockerfile .
+    --build-arg JOBS="$jobs" --target "$target" -t "$image" -f "$context/Dockerfile" "$context"
   echo "build-images: $image built in $(($(date +%s) - start)) s" >&2
 done
 

@@ -194,17 +194,57 @@ class Service:
         """A command in the service's container beside its main process."""
         return run(self.run_argv(argv), timeout=timeout_s)
 
+    def descendants(self):
+        """Process ids under `buildah run`, parents before children."""
+        children = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open("/proc/%s/stat" % entry) as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop(0)
+            out.append(pid)
+            todo += sorted(children.get(pid, []))
+        return out[1:]
+
+    def init_pid(self):
+        """The entrypoint's process (tini), which Docker signals as the
+        container's PID 1."""
+        program = self.argv()[0]
+        for pid in self.descendants():
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    argv0 = f.read().split(b"\0")[0].decode()
+            except OSError:
+                continue
+            if argv0 == program:
+                return pid
+        return None
+
     def stop(self, timeout_s=60):
-        """SIGTERM to the process group (buildah, tini, the program), as
-        `docker stop` sends STOPSIGNAL; the exit code, or None if killed."""
+        """`docker stop`: STOPSIGNAL (SIGTERM) to the entrypoint's process,
+        then SIGKILL after the grace period. The exit code of `buildah run`
+        (the program's), or None if it had to be killed."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
+            pid = self.init_pid()
+            if pid:
+                os.kill(pid, signal.SIGTERM)
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
                 return self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                for pid in reversed(self.descendants()):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                self.proc.kill()
                 self.proc.wait()
                 return None
         return self.proc.returncode
@@ -443,10 +483,12 @@ class ImagesTest(unittest.TestCase):
                          {"baseline", "planned"})
 
     def test_5_sigterm_stops_the_containers(self):
-        """`docker stop` sends STOPSIGNAL (SIGTERM) through tini: the worker
-        hands back and the server drains, both exit 0."""
+        """`docker stop` sends STOPSIGNAL (SIGTERM) to tini, which passes
+        it on: the worker and the server stop within compose's
+        stop_grace_period, both with exit 0."""
         for name in ("worker-cpu", "server"):
-            code = self.services[name].stop()
+            grace = self.compose["services"][name].get("stop_grace_period", "10s")
+            code = self.services[name].stop(timeout_s=int(grace.rstrip("s")))
             self.assertEqual(code, 0, "%s: %s" % (name, self.logs()))
 
 
