@@ -436,13 +436,15 @@ class ImagesTest(unittest.TestCase):
             return body["data"]
 
         def targets_up():
+            if self.prometheus.poll() is not None:
+                raise AssertionError("prometheus exited:\n" + read_text(log)[-3000:])
             try:
                 active = get("targets")["activeTargets"]
             except OSError:
                 return False
             return len(active) == 2 and all(t["health"] == "up" for t in active)
 
-        wait_for(targets_up, 60, "Prometheus to scrape both containers:\n" + log)
+        wait_for(targets_up, 60, "Prometheus to scrape both containers")
         # Traffic between scrapes so that rates move, then enough scrapes
         # for [1m] windows to hold several samples.
         for _ in range(3):
