@@ -9,6 +9,7 @@
 #   docker build --target worker-cpu -t mutwo-worker-cpu .
 #   docker build --target worker-gpu -t mutwo-worker-gpu .
 #   docker build --target server --build-arg RUN_TESTS=1 .   # + the test suite
+#   scripts/build-images.sh    # no Docker, no registry: buildah, debootstrap base
 #
 # Every build stage runs scripts/bootstrap.sh, the script CI runs (through
 # scripts/test.sh): one recipe for the packages and the build. The runtime
