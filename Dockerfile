@@ -9,6 +9,7 @@
 #   docker build --target worker-cpu -t mutwo-worker-cpu .
 #   docker build --target worker-gpu -t mutwo-worker-gpu .
 #   docker build --target server --build-arg RUN_TESTS=1 .   # + the test suite
+#   scripts/build-images.sh    # no Docker, no registry: buildah, debootstrap base
 #
 # Every build stage runs scripts/bootstrap.sh, the script CI runs (through
 # scripts/test.sh): one recipe for the packages and the build. The runtime
@@ -33,11 +34,17 @@ ARG CUDA_TOOLKIT_PACKAGE=cuda-toolkit-13-0
 # ---------------------------------------------------------------------------
 FROM ${DEBIAN_IMAGE} AS build
 ARG RUN_TESTS=0
+# Parallel compile jobs; empty: one per CPU of the build host.
+ARG JOBS=
 ENV DEBIAN_FRONTEND=noninteractive
 WORKDIR /src
+# The packages in a layer of their own, before the sources: a source change
+# rebuilds from the COPY below, not the apt install.
+COPY scripts/bootstrap.sh scripts/
+RUN scripts/bootstrap.sh --packages-only
 COPY . .
 RUN set -eux; \
-    export BUILD_DIR=/src/build-docker JOBS="$(nproc)"; \
+    export BUILD_DIR=/src/build-docker JOBS="${JOBS:-$(nproc)}"; \
     if [ "${RUN_TESTS}" = 1 ]; then scripts/test.sh; \
     else CMAKE_ARGS="-DMUTWO_BUILD_TESTS=OFF -DMUTWO_BUILD_BENCH=OFF" scripts/bootstrap.sh; fi; \
     mkdir -p /out/bin; \
@@ -70,9 +77,10 @@ RUN set -eux; \
 ENV PATH=/usr/local/cuda/bin:${PATH} CUDA_HOME=/usr/local/cuda
 WORKDIR /src
 COPY . .
+ARG JOBS=
 RUN set -eux; \
     torch_prefix="$(/opt/torch/bin/python -c 'import torch;print(torch.utils.cmake_prefix_path)')"; \
-    BUILD_DIR=/src/build-gpu JOBS="$(nproc)" \
+    BUILD_DIR=/src/build-gpu JOBS="${JOBS:-$(nproc)}" \
       CMAKE_ARGS="-DMUTWO_BUILD_TESTS=OFF -DMUTWO_BUILD_BENCH=OFF -DMUTWO_WITH_CUDA=ON -DCMAKE_PREFIX_PATH=${torch_prefix}" \
       scripts/bootstrap.sh; \
     mkdir -p /out/bin /out/lib; \

@@ -3,6 +3,8 @@
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 #   scripts/bootstrap.sh            # Release build in build/
 #   BUILD_DIR=out BUILD_TYPE=Debug scripts/bootstrap.sh
+#   scripts/bootstrap.sh --packages-only   # the packages, no build (the
+#                                          # Dockerfile's layer before COPY)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +34,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ "${1:-}" = --packages-only ]; then
+  exit 0
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}
