@@ -161,7 +161,12 @@ int main(int argc, char** argv) {
   }
   if (auto s = (*server)->Start(); !s.ok()) {
     MUTWO_LOG(error, "{}", s.ToString());
-    return mutwo::kExitFailure;
+    // A --listen that cannot be bound (the port is taken, the address is
+    // not this host's) is bad input, like a malformed flag.
+    return s.code() == absl::StatusCode::kAlreadyExists ||
+                   s.code() == absl::StatusCode::kInvalidArgument
+               ? mutwo::kExitBadInput
+               : mutwo::kExitFailure;
   }
   int sig = 0;
   sigwait(&signals, &sig);

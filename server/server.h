@@ -47,7 +47,9 @@ class MutwoServer {
       Options options);
 
   // Opens the store, binds both ports; port()/metrics_port() are the ports
-  // bound (useful with port 0).
+  // bound (useful with port 0). The gRPC port is bound without SO_REUSEPORT:
+  // AlreadyExists naming the port when another process holds it,
+  // InvalidArgument when the address cannot be bound otherwise.
   [[nodiscard]] absl::Status Start();
   int port() const { return port_; }
   int metrics_port() const {
