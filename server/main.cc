@@ -48,6 +48,14 @@ ABSL_FLAG(int32_t, max_lease_waiters, 1000,
 ABSL_FLAG(int32_t, max_watchers, 1000,
           "WatchJob streams open at once; more are refused with "
           "RESOURCE_EXHAUSTED and a retry hint; a watch holds no thread");
+ABSL_FLAG(int32_t, max_watchers_per_client, 250,
+          "WatchJob streams one principal may hold open at once, so one "
+          "client cannot take every other client's place under "
+          "--max_watchers; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_lease_waiters_per_worker, 250,
+          "LeaseTask polls one worker principal (token) may hold open at "
+          "once, all its worker ids together; more are refused with "
+          "RESOURCE_EXHAUSTED. Workers that share one token share this");
 ABSL_FLAG(int32_t, waiter_retry_after_ms, 1000,
           "the retry hint of a refused poll or watch, in ms, in its message "
           "and in grpc-retry-pushback-ms");
@@ -139,6 +147,10 @@ int main(int argc, char** argv) {
   options.core.waiter_retry_after_ms =
       absl::GetFlag(FLAGS_waiter_retry_after_ms);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.max_watchers_per_client =
+      absl::GetFlag(FLAGS_max_watchers_per_client);
+  options.max_lease_waiters_per_worker =
+      absl::GetFlag(FLAGS_max_lease_waiters_per_worker);
   options.core.max_uploads_per_client =
       absl::GetFlag(FLAGS_max_uploads_per_client);
   if (const std::string quota =

@@ -115,6 +115,12 @@ ServerMetrics::ServerMetrics()
                                     "RESOURCE_EXHAUSTED at their limit "
                                     "(--max_lease_waiters, --max_watchers)")
                               .Register(*registry_)),
+      limit_refusals_(BuildCounter()
+                          .Name("mutwo_limit_refusals_total")
+                          .Help("Requests refused at one of the server's "
+                                "limits, by the flag that sets it (limit="
+                                "max_watchers_per_client, ...)")
+                          .Register(*registry_)),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model, "
@@ -155,6 +161,9 @@ ServerMetrics::ServerMetrics()
   for (const char* kind : {"lease", "watch"}) {
     long_waits_.Add({{"kind", kind}});
     long_waits_refused_.Add({{"kind", kind}});
+  }
+  for (const std::string& limit : LimitNames()) {
+    limit_refusals_.Add({{"limit", limit}});
   }
   SetJobs({});
   SetTasks({});
@@ -235,6 +244,18 @@ void ServerMetrics::SetLongWaits(const std::string& kind, int open) {
 
 void ServerMetrics::CountLongWaitRefused(const std::string& kind) {
   long_waits_refused_.Add({{"kind", kind}}).Increment();
+  CountLimitRefusal(kind == "lease" ? "max_lease_waiters" : "max_watchers");
+}
+
+const std::vector<std::string>& ServerMetrics::LimitNames() {
+  static const auto* const kNames = new std::vector<std::string>{
+      "max_lease_waiters", "max_watchers", "max_lease_waiters_per_worker",
+      "max_watchers_per_client"};
+  return *kNames;
+}
+
+void ServerMetrics::CountLimitRefusal(const std::string& limit) {
+  limit_refusals_.Add({{"limit", limit}}).Increment();
 }
 
 void ServerMetrics::CountUpload(bool stored) {

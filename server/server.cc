@@ -121,11 +121,32 @@ absl::Status MutwoServer::Start() {
       server_metrics_.CountAuthRefusal(reason);
     });
   }
+  PrincipalLimits::Options watches;
+  watches.what = "watches";
+  watches.flag = "--max_watchers_per_client";
+  watches.max_per_principal = options_.max_watchers_per_client;
+  watches.retry_after_ms = options_.core.waiter_retry_after_ms;
+  watches.observe_refused = [this] {
+    server_metrics_.CountLimitRefusal("max_watchers_per_client");
+  };
+  MUTWO_ASSIGN_OR_RETURN(watches_per_client_,
+                         PrincipalLimits::Create(std::move(watches)));
+  PrincipalLimits::Options polls;
+  polls.what = "lease polls";
+  polls.flag = "--max_lease_waiters_per_worker";
+  polls.max_per_principal = options_.max_lease_waiters_per_worker;
+  polls.retry_after_ms = options_.core.waiter_retry_after_ms;
+  polls.observe_refused = [this] {
+    server_metrics_.CountLimitRefusal("max_lease_waiters_per_worker");
+  };
+  MUTWO_ASSIGN_OR_RETURN(lease_polls_per_worker_,
+                         PrincipalLimits::Create(std::move(polls)));
   planner_service_ = std::make_unique<PlannerService>(
       core_.get(), authorizer_.get(), &server_metrics_,
-      options_.core.max_model_bytes);
+      options_.core.max_model_bytes, watches_per_client_.get());
   hub_service_ = std::make_unique<WorkerHubService>(
-      core_.get(), authorizer_.get(), &server_metrics_);
+      core_.get(), authorizer_.get(), &server_metrics_,
+      lease_polls_per_worker_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -23,6 +23,7 @@
 #include "server/auth/server_security.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
+#include "server/principal_limits.h"
 #include "server/services.h"
 #include "storage/store.h"
 
@@ -39,6 +40,10 @@ class MutwoServer {
     // Threads that serve the synchronous RPCs (all but LeaseTask and
     // WatchJob, which wait without one); 0: gRPC's default.
     int max_rpc_threads = 0;
+    // Long waits one principal may hold at once (principal_limits.h):
+    // WatchJob streams of a client, LeaseTask polls of a worker token.
+    int max_watchers_per_client = 250;
+    int max_lease_waiters_per_worker = 250;
     PlanFn plan;
     MaxBatchFn max_batch;
   };
@@ -68,6 +73,10 @@ class MutwoServer {
   ServerMetrics server_metrics_;
   std::unique_ptr<JobCore> core_;
   std::unique_ptr<auth::Authorizer> authorizer_;
+  // Before the services and the gRPC server: every Slot, held by a call,
+  // is given back before these go.
+  std::unique_ptr<PrincipalLimits> watches_per_client_;
+  std::unique_ptr<PrincipalLimits> lease_polls_per_worker_;
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -97,7 +97,8 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   LeaseReactor(grpc::CallbackServerContext* context,
                const v1::LeaseTaskRequest& request,
                v1::LeaseTaskResponse* response, JobCore* core,
-               const auth::Authorizer* auth, ServerMetrics* metrics)
+               const auth::Authorizer* auth, ServerMetrics* metrics,
+               PrincipalLimits* limits)
       : context_(context),
         response_(response),
         core_(core),
@@ -112,12 +113,17 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
       Answer(s);
       return;
     }
-    if (auto caller =
-            auth->ForWorker(*context, "LeaseTask", request.worker_id());
-        !caller.ok()) {
+    auto caller = auth->ForWorker(*context, "LeaseTask", request.worker_id());
+    if (!caller.ok()) {
       Answer(caller.status());
       return;
     }
+    absl::StatusOr<PrincipalLimits::Slot> slot = limits->Acquire(caller->name);
+    if (!slot.ok()) {
+      Answer(slot.status());
+      return;
+    }
+    slot_ = *std::move(slot);
     // The long poll ends when the worker goes away, and a task leased for
     // a poll nobody waits on any more is given back at once.
     absl::StatusOr<uint64_t> id = core_->leasing().StartPoll(&poll_);
@@ -150,6 +156,7 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   RpcTimer timer_;
   LeasePoll poll_;
   uint64_t id_ = 0;
+  PrincipalLimits::Slot slot_;  // given back when the call ends
 };
 
 // WatchJob without a thread: authorize, register a JobWatch that writes
@@ -158,7 +165,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(grpc::CallbackServerContext* context,
                const v1::WatchJobRequest& request, JobCore* core,
-               const auth::Authorizer* auth, ServerMetrics* metrics)
+               const auth::Authorizer* auth, ServerMetrics* metrics,
+               PrincipalLimits* limits)
       : context_(context),
         timer_(metrics, "WatchJob"),
         watch_(core, request.job_id(),
@@ -177,11 +185,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
       End(s);
       return;
     }
-    if (auto caller = auth->ForJob(*context, "WatchJob", request.job_id());
-        !caller.ok()) {
+    auto caller = auth->ForJob(*context, "WatchJob", request.job_id());
+    if (!caller.ok()) {
       End(caller.status());
       return;
     }
+    absl::StatusOr<PrincipalLimits::Slot> slot = limits->Acquire(caller->name);
+    if (!slot.ok()) {
+      End(slot.status());
+      return;
+    }
+    slot_ = *std::move(slot);
     if (absl::Status s = watch_.Start(); !s.ok()) End(s);
   }
 
@@ -198,7 +212,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   grpc::CallbackServerContext* context_;
   RpcTimer timer_;
   JobWatch watch_;
-  v1::JobEvent event_;  // the write in flight
+  v1::JobEvent event_;          // the write in flight
+  PrincipalLimits::Slot slot_;  // given back when the stream ends
 };
 
 }  // namespace
@@ -259,7 +274,7 @@ grpc::Status PlannerService::ListJobs(grpc::ServerContext* context,
 
 grpc::ServerWriteReactor<v1::JobEvent>* PlannerService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(context, *request, core_, auth_, metrics_);
+  return new WatchReactor(context, *request, core_, auth_, metrics_, watches_);
 }
 
 grpc::Status PlannerService::CancelJob(grpc::ServerContext* context,
@@ -342,7 +357,8 @@ grpc::Status WorkerHubService::RegisterWorker(
 grpc::ServerUnaryReactor* WorkerHubService::LeaseTask(
     grpc::CallbackServerContext* context, const v1::LeaseTaskRequest* request,
     v1::LeaseTaskResponse* response) {
-  return new LeaseReactor(context, *request, response, core_, auth_, metrics_);
+  return new LeaseReactor(context, *request, response, core_, auth_, metrics_,
+                          lease_polls_);
 }
 
 grpc::Status WorkerHubService::FetchModel(

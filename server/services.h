@@ -10,7 +10,9 @@
 // --max_lease_waiters / --max_watchers they answer RESOURCE_EXHAUSTED with a
 // retry hint (the message, and grpc-retry-pushback-ms in the trailers).
 // Authorization is the same Authorizer call as every other RPC, made before
-// anything waits.
+// anything waits; then the caller's place among its principal's waits
+// (principal_limits.h: --max_watchers_per_client,
+// --max_lease_waiters_per_worker), held until the call ends.
 #ifndef MUTWO_SERVER_SERVICES_H_
 #define MUTWO_SERVER_SERVICES_H_
 
@@ -21,6 +23,7 @@
 #include "server/auth/authorizer.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
+#include "server/principal_limits.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -28,12 +31,15 @@ namespace mutwo {
 class PlannerService final
     : public v1::Planner::WithCallbackMethod_WatchJob<v1::Planner::Service> {
  public:
+  // `watches` (not owned) limits the open watches of each principal.
   PlannerService(JobCore* core, const auth::Authorizer* auth,
-                 ServerMetrics* metrics, int64_t max_model_bytes)
+                 ServerMetrics* metrics, int64_t max_model_bytes,
+                 PrincipalLimits* watches)
       : core_(core),
         auth_(auth),
         metrics_(metrics),
-        max_model_bytes_(max_model_bytes) {}
+        max_model_bytes_(max_model_bytes),
+        watches_(watches) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -72,15 +78,20 @@ class PlannerService final
   const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
   int64_t max_model_bytes_;
+  PrincipalLimits* watches_;
 };
 
 class WorkerHubService final
     : public v1::WorkerHub::WithCallbackMethod_LeaseTask<
           v1::WorkerHub::Service> {
  public:
+  // `lease_polls` (not owned) limits the open polls of each principal.
   WorkerHubService(JobCore* core, const auth::Authorizer* auth,
-                   ServerMetrics* metrics)
-      : core_(core), auth_(auth), metrics_(metrics) {}
+                   ServerMetrics* metrics, PrincipalLimits* lease_polls)
+      : core_(core),
+        auth_(auth),
+        metrics_(metrics),
+        lease_polls_(lease_polls) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -108,6 +119,7 @@ class WorkerHubService final
   JobCore* core_;
   const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
+  PrincipalLimits* lease_polls_;
 };
 
 }  // namespace mutwo

@@ -1,0 +1,389 @@
+// No tenant can starve another: each test is an attack by one principal
+// (a client, a worker token) against an in-process MutwoServer on loopback
+// with a tokens file, and checks that another principal is still served.
+//   - one client opens more watches than its share: its own are refused past
+//     --max_watchers_per_client, another client's watch still opens;
+//   - one worker token opens more lease polls than its share: the same for
+//     --max_lease_waiters_per_worker and another worker's poll.
+// Every refusal is RESOURCE_EXHAUSTED naming the principal and the flag,
+// with a retry hint, and counted in mutwo_limit_refusals_total{limit}.
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/credentials.h"
+#include "common/parse.h"
+#include "common/sha256.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "mutwo/v1/planner.grpc.pb.h"
+#include "mutwo/v1/worker_hub.grpc.pb.h"
+#include "server/auth/token_table.h"
+#include "server/server.h"
+#include "tests/testing/process.h"
+
+namespace mutwo {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum Who { kAlice, kBob, kWorker1, kWorker2 };
+
+// ROLE PRINCIPAL and the token of each identity.
+const std::map<Who, std::pair<std::string, std::string>>& Identities() {
+  static const auto* const ids =
+      new std::map<Who, std::pair<std::string, std::string>>{
+          {kAlice, {"client alice", "tok-alice-3e8c1f0a9b7d6e52c4"}},
+          {kBob, {"client bob", "tok-bob-7a6b5c4d3e2f1a0b9c"}},
+          {kWorker1, {"worker w1", "tok-w1-0f1e2d3c4b5a69788796"}},
+          {kWorker2, {"worker w2", "tok-w2-1122334455667788aa"}},
+      };
+  return *ids;
+}
+
+std::chrono::system_clock::time_point In(int ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+class TenantIsolationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           absl::StrCat(
+               "mutwo_tenant_", getpid(), "_",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string tokens;
+    for (const auto& [who, id] : Identities()) {
+      absl::StrAppend(&tokens, id.first, " ", auth::TokenHashField(id.second),
+                      "\n");
+      std::ofstream(dir_ / absl::StrCat("token", who)) << id.second << "\n";
+    }
+    std::ofstream(dir_ / "tokens.txt") << tokens;
+  }
+
+  void TearDown() override {
+    for (auto& open : open_) open->context.TryCancel();
+    cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq_.Next(&tag, &ok)) {
+    }
+    open_.clear();
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  MutwoServer::Options ServerOptions() {
+    MutwoServer::Options options;
+    options.listen = "127.0.0.1:0";
+    options.metrics_listen = "127.0.0.1:0";
+    options.data_dir = (dir_ / "data").string();
+    options.security.tokens_file = (dir_ / "tokens.txt").string();
+    options.plan = PlannerPlanFn(5);
+    options.max_batch = PlannerMaxBatchFn();
+    return options;
+  }
+
+  void StartServer(MutwoServer::Options options) {
+    auto server = MutwoServer::Create(std::move(options));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_TRUE(server_->Start().ok());
+    address_ = absl::StrCat("127.0.0.1:", server_->port());
+  }
+
+  std::shared_ptr<grpc::Channel> Channel(Who who) {
+    ClientCredentialsOptions base;
+    base.target = address_;
+    base.use_environment = false;
+    base.token_file = (dir_ / absl::StrCat("token", who)).string();
+    auto credentials = MakeChannelCredentials(base);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    // One channel per identity, kept: hundreds of calls share it.
+    auto& channel = channels_[who];
+    if (channel == nullptr)
+      channel = grpc::CreateChannel(address_, *credentials);
+    return channel;
+  }
+
+  // Uploads `bytes` as `who` and submits a job for it that no CPU worker
+  // can run (it asks for CUDA), so it stays open.
+  std::string SubmitOpenJob(Who who, const std::string& bytes) {
+    auto planner = v1::Planner::NewStub(Channel(who));
+    {
+      grpc::ClientContext context;
+      context.set_deadline(In(10000));
+      v1::UploadModelResponse response;
+      auto writer = planner->UploadModel(&context, &response);
+      v1::UploadModelRequest header;
+      header.mutable_header()->set_sha256(Sha256Hex(bytes));
+      header.mutable_header()->set_size_bytes(bytes.size());
+      header.mutable_header()->set_name("m");
+      writer->Write(header);
+      v1::UploadModelRequest chunk;
+      chunk.set_chunk(bytes);
+      writer->Write(chunk);
+      writer->WritesDone();
+      grpc::Status s = writer->Finish();
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+    v1::SubmitJobRequest r;
+    auto* spec = r.mutable_spec();
+    spec->set_model_sha256(Sha256Hex(bytes));
+    spec->set_model_name("chain");
+    *spec->add_inputs() = *ParseTensorSpec("x:float32[B,16]");
+    spec->add_batch_sizes(8);
+    *spec->add_budgets() = *ParseBudget("60%");
+    spec->set_device_kind("cuda");
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::SubmitJobResponse response;
+    grpc::Status s = planner->SubmitJob(&context, r, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.job().job_id();
+  }
+
+  std::string RegisterCpuWorker(Who who) {
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::RegisterWorkerRequest request;
+    request.mutable_worker()->mutable_device()->set_kind("cpu");
+    request.mutable_worker()->mutable_device()->set_name("cpu");
+    v1::RegisterWorkerResponse response;
+    grpc::Status s = v1::WorkerHub::NewStub(Channel(who))
+                         ->RegisterWorker(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.worker_id();
+  }
+
+  // An open call: a watch (its first event read, or its end) or a lease
+  // poll (its answer). Cancelled at TearDown.
+  struct Open {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::JobEvent>> watch;
+    v1::JobEvent event;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::LeaseTaskResponse>>
+        poll;
+    v1::LeaseTaskResponse lease;
+    grpc::Status status;
+    bool got_event = false;
+    bool ended = false;
+  };
+
+  // Opens `n` watches of `job_id` as `who`; returns them once each either
+  // sent its first event (admitted) or ended (refused).
+  std::vector<Open*> OpenWatches(Who who, const std::string& job_id, int n) {
+    auto planner = v1::Planner::NewStub(Channel(who));
+    std::vector<Open*> opened;
+    for (int i = 0; i < n; ++i) {
+      auto open = std::make_unique<Open>();
+      open->context.set_deadline(In(60000));
+      v1::WatchJobRequest request;
+      request.set_job_id(job_id);
+      // Tag = the Open: the stream started; then Read (first event) or,
+      // when it fails, Finish.
+      open->watch = planner->AsyncWatchJob(&open->context, request, &cq_,
+                                           Tag(open.get(), kStarted));
+      opened.push_back(open.get());
+      open_.push_back(std::move(open));
+    }
+    Drive(opened, [](Open* o) { return o->ended || o->got_event; });
+    return opened;
+  }
+
+  // Opens `n` lease polls of `worker_id` as `who` (30 s waits); returns
+  // them after `settle_ms`, by which a refused poll has ended.
+  std::vector<Open*> OpenPolls(Who who, const std::string& worker_id, int n,
+                               int settle_ms = 1000) {
+    auto hub = v1::WorkerHub::NewStub(Channel(who));
+    std::vector<Open*> opened;
+    for (int i = 0; i < n; ++i) {
+      auto open = std::make_unique<Open>();
+      open->context.set_deadline(In(60000));
+      v1::LeaseTaskRequest request;
+      request.set_worker_id(worker_id);
+      request.set_wait_ms(30000);
+      open->poll = hub->AsyncLeaseTask(&open->context, request, &cq_);
+      open->poll->Finish(&open->lease, &open->status,
+                         Tag(open.get(), kFinished));
+      opened.push_back(open.get());
+      open_.push_back(std::move(open));
+    }
+    const auto until = In(settle_ms);
+    Drive(
+        opened, [](Open*) { return false; }, until);
+    return opened;
+  }
+
+  static int Count(const std::vector<Open*>& opens, bool refused) {
+    int n = 0;
+    for (const Open* o : opens) {
+      const bool is_refused =
+          o->ended &&
+          o->status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+      if (is_refused == refused) ++n;
+    }
+    return n;
+  }
+
+  std::string Metrics() {
+    return testing::HttpGet(server_->metrics_port(), "/metrics");
+  }
+
+  fs::path dir_;
+  std::unique_ptr<MutwoServer> server_;
+  std::string address_;
+  std::map<Who, std::shared_ptr<grpc::Channel>> channels_;
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<Open>> open_;
+
+ private:
+  enum Step { kStarted = 0, kRead = 1, kFinished = 2 };
+  static void* Tag(Open* open, Step step) {
+    return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(open) | step);
+  }
+  // Runs the completion queue until every Open in `opens` is `done` or has
+  // ended, or `until` passes.
+  void Drive(const std::vector<Open*>& opens,
+             const std::function<bool(Open*)>& done,
+             std::chrono::system_clock::time_point until = In(20000)) {
+    auto all_done = [&] {
+      for (Open* o : opens) {
+        if (!done(o) && !o->ended) return false;
+      }
+      return true;
+    };
+    while (!all_done()) {
+      void* tag;
+      bool ok;
+      const auto r = cq_.AsyncNext(&tag, &ok, until);
+      if (r != grpc::CompletionQueue::GOT_EVENT) return;
+      const auto bits = reinterpret_cast<uintptr_t>(tag);
+      Open* open = reinterpret_cast<Open*>(bits & ~uintptr_t{3});
+      switch (static_cast<Step>(bits & 3)) {
+        case kStarted:
+          if (ok) {
+            open->watch->Read(&open->event, Tag(open, kRead));
+          } else {
+            open->watch->Finish(&open->status, Tag(open, kFinished));
+          }
+          break;
+        case kRead:
+          if (ok) {
+            open->got_event = true;
+          } else {
+            open->watch->Finish(&open->status, Tag(open, kFinished));
+          }
+          break;
+        case kFinished:
+          open->ended = true;
+          break;
+      }
+    }
+  }
+};
+
+// The issue's attack, scaled down: one client opens twice its share of
+// watches, as many as the global limit. Only its share is admitted; another
+// client's watch still opens.
+TEST_F(TenantIsolationTest, OneClientsWatchesLeaveAnotherClientsWatchOpen) {
+  MutwoServer::Options options = ServerOptions();
+  options.core.max_watchers = 20;
+  options.max_watchers_per_client = 10;
+  options.core.waiter_retry_after_ms = 1500;
+  StartServer(std::move(options));
+  const std::string alice_job = SubmitOpenJob(kAlice, "alice's model");
+  const std::string bob_job = SubmitOpenJob(kBob, "bob's model");
+
+  std::vector<Open*> alice = OpenWatches(kAlice, alice_job, 20);
+  EXPECT_EQ(Count(alice, /*refused=*/false), 10);
+  EXPECT_EQ(Count(alice, /*refused=*/true), 10);
+  for (const Open* o : alice) {
+    if (!o->ended) continue;
+    EXPECT_NE(o->status.error_message().find(
+                  "watches of \"alice\": 10 open, the limit per principal "
+                  "(--max_watchers_per_client); retry in 1500 ms"),
+              std::string::npos)
+        << o->status.error_message();
+    auto hint =
+        o->context.GetServerTrailingMetadata().find("grpc-retry-pushback-ms");
+    ASSERT_NE(hint, o->context.GetServerTrailingMetadata().end());
+    EXPECT_EQ(std::string(hint->second.data(), hint->second.size()), "1500");
+  }
+
+  std::vector<Open*> bob = OpenWatches(kBob, bob_job, 1);
+  EXPECT_FALSE(bob[0]->ended) << bob[0]->status.error_message();
+  EXPECT_TRUE(bob[0]->got_event);
+  EXPECT_EQ(bob[0]->event.state(), v1::Job::QUEUED);
+
+  const std::string metrics = Metrics();
+  EXPECT_NE(metrics.find(
+                "mutwo_limit_refusals_total{limit=\"max_watchers_per_client\"} "
+                "10"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(
+      metrics.find("mutwo_limit_refusals_total{limit=\"max_watchers\"} 0"),
+      std::string::npos);
+  std::cout << "{\"test\":\"watches_per_client\",\"alice_opened\":20,"
+            << "\"alice_admitted\":" << Count(alice, false)
+            << ",\"alice_refused\":" << Count(alice, true)
+            << ",\"bob_admitted\":" << (bob[0]->ended ? 0 : 1) << "}\n";
+
+  // Alice's places come back when her watches end.
+  for (Open* o : alice) o->context.TryCancel();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::vector<Open*> again = OpenWatches(kAlice, alice_job, 1);
+  EXPECT_TRUE(again[0]->got_event) << again[0]->status.error_message();
+}
+
+// The same for lease polls: one worker token opens the global limit's worth
+// of polls (over several worker ids); another worker's poll still waits.
+TEST_F(TenantIsolationTest, OneWorkersPollsLeaveAnotherWorkersPollOpen) {
+  MutwoServer::Options options = ServerOptions();
+  options.core.max_lease_waiters = 20;
+  options.max_lease_waiters_per_worker = 10;
+  StartServer(std::move(options));
+  const std::string w1a = RegisterCpuWorker(kWorker1);
+  const std::string w1b = RegisterCpuWorker(kWorker1);
+  const std::string w2 = RegisterCpuWorker(kWorker2);
+
+  std::vector<Open*> greedy = OpenPolls(kWorker1, w1a, 10);
+  std::vector<Open*> more = OpenPolls(kWorker1, w1b, 10);
+  greedy.insert(greedy.end(), more.begin(), more.end());
+  EXPECT_EQ(Count(greedy, /*refused=*/false), 10);
+  EXPECT_EQ(Count(greedy, /*refused=*/true), 10);
+  for (const Open* o : greedy) {
+    if (!o->ended) continue;
+    EXPECT_NE(o->status.error_message().find(
+                  "lease polls of \"w1\": 10 open, the limit per principal "
+                  "(--max_lease_waiters_per_worker)"),
+              std::string::npos)
+        << o->status.error_message();
+  }
+  std::vector<Open*> honest = OpenPolls(kWorker2, w2, 1);
+  EXPECT_FALSE(honest[0]->ended) << honest[0]->status.error_message();
+  const std::string metrics = Metrics();
+  EXPECT_NE(
+      metrics.find("mutwo_limit_refusals_total{limit=\"max_lease_waiters_per_"
+                   "worker\"} 10"),
+      std::string::npos)
+      << metrics;
+  std::cout << "{\"test\":\"lease_polls_per_worker\",\"w1_opened\":20,"
+            << "\"w1_admitted\":" << Count(greedy, false)
+            << ",\"w1_refused\":" << Count(greedy, true)
+            << ",\"w2_admitted\":" << (honest[0]->ended ? 0 : 1) << "}\n";
+}
+
+}  // namespace
+}  // namespace mutwo
