@@ -382,6 +382,11 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
   if (options.max_plan_ms <= 0) {
     return absl::InvalidArgumentError("max_plan_ms must be positive");
   }
+  if (options.profile_limits.max_nodes < 1 ||
+      options.profile_limits.max_edges < 1) {
+    return absl::InvalidArgumentError(
+        "--max_profile_nodes and --max_profile_edges must be positive");
+  }
   if (options.worker_lost_after_ms <= 0) {
     options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
   }
@@ -1030,8 +1035,15 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
         "profile is for batch size ", profile.batch_size(), " but task ",
         task.task_id(), " is for ", task.batch_size()));
   }
-  // Refused before anything is stored or planned: what the planner would
-  // refuse later, named by field.
+  // Refused before anything is stored or planned: larger than this server
+  // plans, or what the planner would refuse later, named by field.
+  std::string limit;
+  if (absl::Status s =
+          CheckProfileSize(profile, options_.profile_limits, &limit);
+      !s.ok()) {
+    metrics_->CountLimitRefusal(limit);
+    return s;
+  }
   MUTWO_RETURN_IF_ERROR(planner::ValidateProfile(profile));
   if (IsRetriedReport(task, request.fence_token(), request.worker_id())) {
     return absl::OkStatus();

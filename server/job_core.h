@@ -38,6 +38,7 @@
 #include "server/closed_loop.h"
 #include "server/leasing.h"
 #include "server/metrics.h"
+#include "server/profile_limits.h"
 #include "server/schedule_cache.h"
 #include "server/waiters.h"
 #include "storage/store.h"
@@ -141,6 +142,8 @@ class JobCore {
     int max_lease_waiters = 1000;
     int max_watchers = 1000;
     int64_t waiter_retry_after_ms = 1000;
+    // The largest profile a report may carry (profile_limits.h).
+    ProfileLimits profile_limits;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(

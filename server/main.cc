@@ -48,6 +48,13 @@ ABSL_FLAG(int32_t, max_lease_waiters, 1000,
 ABSL_FLAG(int32_t, max_watchers, 1000,
           "WatchJob streams open at once; more are refused with "
           "RESOURCE_EXHAUSTED and a retry hint; a watch holds no thread");
+ABSL_FLAG(int32_t, max_profile_nodes, 8192,
+          "largest profile a worker may report, in IR nodes (and backward "
+          "steps); larger ones are refused with RESOURCE_EXHAUSTED before "
+          "anything is stored or planned");
+ABSL_FLAG(int64_t, max_profile_edges, 65536,
+          "largest profile a worker may report, in edges (IR data edges "
+          "plus recompute lineages); larger ones are refused the same way");
 ABSL_FLAG(int32_t, max_watchers_per_client, 250,
           "WatchJob streams one principal may hold open at once, so one "
           "client cannot take every other client's place under "
@@ -147,6 +154,10 @@ int main(int argc, char** argv) {
   options.core.waiter_retry_after_ms =
       absl::GetFlag(FLAGS_waiter_retry_after_ms);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.core.profile_limits.max_nodes =
+      absl::GetFlag(FLAGS_max_profile_nodes);
+  options.core.profile_limits.max_edges =
+      absl::GetFlag(FLAGS_max_profile_edges);
   options.max_watchers_per_client =
       absl::GetFlag(FLAGS_max_watchers_per_client);
   options.max_lease_waiters_per_worker =

@@ -248,9 +248,13 @@ void ServerMetrics::CountLongWaitRefused(const std::string& kind) {
 }
 
 const std::vector<std::string>& ServerMetrics::LimitNames() {
-  static const auto* const kNames = new std::vector<std::string>{
-      "max_lease_waiters", "max_watchers", "max_lease_waiters_per_worker",
-      "max_watchers_per_client"};
+  static const auto* const kNames =
+      new std::vector<std::string>{"max_lease_waiters",
+                                   "max_watchers",
+                                   "max_lease_waiters_per_worker",
+                                   "max_watchers_per_client",
+                                   "max_profile_nodes",
+                                   "max_profile_edges"};
   return *kNames;
 }
 

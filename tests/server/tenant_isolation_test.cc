@@ -4,7 +4,10 @@
 //   - one client opens more watches than its share: its own are refused past
 //     --max_watchers_per_client, another client's watch still opens;
 //   - one worker token opens more lease polls than its share: the same for
-//     --max_lease_waiters_per_worker and another worker's poll.
+//     --max_lease_waiters_per_worker and another worker's poll;
+//   - a worker reports a profile larger than the server plans (16,384 nodes,
+//     or a dense 4,096-node one): refused at ingest naming the limit, before
+//     anything is stored or planned.
 // Every refusal is RESOURCE_EXHAUSTED naming the principal and the flag,
 // with a retry hint, and counted in mutwo_limit_refusals_total{limit}.
 #include <chrono>
@@ -27,7 +30,9 @@
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "server/auth/token_table.h"
 #include "server/server.h"
+#include "tests/testing/adversarial_profile.h"
 #include "tests/testing/process.h"
+#include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
 namespace {
@@ -118,7 +123,8 @@ class TenantIsolationTest : public ::testing::Test {
 
   // Uploads `bytes` as `who` and submits a job for it that no CPU worker
   // can run (it asks for CUDA), so it stays open.
-  std::string SubmitOpenJob(Who who, const std::string& bytes) {
+  std::string SubmitOpenJob(Who who, const std::string& bytes,
+                            const std::string& device_kind = "cuda") {
     auto planner = v1::Planner::NewStub(Channel(who));
     {
       grpc::ClientContext context;
@@ -144,7 +150,7 @@ class TenantIsolationTest : public ::testing::Test {
     *spec->add_inputs() = *ParseTensorSpec("x:float32[B,16]");
     spec->add_batch_sizes(8);
     *spec->add_budgets() = *ParseBudget("60%");
-    spec->set_device_kind("cuda");
+    spec->set_device_kind(device_kind);
     grpc::ClientContext context;
     context.set_deadline(In(10000));
     v1::SubmitJobResponse response;
@@ -234,6 +240,35 @@ class TenantIsolationTest : public ::testing::Test {
       if (is_refused == refused) ++n;
     }
     return n;
+  }
+
+  // Leases one task for `worker_id` as `who` (waits up to 5 s).
+  v1::Task LeaseOne(Who who, const std::string& worker_id) {
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::LeaseTaskRequest request;
+    request.set_worker_id(worker_id);
+    request.set_wait_ms(5000);
+    v1::LeaseTaskResponse response;
+    grpc::Status s = v1::WorkerHub::NewStub(Channel(who))
+                         ->LeaseTask(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(response.has_task());
+    return response.task();
+  }
+
+  grpc::Status ReportProfile(Who who, const std::string& worker_id,
+                             const v1::Task& task, const v1::Profile& profile) {
+    grpc::ClientContext context;
+    context.set_deadline(In(60000));
+    v1::ReportProfileRequest request;
+    request.set_worker_id(worker_id);
+    request.set_task_id(task.task_id());
+    request.set_fence_token(task.fence_token());
+    *request.mutable_profile() = profile;
+    v1::ReportResponse response;
+    return v1::WorkerHub::NewStub(Channel(who))
+        ->ReportProfile(&context, request, &response);
   }
 
   std::string Metrics() {
@@ -383,6 +418,71 @@ TEST_F(TenantIsolationTest, OneWorkersPollsLeaveAnotherWorkersPollOpen) {
             << "\"w1_admitted\":" << Count(greedy, false)
             << ",\"w1_refused\":" << Count(greedy, true)
             << ",\"w2_admitted\":" << (honest[0]->ended ? 0 : 1) << "}\n";
+}
+
+// A worker reports a profile far larger than any real model's: refused at
+// once, before it is stored or planned, with the limit and its flag in the
+// message; the task stays leased and an honest profile is then taken.
+TEST_F(TenantIsolationTest, OversizedProfilesAreRefusedAtIngestNamingTheLimit) {
+  StartServer(ServerOptions());  // the defaults: 8,192 nodes, 65,536 edges
+  const std::string job = SubmitOpenJob(kAlice, "alice's model", "cpu");
+  const std::string worker = RegisterCpuWorker(kWorker1);
+  const v1::Task task = LeaseOne(kWorker1, worker);
+  ASSERT_EQ(task.kind(), v1::Task::PROFILE);
+
+  struct Attack {
+    const char* name;
+    v1::Profile profile;
+    const char* expected;
+  };
+  const Attack attacks[] = {
+      {"chain_16384_nodes", testing::ChainProfile(task.batch_size(), 16384),
+       "has 16384 nodes, more than 8192; this server plans profiles up to "
+       "--max_profile_nodes"},
+      {"dense_4096_nodes_32_sources",
+       testing::DenseRecomputeProfile(4096, 32, task.batch_size()),
+       "edges (data edges and recompute lineages), more than 65536; this "
+       "server plans profiles up to --max_profile_edges"},
+  };
+  for (const Attack& attack : attacks) {
+    const auto start = std::chrono::steady_clock::now();
+    grpc::Status s = ReportProfile(kWorker1, worker, task, attack.profile);
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start)
+                          .count();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << attack.name << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(attack.expected), std::string::npos)
+        << attack.name << ": " << s.error_message();
+    EXPECT_LT(ms, 2000) << attack.name;
+    std::cout << "{\"test\":\"oversized_profile\",\"attack\":\"" << attack.name
+              << "\",\"bytes\":" << attack.profile.ByteSizeLong()
+              << ",\"code\":" << s.error_code() << ",\"ms\":" << ms << "}\n";
+  }
+  // Nothing stored: no profile for the batch size.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::GetProfileRequest request;
+    request.set_job_id(job);
+    request.set_batch_size(task.batch_size());
+    v1::Profile profile;
+    EXPECT_EQ(v1::Planner::NewStub(Channel(kAlice))
+                  ->GetProfile(&context, request, &profile)
+                  .error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  const std::string metrics = Metrics();
+  EXPECT_NE(
+      metrics.find("mutwo_limit_refusals_total{limit=\"max_profile_nodes\"} 1"),
+      std::string::npos);
+  EXPECT_NE(
+      metrics.find("mutwo_limit_refusals_total{limit=\"max_profile_edges\"} 1"),
+      std::string::npos);
+  // The task is still the worker's: an honest profile is taken.
+  grpc::Status honest = ReportProfile(
+      kWorker1, worker, task, testing::ChainProfile(task.batch_size(), 8));
+  EXPECT_TRUE(honest.ok()) << honest.error_message();
 }
 
 }  // namespace
