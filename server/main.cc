@@ -55,6 +55,17 @@ ABSL_FLAG(int32_t, max_profile_nodes, 8192,
 ABSL_FLAG(int64_t, max_profile_edges, 65536,
           "largest profile a worker may report, in edges (IR data edges "
           "plus recompute lineages); larger ones are refused the same way");
+ABSL_FLAG(std::string, max_stored_model_bytes_per_client, "4GiB",
+          "bytes of models one principal may keep in the model store (each "
+          "model it uploaded, once); past it uploads are refused with "
+          "RESOURCE_EXHAUSTED; admins are not limited; \"unlimited\": no "
+          "quota");
+ABSL_FLAG(std::string, model_quota_overrides, "",
+          "per-principal quotas over --max_stored_model_bytes_per_client "
+          "and the admins' exemption, e.g. \"alice=20GiB,ci=unlimited\"");
+ABSL_FLAG(int64_t, upload_idle_timeout_ms, 30000,
+          "an upload that receives nothing for this long is dropped "
+          "(cancelled; its temp file and quota freed)");
 ABSL_FLAG(int32_t, max_watchers_per_client, 250,
           "WatchJob streams one principal may hold open at once, so one "
           "client cannot take every other client's place under "
@@ -158,6 +169,27 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_profile_nodes);
   options.core.profile_limits.max_edges =
       absl::GetFlag(FLAGS_max_profile_edges);
+  if (const std::string quota =
+          absl::GetFlag(FLAGS_max_stored_model_bytes_per_client);
+      quota == "unlimited") {
+    options.max_stored_model_bytes_per_client = mutwo::UploadQuota::kUnlimited;
+  } else {
+    auto bytes = mutwo::ParseBytes(quota);
+    if (!bytes.ok()) {
+      std::cerr << "mutwo-server: --max_stored_model_bytes_per_client: "
+                << bytes.status().message() << "\n";
+      return mutwo::kExitBadInput;
+    }
+    options.max_stored_model_bytes_per_client = *bytes;
+  }
+  auto overrides = mutwo::UploadQuota::ParseOverrides(
+      absl::GetFlag(FLAGS_model_quota_overrides));
+  if (!overrides.ok()) {
+    std::cerr << "mutwo-server: " << overrides.status().message() << "\n";
+    return mutwo::kExitBadInput;
+  }
+  options.model_quota_overrides = *std::move(overrides);
+  options.upload_idle_timeout_ms = absl::GetFlag(FLAGS_upload_idle_timeout_ms);
   options.max_watchers_per_client =
       absl::GetFlag(FLAGS_max_watchers_per_client);
   options.max_lease_waiters_per_worker =

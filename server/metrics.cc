@@ -254,7 +254,9 @@ const std::vector<std::string>& ServerMetrics::LimitNames() {
                                    "max_lease_waiters_per_worker",
                                    "max_watchers_per_client",
                                    "max_profile_nodes",
-                                   "max_profile_edges"};
+                                   "max_profile_edges",
+                                   "max_stored_model_bytes_per_client",
+                                   "upload_idle_timeout_ms"};
   return *kNames;
 }
 

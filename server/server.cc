@@ -141,9 +141,27 @@ absl::Status MutwoServer::Start() {
   };
   MUTWO_ASSIGN_OR_RETURN(lease_polls_per_worker_,
                          PrincipalLimits::Create(std::move(polls)));
+  UploadQuota::Options quota;
+  quota.max_stored_bytes_per_client =
+      options_.max_stored_model_bytes_per_client;
+  quota.overrides = options_.model_quota_overrides;
+  quota.observe_refused = [this] {
+    server_metrics_.CountLimitRefusal("max_stored_model_bytes_per_client");
+  };
+  stored_models_ =
+      std::make_unique<UploadQuota>(std::move(quota), store_.get());
+  UploadWatchdog::Options idle;
+  idle.idle_timeout_ms = options_.upload_idle_timeout_ms;
+  idle.observe_dropped = [this] {
+    server_metrics_.CountLimitRefusal("upload_idle_timeout_ms");
+  };
+  MUTWO_ASSIGN_OR_RETURN(idle_uploads_,
+                         UploadWatchdog::Create(std::move(idle)));
   planner_service_ = std::make_unique<PlannerService>(
       core_.get(), authorizer_.get(), &server_metrics_,
-      options_.core.max_model_bytes, watches_per_client_.get());
+      options_.core.max_model_bytes,
+      PlannerService::Limits{watches_per_client_.get(), stored_models_.get(),
+                             idle_uploads_.get()});
   hub_service_ = std::make_unique<WorkerHubService>(
       core_.get(), authorizer_.get(), &server_metrics_,
       lease_polls_per_worker_.get());

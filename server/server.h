@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -25,6 +26,8 @@
 #include "server/metrics.h"
 #include "server/principal_limits.h"
 #include "server/services.h"
+#include "server/upload_quota.h"
+#include "server/upload_watchdog.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -44,6 +47,12 @@ class MutwoServer {
     // WatchJob streams of a client, LeaseTask polls of a worker token.
     int max_watchers_per_client = 250;
     int max_lease_waiters_per_worker = 250;
+    // Bytes of models one principal may keep, and overrides per principal
+    // (upload_quota.h); an upload silent this long is dropped
+    // (upload_watchdog.h).
+    int64_t max_stored_model_bytes_per_client = int64_t{4} << 30;
+    absl::flat_hash_map<std::string, int64_t> model_quota_overrides;
+    int64_t upload_idle_timeout_ms = 30000;
     PlanFn plan;
     MaxBatchFn max_batch;
   };
@@ -77,6 +86,8 @@ class MutwoServer {
   // is given back before these go.
   std::unique_ptr<PrincipalLimits> watches_per_client_;
   std::unique_ptr<PrincipalLimits> lease_polls_per_worker_;
+  std::unique_ptr<UploadQuota> stored_models_;
+  std::unique_ptr<UploadWatchdog> idle_uploads_;
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -226,15 +226,33 @@ grpc::Status PlannerService::UploadModel(
   auto caller = auth_->ForUpload(*context);
   if (!caller.ok()) return timer.Done(caller.status());
   // Streamed to a temp file chunk by chunk (never whole in memory), within
-  // the caller's concurrency and byte quota.
+  // the caller's concurrency and byte quotas (running uploads, stored
+  // models); dropped when it stops sending.
   auto upload = core_->NewUpload(caller->name);
   if (!upload.ok()) return timer.Done(upload.status());
+  std::unique_ptr<UploadWatchdog::Guard> idle =
+      limits_.idle_uploads->Watch(context);
+  UploadQuota::Reservation reserved;  // the declared bytes, until the end
+  auto header = [&](const v1::UploadModelHeader& h) -> absl::Status {
+    absl::StatusOr<UploadQuota::Reservation> r =
+        limits_.stored_models->Admit(*caller, h);
+    if (!r.ok()) return r.status();
+    reserved = *std::move(r);
+    return (*upload)->Header(h);
+  };
   v1::UploadModelRequest message;
   while (reader->Read(&message)) {
-    absl::Status s = message.has_header() ? (*upload)->Header(message.header())
+    idle->Touch();
+    absl::Status s = message.has_header() ? header(message.header())
                                           : (*upload)->Chunk(message.chunk());
     // Stop reading at the first error: nothing has been stored.
     if (!s.ok()) return timer.Done(s);
+  }
+  if (idle->dropped()) {
+    return timer.Done(absl::DeadlineExceededError(absl::StrCat(
+        "upload: nothing received for ",
+        limits_.idle_uploads->idle_timeout_ms(),
+        " ms (--upload_idle_timeout_ms); dropped, nothing stored")));
   }
   if (absl::Status s = (*upload)->Finish(); !s.ok()) return timer.Done(s);
   return timer.Done(
@@ -274,7 +292,8 @@ grpc::Status PlannerService::ListJobs(grpc::ServerContext* context,
 
 grpc::ServerWriteReactor<v1::JobEvent>* PlannerService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(context, *request, core_, auth_, metrics_, watches_);
+  return new WatchReactor(context, *request, core_, auth_, metrics_,
+                          limits_.watches);
 }
 
 grpc::Status PlannerService::CancelJob(grpc::ServerContext* context,

@@ -24,6 +24,8 @@
 #include "server/job_core.h"
 #include "server/metrics.h"
 #include "server/principal_limits.h"
+#include "server/upload_quota.h"
+#include "server/upload_watchdog.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -31,15 +33,19 @@ namespace mutwo {
 class PlannerService final
     : public v1::Planner::WithCallbackMethod_WatchJob<v1::Planner::Service> {
  public:
-  // `watches` (not owned) limits the open watches of each principal.
+  // What one principal may hold (not owned; they outlive the service).
+  struct Limits {
+    PrincipalLimits* watches;      // open watches
+    UploadQuota* stored_models;    // bytes of models kept
+    UploadWatchdog* idle_uploads;  // uploads that stopped sending
+  };
   PlannerService(JobCore* core, const auth::Authorizer* auth,
-                 ServerMetrics* metrics, int64_t max_model_bytes,
-                 PrincipalLimits* watches)
+                 ServerMetrics* metrics, int64_t max_model_bytes, Limits limits)
       : core_(core),
         auth_(auth),
         metrics_(metrics),
         max_model_bytes_(max_model_bytes),
-        watches_(watches) {}
+        limits_(limits) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -78,7 +84,7 @@ class PlannerService final
   const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
   int64_t max_model_bytes_;
-  PrincipalLimits* watches_;
+  Limits limits_;
 };
 
 class WorkerHubService final

@@ -5,6 +5,9 @@
 //     --max_watchers_per_client, another client's watch still opens;
 //   - one worker token opens more lease polls than its share: the same for
 //     --max_lease_waiters_per_worker and another worker's poll;
+//   - one client uploads random bytes past its stored-bytes quota: refused,
+//     another client (with its own quota) still uploads; an upload that
+//     sends a header and then nothing is dropped and its place freed;
 //   - a worker reports a profile larger than the server plans (16,384 nodes,
 //     or a dense 4,096-node one): refused at ingest naming the limit, before
 //     anything is stored or planned.
@@ -17,9 +20,11 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <random>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/credentials.h"
 #include "common/parse.h"
@@ -121,26 +126,31 @@ class TenantIsolationTest : public ::testing::Test {
     return channel;
   }
 
+  grpc::Status Upload(Who who, const std::string& bytes) {
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::UploadModelResponse response;
+    auto writer =
+        v1::Planner::NewStub(Channel(who))->UploadModel(&context, &response);
+    v1::UploadModelRequest header;
+    header.mutable_header()->set_sha256(Sha256Hex(bytes));
+    header.mutable_header()->set_size_bytes(bytes.size());
+    header.mutable_header()->set_name("m");
+    writer->Write(header);
+    v1::UploadModelRequest chunk;
+    chunk.set_chunk(bytes);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
   // Uploads `bytes` as `who` and submits a job for it that no CPU worker
   // can run (it asks for CUDA), so it stays open.
   std::string SubmitOpenJob(Who who, const std::string& bytes,
                             const std::string& device_kind = "cuda") {
     auto planner = v1::Planner::NewStub(Channel(who));
     {
-      grpc::ClientContext context;
-      context.set_deadline(In(10000));
-      v1::UploadModelResponse response;
-      auto writer = planner->UploadModel(&context, &response);
-      v1::UploadModelRequest header;
-      header.mutable_header()->set_sha256(Sha256Hex(bytes));
-      header.mutable_header()->set_size_bytes(bytes.size());
-      header.mutable_header()->set_name("m");
-      writer->Write(header);
-      v1::UploadModelRequest chunk;
-      chunk.set_chunk(bytes);
-      writer->Write(chunk);
-      writer->WritesDone();
-      grpc::Status s = writer->Finish();
+      grpc::Status s = Upload(who, bytes);
       EXPECT_TRUE(s.ok()) << s.error_message();
     }
     v1::SubmitJobRequest r;
@@ -483,6 +493,111 @@ TEST_F(TenantIsolationTest, OversizedProfilesAreRefusedAtIngestNamingTheLimit) {
   grpc::Status honest = ReportProfile(
       kWorker1, worker, task, testing::ChainProfile(task.batch_size(), 8));
   EXPECT_TRUE(honest.ok()) << honest.error_message();
+}
+
+// Random bytes: no two models alike, nothing to deduplicate.
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(n, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+// The issue's attack, scaled down: one client stores blob after blob of
+// random bytes. Past its quota it is refused, naming the quota; a model it
+// already holds is still free to upload again; another client with its own
+// quota (an operator's override) still uploads.
+TEST_F(TenantIsolationTest, StoredModelQuotaStopsOneClientFillingTheStore) {
+  MutwoServer::Options options = ServerOptions();
+  options.max_stored_model_bytes_per_client = 1 << 20;  // 1 MiB
+  options.model_quota_overrides["bob"] = 2 << 20;
+  StartServer(std::move(options));
+  const size_t kBlob = 300 << 10;
+  std::vector<grpc::Status> alice;
+  for (int i = 0; i < 5; ++i) {
+    alice.push_back(Upload(kAlice, RandomBytes(kBlob, i)));
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(alice[i].ok()) << i << ": " << alice[i].error_message();
+  }
+  for (int i = 3; i < 5; ++i) {
+    EXPECT_EQ(alice[i].error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << i << ": " << alice[i].error_message();
+    EXPECT_NE(alice[i].error_message().find(
+                  "upload: \"alice\" stores 900.00 KiB of models; this "
+                  "model's 300.00 KiB would pass its quota of 1.00 MiB "
+                  "(--max_stored_model_bytes_per_client"),
+              std::string::npos)
+        << alice[i].error_message();
+  }
+  // Nothing of the refused uploads stored; a model alice holds is free.
+  EXPECT_TRUE(Upload(kAlice, RandomBytes(kBlob, 0)).ok());
+  for (int i = 10; i < 16; ++i) {
+    grpc::Status s = Upload(kBob, RandomBytes(kBlob, i));
+    EXPECT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  const std::string metrics = Metrics();
+  EXPECT_NE(metrics.find("mutwo_limit_refusals_total{limit=\"max_stored_"
+                         "model_bytes_per_client\"} 2"),
+            std::string::npos)
+      << metrics;
+  int stored = 0;
+  for (const grpc::Status& st : alice) stored += st.ok() ? 1 : 0;
+  std::cout << "{\"test\":\"stored_model_quota\",\"alice_uploads\":"
+            << alice.size() << ",\"alice_stored\":" << stored
+            << ",\"alice_refused\":" << alice.size() - stored << "}\n";
+}
+
+// Temp files of uploads in progress (storage/durable_file.h's prefix).
+int TempFiles(const fs::path& models) {
+  int n = 0;
+  if (!fs::exists(models)) return 0;
+  for (const auto& e : fs::directory_iterator(models)) {
+    if (absl::StartsWith(e.path().filename().string(), ".tmp-")) ++n;
+  }
+  return n;
+}
+
+// A client sends an upload's header and then nothing, holding its stream
+// open: dropped after --upload_idle_timeout_ms, its temp file removed and
+// its place among the client's running uploads given back.
+TEST_F(TenantIsolationTest, IdleUploadIsDroppedAndItsPlaceFreed) {
+  MutwoServer::Options options = ServerOptions();
+  options.upload_idle_timeout_ms = 500;
+  options.core.max_uploads_per_client = 1;
+  StartServer(std::move(options));
+  grpc::ClientContext context;
+  context.set_deadline(In(30000));
+  v1::UploadModelResponse response;
+  auto writer =
+      v1::Planner::NewStub(Channel(kAlice))->UploadModel(&context, &response);
+  v1::UploadModelRequest header;
+  header.mutable_header()->set_sha256(Sha256Hex("never sent"));
+  header.mutable_header()->set_size_bytes(1 << 20);
+  header.mutable_header()->set_name("idle");
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(writer->Write(header));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(TempFiles(dir_ / "data" / "models"), 1);
+  // The client holds the stream open; Finish returns when the server ends
+  // the call.
+  const grpc::Status s = writer->Finish();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_LT(seconds, 2.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(TempFiles(dir_ / "data" / "models"), 0);
+  // The only upload place of alice is free again.
+  grpc::Status next = Upload(kAlice, "a real model");
+  EXPECT_TRUE(next.ok()) << next.error_message();
+  EXPECT_NE(
+      Metrics().find(
+          "mutwo_limit_refusals_total{limit=\"upload_idle_timeout_ms\"} 1"),
+      std::string::npos);
+  std::cout << "{\"test\":\"idle_upload\",\"idle_timeout_ms\":500,"
+            << "\"dropped_after_s\":" << seconds << "}\n";
 }
 
 }  // namespace
