@@ -66,6 +66,14 @@ ABSL_FLAG(std::string, model_quota_overrides, "",
 ABSL_FLAG(int64_t, upload_idle_timeout_ms, 30000,
           "an upload that receives nothing for this long is dropped "
           "(cancelled; its temp file and quota freed)");
+ABSL_FLAG(int32_t, worker_quarantine_failures, 10,
+          "a worker id whose tasks fail or whose reports are refused this "
+          "many times within --worker_quarantine_window_ms is leased nothing "
+          "for --worker_quarantine_ms; 0: never");
+ABSL_FLAG(int64_t, worker_quarantine_window_ms, 10 * 60 * 1000,
+          "the window of --worker_quarantine_failures");
+ABSL_FLAG(int64_t, worker_quarantine_ms, 60 * 60 * 1000,
+          "how long a quarantined worker is leased nothing");
 ABSL_FLAG(int32_t, max_watchers_per_client, 250,
           "WatchJob streams one principal may hold open at once, so one "
           "client cannot take every other client's place under "
@@ -190,6 +198,11 @@ int main(int argc, char** argv) {
   }
   options.model_quota_overrides = *std::move(overrides);
   options.upload_idle_timeout_ms = absl::GetFlag(FLAGS_upload_idle_timeout_ms);
+  options.worker_quarantine_failures =
+      absl::GetFlag(FLAGS_worker_quarantine_failures);
+  options.worker_quarantine_window_ms =
+      absl::GetFlag(FLAGS_worker_quarantine_window_ms);
+  options.worker_quarantine_ms = absl::GetFlag(FLAGS_worker_quarantine_ms);
   options.max_watchers_per_client =
       absl::GetFlag(FLAGS_max_watchers_per_client);
   options.max_lease_waiters_per_worker =

@@ -121,6 +121,19 @@ ServerMetrics::ServerMetrics()
                                 "limits, by the flag that sets it (limit="
                                 "max_watchers_per_client, ...)")
                           .Register(*registry_)),
+      workers_quarantined_(BuildGauge()
+                               .Name("mutwo_workers_quarantined")
+                               .Help("Workers leased nothing because their "
+                                     "tasks failed or their reports were "
+                                     "refused too often "
+                                     "(--worker_quarantine_failures)")
+                               .Register(*registry_)
+                               .Add({})),
+      worker_quarantines_(BuildCounter()
+                              .Name("mutwo_worker_quarantines_total")
+                              .Help("Workers put in quarantine")
+                              .Register(*registry_)
+                              .Add({})),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model, "
@@ -258,6 +271,14 @@ const std::vector<std::string>& ServerMetrics::LimitNames() {
                                    "max_stored_model_bytes_per_client",
                                    "upload_idle_timeout_ms"};
   return *kNames;
+}
+
+void ServerMetrics::SetWorkersQuarantined(int n) {
+  workers_quarantined_.Set(n);
+}
+
+void ServerMetrics::CountWorkerQuarantined() {
+  worker_quarantines_.Increment();
 }
 
 void ServerMetrics::CountLimitRefusal(const std::string& limit) {

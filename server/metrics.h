@@ -70,6 +70,9 @@ class ServerMetrics {
   // kLimitNames lists them, each exported from the start at 0).
   void CountLimitRefusal(const std::string& limit);
   static const std::vector<std::string>& LimitNames();
+  // Workers in quarantine now (worker_quarantine.h), and each new one.
+  void SetWorkersQuarantined(int n);
+  void CountWorkerQuarantined();
 
   // Per model, batch size and budget: peak bytes and iteration seconds of
   // kind "baseline" (budget="none") and "planned" (measured by the last
@@ -107,6 +110,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>& long_waits_;
   prometheus::Family<prometheus::Counter>& long_waits_refused_;
   prometheus::Family<prometheus::Counter>& limit_refusals_;
+  prometheus::Gauge& workers_quarantined_;
+  prometheus::Counter& worker_quarantines_;
   prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;
   prometheus::Family<prometheus::Gauge>& model_max_batch_;

@@ -162,9 +162,22 @@ absl::Status MutwoServer::Start() {
       options_.core.max_model_bytes,
       PlannerService::Limits{watches_per_client_.get(), stored_models_.get(),
                              idle_uploads_.get()});
+  WorkerQuarantine::Options quarantine;
+  quarantine.max_failures = options_.worker_quarantine_failures;
+  quarantine.window_ms = options_.worker_quarantine_window_ms;
+  quarantine.quarantine_ms = options_.worker_quarantine_ms;
+  quarantine.observe_quarantined = [this](int n) {
+    server_metrics_.SetWorkersQuarantined(n);
+  };
+  quarantine.observe_new = [this] { server_metrics_.CountWorkerQuarantined(); };
+  MUTWO_ASSIGN_OR_RETURN(quarantine_,
+                         WorkerQuarantine::Create(std::move(quarantine)));
+  core_->leasing().SetLeaseCheck([this](const std::string& worker_id) {
+    return quarantine_->CheckLease(worker_id);
+  });
   hub_service_ = std::make_unique<WorkerHubService>(
       core_.get(), authorizer_.get(), &server_metrics_,
-      lease_polls_per_worker_.get());
+      lease_polls_per_worker_.get(), quarantine_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -28,6 +28,7 @@
 #include "server/services.h"
 #include "server/upload_quota.h"
 #include "server/upload_watchdog.h"
+#include "server/worker_quarantine.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -53,6 +54,11 @@ class MutwoServer {
     int64_t max_stored_model_bytes_per_client = int64_t{4} << 30;
     absl::flat_hash_map<std::string, int64_t> model_quota_overrides;
     int64_t upload_idle_timeout_ms = 30000;
+    // Failures of one worker id within a window that stop leasing to it
+    // for a while (worker_quarantine.h); failures 0: never.
+    int worker_quarantine_failures = 10;
+    int64_t worker_quarantine_window_ms = 10 * 60 * 1000;
+    int64_t worker_quarantine_ms = 60 * 60 * 1000;
     PlanFn plan;
     MaxBatchFn max_batch;
   };
@@ -88,6 +94,7 @@ class MutwoServer {
   std::unique_ptr<PrincipalLimits> lease_polls_per_worker_;
   std::unique_ptr<UploadQuota> stored_models_;
   std::unique_ptr<UploadWatchdog> idle_uploads_;
+  std::unique_ptr<WorkerQuarantine> quarantine_;
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;

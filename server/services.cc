@@ -434,6 +434,7 @@ grpc::Status WorkerHubService::ReportProfile(
     return timer.Done(caller.status());
   }
   absl::Status s = core_->ReportProfile(*request);
+  quarantine_->ReportAnswered(request->worker_id(), s);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }
@@ -448,6 +449,7 @@ grpc::Status WorkerHubService::ReportValidation(
     return timer.Done(caller.status());
   }
   absl::Status s = core_->ReportValidation(*request);
+  quarantine_->ReportAnswered(request->worker_id(), s);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }
@@ -462,6 +464,8 @@ grpc::Status WorkerHubService::FailTask(grpc::ServerContext* context,
     return timer.Done(caller.status());
   }
   absl::Status s = core_->FailTask(*request);
+  if (s.ok()) quarantine_->TaskFailed(request->worker_id(), request->reason());
+  quarantine_->ReportAnswered(request->worker_id(), s);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }

@@ -26,6 +26,7 @@
 #include "server/principal_limits.h"
 #include "server/upload_quota.h"
 #include "server/upload_watchdog.h"
+#include "server/worker_quarantine.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -91,13 +92,17 @@ class WorkerHubService final
     : public v1::WorkerHub::WithCallbackMethod_LeaseTask<
           v1::WorkerHub::Service> {
  public:
-  // `lease_polls` (not owned) limits the open polls of each principal.
+  // `lease_polls` (not owned) limits the open polls of each principal;
+  // `quarantine` (not owned) counts each worker's failures and refuses
+  // leases to the quarantined.
   WorkerHubService(JobCore* core, const auth::Authorizer* auth,
-                   ServerMetrics* metrics, PrincipalLimits* lease_polls)
+                   ServerMetrics* metrics, PrincipalLimits* lease_polls,
+                   WorkerQuarantine* quarantine)
       : core_(core),
         auth_(auth),
         metrics_(metrics),
-        lease_polls_(lease_polls) {}
+        lease_polls_(lease_polls),
+        quarantine_(quarantine) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -126,6 +131,7 @@ class WorkerHubService final
   const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
   PrincipalLimits* lease_polls_;
+  WorkerQuarantine* quarantine_;
 };
 
 }  // namespace mutwo

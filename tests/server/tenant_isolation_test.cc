@@ -8,6 +8,9 @@
 //   - one client uploads random bytes past its stored-bytes quota: refused,
 //     another client (with its own quota) still uploads; an upload that
 //     sends a header and then nothing is dropped and its place freed;
+//   - a rogue worker fails every task it leases: after
+//     --worker_quarantine_failures it leases nothing, an honest worker
+//     takes the tasks;
 //   - a worker reports a profile larger than the server plans (16,384 nodes,
 //     or a dense 4,096-node one): refused at ingest naming the limit, before
 //     anything is stored or planned.
@@ -598,6 +601,71 @@ TEST_F(TenantIsolationTest, IdleUploadIsDroppedAndItsPlaceFreed) {
       std::string::npos);
   std::cout << "{\"test\":\"idle_upload\",\"idle_timeout_ms\":500,"
             << "\"dropped_after_s\":" << seconds << "}\n";
+}
+
+// The issue's rogue worker, which failed 10 of 10 tasks it leased: after 3
+// failures (the limit here) it is quarantined, its next lease poll is
+// refused naming why, and an honest worker leases the tasks it gave back.
+TEST_F(TenantIsolationTest, RogueWorkerThatFailsEveryTaskIsQuarantined) {
+  MutwoServer::Options options = ServerOptions();
+  options.worker_quarantine_failures = 3;
+  options.worker_quarantine_window_ms = 60000;
+  // The rogue may lease one task 3 times; no task runs out of attempts.
+  options.core.max_attempts = 10;
+  StartServer(std::move(options));
+  for (int i = 0; i < 4; ++i) {
+    SubmitOpenJob(kAlice, absl::StrCat("alice's model ", i), "cpu");
+  }
+  const std::string rogue = RegisterCpuWorker(kWorker1);
+  const std::string honest = RegisterCpuWorker(kWorker2);
+  auto hub = v1::WorkerHub::NewStub(Channel(kWorker1));
+  for (int i = 0; i < 3; ++i) {
+    const v1::Task task = LeaseOne(kWorker1, rogue);
+    ASSERT_FALSE(task.task_id().empty()) << i;
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::FailTaskRequest request;
+    request.set_worker_id(rogue);
+    request.set_task_id(task.task_id());
+    request.set_fence_token(task.fence_token());
+    request.set_reason("forged failure");
+    request.set_retryable(true);
+    v1::ReportResponse response;
+    ASSERT_TRUE(hub->FailTask(&context, request, &response).ok()) << i;
+  }
+  grpc::ClientContext context;
+  context.set_deadline(In(10000));
+  v1::LeaseTaskRequest request;
+  request.set_worker_id(rogue);
+  request.set_wait_ms(1000);
+  v1::LeaseTaskResponse response;
+  grpc::Status refused = hub->LeaseTask(&context, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_FALSE(response.has_task());
+  EXPECT_NE(refused.error_message().find(
+                absl::StrCat("worker ", rogue, " is quarantined for")),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find(
+                "3 failures within 60000 ms (--worker_quarantine_failures, "
+                "--worker_quarantine_window_ms), the last: task failed: "
+                "forged failure"),
+            std::string::npos)
+      << refused.error_message();
+  // The honest worker leases every task, the 3 given back included.
+  int leased = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (!LeaseOne(kWorker2, honest).task_id().empty()) ++leased;
+  }
+  EXPECT_EQ(leased, 4);
+  const std::string metrics = Metrics();
+  EXPECT_NE(metrics.find("mutwo_workers_quarantined 1"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("mutwo_worker_quarantines_total 1"),
+            std::string::npos);
+  std::cout << "{\"test\":\"rogue_worker_quarantine\",\"failed\":3,"
+            << "\"rogue_next_lease\":\"" << refused.error_code()
+            << "\",\"honest_leased\":" << leased << "}\n";
 }
 
 }  // namespace
