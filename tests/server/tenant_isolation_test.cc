@@ -8,6 +8,9 @@
 //   - one client uploads random bytes past its stored-bytes quota: refused,
 //     another client (with its own quota) still uploads; an upload that
 //     sends a header and then nothing is dropped and its place freed;
+//   - a rogue worker forges a profile for one tenant's job: another
+//     tenant's job on the same model and spec is planned from its own
+//     profile, never served the forged schedule from the cache;
 //   - a rogue worker fails every task it leases: after
 //     --worker_quarantine_failures it leases nothing, an honest worker
 //     takes the tasks;
@@ -268,6 +271,18 @@ class TenantIsolationTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     EXPECT_TRUE(response.has_task());
     return response.task();
+  }
+
+  v1::Job GetJob(Who who, const std::string& job_id) {
+    grpc::ClientContext context;
+    context.set_deadline(In(10000));
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    grpc::Status s =
+        v1::Planner::NewStub(Channel(who))->GetJob(&context, request, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
   }
 
   grpc::Status ReportProfile(Who who, const std::string& worker_id,
@@ -601,6 +616,59 @@ TEST_F(TenantIsolationTest, IdleUploadIsDroppedAndItsPlaceFreed) {
       std::string::npos);
   std::cout << "{\"test\":\"idle_upload\",\"idle_timeout_ms\":500,"
             << "\"dropped_after_s\":" << seconds << "}\n";
+}
+
+// The cache poisoning: a rogue worker reports a forged profile (tiny
+// activations) for alice's job; bob's later job on the same model, spec and
+// budget is profiled honestly by another worker. Bob's schedules and knee
+// must be planned from bob's profile: the cache entry of alice's forged
+// profile is alice's alone.
+TEST_F(TenantIsolationTest, ForgedProfileForOneTenantNeverReachesAnother) {
+  StartServer(ServerOptions());
+  const std::string model = "the same model bytes";
+  const std::string alice_job = SubmitOpenJob(kAlice, model, "cpu");
+  const std::string rogue = RegisterCpuWorker(kWorker1);
+  const v1::Task forged_task = LeaseOne(kWorker1, rogue);
+  ASSERT_EQ(forged_task.job_id(), alice_job);
+  // 1 KiB activations instead of 1 MiB: every figure 1,000 times too small.
+  const v1::Profile forged =
+      testing::ChainProfile(forged_task.batch_size(), 8, 1 << 10, 4 << 10);
+  ASSERT_TRUE(ReportProfile(kWorker1, rogue, forged_task, forged).ok());
+
+  const std::string bob_job = SubmitOpenJob(kBob, model, "cpu");
+  const std::string honest = RegisterCpuWorker(kWorker2);
+  v1::Task bob_task;
+  for (int i = 0; i < 8 && bob_task.job_id() != bob_job; ++i) {
+    bob_task = LeaseOne(kWorker2, honest);  // alice's VALIDATE tasks first
+  }
+  ASSERT_EQ(bob_task.job_id(), bob_job);
+  ASSERT_EQ(bob_task.kind(), v1::Task::PROFILE);
+  const v1::Profile real = testing::ChainProfile(bob_task.batch_size());
+  ASSERT_TRUE(ReportProfile(kWorker2, honest, bob_task, real).ok());
+
+  const v1::Job alice = GetJob(kAlice, alice_job);
+  const v1::Job bob = GetJob(kBob, bob_job);
+  ASSERT_EQ(alice.results_size(), 1);
+  ASSERT_EQ(bob.results_size(), 1);
+  const v1::BatchResult& a = alice.results(0);
+  const v1::BatchResult& b = bob.results(0);
+  ASSERT_EQ(a.schedules_size(), 1);
+  ASSERT_EQ(b.schedules_size(), 1);
+  // Bob's budget schedule and knee come from bob's profile (the same
+  // baseline as his result's), not from alice's forged numbers.
+  EXPECT_EQ(b.schedules(0).baseline_peak_bytes(), b.baseline_peak_bytes());
+  EXPECT_NE(b.schedules(0).baseline_peak_bytes(),
+            a.schedules(0).baseline_peak_bytes());
+  EXPECT_NE(b.schedules(0).budget_bytes(), a.schedules(0).budget_bytes());
+  EXPECT_NE(b.floor_bytes(), a.floor_bytes());
+  EXPECT_GT(b.schedules(0).budget_bytes(), 100 * a.schedules(0).budget_bytes());
+  std::cout << "{\"test\":\"cache_poisoning\",\"alice_forged_baseline\":"
+            << a.schedules(0).baseline_peak_bytes()
+            << ",\"alice_budget_bytes\":" << a.schedules(0).budget_bytes()
+            << ",\"bob_baseline\":" << b.schedules(0).baseline_peak_bytes()
+            << ",\"bob_budget_bytes\":" << b.schedules(0).budget_bytes()
+            << ",\"bob_floor\":" << b.floor_bytes()
+            << ",\"alice_floor\":" << a.floor_bytes() << "}\n";
 }
 
 // The rogue worker, which failed 10 of 10 tasks it leased: after 3
