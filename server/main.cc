@@ -64,8 +64,8 @@ ABSL_FLAG(std::string, model_quota_overrides, "",
           "per-principal quotas over --max_stored_model_bytes_per_client "
           "and the admins' exemption, e.g. \"alice=20GiB,ci=unlimited\"");
 ABSL_FLAG(int64_t, upload_idle_timeout_ms, 30000,
-          "an upload that receives nothing for this long is dropped "
-          "(cancelled; its temp file and quota freed)");
+          "an upload that receives nothing for this long is cancelled, "
+          "its temp file removed and its place and bytes freed");
 ABSL_FLAG(int32_t, worker_quarantine_failures, 10,
           "a worker id whose tasks fail or whose reports are refused this "
           "many times within --worker_quarantine_window_ms is leased nothing "
