@@ -382,6 +382,11 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Create(Options options,
   if (options.max_plan_ms <= 0) {
     return absl::InvalidArgumentError("max_plan_ms must be positive");
   }
+  if (options.profile_limits.max_nodes < 1 ||
+      options.profile_limits.max_edges < 1) {
+    return absl::InvalidArgumentError(
+        "--max_profile_nodes and --max_profile_edges must be positive");
+  }
   if (options.worker_lost_after_ms <= 0) {
     options.worker_lost_after_ms = 3 * options.lease_timeout_ms;
   }
@@ -771,14 +776,14 @@ absl::StatusOr<v1::Schedule> JobCore::Plan(
 }
 
 absl::StatusOr<v1::Schedule> JobCore::PlanCached(
-    const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
-    const v1::DeviceInfo& device,
+    const v1::JobSpec& spec, const std::string& job_id,
+    const std::string& tenant, int64_t batch_size, const v1::DeviceInfo& device,
     const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
     const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
     bool include_timeline, std::vector<CachePut>* deferred,
     const std::function<bool()>& cancelled) {
-  const storage::ScheduleCacheKey key =
-      storage::MakeScheduleCacheKey(spec, batch_size, device, budget, policy);
+  const storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
+      spec, batch_size, device, budget, policy, tenant);
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
                          cache_.Get(key, include_pareto, include_timeline));
   if (cached.has_value()) return *std::move(cached);
@@ -796,20 +801,23 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
                              include_timeline);
 }
 
-absl::StatusOr<std::shared_ptr<const v1::JobSpec>> JobCore::JobSpecOf(
+absl::StatusOr<std::shared_ptr<const v1::Job>> JobCore::JobFactsOf(
     const std::string& job_id) {
   {
     absl::MutexLock lock(&hot_mu_);
-    auto it = hot_specs_.find(job_id);
-    if (it != hot_specs_.end()) return it->second;
+    auto it = hot_jobs_.find(job_id);
+    if (it != hot_jobs_.end()) return it->second;
   }
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(job_id));
-  // A job's spec never changes after SubmitJob, so it can be kept.
-  auto spec = std::make_shared<const v1::JobSpec>(job.spec());
+  // A job's spec and owner never change after SubmitJob, so they can be
+  // kept.
+  auto facts = std::make_shared<v1::Job>();
+  *facts->mutable_spec() = job.spec();
+  facts->set_owner(job.owner());
   absl::MutexLock lock(&hot_mu_);
-  if (hot_specs_.size() >= kHotCacheEntries) hot_specs_.clear();
-  hot_specs_[job_id] = spec;
-  return spec;
+  if (hot_jobs_.size() >= kHotCacheEntries) hot_jobs_.clear();
+  hot_jobs_[job_id] = facts;
+  return facts;
 }
 
 absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> JobCore::ProfileDeviceOf(
@@ -843,15 +851,16 @@ absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
         "GetSchedule needs a budget (bytes, fraction of baseline or device)");
   }
   MUTWO_RETURN_IF_ERROR(ValidateBudget(request.budget()));
-  MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::JobSpec> spec,
-                         JobSpecOf(request.job_id()));
+  MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::Job> job,
+                         JobFactsOf(request.job_id()));
   MUTWO_ASSIGN_OR_RETURN(
       std::shared_ptr<const v1::DeviceInfo> device,
       ProfileDeviceOf(request.job_id(), request.batch_size()));
   const v1::Policy policy =
       request.policy() == v1::POLICY_UNSPECIFIED ? v1::MUTWO : request.policy();
   return PlanCached(
-      *spec, request.job_id(), request.batch_size(), *device,
+      job->spec(), request.job_id(), job->owner(), request.batch_size(),
+      *device,
       [&] {
         return store_->GetProfile(request.job_id(), request.batch_size());
       },
@@ -1003,7 +1012,7 @@ absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
   MUTWO_ASSIGN_OR_RETURN(
       v1::Schedule at_knee,
       PlanCached(
-          job.spec(), job.job_id(), batch_size, profile.device(),
+          job.spec(), job.job_id(), job.owner(), batch_size, profile.device(),
           [&]() -> absl::StatusOr<v1::Profile> { return profile; }, knee,
           v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
           cache_puts));
@@ -1030,8 +1039,15 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
         "profile is for batch size ", profile.batch_size(), " but task ",
         task.task_id(), " is for ", task.batch_size()));
   }
-  // Refused before anything is stored or planned: what the planner would
-  // refuse later, named by field.
+  // Refused before anything is stored or planned: larger than this server
+  // plans, or what the planner would refuse later, named by field.
+  std::string limit;
+  if (absl::Status s =
+          CheckProfileSize(profile, options_.profile_limits, &limit);
+      !s.ok()) {
+    metrics_->CountLimitRefusal(limit);
+    return s;
+  }
   MUTWO_RETURN_IF_ERROR(planner::ValidateProfile(profile));
   if (IsRetriedReport(task, request.fence_token(), request.worker_id())) {
     return absl::OkStatus();
@@ -1083,7 +1099,8 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
     }
     for (const v1::MemoryBudget& budget : job.spec().budgets()) {
       auto schedule = PlanCached(
-          job.spec(), job.job_id(), task.batch_size(), profile.device(),
+          job.spec(), job.job_id(), job.owner(), task.batch_size(),
+          profile.device(),
           [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
           v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false,
           &cache_puts);
@@ -1431,7 +1448,7 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
         cache_puts->push_back(CachePut{
             storage::MakeScheduleCacheKey(job.spec(), task.batch_size(),
                                           profile.device(), ran.budget(),
-                                          ran.policy()),
+                                          ran.policy(), job.owner()),
             job.job_id(), replanned});
         result.schedule = ScheduleCache::Trim(std::move(replanned),
                                               /*include_pareto=*/false,
@@ -1471,8 +1488,9 @@ absl::Status JobCore::RecordMeasurement(const v1::Job& job,
   const v1::Schedule& ran = task.schedule();
   MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::DeviceInfo> device,
                          ProfileDeviceOf(job.job_id(), task.batch_size()));
-  const storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
-      job.spec(), task.batch_size(), *device, ran.budget(), ran.policy());
+  const storage::ScheduleCacheKey key =
+      storage::MakeScheduleCacheKey(job.spec(), task.batch_size(), *device,
+                                    ran.budget(), ran.policy(), job.owner());
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> entry, cache_.Peek(key));
   if (entry.has_value() && !SamePlan(*entry, ran)) {
     return absl::OkStatus();  // re-planned or marked since this round began

@@ -38,6 +38,7 @@
 #include "server/closed_loop.h"
 #include "server/leasing.h"
 #include "server/metrics.h"
+#include "server/profile_limits.h"
 #include "server/schedule_cache.h"
 #include "server/waiters.h"
 #include "storage/store.h"
@@ -141,6 +142,8 @@ class JobCore {
     int max_lease_waiters = 1000;
     int max_watchers = 1000;
     int64_t waiter_retry_after_ms = 1000;
+    // The largest profile a report may carry (profile_limits.h).
+    ProfileLimits profile_limits;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -261,8 +264,10 @@ class JobCore {
     v1::Schedule schedule;
   };
   // With `deferred`, a planned schedule is added there instead of cached.
+  // `tenant`: the job's owner (schedule_key.h: entries are per tenant).
   absl::StatusOr<v1::Schedule> PlanCached(
-      const v1::JobSpec& spec, const std::string& job_id, int64_t batch_size,
+      const v1::JobSpec& spec, const std::string& job_id,
+      const std::string& tenant, int64_t batch_size,
       const v1::DeviceInfo& device,
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
@@ -337,7 +342,8 @@ class JobCore {
 
   // Immutable facts kept in memory for the GetSchedule hot path (a job's
   // spec, the device of a stored profile): bounded maps, cleared when full.
-  absl::StatusOr<std::shared_ptr<const v1::JobSpec>> JobSpecOf(
+  // A job's spec and owner (the rest of the Job left empty).
+  absl::StatusOr<std::shared_ptr<const v1::Job>> JobFactsOf(
       const std::string& job_id);
   absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> ProfileDeviceOf(
       const std::string& job_id, int64_t batch_size);
@@ -367,8 +373,8 @@ class JobCore {
       ABSL_GUARDED_BY(uploads_mu_);
 
   absl::Mutex hot_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const v1::JobSpec>>
-      hot_specs_ ABSL_GUARDED_BY(hot_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const v1::Job>> hot_jobs_
+      ABSL_GUARDED_BY(hot_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::DeviceInfo>>
       hot_devices_ ABSL_GUARDED_BY(hot_mu_);
 };

@@ -121,6 +121,7 @@ absl::StatusOr<uint64_t> Leasing::StartPoll(LeasePoll* poll) {
   MUTWO_ASSIGN_OR_RETURN(v1::WorkerInfo worker,
                          store_->GetWorker(request.worker_id()));
   if (worker.state() == v1::WorkerInfo::STOPPED) return RefuseStopped(worker);
+  if (lease_check_) MUTWO_RETURN_IF_ERROR(lease_check_(request.worker_id()));
   poll->device_kind_ = worker.device().kind();
   MUTWO_RETURN_IF_ERROR(
       store_->TouchWorker(request.worker_id(), v1::WorkerInfo::IDLE, ""));
@@ -161,6 +162,8 @@ absl::StatusOr<std::optional<v1::LeaseTaskResponse>> Leasing::TryLease(
     }
   }
   poll.first_ = false;
+  // A worker quarantined while its poll waited leases nothing either.
+  if (lease_check_) MUTWO_RETURN_IF_ERROR(lease_check_(request.worker_id()));
   MUTWO_ASSIGN_OR_RETURN(
       std::optional<v1::Task> task,
       store_->LeaseTask(request.worker_id(), poll.device_kind_,

@@ -101,6 +101,13 @@ class Leasing {
   [[nodiscard]] absl::StatusOr<v1::LeaseTaskResponse> LeaseTask(
       const v1::LeaseTaskRequest& request,
       std::function<bool()> cancelled = nullptr);
+  // Asked with the worker id before a poll starts and before each lease
+  // (the quarantine, worker_quarantine.h): an error ends the poll with it.
+  // Set before the server serves.
+  void SetLeaseCheck(
+      std::function<absl::Status(const std::string& worker_id)> check) {
+    lease_check_ = std::move(check);
+  }
   // Wakes every poll: something changed.
   void Notify();
   int waiting_polls();
@@ -122,6 +129,7 @@ class Leasing {
   storage::Store* store_;
   Hooks hooks_;
   std::unique_ptr<WaiterSet> polls_;
+  std::function<absl::Status(const std::string&)> lease_check_;
 
   absl::Mutex mu_;
   absl::CondVar stop_;

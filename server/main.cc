@@ -48,6 +48,40 @@ ABSL_FLAG(int32_t, max_lease_waiters, 1000,
 ABSL_FLAG(int32_t, max_watchers, 1000,
           "WatchJob streams open at once; more are refused with "
           "RESOURCE_EXHAUSTED and a retry hint; a watch holds no thread");
+ABSL_FLAG(int32_t, max_profile_nodes, 8192,
+          "largest profile a worker may report, in IR nodes (and backward "
+          "steps); larger ones are refused with RESOURCE_EXHAUSTED before "
+          "anything is stored or planned");
+ABSL_FLAG(int64_t, max_profile_edges, 65536,
+          "largest profile a worker may report, in edges (IR data edges "
+          "plus recompute lineages); larger ones are refused the same way");
+ABSL_FLAG(std::string, max_stored_model_bytes_per_client, "4GiB",
+          "bytes of models one principal may keep in the model store (each "
+          "model it uploaded, once); past it uploads are refused with "
+          "RESOURCE_EXHAUSTED; admins are not limited; \"unlimited\": no "
+          "quota");
+ABSL_FLAG(std::string, model_quota_overrides, "",
+          "per-principal quotas over --max_stored_model_bytes_per_client "
+          "and the admins' exemption, e.g. \"alice=20GiB,ci=unlimited\"");
+ABSL_FLAG(int64_t, upload_idle_timeout_ms, 30000,
+          "an upload that receives nothing for this long is cancelled, "
+          "its temp file removed and its place and bytes freed");
+ABSL_FLAG(int32_t, worker_quarantine_failures, 10,
+          "a worker id whose tasks fail or whose reports are refused this "
+          "many times within --worker_quarantine_window_ms is leased nothing "
+          "for --worker_quarantine_ms; 0: never");
+ABSL_FLAG(int64_t, worker_quarantine_window_ms, 10 * 60 * 1000,
+          "the window of --worker_quarantine_failures");
+ABSL_FLAG(int64_t, worker_quarantine_ms, 60 * 60 * 1000,
+          "how long a quarantined worker is leased nothing");
+ABSL_FLAG(int32_t, max_watchers_per_client, 250,
+          "WatchJob streams one principal may hold open at once, so one "
+          "client cannot take every other client's place under "
+          "--max_watchers; more are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_lease_waiters_per_worker, 250,
+          "LeaseTask polls one worker principal (token) may hold open at "
+          "once, all its worker ids together; more are refused with "
+          "RESOURCE_EXHAUSTED. Workers that share one token share this");
 ABSL_FLAG(int32_t, waiter_retry_after_ms, 1000,
           "the retry hint of a refused poll or watch, in ms, in its message "
           "and in grpc-retry-pushback-ms");
@@ -139,6 +173,40 @@ int main(int argc, char** argv) {
   options.core.waiter_retry_after_ms =
       absl::GetFlag(FLAGS_waiter_retry_after_ms);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.core.profile_limits.max_nodes =
+      absl::GetFlag(FLAGS_max_profile_nodes);
+  options.core.profile_limits.max_edges =
+      absl::GetFlag(FLAGS_max_profile_edges);
+  if (const std::string quota =
+          absl::GetFlag(FLAGS_max_stored_model_bytes_per_client);
+      quota == "unlimited") {
+    options.max_stored_model_bytes_per_client = mutwo::UploadQuota::kUnlimited;
+  } else {
+    auto bytes = mutwo::ParseBytes(quota);
+    if (!bytes.ok()) {
+      std::cerr << "mutwo-server: --max_stored_model_bytes_per_client: "
+                << bytes.status().message() << "\n";
+      return mutwo::kExitBadInput;
+    }
+    options.max_stored_model_bytes_per_client = *bytes;
+  }
+  auto overrides = mutwo::UploadQuota::ParseOverrides(
+      absl::GetFlag(FLAGS_model_quota_overrides));
+  if (!overrides.ok()) {
+    std::cerr << "mutwo-server: " << overrides.status().message() << "\n";
+    return mutwo::kExitBadInput;
+  }
+  options.model_quota_overrides = *std::move(overrides);
+  options.upload_idle_timeout_ms = absl::GetFlag(FLAGS_upload_idle_timeout_ms);
+  options.worker_quarantine_failures =
+      absl::GetFlag(FLAGS_worker_quarantine_failures);
+  options.worker_quarantine_window_ms =
+      absl::GetFlag(FLAGS_worker_quarantine_window_ms);
+  options.worker_quarantine_ms = absl::GetFlag(FLAGS_worker_quarantine_ms);
+  options.max_watchers_per_client =
+      absl::GetFlag(FLAGS_max_watchers_per_client);
+  options.max_lease_waiters_per_worker =
+      absl::GetFlag(FLAGS_max_lease_waiters_per_worker);
   options.core.max_uploads_per_client =
       absl::GetFlag(FLAGS_max_uploads_per_client);
   if (const std::string quota =
@@ -161,7 +229,12 @@ int main(int argc, char** argv) {
   }
   if (auto s = (*server)->Start(); !s.ok()) {
     MUTWO_LOG(error, "{}", s.ToString());
-    return mutwo::kExitFailure;
+    // A --listen that cannot be bound (the port is taken, the address is
+    // not this host's) is bad input, like a malformed flag.
+    return s.code() == absl::StatusCode::kAlreadyExists ||
+                   s.code() == absl::StatusCode::kInvalidArgument
+               ? mutwo::kExitBadInput
+               : mutwo::kExitFailure;
   }
   int sig = 0;
   sigwait(&signals, &sig);

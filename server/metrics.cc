@@ -115,6 +115,25 @@ ServerMetrics::ServerMetrics()
                                     "RESOURCE_EXHAUSTED at their limit "
                                     "(--max_lease_waiters, --max_watchers)")
                               .Register(*registry_)),
+      limit_refusals_(BuildCounter()
+                          .Name("mutwo_limit_refusals_total")
+                          .Help("Requests refused at one of the server's "
+                                "limits, by the flag that sets it (limit="
+                                "max_watchers_per_client, ...)")
+                          .Register(*registry_)),
+      workers_quarantined_(BuildGauge()
+                               .Name("mutwo_workers_quarantined")
+                               .Help("Workers leased nothing because their "
+                                     "tasks failed or their reports were "
+                                     "refused too often "
+                                     "(--worker_quarantine_failures)")
+                               .Register(*registry_)
+                               .Add({})),
+      worker_quarantines_(BuildCounter()
+                              .Name("mutwo_worker_quarantines_total")
+                              .Help("Workers put in quarantine")
+                              .Register(*registry_)
+                              .Add({})),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model, "
@@ -155,6 +174,9 @@ ServerMetrics::ServerMetrics()
   for (const char* kind : {"lease", "watch"}) {
     long_waits_.Add({{"kind", kind}});
     long_waits_refused_.Add({{"kind", kind}});
+  }
+  for (const std::string& limit : LimitNames()) {
+    limit_refusals_.Add({{"limit", limit}});
   }
   SetJobs({});
   SetTasks({});
@@ -235,6 +257,32 @@ void ServerMetrics::SetLongWaits(const std::string& kind, int open) {
 
 void ServerMetrics::CountLongWaitRefused(const std::string& kind) {
   long_waits_refused_.Add({{"kind", kind}}).Increment();
+  CountLimitRefusal(kind == "lease" ? "max_lease_waiters" : "max_watchers");
+}
+
+const std::vector<std::string>& ServerMetrics::LimitNames() {
+  static const auto* const kNames =
+      new std::vector<std::string>{"max_lease_waiters",
+                                   "max_watchers",
+                                   "max_lease_waiters_per_worker",
+                                   "max_watchers_per_client",
+                                   "max_profile_nodes",
+                                   "max_profile_edges",
+                                   "max_stored_model_bytes_per_client",
+                                   "upload_idle_timeout_ms"};
+  return *kNames;
+}
+
+void ServerMetrics::SetWorkersQuarantined(int n) {
+  workers_quarantined_.Set(n);
+}
+
+void ServerMetrics::CountWorkerQuarantined() {
+  worker_quarantines_.Increment();
+}
+
+void ServerMetrics::CountLimitRefusal(const std::string& limit) {
+  limit_refusals_.Add({{"limit", limit}}).Increment();
 }
 
 void ServerMetrics::CountUpload(bool stored) {

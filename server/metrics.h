@@ -18,6 +18,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -64,6 +65,14 @@ class ServerMetrics {
   // limit (--max_lease_waiters, --max_watchers).
   void SetLongWaits(const std::string& kind, int open);
   void CountLongWaitRefused(const std::string& kind);
+  // A request refused at one of the server's limits, named by the flag that
+  // sets it without the dashes (max_watchers, max_watchers_per_client, ...;
+  // kLimitNames lists them, each exported from the start at 0).
+  void CountLimitRefusal(const std::string& limit);
+  static const std::vector<std::string>& LimitNames();
+  // Workers in quarantine now (worker_quarantine.h), and each new one.
+  void SetWorkersQuarantined(int n);
+  void CountWorkerQuarantined();
 
   // Per model, batch size and budget: peak bytes and iteration seconds of
   // kind "baseline" (budget="none") and "planned" (measured by the last
@@ -100,6 +109,9 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& auth_refusals_;
   prometheus::Family<prometheus::Gauge>& long_waits_;
   prometheus::Family<prometheus::Counter>& long_waits_refused_;
+  prometheus::Family<prometheus::Counter>& limit_refusals_;
+  prometheus::Gauge& workers_quarantined_;
+  prometheus::Counter& worker_quarantines_;
   prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;
   prometheus::Family<prometheus::Gauge>& model_max_batch_;

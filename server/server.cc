@@ -1,7 +1,14 @@
 #include "server/server.h"
 
-#include <chrono>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -17,6 +24,61 @@ namespace {
 // Largest message: a model chunk is 1 MiB; profiles of big graphs and
 // schedules with timelines can reach tens of MiB.
 constexpr int kMaxMessageBytes = 64 << 20;
+
+// Why gRPC could not bind `listen` (it only logs the cause): bind the
+// address once more ourselves, without SO_REUSEPORT, and name what the OS
+// says. AlreadyExists when the port is in use, InvalidArgument otherwise.
+absl::Status ListenFailure(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  const std::string port =
+      colon == std::string::npos ? listen : listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port_number = -1;
+  if (!absl::SimpleAtoi(port, &port_number) || port_number < 0 ||
+      port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot listen on \"", listen,
+        "\": expected host:port with a port in [0, 65535] (--listen)"));
+  }
+  addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* addrs = nullptr;
+  const int gai =
+      getaddrinfo(host.empty() || host == "0.0.0.0" ? nullptr : host.c_str(),
+                  port.c_str(), &hints, &addrs);
+  if (gai != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot listen on \"", listen, "\": resolve \"", host,
+                     "\": ", gai_strerror(gai), " (--listen)"));
+  }
+  std::string why = "gRPC could not bind it";
+  bool in_use = false;
+  for (addrinfo* a = addrs; a != nullptr && !in_use; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      in_use = errno == EADDRINUSE;
+      why = absl::StrCat("bind: ", std::strerror(errno));
+    }
+    close(fd);
+  }
+  freeaddrinfo(addrs);
+  if (in_use) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "cannot listen on \"", listen, "\": port ", port_number,
+        " is already in use by another process (another mutwo-server?); "
+        "stop it or choose another --listen"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("cannot listen on \"", listen, "\": ", why, " (--listen)"));
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MutwoServer>> MutwoServer::Create(
@@ -59,15 +121,71 @@ absl::Status MutwoServer::Start() {
       server_metrics_.CountAuthRefusal(reason);
     });
   }
+  PrincipalLimits::Options watches;
+  watches.what = "watches";
+  watches.flag = "--max_watchers_per_client";
+  watches.max_per_principal = options_.max_watchers_per_client;
+  watches.retry_after_ms = options_.core.waiter_retry_after_ms;
+  watches.observe_refused = [this] {
+    server_metrics_.CountLimitRefusal("max_watchers_per_client");
+  };
+  MUTWO_ASSIGN_OR_RETURN(watches_per_client_,
+                         PrincipalLimits::Create(std::move(watches)));
+  PrincipalLimits::Options polls;
+  polls.what = "lease polls";
+  polls.flag = "--max_lease_waiters_per_worker";
+  polls.max_per_principal = options_.max_lease_waiters_per_worker;
+  polls.retry_after_ms = options_.core.waiter_retry_after_ms;
+  polls.observe_refused = [this] {
+    server_metrics_.CountLimitRefusal("max_lease_waiters_per_worker");
+  };
+  MUTWO_ASSIGN_OR_RETURN(lease_polls_per_worker_,
+                         PrincipalLimits::Create(std::move(polls)));
+  UploadQuota::Options quota;
+  quota.max_stored_bytes_per_client =
+      options_.max_stored_model_bytes_per_client;
+  quota.overrides = options_.model_quota_overrides;
+  quota.observe_refused = [this] {
+    server_metrics_.CountLimitRefusal("max_stored_model_bytes_per_client");
+  };
+  stored_models_ =
+      std::make_unique<UploadQuota>(std::move(quota), store_.get());
+  UploadWatchdog::Options idle;
+  idle.idle_timeout_ms = options_.upload_idle_timeout_ms;
+  idle.observe_dropped = [this] {
+    server_metrics_.CountLimitRefusal("upload_idle_timeout_ms");
+  };
+  MUTWO_ASSIGN_OR_RETURN(idle_uploads_,
+                         UploadWatchdog::Create(std::move(idle)));
   planner_service_ = std::make_unique<PlannerService>(
       core_.get(), authorizer_.get(), &server_metrics_,
-      options_.core.max_model_bytes);
+      options_.core.max_model_bytes,
+      PlannerService::Limits{watches_per_client_.get(), stored_models_.get(),
+                             idle_uploads_.get()});
+  WorkerQuarantine::Options quarantine;
+  quarantine.max_failures = options_.worker_quarantine_failures;
+  quarantine.window_ms = options_.worker_quarantine_window_ms;
+  quarantine.quarantine_ms = options_.worker_quarantine_ms;
+  quarantine.observe_quarantined = [this](int n) {
+    server_metrics_.SetWorkersQuarantined(n);
+  };
+  quarantine.observe_new = [this] { server_metrics_.CountWorkerQuarantined(); };
+  MUTWO_ASSIGN_OR_RETURN(quarantine_,
+                         WorkerQuarantine::Create(std::move(quarantine)));
+  core_->leasing().SetLeaseCheck([this](const std::string& worker_id) {
+    return quarantine_->CheckLease(worker_id);
+  });
   hub_service_ = std::make_unique<WorkerHubService>(
-      core_.get(), authorizer_.get(), &server_metrics_);
+      core_.get(), authorizer_.get(), &server_metrics_,
+      lease_polls_per_worker_.get(), quarantine_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT on its listeners by default: a second server on
+  // the same port would then bind without an error and the kernel would
+  // split the connections between two servers with two databases.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options_.listen, security_.credentials, &port_);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -87,9 +205,11 @@ absl::Status MutwoServer::Start() {
   }
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on \"", options_.listen,
-                     "\": address in use or invalid"));
+    if (server_ != nullptr) {
+      server_->Shutdown();
+      server_.reset();
+    }
+    return ListenFailure(options_.listen);
   }
   if (!options_.metrics_listen.empty()) {
     MUTWO_ASSIGN_OR_RETURN(metrics_,

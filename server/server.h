@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -23,7 +24,11 @@
 #include "server/auth/server_security.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
+#include "server/principal_limits.h"
 #include "server/services.h"
+#include "server/upload_quota.h"
+#include "server/upload_watchdog.h"
+#include "server/worker_quarantine.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -39,6 +44,21 @@ class MutwoServer {
     // Threads that serve the synchronous RPCs (all but LeaseTask and
     // WatchJob, which wait without one); 0: gRPC's default.
     int max_rpc_threads = 0;
+    // Long waits one principal may hold at once (principal_limits.h):
+    // WatchJob streams of a client, LeaseTask polls of a worker token.
+    int max_watchers_per_client = 250;
+    int max_lease_waiters_per_worker = 250;
+    // Bytes of models one principal may keep, and overrides per principal
+    // (upload_quota.h); an upload silent this long is dropped
+    // (upload_watchdog.h).
+    int64_t max_stored_model_bytes_per_client = int64_t{4} << 30;
+    absl::flat_hash_map<std::string, int64_t> model_quota_overrides;
+    int64_t upload_idle_timeout_ms = 30000;
+    // Failures of one worker id within a window that stop leasing to it
+    // for a while (worker_quarantine.h); failures 0: never.
+    int worker_quarantine_failures = 10;
+    int64_t worker_quarantine_window_ms = 10 * 60 * 1000;
+    int64_t worker_quarantine_ms = 60 * 60 * 1000;
     PlanFn plan;
     MaxBatchFn max_batch;
   };
@@ -47,7 +67,9 @@ class MutwoServer {
       Options options);
 
   // Opens the store, binds both ports; port()/metrics_port() are the ports
-  // bound (useful with port 0).
+  // bound (useful with port 0). The gRPC port is bound without SO_REUSEPORT:
+  // AlreadyExists naming the port when another process holds it,
+  // InvalidArgument when the address cannot be bound otherwise.
   [[nodiscard]] absl::Status Start();
   int port() const { return port_; }
   int metrics_port() const {
@@ -66,6 +88,13 @@ class MutwoServer {
   ServerMetrics server_metrics_;
   std::unique_ptr<JobCore> core_;
   std::unique_ptr<auth::Authorizer> authorizer_;
+  // Before the services and the gRPC server: every Slot, held by a call,
+  // is given back before these go.
+  std::unique_ptr<PrincipalLimits> watches_per_client_;
+  std::unique_ptr<PrincipalLimits> lease_polls_per_worker_;
+  std::unique_ptr<UploadQuota> stored_models_;
+  std::unique_ptr<UploadWatchdog> idle_uploads_;
+  std::unique_ptr<WorkerQuarantine> quarantine_;
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -97,7 +97,8 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   LeaseReactor(grpc::CallbackServerContext* context,
                const v1::LeaseTaskRequest& request,
                v1::LeaseTaskResponse* response, JobCore* core,
-               const auth::Authorizer* auth, ServerMetrics* metrics)
+               const auth::Authorizer* auth, ServerMetrics* metrics,
+               PrincipalLimits* limits)
       : context_(context),
         response_(response),
         core_(core),
@@ -112,12 +113,17 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
       Answer(s);
       return;
     }
-    if (auto caller =
-            auth->ForWorker(*context, "LeaseTask", request.worker_id());
-        !caller.ok()) {
+    auto caller = auth->ForWorker(*context, "LeaseTask", request.worker_id());
+    if (!caller.ok()) {
       Answer(caller.status());
       return;
     }
+    absl::StatusOr<PrincipalLimits::Slot> slot = limits->Acquire(caller->name);
+    if (!slot.ok()) {
+      Answer(slot.status());
+      return;
+    }
+    slot_ = *std::move(slot);
     // The long poll ends when the worker goes away, and a task leased for
     // a poll nobody waits on any more is given back at once.
     absl::StatusOr<uint64_t> id = core_->leasing().StartPoll(&poll_);
@@ -150,6 +156,7 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   RpcTimer timer_;
   LeasePoll poll_;
   uint64_t id_ = 0;
+  PrincipalLimits::Slot slot_;  // given back when the call ends
 };
 
 // WatchJob without a thread: authorize, register a JobWatch that writes
@@ -158,7 +165,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(grpc::CallbackServerContext* context,
                const v1::WatchJobRequest& request, JobCore* core,
-               const auth::Authorizer* auth, ServerMetrics* metrics)
+               const auth::Authorizer* auth, ServerMetrics* metrics,
+               PrincipalLimits* limits)
       : context_(context),
         timer_(metrics, "WatchJob"),
         watch_(core, request.job_id(),
@@ -177,11 +185,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
       End(s);
       return;
     }
-    if (auto caller = auth->ForJob(*context, "WatchJob", request.job_id());
-        !caller.ok()) {
+    auto caller = auth->ForJob(*context, "WatchJob", request.job_id());
+    if (!caller.ok()) {
       End(caller.status());
       return;
     }
+    absl::StatusOr<PrincipalLimits::Slot> slot = limits->Acquire(caller->name);
+    if (!slot.ok()) {
+      End(slot.status());
+      return;
+    }
+    slot_ = *std::move(slot);
     if (absl::Status s = watch_.Start(); !s.ok()) End(s);
   }
 
@@ -198,7 +212,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   grpc::CallbackServerContext* context_;
   RpcTimer timer_;
   JobWatch watch_;
-  v1::JobEvent event_;  // the write in flight
+  v1::JobEvent event_;          // the write in flight
+  PrincipalLimits::Slot slot_;  // given back when the stream ends
 };
 
 }  // namespace
@@ -211,15 +226,33 @@ grpc::Status PlannerService::UploadModel(
   auto caller = auth_->ForUpload(*context);
   if (!caller.ok()) return timer.Done(caller.status());
   // Streamed to a temp file chunk by chunk (never whole in memory), within
-  // the caller's concurrency and byte quota.
+  // the caller's concurrency and byte quotas (running uploads, stored
+  // models); dropped when it stops sending.
   auto upload = core_->NewUpload(caller->name);
   if (!upload.ok()) return timer.Done(upload.status());
+  std::unique_ptr<UploadWatchdog::Guard> idle =
+      limits_.idle_uploads->Watch(context);
+  UploadQuota::Reservation reserved;  // the declared bytes, until the end
+  auto header = [&](const v1::UploadModelHeader& h) -> absl::Status {
+    absl::StatusOr<UploadQuota::Reservation> r =
+        limits_.stored_models->Admit(*caller, h);
+    if (!r.ok()) return r.status();
+    reserved = *std::move(r);
+    return (*upload)->Header(h);
+  };
   v1::UploadModelRequest message;
   while (reader->Read(&message)) {
-    absl::Status s = message.has_header() ? (*upload)->Header(message.header())
+    idle->Touch();
+    absl::Status s = message.has_header() ? header(message.header())
                                           : (*upload)->Chunk(message.chunk());
     // Stop reading at the first error: nothing has been stored.
     if (!s.ok()) return timer.Done(s);
+  }
+  if (idle->dropped()) {
+    return timer.Done(absl::DeadlineExceededError(absl::StrCat(
+        "upload: nothing received for ",
+        limits_.idle_uploads->idle_timeout_ms(),
+        " ms (--upload_idle_timeout_ms); dropped, nothing stored")));
   }
   if (absl::Status s = (*upload)->Finish(); !s.ok()) return timer.Done(s);
   return timer.Done(
@@ -259,7 +292,8 @@ grpc::Status PlannerService::ListJobs(grpc::ServerContext* context,
 
 grpc::ServerWriteReactor<v1::JobEvent>* PlannerService::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(context, *request, core_, auth_, metrics_);
+  return new WatchReactor(context, *request, core_, auth_, metrics_,
+                          limits_.watches);
 }
 
 grpc::Status PlannerService::CancelJob(grpc::ServerContext* context,
@@ -342,7 +376,8 @@ grpc::Status WorkerHubService::RegisterWorker(
 grpc::ServerUnaryReactor* WorkerHubService::LeaseTask(
     grpc::CallbackServerContext* context, const v1::LeaseTaskRequest* request,
     v1::LeaseTaskResponse* response) {
-  return new LeaseReactor(context, *request, response, core_, auth_, metrics_);
+  return new LeaseReactor(context, *request, response, core_, auth_, metrics_,
+                          lease_polls_);
 }
 
 grpc::Status WorkerHubService::FetchModel(
@@ -399,6 +434,7 @@ grpc::Status WorkerHubService::ReportProfile(
     return timer.Done(caller.status());
   }
   absl::Status s = core_->ReportProfile(*request);
+  quarantine_->ReportAnswered(request->worker_id(), s);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }
@@ -413,6 +449,7 @@ grpc::Status WorkerHubService::ReportValidation(
     return timer.Done(caller.status());
   }
   absl::Status s = core_->ReportValidation(*request);
+  quarantine_->ReportAnswered(request->worker_id(), s);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }
@@ -427,6 +464,8 @@ grpc::Status WorkerHubService::FailTask(grpc::ServerContext* context,
     return timer.Done(caller.status());
   }
   absl::Status s = core_->FailTask(*request);
+  if (s.ok()) quarantine_->TaskFailed(request->worker_id(), request->reason());
+  quarantine_->ReportAnswered(request->worker_id(), s);
   response->set_accepted(s.ok());
   return timer.Done(s);
 }

@@ -10,7 +10,9 @@
 // --max_lease_waiters / --max_watchers they answer RESOURCE_EXHAUSTED with a
 // retry hint (the message, and grpc-retry-pushback-ms in the trailers).
 // Authorization is the same Authorizer call as every other RPC, made before
-// anything waits.
+// anything waits; then the caller's place among its principal's waits
+// (principal_limits.h: --max_watchers_per_client,
+// --max_lease_waiters_per_worker), held until the call ends.
 #ifndef MUTWO_SERVER_SERVICES_H_
 #define MUTWO_SERVER_SERVICES_H_
 
@@ -21,6 +23,10 @@
 #include "server/auth/authorizer.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
+#include "server/principal_limits.h"
+#include "server/upload_quota.h"
+#include "server/upload_watchdog.h"
+#include "server/worker_quarantine.h"
 #include "storage/store.h"
 
 namespace mutwo {
@@ -28,12 +34,19 @@ namespace mutwo {
 class PlannerService final
     : public v1::Planner::WithCallbackMethod_WatchJob<v1::Planner::Service> {
  public:
+  // What one principal may hold (not owned; they outlive the service).
+  struct Limits {
+    PrincipalLimits* watches;      // open watches
+    UploadQuota* stored_models;    // bytes of models kept
+    UploadWatchdog* idle_uploads;  // uploads that stopped sending
+  };
   PlannerService(JobCore* core, const auth::Authorizer* auth,
-                 ServerMetrics* metrics, int64_t max_model_bytes)
+                 ServerMetrics* metrics, int64_t max_model_bytes, Limits limits)
       : core_(core),
         auth_(auth),
         metrics_(metrics),
-        max_model_bytes_(max_model_bytes) {}
+        max_model_bytes_(max_model_bytes),
+        limits_(limits) {}
 
   grpc::Status UploadModel(grpc::ServerContext* context,
                            grpc::ServerReader<v1::UploadModelRequest>* reader,
@@ -72,15 +85,24 @@ class PlannerService final
   const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
   int64_t max_model_bytes_;
+  Limits limits_;
 };
 
 class WorkerHubService final
     : public v1::WorkerHub::WithCallbackMethod_LeaseTask<
           v1::WorkerHub::Service> {
  public:
+  // `lease_polls` (not owned) limits the open polls of each principal;
+  // `quarantine` (not owned) counts each worker's failures and refuses
+  // leases to the quarantined.
   WorkerHubService(JobCore* core, const auth::Authorizer* auth,
-                   ServerMetrics* metrics)
-      : core_(core), auth_(auth), metrics_(metrics) {}
+                   ServerMetrics* metrics, PrincipalLimits* lease_polls,
+                   WorkerQuarantine* quarantine)
+      : core_(core),
+        auth_(auth),
+        metrics_(metrics),
+        lease_polls_(lease_polls),
+        quarantine_(quarantine) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -108,6 +130,8 @@ class WorkerHubService final
   JobCore* core_;
   const auth::Authorizer* auth_;
   ServerMetrics* metrics_;
+  PrincipalLimits* lease_polls_;
+  WorkerQuarantine* quarantine_;
 };
 
 }  // namespace mutwo

@@ -36,12 +36,12 @@ absl::StatusOr<uint64_t> WaiterSet::Add(Waiter* waiter, absl::Time deadline) {
     return absl::UnavailableError("the server is shutting down; retry");
   }
   if (static_cast<int>(entries_.size()) >= options_.max_waiters) {
-    absl::Status refused = absl::ResourceExhaustedError(absl::StrCat(
-        options_.what, ": ", options_.max_waiters, " open, the limit",
-        options_.flag.empty() ? "" : absl::StrCat(" (", options_.flag, ")"),
-        "; retry in ", options_.retry_after_ms, " ms"));
-    refused.SetPayload(kRetryAfterPayload,
-                       absl::Cord(absl::StrCat(options_.retry_after_ms)));
+    absl::Status refused = RetryLater(
+        absl::StrCat(
+            options_.what, ": ", options_.max_waiters, " open, the limit",
+            options_.flag.empty() ? "" : absl::StrCat(" (", options_.flag, ")"),
+            "; retry in ", options_.retry_after_ms, " ms"),
+        options_.retry_after_ms);
     if (options_.observe_refused) options_.observe_refused();
     return refused;
   }
@@ -92,6 +92,14 @@ void WaiterSet::Observe() {
   if (options_.observe_waiting) {
     options_.observe_waiting(static_cast<int>(entries_.size()));
   }
+}
+
+absl::Status WaiterSet::RetryLater(const std::string& message,
+                                   int64_t retry_after_ms) {
+  absl::Status refused = absl::ResourceExhaustedError(message);
+  refused.SetPayload(kRetryAfterPayload,
+                     absl::Cord(absl::StrCat(retry_after_ms)));
+  return refused;
 }
 
 std::optional<int64_t> WaiterSet::RetryAfterMs(const absl::Status& status) {

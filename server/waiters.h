@@ -88,6 +88,10 @@ class WaiterSet {
 
   // The retry hint of a ResourceExhausted status from Add, if it has one.
   static std::optional<int64_t> RetryAfterMs(const absl::Status& status);
+  // ResourceExhausted with `message` and a retry hint RetryAfterMs reads
+  // (for the other limits on long waits, principal_limits.h).
+  static absl::Status RetryLater(const std::string& message,
+                                 int64_t retry_after_ms);
 
  private:
   explicit WaiterSet(Options options);

@@ -102,7 +102,8 @@ ScheduleCacheKey MakeScheduleCacheKey(const v1::JobSpec& spec,
                                       int64_t batch_size,
                                       const v1::DeviceInfo& device,
                                       const v1::MemoryBudget& budget,
-                                      v1::Policy policy) {
+                                      v1::Policy policy,
+                                      const std::string& tenant) {
   ScheduleCacheKey key;
   key.model_sha256 = spec.model_sha256();
   key.inputs.assign(spec.inputs().begin(), spec.inputs().end());
@@ -116,6 +117,7 @@ ScheduleCacheKey MakeScheduleCacheKey(const v1::JobSpec& spec,
   key.budget = budget;
   key.policy = policy;
   key.planner_version = kPlannerVersion;
+  key.tenant = tenant;
   return key;
 }
 
@@ -197,7 +199,10 @@ std::string CanonicalKeyString(const ScheduleCacheKey& key) {
       Escape(key.device_name), "|libtorch=", Escape(key.libtorch_version),
       "|budget=", CanonicalBudgetString(key.budget, key.device_total_bytes),
       "|policy=", v1::Policy_Name(policy),
-      "|planner=", Escape(key.planner_version));
+      "|planner=", Escape(key.planner_version),
+      // Only when set, so the keys of a server without authentication
+      // stay what they were.
+      key.tenant.empty() ? "" : absl::StrCat("|tenant=", Escape(key.tenant)));
 }
 
 }  // namespace mutwo::storage

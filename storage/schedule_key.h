@@ -33,15 +33,23 @@ struct ScheduleCacheKey {
   v1::MemoryBudget budget;        // `text` is display only and ignored
   v1::Policy policy = v1::MUTWO;  // POLICY_UNSPECIFIED means MUTWO
   std::string planner_version;    // kPlannerVersion unless testing upgrades
+  // The owner of the job whose profile the entry was planned from ('' for
+  // jobs of a server without authentication). A profile is reported by a
+  // worker the tenant does not control, so an entry is served only to jobs
+  // of the same tenant: a profile forged for one tenant's job never reaches
+  // another tenant's results.
+  std::string tenant;
 };
 
-// Builds the key for one budget of a job at one batch size, on the device the
-// profile was measured on, with the current planner version.
+// Builds the key for one budget of a job of `tenant` (its owner) at one batch
+// size, on the device the profile was measured on, with the current planner
+// version.
 ScheduleCacheKey MakeScheduleCacheKey(const v1::JobSpec& spec,
                                       int64_t batch_size,
                                       const v1::DeviceInfo& device,
                                       const v1::MemoryBudget& budget,
-                                      v1::Policy policy);
+                                      v1::Policy policy,
+                                      const std::string& tenant = "");
 
 // InvalidArgument naming the first missing or malformed part.
 [[nodiscard]] absl::Status ValidateScheduleCacheKey(

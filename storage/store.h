@@ -253,6 +253,11 @@ class Store : public StoreWrites {
   // Records that `principal` uploaded the stored model `sha256` (idempotent).
   [[nodiscard]] absl::Status RecordModelUpload(absl::string_view sha256,
                                                absl::string_view principal);
+  // Bytes of the stored models `principal` uploaded (each model counted
+  // once per uploader, whoever else uploaded the same bytes): its share of
+  // the model store, for the per-principal quota.
+  [[nodiscard]] absl::StatusOr<int64_t> ModelBytesUploadedBy(
+      absl::string_view principal);
   // Whether `principal` ever uploaded `sha256` (RecordModelUpload).
   [[nodiscard]] absl::StatusOr<bool> HasUploadedModel(
       absl::string_view sha256, absl::string_view principal);

@@ -154,6 +154,22 @@ absl::Status Store::RecordModelUpload(absl::string_view sha256,
   return insert->Run();
 }
 
+absl::StatusOr<int64_t> Store::ModelBytesUploadedBy(
+    absl::string_view principal) {
+  absl::MutexLock lock(&mutex_);
+  MUTWO_ASSIGN_OR_RETURN(
+      const std::optional<int64_t> row,
+      QueryRow<int64_t>(
+          *db_,
+          "SELECT COALESCE(SUM(m.size_bytes), 0) FROM model_uploads u "
+          "JOIN models m ON m.sha256 = u.sha256 WHERE u.principal = ?1",
+          [&](Stmt& stmt) { stmt.BindText(1, principal); },
+          [](const Stmt& stmt) -> absl::StatusOr<int64_t> {
+            return stmt.ColumnInt(0);
+          }));
+  return row.value_or(0);
+}
+
 absl::StatusOr<bool> Store::HasUploadedModel(absl::string_view sha256,
                                              absl::string_view principal) {
   absl::MutexLock lock(&mutex_);

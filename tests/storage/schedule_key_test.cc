@@ -9,6 +9,7 @@ namespace mutwo::storage {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 v1::JobSpec Spec() {
   v1::JobSpec spec;
@@ -82,6 +83,22 @@ TEST(ScheduleKeyTest, EveryPlanningInputChangesTheKey) {
   small.set_total_bytes(int64_t{40} << 30);
   EXPECT_NE(Key(Spec(), "80%dev", v1::MUTWO, small), Key(Spec(), "80%dev"));
   EXPECT_EQ(Key(Spec(), "60%", v1::MUTWO, small), base);  // not for %
+}
+
+// Entries are per tenant (the job's owner): the same request of two tenants
+// is two keys, and a tenant name cannot spell its way into another's key.
+// Without authentication (tenant '') the key is what it was before tenants.
+TEST(ScheduleKeyTest, EachTenantHasItsOwnKey) {
+  auto key = [](const std::string& tenant) {
+    return CanonicalKeyString(MakeScheduleCacheKey(
+        Spec(), 32, Device(), *ParseBudget("60%"), v1::MUTWO, tenant));
+  };
+  EXPECT_NE(key("alice"), key("bob"));
+  EXPECT_NE(key("alice"), key(""));
+  EXPECT_THAT(key("alice"), HasSubstr("|tenant=alice"));
+  EXPECT_EQ(key(""), Key(Spec(), "60%"));
+  EXPECT_THAT(key(""), Not(HasSubstr("tenant")));
+  EXPECT_NE(key("a|tenant=b"), key("a"));
 }
 
 TEST(ScheduleKeyTest, SeparatorsInsideValuesCannotForgeAnotherKey) {

@@ -978,6 +978,22 @@ TEST_F(StoreTest, ModelUploadsAreRecordedPerPrincipal) {
   EXPECT_FALSE(*store->HasUploadedModel(kOtherSha, "alice"));
 }
 
+// The per-principal quota's figure: each uploader is charged every model it
+// uploaded, once, whoever else uploaded the same bytes.
+TEST_F(StoreTest, ModelBytesAreChargedToEachUploaderOnce) {
+  auto store = OpenStore();
+  PutModel(*store);  // 5 bytes
+  ASSERT_TRUE(store->PutModel(kOtherSha, "other", 7, "other b").ok());
+  EXPECT_EQ(*store->ModelBytesUploadedBy("alice"), 0);
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "alice").ok());
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "alice").ok());
+  ASSERT_TRUE(store->RecordModelUpload(kOtherSha, "alice").ok());
+  ASSERT_TRUE(store->RecordModelUpload(kSha, "bob").ok());
+  EXPECT_EQ(*store->ModelBytesUploadedBy("alice"), 12);
+  EXPECT_EQ(*store->ModelBytesUploadedBy("bob"), 5);
+  EXPECT_EQ(*store->ModelBytesUploadedBy("carol"), 0);
+}
+
 TEST_F(StoreTest, AWorkerIdStaysWithItsPrincipalWhileAlive) {
   auto store = OpenStore();
   v1::WorkerInfo info;
