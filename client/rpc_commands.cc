@@ -4,6 +4,7 @@
 #include <iostream>
 #include <optional>
 #include <random>
+#include <variant>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "client/floor_text.h"
 #include "client/job_watch.h"
 #include "client/plot_data.h"
@@ -18,6 +20,7 @@
 #include "client/rpc.h"
 #include "client/schedule_text.h"
 #include "client/text_table.h"
+#include "client/time_text.h"
 #include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
@@ -105,6 +108,43 @@ absl::StatusOr<int64_t> OneBatch() {
                      absl::GetFlag(FLAGS_batch), "\""));
   }
   return batch;
+}
+
+// The job a command names: a job id, or `latest` (also `-`) for the newest
+// job the server lists; one ListJobs call for the shorthand.
+absl::StatusOr<std::string> ResolveJobId(v1::Planner::Stub& stub,
+                                         const std::string& arg) {
+  if (arg != "latest" && arg != "-") return arg;
+  v1::ListJobsRequest request;
+  request.set_page_size(1);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ListJobsResponse response;
+  grpc::Status status = stub.ListJobs(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  }
+  if (response.jobs().empty()) {
+    return absl::NotFoundError(absl::StrCat("\"", arg,
+                                            "\" names the newest job, and ",
+                                            ServerAddress(), " has none yet"));
+  }
+  const std::string& id = response.jobs(0).job_id();
+  if (!JsonOutput()) std::cerr << "latest job: " << id << "\n";
+  return id;
+}
+
+// ResolveJobId for a command: the id, or the exit code of its failure
+// (printed as `mutwo COMMAND: ...`).
+std::variant<std::string, int> JobIdOrExit(const std::string& command,
+                                           v1::Planner::Stub& stub,
+                                           const std::string& arg) {
+  auto id = ResolveJobId(stub, arg);
+  if (id.ok()) return *std::move(id);
+  return RpcError(
+      command, grpc::Status(static_cast<grpc::StatusCode>(id.status().code()),
+                            std::string(id.status().message())));
 }
 
 std::string Pct(double ratio) {
@@ -483,11 +523,13 @@ int SubmitCommand(const ParsedArgs& args) {
 int WatchCommand(const ParsedArgs& args) {
   const std::string cmd = "watch";
   if (args.positional.size() != 1) {
-    return BadInput(cmd, "usage: mutwo watch JOB_ID");
+    return BadInput(cmd, "usage: mutwo watch JOB_ID|latest");
   }
   auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetJobRequest request;
-  request.set_job_id(args.positional[0]);
+  request.set_job_id(std::get<std::string>(id));
   v1::Job job;
   {
     grpc::ClientContext context;
@@ -527,15 +569,18 @@ int JobsCommand(const ParsedArgs&) {
     std::cout << ProtoToJson(response);
     return kExitOk;
   }
-  TextTable table({"JOB", "STATE", "MODEL", "TASKS", "BATCHES", "BUDGETS"},
-                  {false, false, false, true, false, false});
+  TextTable table({"JOB", "STATE", "SUBMITTED", "UPDATED", "MODEL", "TASKS",
+                   "BATCHES", "BUDGETS"},
+                  {false, false, false, false, false, true, false, false});
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   for (const v1::Job& j : response.jobs()) {
     std::vector<std::string> budgets;
     for (const auto& b : j.spec().budgets()) {
       budgets.push_back(b.text().empty() ? FormatBudget(b) : b.text());
     }
     table.AddRow({j.job_id(), v1::Job::State_Name(j.state()),
-                  j.spec().model_name(),
+                  DateTimeText(j.created_unix_ms(), absl::LocalTimeZone()),
+                  AgoText(j.updated_unix_ms(), now_ms), j.spec().model_name(),
                   absl::StrCat(j.tasks_done(), "/", j.tasks_total()),
                   absl::StrJoin(j.spec().batch_sizes(), ","),
                   absl::StrJoin(budgets, ",")});
@@ -545,32 +590,42 @@ int JobsCommand(const ParsedArgs&) {
 }
 
 int JobCommand(const ParsedArgs& args) {
-  if (args.positional.size() != 1)
-    return BadInput("job", "usage: mutwo job JOB_ID");
+  const std::string cmd = "job";
+  if (args.positional.size() != 1) {
+    return BadInput(cmd, "usage: mutwo job JOB_ID|latest");
+  }
+  auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetJobRequest request;
-  request.set_job_id(args.positional[0]);
+  request.set_job_id(std::get<std::string>(id));
   grpc::ClientContext context;
   SetDeadline(context);
   v1::Job job;
-  grpc::Status status = PlannerStub()->GetJob(&context, request, &job);
-  if (!status.ok()) return RpcError("job", status);
+  grpc::Status status = stub->GetJob(&context, request, &job);
+  if (!status.ok()) return RpcError(cmd, status);
   if (JsonOutput()) {
     std::cout << ProtoToJson(job);
   } else {
     PrintJobText(job);
   }
-  return kExitOk;
+  // A job still running has no verdict yet; a final one exits as `watch`
+  // would have, so a script can tell a failed job from a good one.
+  const bool final = job.state() == v1::Job::SUCCEEDED ||
+                     job.state() == v1::Job::FAILED ||
+                     job.state() == v1::Job::CANCELLED;
+  return final ? FinishedJobExitCode(job, std::cerr) : kExitOk;
 }
 
 int ScheduleCommand(const ParsedArgs& args) {
   const std::string cmd = "schedule";
   if (args.positional.size() != 1) {
-    return BadInput(cmd, "usage: mutwo schedule JOB_ID --batch N [--budget B]");
+    return BadInput(
+        cmd, "usage: mutwo schedule JOB_ID|latest --batch N [--budget B]");
   }
   auto batch = OneBatch();
   if (!batch.ok()) return BadInput(cmd, batch.status().message());
   v1::GetScheduleRequest request;
-  request.set_job_id(args.positional[0]);
   request.set_batch_size(*batch);
   const auto& budgets = args.Repeated("budget");
   if (budgets.size() > 1) return BadInput(cmd, "give at most one --budget");
@@ -585,6 +640,9 @@ int ScheduleCommand(const ParsedArgs& args) {
   request.set_policy(p);
   request.set_include_pareto(absl::GetFlag(FLAGS_pareto));
   auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
+  request.set_job_id(std::get<std::string>(id));
   v1::Schedule schedule;
   {
     grpc::ClientContext context;
@@ -657,13 +715,16 @@ int ProfileCommand(const ParsedArgs& args) {
                             {"text", "csv", "json"});
   if (!format.ok()) return BadInput(cmd, format.status().message());
   if (JsonOutput()) *format = "json";
+  auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetProfileRequest request;
-  request.set_job_id(args.positional[0]);
+  request.set_job_id(std::get<std::string>(id));
   request.set_batch_size(*batch);
   grpc::ClientContext context;
   SetDeadline(context);
   v1::Profile profile;
-  grpc::Status status = PlannerStub()->GetProfile(&context, request, &profile);
+  grpc::Status status = stub->GetProfile(&context, request, &profile);
   if (!status.ok()) return RpcError(cmd, status);
   if (*format == "json") {
     std::cout << ProtoToJson(profile);
@@ -750,8 +811,10 @@ int PlotCommand(const ParsedArgs& args) {
                     "pareto");
   }
   auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetJobRequest job_request;
-  job_request.set_job_id(args.positional[0]);
+  job_request.set_job_id(std::get<std::string>(id));
   v1::Job job;
   {
     grpc::ClientContext context;
@@ -844,6 +907,13 @@ int PlotCommand(const ParsedArgs& args) {
 int CancelCommand(const ParsedArgs& args) {
   if (args.positional.size() != 1) {
     return BadInput("cancel", "usage: mutwo cancel JOB_ID");
+  }
+  // Cancelling "the newest job" could reach a job submitted a moment ago
+  // by someone else; cancel takes the id only.
+  if (args.positional[0] == "latest" || args.positional[0] == "-") {
+    return BadInput("cancel",
+                    "cancel needs the job's id, not \"latest\": `mutwo "
+                    "jobs` lists them");
   }
   v1::CancelJobRequest request;
   request.set_job_id(args.positional[0]);

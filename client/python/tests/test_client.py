@@ -81,7 +81,18 @@ class FakePlanner(planner_pb2_grpc.PlannerServicer):
         yield planner_pb2.JobEvent(state=types_pb2.Job.SUCCEEDED,
                                    tasks_total=2, tasks_done=2, job=job)
 
+    def ListJobs(self, request: Any, context: Any) -> Any:
+        # Newest first, as the server lists them.
+        jobs = [types_pb2.Job(job_id=f"j{i + 1}", spec=spec,
+                              state=types_pb2.Job.QUEUED)
+                for i, spec in enumerate(self.specs)][::-1]
+        return planner_pb2.ListJobsResponse(
+            jobs=jobs[:request.page_size or 50])
+
     def GetJob(self, request: Any, context: Any) -> Any:
+        if request.job_id in ("j1", "j2"):
+            return types_pb2.Job(job_id=request.job_id,
+                                 state=types_pb2.Job.QUEUED)
         context.abort(grpc.StatusCode.NOT_FOUND,
                       f'job "{request.job_id}" not found')
 
@@ -196,6 +207,24 @@ def test_errors_carry_the_grpc_code_and_message(fake: Any) -> None:
         with pytest.raises(mutwo.MutwoError) as e:
             client.health()
         assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_server_from_mutwo_server_and_latest_job(fake: Any,
+                                                monkeypatch: Any) -> None:
+    monkeypatch.setenv("MUTWO_SERVER", fake.target)
+    with mutwo.Client() as client:
+        assert client.target == fake.target
+        with pytest.raises(mutwo.MutwoError, match="has none yet"):
+            client.job("latest")
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[8])
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[16])
+        assert client.job("latest").job_id == "j2"
+        assert client.job("-").job_id == "j2"
+        with pytest.raises(ValueError, match="cancel needs the job's id"):
+            client.cancel("latest")
+    # An explicit target wins over the environment.
+    with mutwo.Client("127.0.0.1:1", timeout_s=2) as client:
+        assert client.target == "127.0.0.1:1"
 
 
 def test_token_from_argument_environment_or_file(

@@ -1,0 +1,219 @@
+// The `mutwo` CLI against a real mutwo-server on loopback (no worker unless
+// a test starts the fake one): the server named by MUTWO_SERVER, the time
+// columns of `mutwo jobs`, the exit code of `mutwo job` for a final job, the
+// `latest` shorthand.
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tests/testing/command.h"
+#include "tests/testing/fake_worker.h"
+#include "tests/testing/process.h"
+
+namespace mutwo {
+namespace {
+
+using testing::BinPath;
+using testing::CommandResult;
+using testing::FreePort;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::RunCommand;
+using testing::Subprocess;
+
+class CliServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("cli_server_", ::getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    address_ = absl::StrCat("127.0.0.1:", FreePort());
+    server_ = std::make_unique<Subprocess>();
+    ASSERT_TRUE(server_->Start(
+        {BinPath("mutwo-server"), "--listen=" + address_,
+         absl::StrCat("--metrics_listen=127.0.0.1:", FreePort()),
+         "--data_dir=" + (dir_ / "data").string(), "--log_level=warn"},
+        (dir_ / "server.log").string()));
+    channel_ =
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                           std::chrono::seconds(10)))
+        << "server did not start: " << server_->Log();
+    model_ = (dir_ / "model.pt").string();
+    std::ofstream(model_) << "model bytes the fake worker never reads";
+  }
+  void TearDown() override {
+    stop_worker_ = true;
+    if (worker_.joinable()) worker_.join();
+    if (HasFailure()) std::cerr << server_->Log();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // `mutwo ARGS` with MUTWO_SERVER naming the test's server, no --server.
+  CommandResult Cli(const std::string& args) {
+    return RunCommand("MUTWO_SERVER=" + address_ + " " + BinPath("mutwo") +
+                      " " + args);
+  }
+
+  // Submits a job (no --wait); returns its id.
+  std::string Submit(const std::string& budget = "80%") {
+    CommandResult r = Cli(
+        "submit " + model_ +
+        " --input x:float32[B,16] --batch 2 --output=json --budget " + budget);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::smatch m;
+    static const std::regex re("\"job_id\": \"([^\"]+)\"");
+    if (!std::regex_search(r.output, m, re)) {
+      ADD_FAILURE() << "no job id in: " << r.output;
+      return "";
+    }
+    return m[1];
+  }
+
+  void StartFakeWorker(int fail_one_in) {
+    worker_ = std::thread([this, fail_one_in] {
+      testing::RunFakeWorker(channel_, stop_worker_, 7, fail_one_in);
+    });
+  }
+
+  // Polls `mutwo job ID` until the job is final; returns that last run.
+  CommandResult WaitFinal(const std::string& id) {
+    CommandResult r;
+    for (int i = 0; i < 400; ++i) {
+      r = Cli("job " + id);
+      if (r.output.find("SUCCEEDED") != std::string::npos ||
+          r.output.find("FAILED") != std::string::npos ||
+          r.output.find("CANCELLED") != std::string::npos) {
+        return r;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "job " << id << " not final: " << r.output;
+    return r;
+  }
+
+  std::filesystem::path dir_;
+  std::string address_, model_;
+  std::unique_ptr<Subprocess> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::atomic<bool> stop_worker_{false};
+  std::thread worker_;
+};
+
+// Every command that talks to the server reaches the one MUTWO_SERVER
+// names; --server still wins over it.
+TEST_F(CliServerTest, MutwoServerIsHonouredByEveryCommand) {
+  const std::string id = Submit();
+  ASSERT_FALSE(id.empty());
+  // Final, so that `watch` returns at once (no worker runs it).
+  ASSERT_EQ(Cli("cancel " + id).exit_code, 0);
+  const std::vector<std::string> commands = {
+      "health",
+      "workers",
+      "jobs",
+      "job " + id,
+      "watch " + id,
+      "schedule " + id + " --batch 2",
+      "profile " + id + " --batch 2",
+      "plot " + id + " --kind timeline --batch 2 -o " +
+          (dir_ / "t.json").string(),
+      "cancel " + id,
+  };
+  for (const std::string& command : commands) {
+    // Nothing listens on port 1: a command that reads MUTWO_SERVER fails
+    // there, naming it.
+    CommandResult away =
+        RunCommand("MUTWO_SERVER=127.0.0.1:1 " + BinPath("mutwo") + " " +
+                   command + " --timeout_ms=2000");
+    EXPECT_EQ(away.exit_code, 4) << command << "\n" << away.output;
+    EXPECT_THAT(away.output, HasSubstr("127.0.0.1:1")) << command;
+    EXPECT_THAT(away.output, Not(HasSubstr("50051"))) << command;
+    // The server MUTWO_SERVER names answers (whatever the job's state).
+    CommandResult here = Cli(command);
+    EXPECT_NE(here.exit_code, 4) << command << "\n" << here.output;
+    EXPECT_THAT(here.output, Not(HasSubstr("127.0.0.1:50051"))) << command;
+  }
+  CommandResult flag =
+      RunCommand("MUTWO_SERVER=127.0.0.1:1 " + BinPath("mutwo") +
+                 " jobs --server=" + address_);
+  EXPECT_EQ(flag.exit_code, 0) << flag.output;
+  EXPECT_THAT(flag.output, HasSubstr(id));
+}
+
+TEST_F(CliServerTest, JobsListsWhenEachJobWasSubmittedAndLastUpdated) {
+  const std::string id = Submit();
+  CommandResult r = Cli("jobs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("SUBMITTED"));
+  EXPECT_THAT(r.output, HasSubstr("UPDATED"));
+  const std::string today =
+      absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone());
+  EXPECT_THAT(r.output, HasSubstr(today)) << r.output;
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("(just now|[0-9]+s ago)"))
+      << r.output;
+}
+
+// A script can tell a failed job from a good one by `mutwo job`'s exit
+// code, as by `watch`'s: 0 running or succeeded, 1 failed or cancelled.
+TEST_F(CliServerTest, JobExitsOneForAFailedOrCancelledJob) {
+  const std::string queued = Submit();
+  EXPECT_EQ(Cli("job " + queued).exit_code, 0);  // no verdict yet
+  EXPECT_EQ(Cli("cancel " + queued).exit_code, 0);
+  CommandResult cancelled = Cli("job " + queued);
+  EXPECT_THAT(cancelled.output, HasSubstr("CANCELLED"));
+  EXPECT_EQ(cancelled.exit_code, 1) << cancelled.output;
+  EXPECT_EQ(Cli("job " + queued + " --output=json").exit_code, 1);
+
+  StartFakeWorker(/*fail_one_in=*/1);  // every task fails: the job FAILED
+  const std::string failed = Submit();
+  CommandResult r = WaitFinal(failed);
+  EXPECT_THAT(r.output, HasSubstr("FAILED"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+TEST_F(CliServerTest, JobExitsZeroForASucceededJob) {
+  StartFakeWorker(/*fail_one_in=*/0);
+  const std::string id = Submit();
+  CommandResult r = WaitFinal(id);
+  EXPECT_THAT(r.output, HasSubstr("SUCCEEDED"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST_F(CliServerTest, LatestNamesTheNewestJob) {
+  CommandResult none = Cli("job latest");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("has none yet"));
+  const std::string first = Submit();
+  const std::string second = Submit("70%");
+  ASSERT_NE(first, second);
+  for (const std::string& form : {"latest", "-"}) {
+    CommandResult r = Cli("job " + std::string(form));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("job " + second)) << form;
+    EXPECT_THAT(r.output, Not(HasSubstr(first))) << form;
+  }
+  CommandResult json = Cli("job latest --output=json");
+  EXPECT_THAT(json.output, HasSubstr("\"job_id\": \"" + second + "\""));
+  // Cancel takes the id only: "latest" could be someone else's new job.
+  CommandResult cancel = Cli("cancel latest");
+  EXPECT_EQ(cancel.exit_code, 2) << cancel.output;
+  EXPECT_THAT(cancel.output, HasSubstr("cancel needs the job's id"));
+}
+
+}  // namespace
+}  // namespace mutwo
