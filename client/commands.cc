@@ -73,7 +73,8 @@ std::vector<CommandSpec> Commands() {
        "knee; with two or more batch sizes\nthe max batch for --capacity, "
        "verified by a step on a worker. With --wait:\none progress line per "
        "change on stderr, then the results; exit 3 when a\nbudget fits at "
-       "no batch size.",
+       "no batch size; Ctrl-C stops following (exit 130), prints how to\n"
+       "watch or cancel the job, and leaves it running.",
        Rpc({"input", "unbatched", "batch", "budget", "capacity", "loss",
             "optimizer", "max_overhead", "device_kind", "name", "request_id",
             "wait", "wait_timeout_s", "max_model_bytes"}),
@@ -97,7 +98,8 @@ std::vector<CommandSpec> Commands() {
        "Re-attaches to a job submitted earlier (or by someone else). Exit "
        "codes as\nsubmit --wait: 0 done and every budget fits at some batch "
        "size, 1 failed\nor cancelled, 3 a budget fits at no batch size, 4 "
-       "server gone or\n--wait_timeout_s passed.",
+       "server gone or\n--wait_timeout_s passed, 130 Ctrl-C (the job keeps "
+       "running; the lines\nprinted say how to watch or cancel it).",
        Rpc({"wait_timeout_s"}),
        {},
        WatchCommand},
@@ -205,7 +207,7 @@ int RunCli(int argc, char** argv) {
       "JOB_ID may\nbe `latest` (or -): the newest job.";
   options.footer =
       "Exit codes: 0 ok, 1 failed, 2 bad input, 3 a budget does not fit, "
-      "4 server\nunavailable or deadline exceeded.";
+      "4 server\nunavailable or deadline exceeded, 130 interrupted.";
   options.global_flags = {"output"};
   options.parse.repeated = {"input", "budget", "unbatched"};
   options.parse.short_names = {{"o", "out"}};

@@ -52,6 +52,23 @@ std::string BudgetText(const v1::MemoryBudget& b) {
 
 }  // namespace
 
+void FollowCancel::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+bool FollowCancel::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool FollowCancel::Attach(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  context_ = context;
+  return !cancelled_;
+}
+
 std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
   const absl::Time at = absl::FromUnixMillis(event.unix_ms());
   std::string line = absl::FormatTime("%H:%M:%S", at, absl::LocalTimeZone());
@@ -94,7 +111,10 @@ std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
 absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
                                   const std::string& job_id,
                                   int64_t created_unix_ms, int timeout_s,
-                                  std::ostream& progress) {
+                                  std::ostream& progress,
+                                  FollowCancel* cancel) {
+  const absl::Status interrupted =
+      absl::CancelledError("stopped following the job; it goes on");
   const auto deadline =
       std::chrono::system_clock::now() + std::chrono::seconds(timeout_s);
   std::optional<v1::Job> final_job;
@@ -102,6 +122,7 @@ absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(deadline);
+    if (cancel != nullptr && !cancel->Attach(&context)) return interrupted;
     v1::WatchJobRequest request;
     request.set_job_id(job_id);
     auto reader = stub.WatchJob(&context, request);
@@ -117,6 +138,14 @@ absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
       progress << ProgressLine(event, created_unix_ms) << "\n" << std::flush;
     }
     grpc::Status status = reader->Finish();
+    if (cancel != nullptr) {
+      cancel->Attach(nullptr);
+      // A job that ended as the user pressed Ctrl-C is reported.
+      if (cancel->cancelled() &&
+          !(final_job.has_value() && IsFinal(final_job->state()))) {
+        return interrupted;
+      }
+    }
     // Too many watches open: the server says when to come back; come back
     // then if the time allowed lasts that long.
     if (std::optional<int64_t> hint = RetryPushbackMs(context);

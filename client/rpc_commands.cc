@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/floor_text.h"
+#include "client/interrupt.h"
 #include "client/job_watch.h"
 #include "client/plot_data.h"
 #include "client/plot_render.h"
@@ -366,11 +367,24 @@ void PrintJobText(const v1::Job& job) {
 }
 
 // Follows a job to its end, prints it and returns the exit code (0, 1, 3
-// as FinishedJobExitCode; 4 when the server or the wait gave out).
+// as FinishedJobExitCode; 4 when the server or the wait gave out; 130 when
+// Ctrl-C stopped the following, with the commands that pick the job up).
 int FollowAndReport(const std::string& cmd, v1::Planner::Stub& stub,
-                    const std::string& job_id, int64_t created_unix_ms) {
+                    const std::string& job_id, int64_t created_unix_ms,
+                    InterruptWatcher& interrupts) {
+  FollowCancel cancel;
+  interrupts.SetHandler([&cancel] { cancel.Cancel(); });
   auto job = FollowJob(stub, job_id, created_unix_ms,
-                       absl::GetFlag(FLAGS_wait_timeout_s), std::cerr);
+                       absl::GetFlag(FLAGS_wait_timeout_s), std::cerr, &cancel);
+  interrupts.ClearHandler();
+  if (!job.ok() && cancel.cancelled()) {
+    const std::string flags = ServerFlagsText();
+    std::cerr << "\nmutwo " << cmd << ": interrupted; job " << job_id
+              << " keeps running on the server.\n"
+              << "  follow it again: mutwo watch " << job_id << flags << "\n"
+              << "  cancel it:       mutwo cancel " << job_id << flags << "\n";
+    return kExitInterrupted;
+  }
   if (!job.ok()) {
     std::cerr << "mutwo " << cmd << ": following " << job_id << ": "
               << job.status().message() << "\n";
@@ -472,6 +486,9 @@ int SubmitCommand(const ParsedArgs& args) {
                                     ? RandomRequestId()
                                     : absl::GetFlag(FLAGS_request_id));
 
+  // Before the first RPC: the threads gRPC starts inherit the blocked
+  // SIGINT (client/interrupt.h). Without --wait, Ctrl-C ends the command.
+  InterruptWatcher interrupts;
   auto stub = PlannerStub();
   {
     grpc::ClientContext context;
@@ -517,7 +534,8 @@ int SubmitCommand(const ParsedArgs& args) {
     }
     return kExitOk;
   }
-  return FollowAndReport(cmd, *stub, job_id, submitted.job().created_unix_ms());
+  return FollowAndReport(cmd, *stub, job_id, submitted.job().created_unix_ms(),
+                         interrupts);
 }
 
 int WatchCommand(const ParsedArgs& args) {
@@ -525,6 +543,7 @@ int WatchCommand(const ParsedArgs& args) {
   if (args.positional.size() != 1) {
     return BadInput(cmd, "usage: mutwo watch JOB_ID|latest");
   }
+  InterruptWatcher interrupts;  // before the first RPC (client/interrupt.h)
   auto stub = PlannerStub();
   auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
   if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
@@ -537,7 +556,8 @@ int WatchCommand(const ParsedArgs& args) {
     grpc::Status status = stub->GetJob(&context, request, &job);
     if (!status.ok()) return RpcError(cmd, status);
   }
-  return FollowAndReport(cmd, *stub, job.job_id(), job.created_unix_ms());
+  return FollowAndReport(cmd, *stub, job.job_id(), job.created_unix_ms(),
+                         interrupts);
 }
 
 int JobsCommand(const ParsedArgs&) {

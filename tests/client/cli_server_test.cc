@@ -2,6 +2,8 @@
 // a test starts the fake one): the server named by MUTWO_SERVER, the time
 // columns of `mutwo jobs`, the exit code of `mutwo job` for a final job, the
 // `latest` shorthand.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -213,6 +215,55 @@ TEST_F(CliServerTest, LatestNamesTheNewestJob) {
   CommandResult cancel = Cli("cancel latest");
   EXPECT_EQ(cancel.exit_code, 2) << cancel.output;
   EXPECT_THAT(cancel.output, HasSubstr("cancel needs the job's id"));
+}
+
+// Waits until `process`'s log holds `text`; false after 10 s.
+bool WaitForLog(const Subprocess& process, const std::string& text) {
+  for (int i = 0; i < 200; ++i) {
+    if (process.Log().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// Ctrl-C while following a job (no worker: it stays QUEUED) stops the
+// following only: exit 130, the job still queued, and the lines printed
+// name the commands that watch or cancel that job on that server.
+TEST_F(CliServerTest, CtrlCWhileFollowingSaysTheJobKeepsRunningAndHow) {
+  const std::string id = Submit();
+  for (const std::string& how : {"watch", "submit --wait"}) {
+    Subprocess cli;
+    std::vector<std::string> argv = {BinPath("mutwo")};
+    if (std::string(how) == "watch") {
+      argv.insert(argv.end(), {"watch", id});
+    } else {
+      argv.insert(argv.end(), {"submit", model_, "--input", "x:float32[B,16]",
+                               "--batch", "2", "--budget", "90%", "--wait"});
+    }
+    argv.push_back("--server=" + address_);
+    const std::string log = (dir_ / "cli.log").string();
+    std::filesystem::remove(log);
+    ASSERT_TRUE(cli.Start(argv, log));
+    ASSERT_TRUE(WaitForLog(cli, "QUEUED")) << how << ": " << cli.Log();
+    cli.Kill(SIGINT);
+    EXPECT_EQ(cli.Wait(std::chrono::seconds(10)), 130) << how << cli.Log();
+    std::string followed = id;
+    if (std::string(how) != "watch") {
+      std::smatch m;
+      const std::string out = cli.Log();
+      ASSERT_TRUE(std::regex_search(out, m, std::regex("job (\\S+) submitted")))
+          << out;
+      followed = m[1];
+    }
+    const std::string out = cli.Log();
+    EXPECT_THAT(out, HasSubstr("job " + followed + " keeps running"));
+    EXPECT_THAT(out,
+                HasSubstr("mutwo watch " + followed + " --server=" + address_));
+    EXPECT_THAT(
+        out, HasSubstr("mutwo cancel " + followed + " --server=" + address_));
+    CommandResult job = Cli("job " + followed);
+    EXPECT_THAT(job.output, HasSubstr("QUEUED")) << how;
+  }
 }
 
 }  // namespace
