@@ -187,7 +187,8 @@ std::vector<CommandSpec> Commands() {
        "largest batch that fits, predicted offline from profiles",
        "Predicted peaks are grown by what the profiles measured above the "
        "simulation\n(fragmentation) and compared with the capacity less the "
-       "allocator reserve;\nthe answer says how far it extrapolated. Not "
+       "allocator reserve;\nthe answer says how far it extrapolated, with a "
+       "warning on stderr beyond 4x\nthe largest profiled batch size. Not "
        "verified by execution: submit\nthe batch sizes with --capacity for "
        "that.",
        {"capacity", "max_overhead"},

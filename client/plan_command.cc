@@ -227,6 +227,36 @@ int MaxBatchCommand(const ParsedArgs& args) {
     std::cerr << cmd << prediction.status().message() << "\n";
     return kExitBadInput;
   }
+  // Two or three profiled batch sizes fit a line; far beyond them, memory
+  // that does not grow linearly with the batch (workspaces, allocator
+  // rounding, a layer whose activations grow faster) is not seen, and a
+  // capacity defaulted from the profiled device (the host's RAM on the CPU)
+  // invites answers hundreds of times the largest batch profiled.
+  constexpr double kFarExtrapolation = 4.0;
+  if (prediction->extrapolation() > kFarExtrapolation) {
+    const int64_t largest =
+        *std::max_element(prediction->profiled_batch_sizes().begin(),
+                          prediction->profiled_batch_sizes().end());
+    std::cerr << cmd << "warning: the answer ("
+              << prediction->max_batch_with_schedule() << ") is "
+              << absl::StrFormat(
+                     prediction->extrapolation() < 10 ? "%.1fx" : "%.0fx",
+                     prediction->extrapolation())
+              << " the largest profiled batch size (" << largest
+              << "): a straight line fitted to batch sizes "
+              << absl::StrJoin(prediction->profiled_batch_sizes(), ", ")
+              << ", extended that far, misses memory that grows otherwise. "
+                 "Profile a batch size near the answer"
+              << (capacity == 0
+                      ? absl::StrCat(
+                            ", or give --capacity for the memory you will "
+                            "train with (the default, 95% of the profiled "
+                            "device ",
+                            profiles.front().device().name(), ", is ",
+                            FormatBytes(prediction->capacity_bytes()), ")")
+                      : "")
+              << ".\n";
+  }
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << ProtoToJson(*prediction);
   } else {
