@@ -292,18 +292,22 @@ class Client:
     def wait(self, job: Union[Job, str], *, timeout_s: float = 3600.0,
              progress: Optional[bool] = None,
              raise_on_failure: bool = True) -> Job:
-        """Waits until the job is final and returns it. Shows a progress
-        bar (tqdm if installed, else a line per change on stderr) unless
-        `progress` is False; None shows it when stderr is a terminal. A
-        dropped stream is resumed while time is left; TimeoutError after
-        `timeout_s`; JobFailedError for FAILED or CANCELLED unless
-        raise_on_failure is False."""
+        """Waits until the job is final and returns it. Shows progress on
+        stderr unless `progress` is False: a bar (tqdm if installed, else a
+        line per change); with None (the default), the bar on a terminal
+        and otherwise (a log file, a notebook's captured stderr) one line
+        per change of state. A dropped stream is resumed while time is
+        left; TimeoutError after `timeout_s`; JobFailedError for FAILED or
+        CANCELLED unless raise_on_failure is False. Ctrl-C
+        (KeyboardInterrupt) stops the waiting, not the job: a line says how
+        to follow or cancel it."""
         import sys
 
         job_id = self._id(job)
+        states_only = False
         if progress is None:
-            progress = sys.stderr.isatty()
-        bar = _ProgressBar(job_id) if progress else None
+            progress, states_only = True, not sys.stderr.isatty()
+        bar = _ProgressBar(job_id, states_only) if progress else None
         deadline = time.monotonic() + timeout_s
         final: Optional[Job] = None
         try:
@@ -331,6 +335,12 @@ class Client:
                     current = self.job(job_id)
                     if current.done:
                         final = current
+        except KeyboardInterrupt:
+            print(f"\nmutwo: stopped waiting; job {job_id} keeps running on "
+                  f"{self.target}: client.wait({job_id!r}) follows it again, "
+                  f"client.cancel({job_id!r}) cancels it (CLI: mutwo watch "
+                  f"{job_id} / mutwo cancel {job_id})", file=sys.stderr)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -408,17 +418,22 @@ def _job_id(job: Union[Job, str]) -> str:
 
 class _ProgressBar:
     """tqdm over the job's tasks where tqdm is installed, else one stderr
-    line per change."""
+    line per change; `states_only`: one line per change of state (stderr is
+    no terminal: a bar would be noise, silence leaves people guessing)."""
 
-    def __init__(self, job_id: str):
+    def __init__(self, job_id: str, states_only: bool = False):
         self._job_id = job_id
+        self._states_only = states_only
         self._last = ""
+        self._tqdm: Any = None
+        if states_only:
+            return
         try:
             from tqdm import tqdm  # type: ignore[import]
-            self._tqdm: Any = tqdm(total=0, desc=f"job {job_id[:8]}",
-                                   unit="task", leave=True)
+            self._tqdm = tqdm(total=0, desc=f"job {job_id[:8]}",
+                              unit="task", leave=True)
         except ImportError:
-            self._tqdm = None
+            pass
 
     def update(self, event: JobProgress) -> None:
         text = event.running or event.waiting or event.message
@@ -429,12 +444,19 @@ class _ProgressBar:
                                        refresh=False)
             self._tqdm.refresh()
             return
-        line = (f"job {self._job_id[:8]}: {event.state} "
-                f"{event.tasks_done}/{event.tasks_total} {text}")
-        if line != self._last:
+        if self._states_only:
+            key = event.state
+            line = (f"{time.strftime('%H:%M:%S')} job {self._job_id}: "
+                    f"{event.state} ({event.tasks_done}/{event.tasks_total} "
+                    "tasks)" + (f"; waiting: {event.waiting}"
+                                if event.waiting else ""))
+        else:
+            line = key = (f"job {self._job_id[:8]}: {event.state} "
+                          f"{event.tasks_done}/{event.tasks_total} {text}")
+        if key != self._last:
             import sys
-            print(line, file=sys.stderr)
-            self._last = line
+            print(line, file=sys.stderr, flush=True)
+            self._last = key
 
     def close(self) -> None:
         if self._tqdm is not None:
