@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -215,6 +216,33 @@ TEST_F(CliServerTest, LatestNamesTheNewestJob) {
   CommandResult cancel = Cli("cancel latest");
   EXPECT_EQ(cancel.exit_code, 2) << cancel.output;
   EXPECT_THAT(cancel.output, HasSubstr("cancel needs the job's id"));
+}
+
+// One line per step of the job: never two lines in a row with the same
+// state and counts (a task's report and the next task's lease are one step).
+TEST_F(CliServerTest, SubmitWaitPrintsOneProgressLinePerStep) {
+  StartFakeWorker(0);
+  CommandResult r = Cli("submit " + model_ +
+                        " --input x:float32[B,16] --batch 2,4,8 --budget 80% "
+                        "--budget 60% --wait");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  static const std::regex progress(
+      "^[0-9:]{8} \\+[0-9hms]+  ([A-Z]+) +profiled ([0-9]+/[0-9]+) batch "
+      "sizes, ([0-9]+/[0-9]+) budgets decided.*$");
+  std::vector<std::string> steps;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, progress)) continue;
+    const std::string step =
+        absl::StrCat(m[1].str(), " ", m[2].str(), " ", m[3].str());
+    EXPECT_TRUE(steps.empty() || steps.back() != step)
+        << "two lines for " << step << ":\n"
+        << r.output;
+    steps.push_back(step);
+  }
+  EXPECT_GE(steps.size(), 3u) << r.output;
+  EXPECT_EQ(steps.back(), "SUCCEEDED 3/3 6/6") << r.output;
 }
 
 // Waits until `process`'s log holds `text`; false after 10 s.
