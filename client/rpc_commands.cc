@@ -1,5 +1,6 @@
 #include "client/rpc_commands.h"
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -238,11 +239,31 @@ std::string TrainingLoopText(const v1::BatchResult& r,
   return absl::StrCat("NOT HOLDING ", peak);
 }
 
+// Whether the plans of `r` were made against another measurement than the
+// job's own (the schedule cache served plans made from an earlier profile
+// of the same model, inputs and device): the step times differ by more
+// than timing noise rounds away in the tables.
+bool PlannedAgainstAnotherBaseline(const v1::BatchResult& r,
+                                   double plan_baseline_ms) {
+  return plan_baseline_ms > 0 && r.baseline_iteration_ms() > 0 &&
+         std::abs(plan_baseline_ms / r.baseline_iteration_ms() - 1) > 0.005;
+}
+
+std::string PlannedElsewhereNote(const v1::BatchResult& r,
+                                 double plan_baseline_ms) {
+  return absl::StrFormat(
+      "batch %d: planned from an earlier profile of this model (the schedule "
+      "cache), whose baseline step took %.1f ms; this job measured %.1f ms. "
+      "Planned times and overheads are against the plans' own baseline.",
+      r.batch_size(), plan_baseline_ms, r.baseline_iteration_ms());
+}
+
 // The memory question, per batch size, whether or not budgets were given.
 void PrintMemoryTable(const v1::Job& job) {
   TextTable table({"batch", "base peak", "base ms", "floor", "auto budget",
                    "knee peak", "knee ms", "knee overhead", "pareto"},
                   {true, true, true, true, true, true, true, true, true});
+  std::vector<std::string> notes;
   for (const v1::BatchResult& r : job.results()) {
     if (r.oom()) {
       table.AddRow({absl::StrCat(r.batch_size()),
@@ -252,6 +273,13 @@ void PrintMemoryTable(const v1::Job& job) {
     }
     const bool answered = r.floor_bytes() > 0;
     const v1::ParetoPoint& k = r.knee();
+    // The knee's time against the baseline it was planned against.
+    const double plan_baseline_ms = r.plan_baseline_iteration_ms() > 0
+                                        ? r.plan_baseline_iteration_ms()
+                                        : r.baseline_iteration_ms();
+    if (answered && PlannedAgainstAnotherBaseline(r, plan_baseline_ms)) {
+      notes.push_back(PlannedElsewhereNote(r, plan_baseline_ms));
+    }
     table.AddRow(
         {absl::StrCat(r.batch_size()), FormatBytes(r.baseline_peak_bytes()),
          absl::StrFormat("%.1f", r.baseline_iteration_ms()),
@@ -259,8 +287,8 @@ void PrintMemoryTable(const v1::Job& job) {
          answered ? FormatBytes(k.budget_bytes()) : "-",
          answered ? FormatBytes(k.predicted_peak_bytes()) : "-",
          answered ? absl::StrFormat("%.1f", k.predicted_iteration_ms()) : "-",
-         answered && r.baseline_iteration_ms() > 0
-             ? Pct(k.predicted_iteration_ms() / r.baseline_iteration_ms() - 1)
+         answered && plan_baseline_ms > 0
+             ? Pct(k.predicted_iteration_ms() / plan_baseline_ms - 1)
              : "-",
          answered ? absl::StrCat(r.pareto_size(), " points") : "-"});
   }
@@ -268,6 +296,7 @@ void PrintMemoryTable(const v1::Job& job) {
                "measured by a worker when the job asked for --budget floor, "
                "else predicted; auto: the knee of the Pareto curve)\n"
             << table.Render();
+  for (const std::string& note : notes) std::cout << note << "\n";
 }
 
 void PrintJobText(const v1::Job& job) {
@@ -286,7 +315,8 @@ void PrintJobText(const v1::Job& job) {
     if (job.has_max_batch()) PrintMaxBatch(job.max_batch());
     return;
   }
-  std::cout << "budgets (only \"fits\" is measured within the budget)\n";
+  std::cout << "budgets (only \"fits\" is measured within the budget; base: "
+               "the baseline each plan was made against)\n";
   TextTable table(
       {"batch", "budget", "base peak", "base ms", "plan peak", "plan ms",
        "overhead", "measured", "meas ms", "check", "training loop"},
@@ -304,6 +334,7 @@ void PrintJobText(const v1::Job& job) {
       }
       continue;
     }
+    bool plans_noted = false;  // one note per batch size
     for (int i = 0; i < r.schedules_size(); ++i) {
       const v1::Schedule& s = r.schedules(i);
       const std::string budget = s.budget().text().empty()
@@ -346,10 +377,21 @@ void PrintJobText(const v1::Job& job) {
           s.baseline_iteration_ms() > 0
               ? s.predicted_iteration_ms() / s.baseline_iteration_ms() - 1
               : 0;
+      // The baseline the plan was made against, beside its plan: a plan
+      // from the schedule cache was made from an earlier profile.
+      const bool own_baseline = s.baseline_iteration_ms() > 0;
+      if (own_baseline && !plans_noted &&
+          PlannedAgainstAnotherBaseline(r, s.baseline_iteration_ms()) &&
+          !PlannedAgainstAnotherBaseline(r, r.plan_baseline_iteration_ms())) {
+        notes.push_back(PlannedElsewhereNote(r, s.baseline_iteration_ms()));
+        plans_noted = true;
+      }
       table.AddRow(
           {absl::StrCat(r.batch_size()), budget,
-           FormatBytes(r.baseline_peak_bytes()),
-           absl::StrFormat("%.1f", r.baseline_iteration_ms()),
+           FormatBytes(own_baseline ? s.baseline_peak_bytes()
+                                    : r.baseline_peak_bytes()),
+           absl::StrFormat("%.1f", own_baseline ? s.baseline_iteration_ms()
+                                                : r.baseline_iteration_ms()),
            planned ? FormatBytes(s.predicted_peak_bytes())
                    : absl::StrCat("infeasible (floor ",
                                   FormatBytes(s.floor_bytes()), ")"),
@@ -687,39 +729,22 @@ int ScheduleCommand(const ParsedArgs& args) {
     if (stub->GetProfile(&context, profile_request, &p).ok()) profile = p;
   }
   std::cout << "policy " << v1::Policy_Name(schedule.policy()) << ", batch "
-            << schedule.batch_size() << ", budget "
-            << FormatBytes(schedule.budget_bytes()) << ": "
+            << schedule.batch_size() << ": "
             << (schedule.feasible() ? "feasible" : "INFEASIBLE")
             << (schedule.measured_peak_bytes() > 0
-                    ? absl::StrCat(", measured ",
+                    ? absl::StrCat(", measured peak ",
                                    FormatBytes(schedule.measured_peak_bytes()))
                     : "")
             << "\n"
-            << "  baseline  " << FormatBytes(schedule.baseline_peak_bytes())
-            << ", "
-            << absl::StrFormat("%.2f ms", schedule.baseline_iteration_ms())
-            << "\n  planned   " << FormatBytes(schedule.predicted_peak_bytes())
-            << ", "
-            << absl::StrFormat("%.2f ms", schedule.predicted_iteration_ms())
-            << "\n  floor     " << FormatBytes(schedule.floor_bytes()) << "\n"
             << (schedule.correction_bytes() > 0
-                    ? absl::StrCat("  planned   ",
+                    ? absl::StrCat("  correction  planned ",
                                    FormatBytes(schedule.correction_bytes()),
                                    " below the budget (learned from "
                                    "validations)\n")
                     : "")
-            << (!schedule.feasible() && !schedule.reason().empty()
-                    ? absl::StrCat("  reason    ", schedule.reason(), "\n")
-                    : "")
-            << "  " << schedule.recomputed() << " recomputed, "
-            << schedule.swapped() << " swapped of " << schedule.decisions_size()
-            << " activations\n"
-            << DecisionsText(schedule, profile ? &*profile : nullptr, 2);
-  for (const auto& pt : schedule.pareto()) {
-    std::cout << absl::StrFormat("  pareto: peak %s, %.2f ms\n",
-                                 FormatBytes(pt.predicted_peak_bytes()),
-                                 pt.predicted_iteration_ms());
-  }
+            << ScheduleText(schedule, profile ? &*profile : nullptr,
+                            "predicted unless the job measured it: mutwo job",
+                            2);
   return schedule.feasible() ? kExitOk : kExitInfeasible;
 }
 

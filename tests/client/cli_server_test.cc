@@ -88,10 +88,16 @@ class CliServerTest : public ::testing::Test {
     return m[1];
   }
 
-  void StartFakeWorker(int fail_one_in) {
-    worker_ = std::thread([this, fail_one_in] {
-      testing::RunFakeWorker(channel_, stop_worker_, 7, fail_one_in);
+  void StartFakeWorker(int fail_one_in, double step_time_scale = 1.0) {
+    stop_worker_ = false;
+    worker_ = std::thread([this, fail_one_in, step_time_scale] {
+      testing::RunFakeWorker(channel_, stop_worker_, 7, fail_one_in,
+                             step_time_scale);
     });
+  }
+  void StopFakeWorker() {
+    stop_worker_ = true;
+    if (worker_.joinable()) worker_.join();
   }
 
   // Polls `mutwo job ID` until the job is final; returns that last run.
@@ -243,6 +249,46 @@ TEST_F(CliServerTest, SubmitWaitPrintsOneProgressLinePerStep) {
   }
   EXPECT_GE(steps.size(), 3u) << r.output;
   EXPECT_EQ(steps.back(), "SUCCEEDED 3/3 6/6") << r.output;
+}
+
+// A job whose plans come from the schedule cache (planned from an earlier
+// job's profile, whose step took longer) shows each plan beside the
+// baseline it was planned against, and says so, instead of a planned time
+// beside this job's own, faster baseline.
+TEST_F(CliServerTest, JobShowsPlansBesideTheBaselineTheyWerePlannedAgainst) {
+  StartFakeWorker(0);
+  CommandResult first = WaitFinal(Submit());
+  ASSERT_THAT(first.output, HasSubstr("SUCCEEDED"));
+  StopFakeWorker();
+  StartFakeWorker(0, /*step_time_scale=*/0.5);  // this job measures 2x faster
+  const std::string id = Submit();
+  CommandResult again = WaitFinal(id);
+  ASSERT_THAT(again.output, HasSubstr("SUCCEEDED"));
+  // The first job's rows: "2  80%  20.00 MiB  24.0  ..." (base ms 24.0);
+  // the second measured 12.0 ms, but its plan was made against 24.0 ms.
+  static const std::regex row(
+      "\\n +2 +80% +[0-9.]+ MiB +([0-9.]+) +[0-9.]+ MiB +([0-9.]+) "
+      "+([-+0-9.]+)%");
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(first.output, a, row)) << first.output;
+  ASSERT_TRUE(std::regex_search(again.output, b, row)) << again.output;
+  EXPECT_EQ(b[1].str(), a[1].str()) << again.output;  // the plan's baseline
+  EXPECT_EQ(b[2].str(), a[2].str());                  // the same plan
+  EXPECT_EQ(b[3].str(), a[3].str());                  // the same overhead
+  EXPECT_THAT(again.output,
+              HasSubstr("batch 2: planned from an earlier profile of this "
+                        "model (the schedule cache), whose baseline step took "
+                        "24.0 ms; this job measured 12.0 ms"));
+  EXPECT_THAT(first.output, Not(HasSubstr("earlier profile")));
+  // The memory table's knee overhead is against that baseline too.
+  static const std::regex knee(
+      "\\n +2 +[0-9.]+ MiB +([0-9.]+) .* ([-+0-9.]+)% "
+      "+[0-9]+ points");
+  ASSERT_TRUE(std::regex_search(first.output, a, knee)) << first.output;
+  ASSERT_TRUE(std::regex_search(again.output, b, knee)) << again.output;
+  EXPECT_EQ(a[1].str(), "24.0");
+  EXPECT_EQ(b[1].str(), "12.0");  // this job's measurement
+  EXPECT_EQ(b[2].str(), a[2].str()) << again.output;
 }
 
 // Waits until `process`'s log holds `text`; false after 10 s.

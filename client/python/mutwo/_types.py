@@ -328,6 +328,10 @@ class BatchResult:
     # not measured, floor_bytes is the planner's prediction.
     measured_floor_bytes: int = 0
     training_loop: Tuple[TrainingLoopReport, ...] = ()
+    # The baseline step time the floor, curve and knee were planned
+    # against: baseline_iteration_ms unless the schedule cache served plans
+    # made from an earlier profile of the same model (0: an older server).
+    plan_baseline_iteration_ms: float = 0.0
     proto: Optional[types_pb2.BatchResult] = _PROTO
 
     def __str__(self) -> str:
@@ -345,8 +349,10 @@ class BatchResult:
             lines.append(f"  floor {floor} (the lowest budget that fits)")
         if self.knee is not None:
             k = self.knee
-            overhead = (f" ({k.predicted_iteration_ms / self.baseline_iteration_ms - 1:+.1%})"
-                        if self.baseline_iteration_ms > 0 else "")
+            # Against the baseline the knee was planned against.
+            base = self.plan_baseline_iteration_ms or self.baseline_iteration_ms
+            overhead = (f" ({k.predicted_iteration_ms / base - 1:+.1%})"
+                        if base > 0 else "")
             lines.append(f"  knee (budget auto): budget "
                          f"{format_bytes(k.budget_bytes)}, planned peak "
                          f"{format_bytes(k.predicted_peak_bytes)}, "
@@ -394,6 +400,7 @@ class BatchResult:
                    measured_floor_bytes=r.measured_floor_bytes,
                    training_loop=tuple(TrainingLoopReport.from_proto(t)
                                        for t in r.training_loop),
+                   plan_baseline_iteration_ms=r.plan_baseline_iteration_ms,
                    proto=r)
 
 
