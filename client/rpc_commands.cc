@@ -906,7 +906,11 @@ int PlotCommand(const ParsedArgs& args) {
       }
       others.push_back(std::move(schedule));
     }
-    data = ParetoPlotData(mutwo, others, job.spec().model_name());
+    const v1::BatchResult* result = nullptr;
+    for (const v1::BatchResult& r : job.results()) {
+      if (r.batch_size() == *batch) result = &r;
+    }
+    data = ParetoPlotData(mutwo, others, job.spec().model_name(), result);
   } else {
     v1::GetProfileRequest profile_request;
     profile_request.set_job_id(job.job_id());

@@ -191,17 +191,18 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   if (reserve > 0) {
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned for ",
-        budget_bytes - reserve - correction, " B: a reserve of ", reserve,
+        FormatBytes(budget_bytes - reserve - correction), ": a reserve of ",
+        FormatBytes(reserve),
         profile.device().kind() == "cuda"
-            ? " B (4 MiB + 1% of the budget) for the CUDA caching "
+            ? " (4 MiB + 1% of the budget) for the CUDA caching "
               "allocator's block rounding"
-            : " B (16 KiB + 1.5% of the budget) for what the memory model "
+            : " (16 KiB + 1.5% of the budget) for what the memory model "
               "leaves out of replays");
   }
   if (correction > 0) {
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned ",
-        correction, " B below the budget",
+        FormatBytes(correction), " below the budget",
         reserve > 0 ? " (and the reserve)" : "",
         ": what validations measured above the prediction, plus a margin");
   }
