@@ -5,6 +5,7 @@
 #include <iostream>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <variant>
 
 #include "absl/flags/declare.h"
@@ -681,7 +682,11 @@ int JobCommand(const ParsedArgs& args) {
   const bool final = job.state() == v1::Job::SUCCEEDED ||
                      job.state() == v1::Job::FAILED ||
                      job.state() == v1::Job::CANCELLED;
-  return final ? FinishedJobExitCode(job, std::cerr) : kExitOk;
+  // With --output json the JSON alone is the answer (its outcomes say which
+  // budget fits nowhere): no lines on stderr for a reader that merges them.
+  std::ostringstream quiet;
+  return final ? FinishedJobExitCode(job, JsonOutput() ? quiet : std::cerr)
+               : kExitOk;
 }
 
 int ScheduleCommand(const ParsedArgs& args) {

@@ -201,6 +201,16 @@ TEST_F(CliServerTest, JobExitsZeroForASucceededJob) {
   CommandResult r = WaitFinal(id);
   EXPECT_THAT(r.output, HasSubstr("SUCCEEDED"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // A budget that fits at no batch size: 3, as `watch`; with --output json
+  // the JSON alone (stdout and stderr together are still one JSON object).
+  const std::string nowhere = Submit("1B");
+  CommandResult text = WaitFinal(nowhere);
+  EXPECT_EQ(text.exit_code, 3) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("budget 1B fits at no batch size"));
+  CommandResult json = Cli("job " + nowhere + " --output=json");
+  EXPECT_EQ(json.exit_code, 3);
+  EXPECT_EQ(json.output.front(), '{') << json.output;
+  EXPECT_EQ(json.output.substr(json.output.size() - 2), "}\n") << json.output;
 }
 
 TEST_F(CliServerTest, LatestNamesTheNewestJob) {
