@@ -18,7 +18,6 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
-ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, output);
 
 namespace mutwo {
@@ -38,7 +37,7 @@ int Health(const ParsedArgs&) {
       std::cout << "{\"status\": \"UNAVAILABLE\", \"error\": "
                 << JsonQuote(status.error_message()) << "}\n";
     }
-    std::cerr << "mutwo health: " << absl::GetFlag(FLAGS_server) << ": "
+    std::cerr << "mutwo health: " << ServerAddress() << ": "
               << status.error_message() << "\n";
     return ExitCodeFor(status);
   }
@@ -48,7 +47,7 @@ int Health(const ParsedArgs&) {
   if (json) {
     std::cout << "{\"status\": \"" << state << "\"}\n";
   } else {
-    std::cout << absl::GetFlag(FLAGS_server) << ": " << state << "\n";
+    std::cout << ServerAddress() << ": " << state << "\n";
   }
   return serving ? kExitOk : kExitFailure;
 }
@@ -74,7 +73,8 @@ std::vector<CommandSpec> Commands() {
        "knee; with two or more batch sizes\nthe max batch for --capacity, "
        "verified by a step on a worker. With --wait:\none progress line per "
        "change on stderr, then the results; exit 3 when a\nbudget fits at "
-       "no batch size.",
+       "no batch size; Ctrl-C stops following (exit 130), prints how to\n"
+       "watch or cancel the job, and leaves it running.",
        Rpc({"input", "unbatched", "batch", "budget", "capacity", "loss",
             "optimizer", "max_overhead", "device_kind", "name", "request_id",
             "wait", "wait_timeout_s", "max_model_bytes"}),
@@ -93,31 +93,35 @@ std::vector<CommandSpec> Commands() {
          "with a schedule (0.25 = +25%)"}},
        SubmitCommand},
       {"watch",
-       "JOB_ID",
+       "JOB_ID|latest",
        "follow a running job: progress lines, then its results",
        "Re-attaches to a job submitted earlier (or by someone else). Exit "
        "codes as\nsubmit --wait: 0 done and every budget fits at some batch "
        "size, 1 failed\nor cancelled, 3 a budget fits at no batch size, 4 "
-       "server gone or\n--wait_timeout_s passed.",
+       "server gone or\n--wait_timeout_s passed, 130 Ctrl-C (the job keeps "
+       "running; the lines\nprinted say how to watch or cancel it).",
        Rpc({"wait_timeout_s"}),
        {},
        WatchCommand},
       {"jobs",
        "[--state STATE] [--limit N]",
-       "list jobs",
-       "",
+       "list jobs, newest first",
+       "SUBMITTED is the local time the job was submitted, UPDATED how long "
+       "ago it\nlast changed.",
        Rpc({"state", "limit"}),
        {},
        JobsCommand},
       {"job",
-       "JOB_ID",
+       "JOB_ID|latest",
        "a job's state and results table",
-       "",
+       "Exit codes: 0 the job runs, or it succeeded and every budget fits "
+       "at some\nbatch size; 1 it failed or was cancelled; 3 it succeeded but "
+       "a budget fits at\nno batch size (as watch).",
        Rpc({}),
        {},
        JobCommand},
       {"schedule",
-       "JOB_ID --batch N [--budget B] [--policy P] [--pareto]",
+       "JOB_ID|latest --batch N [--budget B] [--policy P] [--pareto]",
        "a schedule, from the cache or planned for a new budget",
        "Lists every activation recomputed or swapped. Exit 3 when "
        "infeasible.",
@@ -126,14 +130,14 @@ std::vector<CommandSpec> Commands() {
         {"budget", "memory budget: 60%, 80%dev, 4GiB or auto (default: 60%)"}},
        ScheduleCommand},
       {"profile",
-       "JOB_ID --batch N [--format text|csv|json]",
+       "JOB_ID|latest --batch N [--format text|csv|json]",
        "the measured profile of one batch size",
        "",
        Rpc({"batch", "format"}),
        {{"batch", "the batch size"}},
        ProfileCommand},
       {"plot",
-       "JOB_ID --kind timeline --batch N [--budget B] -o FILE.svg\n"
+       "JOB_ID|latest --kind timeline --batch N [--budget B] -o FILE.svg\n"
        "       mutwo plot JOB_ID --kind pareto --batch N [--budget B] -o "
        "FILE.png\n"
        "       mutwo plot JOB_ID --kind batch -o FILE.pdf",
@@ -183,7 +187,8 @@ std::vector<CommandSpec> Commands() {
        "largest batch that fits, predicted offline from profiles",
        "Predicted peaks are grown by what the profiles measured above the "
        "simulation\n(fragmentation) and compared with the capacity less the "
-       "allocator reserve;\nthe answer says how far it extrapolated. Not "
+       "allocator reserve;\nthe answer says how far it extrapolated, with a "
+       "warning on stderr beyond 4x\nthe largest profiled batch size. Not "
        "verified by execution: submit\nthe batch sizes with --capacity for "
        "that.",
        {"capacity", "max_overhead"},
@@ -198,10 +203,12 @@ int RunCli(int argc, char** argv) {
   CommandTableOptions options;
   options.program = "mutwo";
   options.description =
-      "mutwo: plan activation recompute/swap schedules for training jobs.";
+      "mutwo: plan activation recompute/swap schedules for training jobs.\n"
+      "The server is --server, else $MUTWO_SERVER, else 127.0.0.1:50051; "
+      "JOB_ID may\nbe `latest` (or -): the newest job.";
   options.footer =
       "Exit codes: 0 ok, 1 failed, 2 bad input, 3 a budget does not fit, "
-      "4 server\nunavailable or deadline exceeded.";
+      "4 server\nunavailable or deadline exceeded, 130 interrupted.";
   options.global_flags = {"output"};
   options.parse.repeated = {"input", "budget", "unbatched"};
   options.parse.short_names = {{"o", "out"}};

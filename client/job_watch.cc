@@ -52,7 +52,38 @@ std::string BudgetText(const v1::MemoryBudget& b) {
 
 }  // namespace
 
-std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
+void FollowCancel::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+bool FollowCancel::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool FollowCancel::Attach(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  context_ = context;
+  return !cancelled_;
+}
+
+std::optional<int64_t> RawTimeLeftMs(const v1::JobEvent& event,
+                                     int64_t created_unix_ms) {
+  // The time so far per unit of work (a batch size profiled, a budget
+  // decided), times the units left.
+  const int64_t total = event.batch_sizes_total() + event.budgets_total();
+  const int64_t done = event.batch_sizes_profiled() + event.budgets_decided();
+  if (created_unix_ms <= 0 || event.unix_ms() <= created_unix_ms || done <= 0 ||
+      done >= total || IsFinal(event.state())) {
+    return std::nullopt;
+  }
+  return (event.unix_ms() - created_unix_ms) * (total - done) / done;
+}
+
+std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms,
+                         std::optional<int64_t> left_ms) {
   const absl::Time at = absl::FromUnixMillis(event.unix_ms());
   std::string line = absl::FormatTime("%H:%M:%S", at, absl::LocalTimeZone());
   if (created_unix_ms > 0 && event.unix_ms() >= created_unix_ms) {
@@ -72,15 +103,11 @@ std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
     absl::StrAppend(&line, ", ", event.budgets_decided(), "/",
                     event.budgets_total(), " budgets decided");
   }
-  // A rough ETA: the time so far per unit of work (a batch size profiled, a
-  // budget decided), times the units left.
-  const int64_t total = event.batch_sizes_total() + event.budgets_total();
-  const int64_t done = event.batch_sizes_profiled() + event.budgets_decided();
-  if (created_unix_ms > 0 && event.unix_ms() > created_unix_ms && done > 0 &&
-      done < total && !IsFinal(event.state())) {
-    const int64_t elapsed_ms = event.unix_ms() - created_unix_ms;
-    absl::StrAppend(&line, ", ~", Elapsed(elapsed_ms * (total - done) / done),
-                    " left");
+  if (left_ms.has_value()) {
+    absl::StrAppend(&line,
+                    *left_ms == kLongerThanEstimated
+                        ? ", longer than estimated"
+                        : absl::StrCat(", ~", Elapsed(*left_ms), " left"));
   }
   if (!event.running().empty()) {
     absl::StrAppend(&line, "; running ", event.running());
@@ -91,32 +118,108 @@ std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
   return line;
 }
 
+std::string ProgressLine(const v1::JobEvent& event, int64_t created_unix_ms) {
+  return ProgressLine(event, created_unix_ms,
+                      RawTimeLeftMs(event, created_unix_ms));
+}
+
+ProgressPrinter::ProgressPrinter(int64_t created_unix_ms, std::ostream& out)
+    : created_unix_ms_(created_unix_ms), out_(out) {}
+
+void ProgressPrinter::Add(const v1::JobEvent& event) {
+  // What follows the time stamps; a change of time alone is no news.
+  v1::JobEvent timeless = event;
+  timeless.set_unix_ms(0);
+  const std::string what = ProgressLine(timeless, 0);
+  if (what == last_) return;
+  // Between one task's report and the next lease the job is in a working
+  // state with nothing running; the next event, a moment later, names the
+  // next task. Hold that line and print the next in its place (same state
+  // and counts), instead of two lines for one step.
+  if (held_.has_value()) {
+    const bool same_step =
+        held_->state() == event.state() &&
+        held_->batch_sizes_profiled() == event.batch_sizes_profiled() &&
+        held_->budgets_decided() == event.budgets_decided();
+    if (!same_step) Print(*held_);
+    held_.reset();
+  }
+  const bool working = event.state() == v1::Job::PROFILING ||
+                       event.state() == v1::Job::VALIDATING;
+  if (working && event.running().empty() && event.waiting().empty()) {
+    held_ = event;
+    return;
+  }
+  Print(event);
+}
+
+void ProgressPrinter::Flush() {
+  if (held_.has_value()) Print(*held_);
+  held_.reset();
+}
+
+void ProgressPrinter::Print(const v1::JobEvent& event) {
+  v1::JobEvent timeless = event;
+  timeless.set_unix_ms(0);
+  last_ = ProgressLine(timeless, 0);
+  out_ << ProgressLine(event, created_unix_ms_, TimeLeft(event)) << "\n"
+       << std::flush;
+}
+
+std::optional<int64_t> ProgressPrinter::TimeLeft(const v1::JobEvent& event) {
+  std::optional<int64_t> left = RawTimeLeftMs(event, created_unix_ms_);
+  if (!left.has_value()) return std::nullopt;
+  if (shown_left_ms_.has_value()) {
+    // The last estimate, counted down to this event: never shown higher.
+    const int64_t counted_down =
+        *shown_left_ms_ - (event.unix_ms() - shown_at_unix_ms_);
+    if (*left > counted_down) {
+      if (counted_down <= 0) {
+        // Overrun: say so once; the next line starts a fresh estimate.
+        shown_left_ms_.reset();
+        return kLongerThanEstimated;
+      }
+      left = counted_down;
+    }
+  }
+  shown_left_ms_ = *left;
+  shown_at_unix_ms_ = event.unix_ms();
+  return left;
+}
+
 absl::StatusOr<v1::Job> FollowJob(v1::Planner::Stub& stub,
                                   const std::string& job_id,
                                   int64_t created_unix_ms, int timeout_s,
-                                  std::ostream& progress) {
+                                  std::ostream& progress,
+                                  FollowCancel* cancel) {
+  const absl::Status interrupted =
+      absl::CancelledError("stopped following the job; it goes on");
   const auto deadline =
       std::chrono::system_clock::now() + std::chrono::seconds(timeout_s);
   std::optional<v1::Job> final_job;
-  std::string last;  // the last line printed, without its time
+  ProgressPrinter printer(created_unix_ms, progress);
   while (true) {
     grpc::ClientContext context;
     context.set_deadline(deadline);
+    if (cancel != nullptr && !cancel->Attach(&context)) return interrupted;
     v1::WatchJobRequest request;
     request.set_job_id(job_id);
     auto reader = stub.WatchJob(&context, request);
     v1::JobEvent event;
     while (reader->Read(&event)) {
       if (event.has_job()) final_job = event.job();
-      // What follows the time stamps; a change of time alone is no news.
-      v1::JobEvent timeless = event;
-      timeless.set_unix_ms(0);
-      const std::string what = ProgressLine(timeless, 0);
-      if (what == last) continue;
-      last = what;
-      progress << ProgressLine(event, created_unix_ms) << "\n" << std::flush;
+      printer.Add(event);
     }
+    printer.Flush();
     grpc::Status status = reader->Finish();
+    if (cancel != nullptr) {
+      cancel->Attach(nullptr);
+      // A job that ended as the user pressed Ctrl-C is reported.
+      if (cancel->cancelled() &&
+          !(final_job.has_value() && IsFinal(final_job->state()))) {
+        return interrupted;
+      }
+    }
     // Too many watches open: the server says when to come back; come back
     // then if the time allowed lasts that long.
     if (std::optional<int64_t> hint = RetryPushbackMs(context);

@@ -51,60 +51,14 @@ int BadInput(const std::string& message) {
   return kExitBadInput;
 }
 
-std::string Percent(double planned, double baseline) {
-  if (baseline <= 0) return "n/a";
-  return absl::StrFormat("%+.1f%%", 100.0 * (planned / baseline - 1));
-}
-
 void PrintText(const std::string& path, const v1::Schedule& s,
                const v1::Profile* profile) {
   std::cout << "Schedule for " << path << " (batch " << s.batch_size()
             << ", policy " << v1::Policy_Name(s.policy()) << ", "
             << s.planner_version() << ")\n";
-  std::cout << "  budget          "
-            << (s.budget().text().empty() ? FormatBudget(s.budget())
-                                          : s.budget().text())
-            << " = " << FormatBytes(s.budget_bytes()) << "\n";
-  std::cout << "  feasible        " << (s.feasible() ? "yes" : "NO") << "\n";
-  std::cout << "  peak            baseline "
-            << FormatBytes(s.baseline_peak_bytes()) << " -> predicted "
-            << FormatBytes(s.predicted_peak_bytes()) << " ("
-            << Percent(s.predicted_peak_bytes(), s.baseline_peak_bytes())
-            << ", at position " << s.peak_position() << ")";
-  if (s.floor_bytes() > 0) {
-    // Planned from a profile, nothing run: the floor is the memory model's.
-    std::cout << "; floor " << FormatBytes(s.floor_bytes())
-              << " (predicted; `mutwo submit --budget floor` measures it)";
-  }
-  std::cout << "\n";
-  std::cout << absl::StrFormat(
-      "  iteration       baseline %.3f ms -> predicted %.3f ms (%s: "
-      "recompute %.3f ms, stalls %.3f ms)\n",
-      s.baseline_iteration_ms(), s.predicted_iteration_ms(),
-      Percent(s.predicted_iteration_ms(), s.baseline_iteration_ms()),
-      s.predicted_recompute_ms(), s.predicted_stall_ms());
-  int segments = 0;
-  for (const v1::Decision& d : s.decisions()) {
-    if (d.action() == v1::Decision::RECOMPUTE) {
-      segments = std::max(segments, d.segment() + 1);
-    }
-  }
-  std::cout << "  decisions       " << s.recomputed() << " recompute ("
-            << segments << " segments), " << s.swapped() << " swap, "
-            << s.decisions_size() - s.recomputed() - s.swapped() << " retain\n";
-  if (!s.reason().empty())
-    std::cout << "  note            " << s.reason() << "\n";
-  std::cout << DecisionsText(s, profile, 2);
-  if (s.pareto_size() > 0) {
-    std::cout << "  pareto (peak -> iteration time):\n";
-    for (const v1::ParetoPoint& p : s.pareto()) {
-      std::cout << absl::StrFormat(
-          "    %12s  %10.3f ms  %s  (%d recompute, %d swap)\n",
-          FormatBytes(p.predicted_peak_bytes()), p.predicted_iteration_ms(),
-          Percent(p.predicted_iteration_ms(), s.baseline_iteration_ms()),
-          p.recomputed(), p.swapped());
-    }
-  }
+  // Planned from a profile, nothing run: the floor is the memory model's.
+  std::cout << ScheduleText(
+      s, profile, "predicted; `mutwo submit --budget floor` measures it", 2);
 }
 
 }  // namespace
@@ -226,6 +180,36 @@ int MaxBatchCommand(const ParsedArgs& args) {
   if (!prediction.ok()) {
     std::cerr << cmd << prediction.status().message() << "\n";
     return kExitBadInput;
+  }
+  // Two or three profiled batch sizes fit a line; far beyond them, memory
+  // that does not grow linearly with the batch (workspaces, allocator
+  // rounding, a layer whose activations grow faster) is not seen, and a
+  // capacity defaulted from the profiled device (the host's RAM on the CPU)
+  // invites answers hundreds of times the largest batch profiled.
+  constexpr double kFarExtrapolation = 4.0;
+  if (prediction->extrapolation() > kFarExtrapolation) {
+    const int64_t largest =
+        *std::max_element(prediction->profiled_batch_sizes().begin(),
+                          prediction->profiled_batch_sizes().end());
+    std::cerr << cmd << "warning: the answer ("
+              << prediction->max_batch_with_schedule() << ") is "
+              << absl::StrFormat(
+                     prediction->extrapolation() < 10 ? "%.1fx" : "%.0fx",
+                     prediction->extrapolation())
+              << " the largest profiled batch size (" << largest
+              << "): a straight line fitted to batch sizes "
+              << absl::StrJoin(prediction->profiled_batch_sizes(), ", ")
+              << ", extended that far, misses memory that grows otherwise. "
+                 "Profile a batch size near the answer"
+              << (capacity == 0
+                      ? absl::StrCat(
+                            ", or give --capacity for the memory you will "
+                            "train with (the default, 95% of the profiled "
+                            "device ",
+                            profiles.front().device().name(), ", is ",
+                            FormatBytes(prediction->capacity_bytes()), ")")
+                      : "")
+              << ".\n";
   }
   if (absl::GetFlag(FLAGS_output) == "json") {
     std::cout << ProtoToJson(*prediction);

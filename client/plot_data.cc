@@ -352,7 +352,8 @@ Struct BatchPlotData(const v1::Job& job) {
 
 Struct ParetoPlotData(const v1::Schedule& mutwo,
                       const std::vector<v1::Schedule>& others,
-                      const std::string& model_name) {
+                      const std::string& model_name,
+                      const v1::BatchResult* result) {
   Struct data = NewData(
       "pareto", absl::StrCat("Peak memory vs iteration time: ", model_name,
                              ", batch ", mutwo.batch_size()));
@@ -377,6 +378,24 @@ Struct ParetoPlotData(const v1::Schedule& mutwo,
     Set(data, "baseline", Obj(std::move(base)));
   }
   Set(data, "budget_bytes", Num(static_cast<double>(mutwo.budget_bytes())));
+  if (mutwo.floor_bytes() > 0) {
+    Set(data, "floor_bytes", Num(static_cast<double>(mutwo.floor_bytes())));
+  }
+  if (result != nullptr && result->has_knee() &&
+      result->knee().predicted_peak_bytes() > 0) {
+    const v1::ParetoPoint& k = result->knee();
+    const double base_ms = result->plan_baseline_iteration_ms() > 0
+                               ? result->plan_baseline_iteration_ms()
+                               : result->baseline_iteration_ms();
+    Struct knee;
+    Set(knee, "budget_bytes", Num(static_cast<double>(k.budget_bytes())));
+    Set(knee, "peak_bytes", Num(static_cast<double>(k.predicted_peak_bytes())));
+    Set(knee, "iteration_ms", Num(k.predicted_iteration_ms()));
+    if (base_ms > 0) {
+      Set(knee, "overhead", Num(k.predicted_iteration_ms() / base_ms - 1));
+    }
+    Set(data, "knee", Obj(std::move(knee)));
+  }
   auto point = [](int64_t peak, double ms) {
     Struct p;
     Set(p, "peak_bytes", Num(static_cast<double>(peak)));

@@ -33,10 +33,13 @@ google::protobuf::Struct BatchPlotData(const v1::Job& job);
 
 // Peak vs iteration time at one batch size: mutwo's Pareto curve
 // (`mutwo.pareto()`), the fixed policies' schedules (`others`: sqrt_n,
-// per_block) as single points, the baseline, and mutwo's budget.
-google::protobuf::Struct ParetoPlotData(const v1::Schedule& mutwo,
-                                        const std::vector<v1::Schedule>& others,
-                                        const std::string& model_name);
+// per_block) as single points, the baseline, mutwo's budget, the floor
+// (`floor_bytes`, a budget) and, from the job's result at that batch size
+// (may be null), the knee (`knee`: its budget, peak, time and overhead
+// against the baseline it was planned against).
+google::protobuf::Struct ParetoPlotData(
+    const v1::Schedule& mutwo, const std::vector<v1::Schedule>& others,
+    const std::string& model_name, const v1::BatchResult* result = nullptr);
 
 // The data as JSON (what mutwo_plot.py reads, and `-o FILE.json` writes).
 std::string PlotDataJson(const google::protobuf::Struct& data);

@@ -5,10 +5,13 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/args.h"
 #include "common/credentials.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051", "mutwo-server address");
+ABSL_FLAG(std::string, server, "",
+          "mutwo-server address (default: $MUTWO_SERVER, else "
+          "127.0.0.1:50051)");
 ABSL_FLAG(int32_t, timeout_ms, 10000, "deadline of every RPC, in ms");
 ABSL_FLAG(std::string, output, "text", "text or json");
 ABSL_FLAG(std::string, token_file, "",
@@ -20,12 +23,34 @@ ABSL_FLAG(std::string, tls_ca, "",
 
 namespace mutwo {
 
+std::string ServerAddress() {
+  if (std::string flag = absl::GetFlag(FLAGS_server); !flag.empty()) {
+    return flag;
+  }
+  const char* env = std::getenv("MUTWO_SERVER");
+  return env != nullptr && *env != 0 ? env : kDefaultServer;
+}
+
+std::string ServerFlagsText() {
+  std::string out;
+  if (!absl::GetFlag(FLAGS_server).empty()) {
+    absl::StrAppend(&out, " --server=", absl::GetFlag(FLAGS_server));
+  }
+  if (!absl::GetFlag(FLAGS_token_file).empty()) {
+    absl::StrAppend(&out, " --token_file=", absl::GetFlag(FLAGS_token_file));
+  }
+  if (!absl::GetFlag(FLAGS_tls_ca).empty()) {
+    absl::StrAppend(&out, " --tls_ca=", absl::GetFlag(FLAGS_tls_ca));
+  }
+  return out;
+}
+
 std::shared_ptr<grpc::Channel> ServerChannel() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   ClientCredentialsOptions credential_options;
-  credential_options.target = absl::GetFlag(FLAGS_server);
+  credential_options.target = ServerAddress();
   credential_options.token_file = absl::GetFlag(FLAGS_token_file);
   credential_options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   auto credentials = MakeChannelCredentials(credential_options);
@@ -36,8 +61,8 @@ std::shared_ptr<grpc::Channel> ServerChannel() {
     std::cerr << "mutwo: " << credentials.status().message() << "\n";
     std::exit(kExitBadInput);
   }
-  return grpc::CreateCustomChannel(absl::GetFlag(FLAGS_server),
-                                   *std::move(credentials), args);
+  return grpc::CreateCustomChannel(ServerAddress(), *std::move(credentials),
+                                   args);
 }
 
 std::unique_ptr<v1::Planner::Stub> PlannerStub() {
@@ -71,7 +96,7 @@ int ExitCodeFor(const grpc::Status& status) {
 
 int RpcError(const std::string& command, const grpc::Status& status) {
   std::cerr << "mutwo " << command << ": " << status.error_message() << " ("
-            << absl::GetFlag(FLAGS_server) << ")\n";
+            << ServerAddress() << ")\n";
   return ExitCodeFor(status);
 }
 

@@ -12,8 +12,19 @@
 
 namespace mutwo {
 
-// The channel to --server, with the credentials of --token_file / --tls_ca
-// (or their environment variables, common/credentials.h). Exits with
+inline constexpr char kDefaultServer[] = "127.0.0.1:50051";
+
+// The server every command talks to: --server, else the environment
+// variable MUTWO_SERVER, else kDefaultServer.
+std::string ServerAddress();
+// The connection flags given on the command line (" --server=H:P
+// --tls_ca=..."; "" when none), for a command line printed as a hint that
+// must reach the same server. An address taken from MUTWO_SERVER is left
+// out: the hint runs in the same environment.
+std::string ServerFlagsText();
+
+// The channel to ServerAddress(), with the credentials of --token_file /
+// --tls_ca (or their environment variables, common/credentials.h). Exits with
 // kExitBadInput when they cannot be used (unreadable file, token to a
 // non-loopback server without TLS).
 std::shared_ptr<grpc::Channel> ServerChannel();

@@ -1,9 +1,12 @@
 #include "client/rpc_commands.h"
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
 #include <random>
+#include <sstream>
+#include <variant>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -11,13 +14,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "client/floor_text.h"
+#include "client/interrupt.h"
 #include "client/job_watch.h"
 #include "client/plot_data.h"
 #include "client/plot_render.h"
 #include "client/rpc.h"
 #include "client/schedule_text.h"
 #include "client/text_table.h"
+#include "client/time_text.h"
 #include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
@@ -35,8 +41,13 @@ ABSL_FLAG(std::string, unbatched, "",
           "NAME: input (or loss target) NAME has no batch dimension B on "
           "purpose; repeat per input");
 ABSL_FLAG(std::string, loss, "mean",
-          "mean, sum, model or cross_entropy:TARGET (e.g. "
-          "cross_entropy:y:int64[B]{0,1000})");
+          "mean or sum (over every floating-point output), model (the model "
+          "returns its loss: the first floating-point output, a scalar) or "
+          "cross_entropy:TARGET (e.g. cross_entropy:y:int64[B]{0,1000}); "
+          "KIND@OUTPUT reads one dict entry or tuple index of the output, "
+          "e.g. cross_entropy@logits:y:int64[B]{0,1000} or mean@0 (needed "
+          "by cross_entropy when several entries hold floating-point "
+          "tensors)");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "none, sgd, sgd_momentum, adam or adamw, optionally "
           ":lr=...,momentum=...,weight_decay=...");
@@ -105,6 +116,43 @@ absl::StatusOr<int64_t> OneBatch() {
                      absl::GetFlag(FLAGS_batch), "\""));
   }
   return batch;
+}
+
+// The job a command names: a job id, or `latest` (also `-`) for the newest
+// job the server lists; one ListJobs call for the shorthand.
+absl::StatusOr<std::string> ResolveJobId(v1::Planner::Stub& stub,
+                                         const std::string& arg) {
+  if (arg != "latest" && arg != "-") return arg;
+  v1::ListJobsRequest request;
+  request.set_page_size(1);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ListJobsResponse response;
+  grpc::Status status = stub.ListJobs(&context, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        status.error_message());
+  }
+  if (response.jobs().empty()) {
+    return absl::NotFoundError(absl::StrCat("\"", arg,
+                                            "\" names the newest job, and ",
+                                            ServerAddress(), " has none yet"));
+  }
+  const std::string& id = response.jobs(0).job_id();
+  if (!JsonOutput()) std::cerr << "latest job: " << id << "\n";
+  return id;
+}
+
+// ResolveJobId for a command: the id, or the exit code of its failure
+// (printed as `mutwo COMMAND: ...`).
+std::variant<std::string, int> JobIdOrExit(const std::string& command,
+                                           v1::Planner::Stub& stub,
+                                           const std::string& arg) {
+  auto id = ResolveJobId(stub, arg);
+  if (id.ok()) return *std::move(id);
+  return RpcError(
+      command, grpc::Status(static_cast<grpc::StatusCode>(id.status().code()),
+                            std::string(id.status().message())));
 }
 
 std::string Pct(double ratio) {
@@ -197,11 +245,31 @@ std::string TrainingLoopText(const v1::BatchResult& r,
   return absl::StrCat("NOT HOLDING ", peak);
 }
 
+// Whether the plans of `r` were made against another measurement than the
+// job's own (the schedule cache served plans made from an earlier profile
+// of the same model, inputs and device): the step times differ by more
+// than timing noise rounds away in the tables.
+bool PlannedAgainstAnotherBaseline(const v1::BatchResult& r,
+                                   double plan_baseline_ms) {
+  return plan_baseline_ms > 0 && r.baseline_iteration_ms() > 0 &&
+         std::abs(plan_baseline_ms / r.baseline_iteration_ms() - 1) > 0.005;
+}
+
+std::string PlannedElsewhereNote(const v1::BatchResult& r,
+                                 double plan_baseline_ms) {
+  return absl::StrFormat(
+      "batch %d: planned from an earlier profile of this model (the schedule "
+      "cache), whose baseline step took %.1f ms; this job measured %.1f ms. "
+      "Planned times and overheads are against the plans' own baseline.",
+      r.batch_size(), plan_baseline_ms, r.baseline_iteration_ms());
+}
+
 // The memory question, per batch size, whether or not budgets were given.
 void PrintMemoryTable(const v1::Job& job) {
   TextTable table({"batch", "base peak", "base ms", "floor", "auto budget",
                    "knee peak", "knee ms", "knee overhead", "pareto"},
                   {true, true, true, true, true, true, true, true, true});
+  std::vector<std::string> notes;
   for (const v1::BatchResult& r : job.results()) {
     if (r.oom()) {
       table.AddRow({absl::StrCat(r.batch_size()),
@@ -211,6 +279,13 @@ void PrintMemoryTable(const v1::Job& job) {
     }
     const bool answered = r.floor_bytes() > 0;
     const v1::ParetoPoint& k = r.knee();
+    // The knee's time against the baseline it was planned against.
+    const double plan_baseline_ms = r.plan_baseline_iteration_ms() > 0
+                                        ? r.plan_baseline_iteration_ms()
+                                        : r.baseline_iteration_ms();
+    if (answered && PlannedAgainstAnotherBaseline(r, plan_baseline_ms)) {
+      notes.push_back(PlannedElsewhereNote(r, plan_baseline_ms));
+    }
     table.AddRow(
         {absl::StrCat(r.batch_size()), FormatBytes(r.baseline_peak_bytes()),
          absl::StrFormat("%.1f", r.baseline_iteration_ms()),
@@ -218,8 +293,8 @@ void PrintMemoryTable(const v1::Job& job) {
          answered ? FormatBytes(k.budget_bytes()) : "-",
          answered ? FormatBytes(k.predicted_peak_bytes()) : "-",
          answered ? absl::StrFormat("%.1f", k.predicted_iteration_ms()) : "-",
-         answered && r.baseline_iteration_ms() > 0
-             ? Pct(k.predicted_iteration_ms() / r.baseline_iteration_ms() - 1)
+         answered && plan_baseline_ms > 0
+             ? Pct(k.predicted_iteration_ms() / plan_baseline_ms - 1)
              : "-",
          answered ? absl::StrCat(r.pareto_size(), " points") : "-"});
   }
@@ -227,6 +302,7 @@ void PrintMemoryTable(const v1::Job& job) {
                "measured by a worker when the job asked for --budget floor, "
                "else predicted; auto: the knee of the Pareto curve)\n"
             << table.Render();
+  for (const std::string& note : notes) std::cout << note << "\n";
 }
 
 void PrintJobText(const v1::Job& job) {
@@ -245,7 +321,8 @@ void PrintJobText(const v1::Job& job) {
     if (job.has_max_batch()) PrintMaxBatch(job.max_batch());
     return;
   }
-  std::cout << "budgets (only \"fits\" is measured within the budget)\n";
+  std::cout << "budgets (only \"fits\" is measured within the budget; base: "
+               "the baseline each plan was made against)\n";
   TextTable table(
       {"batch", "budget", "base peak", "base ms", "plan peak", "plan ms",
        "overhead", "measured", "meas ms", "check", "training loop"},
@@ -263,6 +340,7 @@ void PrintJobText(const v1::Job& job) {
       }
       continue;
     }
+    bool plans_noted = false;  // one note per batch size
     for (int i = 0; i < r.schedules_size(); ++i) {
       const v1::Schedule& s = r.schedules(i);
       const std::string budget = s.budget().text().empty()
@@ -305,10 +383,21 @@ void PrintJobText(const v1::Job& job) {
           s.baseline_iteration_ms() > 0
               ? s.predicted_iteration_ms() / s.baseline_iteration_ms() - 1
               : 0;
+      // The baseline the plan was made against, beside its plan: a plan
+      // from the schedule cache was made from an earlier profile.
+      const bool own_baseline = s.baseline_iteration_ms() > 0;
+      if (own_baseline && !plans_noted &&
+          PlannedAgainstAnotherBaseline(r, s.baseline_iteration_ms()) &&
+          !PlannedAgainstAnotherBaseline(r, r.plan_baseline_iteration_ms())) {
+        notes.push_back(PlannedElsewhereNote(r, s.baseline_iteration_ms()));
+        plans_noted = true;
+      }
       table.AddRow(
           {absl::StrCat(r.batch_size()), budget,
-           FormatBytes(r.baseline_peak_bytes()),
-           absl::StrFormat("%.1f", r.baseline_iteration_ms()),
+           FormatBytes(own_baseline ? s.baseline_peak_bytes()
+                                    : r.baseline_peak_bytes()),
+           absl::StrFormat("%.1f", own_baseline ? s.baseline_iteration_ms()
+                                                : r.baseline_iteration_ms()),
            planned ? FormatBytes(s.predicted_peak_bytes())
                    : absl::StrCat("infeasible (floor ",
                                   FormatBytes(s.floor_bytes()), ")"),
@@ -326,11 +415,24 @@ void PrintJobText(const v1::Job& job) {
 }
 
 // Follows a job to its end, prints it and returns the exit code (0, 1, 3
-// as FinishedJobExitCode; 4 when the server or the wait gave out).
+// as FinishedJobExitCode; 4 when the server or the wait gave out; 130 when
+// Ctrl-C stopped the following, with the commands that pick the job up).
 int FollowAndReport(const std::string& cmd, v1::Planner::Stub& stub,
-                    const std::string& job_id, int64_t created_unix_ms) {
+                    const std::string& job_id, int64_t created_unix_ms,
+                    InterruptWatcher& interrupts) {
+  FollowCancel cancel;
+  interrupts.SetHandler([&cancel] { cancel.Cancel(); });
   auto job = FollowJob(stub, job_id, created_unix_ms,
-                       absl::GetFlag(FLAGS_wait_timeout_s), std::cerr);
+                       absl::GetFlag(FLAGS_wait_timeout_s), std::cerr, &cancel);
+  interrupts.ClearHandler();
+  if (!job.ok() && cancel.cancelled()) {
+    const std::string flags = ServerFlagsText();
+    std::cerr << "\nmutwo " << cmd << ": interrupted; job " << job_id
+              << " keeps running on the server.\n"
+              << "  follow it again: mutwo watch " << job_id << flags << "\n"
+              << "  cancel it:       mutwo cancel " << job_id << flags << "\n";
+    return kExitInterrupted;
+  }
   if (!job.ok()) {
     std::cerr << "mutwo " << cmd << ": following " << job_id << ": "
               << job.status().message() << "\n";
@@ -432,6 +534,9 @@ int SubmitCommand(const ParsedArgs& args) {
                                     ? RandomRequestId()
                                     : absl::GetFlag(FLAGS_request_id));
 
+  // Before the first RPC: the threads gRPC starts inherit the blocked
+  // SIGINT (client/interrupt.h). Without --wait, Ctrl-C ends the command.
+  InterruptWatcher interrupts;
   auto stub = PlannerStub();
   {
     grpc::ClientContext context;
@@ -477,17 +582,21 @@ int SubmitCommand(const ParsedArgs& args) {
     }
     return kExitOk;
   }
-  return FollowAndReport(cmd, *stub, job_id, submitted.job().created_unix_ms());
+  return FollowAndReport(cmd, *stub, job_id, submitted.job().created_unix_ms(),
+                         interrupts);
 }
 
 int WatchCommand(const ParsedArgs& args) {
   const std::string cmd = "watch";
   if (args.positional.size() != 1) {
-    return BadInput(cmd, "usage: mutwo watch JOB_ID");
+    return BadInput(cmd, "usage: mutwo watch JOB_ID|latest");
   }
+  InterruptWatcher interrupts;  // before the first RPC (client/interrupt.h)
   auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetJobRequest request;
-  request.set_job_id(args.positional[0]);
+  request.set_job_id(std::get<std::string>(id));
   v1::Job job;
   {
     grpc::ClientContext context;
@@ -495,7 +604,8 @@ int WatchCommand(const ParsedArgs& args) {
     grpc::Status status = stub->GetJob(&context, request, &job);
     if (!status.ok()) return RpcError(cmd, status);
   }
-  return FollowAndReport(cmd, *stub, job.job_id(), job.created_unix_ms());
+  return FollowAndReport(cmd, *stub, job.job_id(), job.created_unix_ms(),
+                         interrupts);
 }
 
 int JobsCommand(const ParsedArgs&) {
@@ -527,15 +637,18 @@ int JobsCommand(const ParsedArgs&) {
     std::cout << ProtoToJson(response);
     return kExitOk;
   }
-  TextTable table({"JOB", "STATE", "MODEL", "TASKS", "BATCHES", "BUDGETS"},
-                  {false, false, false, true, false, false});
+  TextTable table({"JOB", "STATE", "SUBMITTED", "UPDATED", "MODEL", "TASKS",
+                   "BATCHES", "BUDGETS"},
+                  {false, false, false, false, false, true, false, false});
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   for (const v1::Job& j : response.jobs()) {
     std::vector<std::string> budgets;
     for (const auto& b : j.spec().budgets()) {
       budgets.push_back(b.text().empty() ? FormatBudget(b) : b.text());
     }
     table.AddRow({j.job_id(), v1::Job::State_Name(j.state()),
-                  j.spec().model_name(),
+                  DateTimeText(j.created_unix_ms(), absl::LocalTimeZone()),
+                  AgoText(j.updated_unix_ms(), now_ms), j.spec().model_name(),
                   absl::StrCat(j.tasks_done(), "/", j.tasks_total()),
                   absl::StrJoin(j.spec().batch_sizes(), ","),
                   absl::StrJoin(budgets, ",")});
@@ -545,32 +658,46 @@ int JobsCommand(const ParsedArgs&) {
 }
 
 int JobCommand(const ParsedArgs& args) {
-  if (args.positional.size() != 1)
-    return BadInput("job", "usage: mutwo job JOB_ID");
+  const std::string cmd = "job";
+  if (args.positional.size() != 1) {
+    return BadInput(cmd, "usage: mutwo job JOB_ID|latest");
+  }
+  auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetJobRequest request;
-  request.set_job_id(args.positional[0]);
+  request.set_job_id(std::get<std::string>(id));
   grpc::ClientContext context;
   SetDeadline(context);
   v1::Job job;
-  grpc::Status status = PlannerStub()->GetJob(&context, request, &job);
-  if (!status.ok()) return RpcError("job", status);
+  grpc::Status status = stub->GetJob(&context, request, &job);
+  if (!status.ok()) return RpcError(cmd, status);
   if (JsonOutput()) {
     std::cout << ProtoToJson(job);
   } else {
     PrintJobText(job);
   }
-  return kExitOk;
+  // A job still running has no verdict yet; a final one exits as `watch`
+  // would have, so a script can tell a failed job from a good one.
+  const bool final = job.state() == v1::Job::SUCCEEDED ||
+                     job.state() == v1::Job::FAILED ||
+                     job.state() == v1::Job::CANCELLED;
+  // With --output json the JSON alone is the answer (its outcomes say which
+  // budget fits nowhere): no lines on stderr for a reader that merges them.
+  std::ostringstream quiet;
+  return final ? FinishedJobExitCode(job, JsonOutput() ? quiet : std::cerr)
+               : kExitOk;
 }
 
 int ScheduleCommand(const ParsedArgs& args) {
   const std::string cmd = "schedule";
   if (args.positional.size() != 1) {
-    return BadInput(cmd, "usage: mutwo schedule JOB_ID --batch N [--budget B]");
+    return BadInput(
+        cmd, "usage: mutwo schedule JOB_ID|latest --batch N [--budget B]");
   }
   auto batch = OneBatch();
   if (!batch.ok()) return BadInput(cmd, batch.status().message());
   v1::GetScheduleRequest request;
-  request.set_job_id(args.positional[0]);
   request.set_batch_size(*batch);
   const auto& budgets = args.Repeated("budget");
   if (budgets.size() > 1) return BadInput(cmd, "give at most one --budget");
@@ -585,6 +712,9 @@ int ScheduleCommand(const ParsedArgs& args) {
   request.set_policy(p);
   request.set_include_pareto(absl::GetFlag(FLAGS_pareto));
   auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
+  request.set_job_id(std::get<std::string>(id));
   v1::Schedule schedule;
   {
     grpc::ClientContext context;
@@ -609,39 +739,22 @@ int ScheduleCommand(const ParsedArgs& args) {
     if (stub->GetProfile(&context, profile_request, &p).ok()) profile = p;
   }
   std::cout << "policy " << v1::Policy_Name(schedule.policy()) << ", batch "
-            << schedule.batch_size() << ", budget "
-            << FormatBytes(schedule.budget_bytes()) << ": "
+            << schedule.batch_size() << ": "
             << (schedule.feasible() ? "feasible" : "INFEASIBLE")
             << (schedule.measured_peak_bytes() > 0
-                    ? absl::StrCat(", measured ",
+                    ? absl::StrCat(", measured peak ",
                                    FormatBytes(schedule.measured_peak_bytes()))
                     : "")
             << "\n"
-            << "  baseline  " << FormatBytes(schedule.baseline_peak_bytes())
-            << ", "
-            << absl::StrFormat("%.2f ms", schedule.baseline_iteration_ms())
-            << "\n  planned   " << FormatBytes(schedule.predicted_peak_bytes())
-            << ", "
-            << absl::StrFormat("%.2f ms", schedule.predicted_iteration_ms())
-            << "\n  floor     " << FormatBytes(schedule.floor_bytes()) << "\n"
             << (schedule.correction_bytes() > 0
-                    ? absl::StrCat("  planned   ",
+                    ? absl::StrCat("  correction  planned ",
                                    FormatBytes(schedule.correction_bytes()),
                                    " below the budget (learned from "
                                    "validations)\n")
                     : "")
-            << (!schedule.feasible() && !schedule.reason().empty()
-                    ? absl::StrCat("  reason    ", schedule.reason(), "\n")
-                    : "")
-            << "  " << schedule.recomputed() << " recomputed, "
-            << schedule.swapped() << " swapped of " << schedule.decisions_size()
-            << " activations\n"
-            << DecisionsText(schedule, profile ? &*profile : nullptr, 2);
-  for (const auto& pt : schedule.pareto()) {
-    std::cout << absl::StrFormat("  pareto: peak %s, %.2f ms\n",
-                                 FormatBytes(pt.predicted_peak_bytes()),
-                                 pt.predicted_iteration_ms());
-  }
+            << ScheduleText(schedule, profile ? &*profile : nullptr,
+                            "predicted unless the job measured it: mutwo job",
+                            2);
   return schedule.feasible() ? kExitOk : kExitInfeasible;
 }
 
@@ -657,13 +770,16 @@ int ProfileCommand(const ParsedArgs& args) {
                             {"text", "csv", "json"});
   if (!format.ok()) return BadInput(cmd, format.status().message());
   if (JsonOutput()) *format = "json";
+  auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetProfileRequest request;
-  request.set_job_id(args.positional[0]);
+  request.set_job_id(std::get<std::string>(id));
   request.set_batch_size(*batch);
   grpc::ClientContext context;
   SetDeadline(context);
   v1::Profile profile;
-  grpc::Status status = PlannerStub()->GetProfile(&context, request, &profile);
+  grpc::Status status = stub->GetProfile(&context, request, &profile);
   if (!status.ok()) return RpcError(cmd, status);
   if (*format == "json") {
     std::cout << ProtoToJson(profile);
@@ -750,8 +866,10 @@ int PlotCommand(const ParsedArgs& args) {
                     "pareto");
   }
   auto stub = PlannerStub();
+  auto id = JobIdOrExit(cmd, *stub, args.positional[0]);
+  if (const int* exit_code = std::get_if<int>(&id)) return *exit_code;
   v1::GetJobRequest job_request;
-  job_request.set_job_id(args.positional[0]);
+  job_request.set_job_id(std::get<std::string>(id));
   v1::Job job;
   {
     grpc::ClientContext context;
@@ -798,7 +916,11 @@ int PlotCommand(const ParsedArgs& args) {
       }
       others.push_back(std::move(schedule));
     }
-    data = ParetoPlotData(mutwo, others, job.spec().model_name());
+    const v1::BatchResult* result = nullptr;
+    for (const v1::BatchResult& r : job.results()) {
+      if (r.batch_size() == *batch) result = &r;
+    }
+    data = ParetoPlotData(mutwo, others, job.spec().model_name(), result);
   } else {
     v1::GetProfileRequest profile_request;
     profile_request.set_job_id(job.job_id());
@@ -844,6 +966,13 @@ int PlotCommand(const ParsedArgs& args) {
 int CancelCommand(const ParsedArgs& args) {
   if (args.positional.size() != 1) {
     return BadInput("cancel", "usage: mutwo cancel JOB_ID");
+  }
+  // Cancelling "the newest job" could reach a job submitted a moment ago
+  // by someone else; cancel takes the id only.
+  if (args.positional[0] == "latest" || args.positional[0] == "-") {
+    return BadInput("cancel",
+                    "cancel needs the job's id, not \"latest\": `mutwo "
+                    "jobs` lists them");
   }
   v1::CancelJobRequest request;
   request.set_job_id(args.positional[0]);

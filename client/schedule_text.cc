@@ -1,6 +1,7 @@
 #include "client/schedule_text.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -72,14 +73,24 @@ std::string DecisionsText(const v1::Schedule& s, const v1::Profile* profile,
   if (!recompute.empty()) {
     int segments = 0;
     int64_t bytes = 0;
-    double ms = 0;
+    // A decision's recompute_ms is its segment's replay, shared by every
+    // decision of the segment: counted once per segment.
+    std::map<int, double> segment_ms;
     for (const v1::Decision* d : recompute) {
       segments = std::max(segments, d->segment() + 1);
       bytes += d->size_bytes();
-      ms += d->recompute_ms();
+      segment_ms[d->segment()] =
+          std::max(segment_ms[d->segment()], d->recompute_ms());
     }
+    double ms = 0;
+    for (const auto& [segment, segment_replay_ms] : segment_ms) {
+      ms += segment_replay_ms;
+    }
+    if (s.predicted_recompute_ms() > 0) ms = s.predicted_recompute_ms();
     absl::StrAppendFormat(
-        &out, "%srecomputed: %d activations (%s) in %d segments, %.3f ms\n",
+        &out,
+        "%srecomputed: %d activations (%s) in %d segments, %.3f ms (each "
+        "segment's replay once; ms below: the decision's segment)\n",
         pad, recompute.size(), FormatBytes(bytes), segments, ms);
     TextTable table({"module", "op", "out", "value", "node", "size", "segment",
                      "replayed before", "ms"},
@@ -118,6 +129,74 @@ std::string DecisionsText(const v1::Schedule& s, const v1::Profile* profile,
            absl::StrFormat("%.3f", d->stall_ms())});
     }
     absl::StrAppend(&out, Indented(table.Render(), indent + 2));
+  }
+  return out;
+}
+
+std::string ScheduleText(const v1::Schedule& s, const v1::Profile* profile,
+                         const std::string& floor_source, int indent) {
+  const std::string pad(indent, ' ');
+  const auto percent = [](double value, double base) {
+    return base > 0 ? absl::StrFormat("%+.1f%%", (value / base - 1) * 100)
+                    : std::string("-");
+  };
+  std::string out;
+  absl::StrAppend(
+      &out, pad, "budget          ",
+      s.budget().text().empty() ? FormatBudget(s.budget()) : s.budget().text(),
+      " = ", FormatBytes(s.budget_bytes()));
+  if (s.floor_bytes() > 0) {
+    absl::StrAppend(&out, "; floor ", FormatBytes(s.floor_bytes()),
+                    " (the lowest budget that fits",
+                    floor_source.empty() ? "" : "; ", floor_source, ")");
+  }
+  absl::StrAppend(&out, "\n", pad, "feasible        ",
+                  s.feasible() ? "yes" : "NO", "\n");
+  absl::StrAppend(&out, pad, "peak            baseline ",
+                  FormatBytes(s.baseline_peak_bytes()), " -> planned ",
+                  FormatBytes(s.predicted_peak_bytes()), " (",
+                  percent(static_cast<double>(s.predicted_peak_bytes()),
+                          static_cast<double>(s.baseline_peak_bytes())),
+                  s.peak_position() > 0
+                      ? absl::StrCat(", at position ", s.peak_position())
+                      : "",
+                  ")\n");
+  absl::StrAppend(
+      &out, pad,
+      absl::StrFormat(
+          "iteration       baseline %.3f ms -> planned %.3f ms (%s: "
+          "recompute %.3f ms, stalls %.3f ms)\n",
+          s.baseline_iteration_ms(), s.predicted_iteration_ms(),
+          percent(s.predicted_iteration_ms(), s.baseline_iteration_ms()),
+          s.predicted_recompute_ms(), s.predicted_stall_ms()));
+  int segments = 0;
+  for (const v1::Decision& d : s.decisions()) {
+    if (d.action() == v1::Decision::RECOMPUTE) {
+      segments = std::max(segments, d.segment() + 1);
+    }
+  }
+  absl::StrAppend(&out, pad, "decisions       ", s.recomputed(), " recompute (",
+                  segments, " segments), ", s.swapped(), " swap, ",
+                  s.decisions_size() - s.recomputed() - s.swapped(),
+                  " retain\n");
+  if (!s.reason().empty())
+    absl::StrAppend(&out, pad, "note            ", s.reason(), "\n");
+  absl::StrAppend(&out, DecisionsText(s, profile, indent));
+  if (s.pareto_size() > 0) {
+    absl::StrAppend(&out, pad,
+                    "pareto (budget -> planned peak, step time; the first "
+                    "budget is the floor):\n");
+    for (const v1::ParetoPoint& p : s.pareto()) {
+      absl::StrAppend(
+          &out, pad,
+          absl::StrFormat(
+              "  budget %12s -> %12s  %10.3f ms  %7s  (%d "
+              "recompute, %d swap)\n",
+              FormatBytes(p.budget_bytes()),
+              FormatBytes(p.predicted_peak_bytes()), p.predicted_iteration_ms(),
+              percent(p.predicted_iteration_ms(), s.baseline_iteration_ms()),
+              p.recomputed(), p.swapped()));
+    }
   }
   return out;
 }

@@ -75,6 +75,9 @@ inline constexpr int kExitFailure = 1;      // the operation failed
 inline constexpr int kExitBadInput = 2;     // bad arguments or input files
 inline constexpr int kExitInfeasible = 3;   // no schedule fits the budget
 inline constexpr int kExitUnavailable = 4;  // server unreachable / deadline
+// Ctrl-C ended what the command waited for (128 + SIGINT, as a shell
+// reports a process SIGINT killed).
+inline constexpr int kExitInterrupted = 130;
 
 }  // namespace mutwo
 

@@ -7,7 +7,7 @@ namespace mutwo {
 inline constexpr char kVersion[] = "0.1.0";
 // Bumped whenever the planner's decisions for the same profile may change;
 // part of the schedule cache key.
-inline constexpr char kPlannerVersion[] = "mutwo-planner-2";
+inline constexpr char kPlannerVersion[] = "mutwo-planner-3";
 
 }  // namespace mutwo
 

@@ -78,9 +78,14 @@ namespace {
 
 // The smallest budget whose reserve leaves `peak_bytes` of room.
 int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
+  // The device's own reserve fraction: with another one the estimate is
+  // off by a fraction of the peak, and the loops below walk it byte by byte.
+  const double fraction = profile.device().kind() == "cuda"
+                              ? kReserveFraction
+                              : kCpuReserveFraction;
   int64_t budget = static_cast<int64_t>(std::ceil(
       (static_cast<double>(peak_bytes) + AllocatorReserveBytes(profile, 0)) /
-      (1 - kReserveFraction)));
+      (1 - fraction)));
   while (budget - AllocatorReserveBytes(profile, budget) < peak_bytes) {
     ++budget;
   }
@@ -186,17 +191,18 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   if (reserve > 0) {
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned for ",
-        budget_bytes - reserve - correction, " B: a reserve of ", reserve,
+        FormatBytes(budget_bytes - reserve - correction), ": a reserve of ",
+        FormatBytes(reserve),
         profile.device().kind() == "cuda"
-            ? " B (4 MiB + 1% of the budget) for the CUDA caching "
+            ? " (4 MiB + 1% of the budget) for the CUDA caching "
               "allocator's block rounding"
-            : " B (16 KiB + 1.5% of the budget) for what the memory model "
+            : " (16 KiB + 1.5% of the budget) for what the memory model "
               "leaves out of replays");
   }
   if (correction > 0) {
     result.reason = absl::StrCat(
         result.reason, result.reason.empty() ? "" : "; ", "planned ",
-        correction, " B below the budget",
+        FormatBytes(correction), " below the budget",
         reserve > 0 ? " (and the reserve)" : "",
         ": what validations measured above the prediction, plus a margin");
   }
@@ -212,7 +218,16 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     if (curve.empty()) curve = planner->Pareto(request.pareto_points);
     for (const ParetoPoint& pt : curve) {
       v1::ParetoPoint* out = schedule.add_pareto();
-      out->set_budget_bytes(pt.budget_bytes);
+      // The budget a user gives for this point, as `auto` and the floor are
+      // given: the lowest at which its plan fits with the reserve on top
+      // (never above the baseline peak). The planner's own budget lies
+      // below it by the reserve, so the curve's first point would sit below
+      // the floor the schedule reports.
+      out->set_budget_bytes(
+          with_reserve
+              ? std::min(baseline_peak,
+                         LowestBudgetAbove(profile, pt.predicted_peak_bytes))
+              : pt.budget_bytes);
       out->set_predicted_peak_bytes(pt.predicted_peak_bytes);
       out->set_predicted_iteration_ms(pt.predicted_iteration_ms);
       out->set_recomputed(pt.recomputed);

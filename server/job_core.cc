@@ -1017,6 +1017,7 @@ absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
           v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
           cache_puts));
   result.set_floor_bytes(at_knee.floor_bytes());
+  result.set_plan_baseline_iteration_ms(at_knee.baseline_iteration_ms());
   *result.mutable_pareto() = at_knee.pareto();
   v1::ParetoPoint& k = *result.mutable_knee();
   k.set_budget_bytes(at_knee.budget_bytes());

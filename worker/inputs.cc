@@ -160,12 +160,64 @@ absl::StatusOr<c10::IValue> SelectOutput(const c10::IValue& outputs,
   return elements[index];
 }
 
+// cross_entropy reads one output: a dict, tuple or list with
+// floating-point tensors in more than one entry could mean any of them, so
+// the loss must name it (`cross_entropy@KEY`) rather than have the first
+// taken silently. Names the entries holding floating-point tensors.
+absl::Status RefuseAmbiguousLogits(const c10::IValue& outputs) {
+  std::vector<std::pair<std::string, c10::IValue>> entries;
+  const char* what = outputs.isGenericDict() ? "dict"
+                     : outputs.isTuple()     ? "tuple"
+                                             : "list";
+  if (outputs.isGenericDict()) {
+    for (const auto& entry : outputs.toGenericDict()) {
+      entries.emplace_back(entry.key().isString() ? entry.key().toStringRef()
+                                                  : entry.key().tagKind(),
+                           entry.value());
+    }
+  } else if (outputs.isTuple()) {
+    const auto& e = outputs.toTupleRef().elements();
+    for (size_t i = 0; i < e.size(); ++i) {
+      entries.emplace_back(absl::StrCat(i), e[i]);
+    }
+  } else if (outputs.isList()) {
+    int64_t i = 0;
+    for (const c10::IValue& v : outputs.toListRef()) {
+      entries.emplace_back(absl::StrCat(i++), v);
+    }
+  } else {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> candidates;
+  std::string first;
+  for (const auto& [key, value] : entries) {
+    for (const torch::Tensor& t : FlattenTensors(value)) {
+      if (t.defined() && t.is_floating_point()) {
+        if (first.empty()) first = key;
+        candidates.push_back(
+            absl::StrCat(key, " [", absl::StrJoin(t.sizes(), ","), "]"));
+        break;
+      }
+    }
+  }
+  if (candidates.size() <= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "loss cross_entropy: the model returns a ", what,
+      " with floating-point tensors in ", candidates.size(), " entries (",
+      absl::StrJoin(candidates, ", "),
+      "); name the logits with cross_entropy@KEY, like cross_entropy@", first,
+      ":y:int64[B]{0,1000}"));
+}
+
 }  // namespace
 
 absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
                                           const c10::IValue& all_outputs,
                                           const torch::Tensor& target) {
   c10::IValue outputs = all_outputs;
+  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY && loss.output().empty()) {
+    MUTWO_RETURN_IF_ERROR(RefuseAmbiguousLogits(all_outputs));
+  }
   if (!loss.output().empty()) {
     MUTWO_ASSIGN_OR_RETURN(outputs, SelectOutput(all_outputs, loss.output()));
   }

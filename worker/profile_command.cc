@@ -23,8 +23,13 @@ ABSL_FLAG(std::string, unbatched, "",
           "purpose; repeat per input");
 ABSL_FLAG(int64_t, batch, 0, "the batch size substituted for B (required)");
 ABSL_FLAG(std::string, loss, "mean",
-          "mean, sum, model or cross_entropy:TARGET_SPEC (e.g. "
-          "cross_entropy:y:int64[B]{0,1000})");
+          "mean or sum (over every floating-point output), model (the model "
+          "returns its loss: the first floating-point output, a scalar) or "
+          "cross_entropy:TARGET (e.g. cross_entropy:y:int64[B]{0,1000}); "
+          "KIND@OUTPUT reads one dict entry or tuple index of the output, "
+          "e.g. cross_entropy@logits:y:int64[B]{0,1000} or mean@0 (needed "
+          "by cross_entropy when several entries hold floating-point "
+          "tensors)");
 ABSL_FLAG(std::string, optimizer, "sgd",
           "none, sgd, sgd_momentum, adam or adamw, optionally "
           ":lr=...,momentum=...,weight_decay=...");

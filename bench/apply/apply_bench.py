@@ -127,7 +127,7 @@ def child(args):
                       reserved_bytes=torch.cuda.max_memory_reserved())
     result.update(step_ms=statistics.median(times), step_ms_all=times)
     if applied is not None:
-        s = applied.stats
+        s = applied.stats()
         result.update(dropped=s.dropped, swapped_out=s.swapped_out,
                       swapped_in=s.swapped_in,
                       replays=sum(s.replays.values()),

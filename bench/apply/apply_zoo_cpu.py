@@ -249,7 +249,7 @@ def apply_point(m, schedule_path, point, time_steps=0):
         measured_saving_bytes=saving,
         saving_ratio=None if ratio is None else round(ratio, 4),
         saving_ok=saving_ok, frames=len(applied.frames),
-        replays=sum(applied.stats.replays.values()),
+        replays=sum(applied.stats().replays.values()),
         budget_warnings=[str(w.message)[:300] for w in caught
                          if issubclass(w.category, mutwo.BudgetWarning)],
         ok=gradients_ok and saving_ok)
@@ -261,7 +261,7 @@ def apply_point(m, schedule_path, point, time_steps=0):
                                                 time_steps)
         point["apply_step_ms"] = median_step_ms(model, inputs, loss_fn,
                                                 time_steps)
-        point["skipped_calls"] = applied.stats.skipped
+        point["skipped_calls"] = applied.stats().skipped
         applied.remove()
         mutwo.apply(model, schedule, skip_retained=False)
         point["apply_noskip_step_ms"] = median_step_ms(model, inputs, loss_fn,

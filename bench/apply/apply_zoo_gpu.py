@@ -291,7 +291,7 @@ def child(args):
         torch.cuda.empty_cache()
     ms, all_ms, peak = timed_steps(model, inputs, loss_fn, args.iterations,
                                    dev, applied)
-    s = applied.stats
+    s = applied.stats()
     unmatched = applied.unmatched()
     res.update(peak_bytes=peak, step_ms=round(ms, 3), step_ms_all=all_ms,
                dropped=s.dropped, swapped_out=s.swapped_out,
@@ -372,9 +372,9 @@ def trace(args):
                           "device_events_per_step": n_kernels / 3}
         if applied is not None:
             summary[label].update(
-                replays=sum(applied.stats.replays.values()) / 3,
-                dropped=applied.stats.dropped / 3,
-                skipped=applied.stats.skipped / 3)
+                replays=sum(applied.stats().replays.values()) / 3,
+                dropped=applied.stats().dropped / 3,
+                skipped=applied.stats().skipped / 3)
         with open(os.path.join(args.out, f"trace_{label}_cpu.txt"), "w") as f:
             f.write(ka.table(sort_by="self_cpu_time_total", row_limit=45,
                              max_name_column_width=70))
@@ -508,7 +508,7 @@ def probe(args):
                    is not None else None, peak_bytes=peak[phase],
                    peak_phase=phase, **peak)
         if applied is not None:
-            res["swapped_out"] = applied.stats.swapped_out
+            res["swapped_out"] = applied.stats().swapped_out
             applied.remove()
         out.append(res)
         print(json.dumps(res), flush=True)

@@ -99,7 +99,15 @@ def _pyplot():
 def _new_figure(title, subtitle=None, subtitle_color=None):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
-    ax.set_title(title, loc="left", fontsize=12, pad=20 if subtitle else 6)
+    lines = 0
+    if subtitle:
+        # Wrapped to the figure's width, never cut: a long planner note
+        # (a ViT's reserve and knee) stays readable in full.
+        import textwrap
+        subtitle = "\n".join(textwrap.wrap(subtitle, 110))
+        lines = subtitle.count("\n") + 1
+    ax.set_title(title, loc="left", fontsize=12,
+                 pad=8 + 12 * lines if subtitle else 6)
     if subtitle:
         # Between the title and the axes: never on the data.
         ax.text(0, 1.015, subtitle, transform=ax.transAxes, ha="left",
@@ -157,8 +165,6 @@ def timeline_figure(data):
         color = INFEASIBLE_COLOR
     elif data.get("reason"):
         subtitle = data["reason"]
-    if subtitle and len(subtitle) > 150:
-        subtitle = subtitle[:147] + "..."
     fig, ax = _new_figure(title, subtitle, color)
 
     tops = [data.get("budget_bytes", 0), data.get("predicted_peak_bytes", 0),
@@ -408,6 +414,24 @@ def pareto_figure(data):
     if budget > 0:
         ax.axhline(budget / div, color=BUDGET_COLOR, linestyle="-.",
                    linewidth=1.2, label="budget %s" % format_bytes(budget))
+    floor = data.get("floor_bytes", 0)
+    if floor > 0:
+        # A budget, drawn as one: no point of the curve lies below it by
+        # more than the allocator reserve its plans keep.
+        ax.axhline(floor / div, color="#555555", linestyle=":",
+                   linewidth=1.4,
+                   label="floor %s (the lowest budget that fits)" %
+                   format_bytes(floor))
+    knee = data.get("knee")
+    if knee:
+        x = overhead(knee)
+        xs_all.append(x)
+        ax.plot([x], [knee["peak_bytes"] / div], linestyle="none",
+                marker="P", markersize=14, color=POLICY_COLORS["mutwo"],
+                markeredgecolor="black", zorder=6,
+                label="knee (budget auto %s): peak %s, %+.1f%%" % (
+                    format_bytes(knee.get("budget_bytes", 0)),
+                    format_bytes(knee["peak_bytes"]), x))
     lo, hi = min(xs_all), max(xs_all)
     pad = max((hi - lo) * 0.06, 1.0)
     ax.set_xlim(lo - pad, hi + pad)

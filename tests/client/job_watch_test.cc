@@ -2,7 +2,10 @@
 #include "client/job_watch.h"
 
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "common/args.h"
 #include "common/parse.h"
 #include "gmock/gmock.h"
@@ -102,6 +105,81 @@ TEST(ProgressLine, TimeElapsedStageCountsAndWhatRuns) {
   old.set_message("PROFILING 1/3 tasks");
   EXPECT_THAT(ProgressLine(old, 0), HasSubstr("PROFILING 1/3 tasks"));
 }
+
+namespace progress_printer {
+
+v1::JobEvent Event(v1::Job::State state, int profiled, int decided,
+                   int64_t at_s, const std::string& running = "") {
+  v1::JobEvent e;
+  e.set_state(state);
+  e.set_unix_ms(1'700'000'000'000 + at_s * 1000);
+  e.set_batch_sizes_total(2);
+  e.set_batch_sizes_profiled(profiled);
+  e.set_budgets_total(4);
+  e.set_budgets_decided(decided);
+  e.set_running(running);
+  return e;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  return lines;
+}
+
+// A task's report (the count goes up, nothing runs) and the next lease (the
+// same count, the next task runs) a moment apart are one step: one line,
+// naming the task that runs.
+TEST(ProgressPrinter, OneLinePerStepNotOnePerReportAndLease) {
+  std::ostringstream out;
+  ProgressPrinter printer(1'700'000'000'000, out);
+  printer.Add(Event(v1::Job::PROFILING, 0, 0, 1, "profile batch 8"));
+  printer.Add(Event(v1::Job::PROFILING, 1, 0, 10));
+  printer.Add(Event(v1::Job::PROFILING, 1, 0, 10, "profile batch 16"));
+  printer.Add(Event(v1::Job::PROFILING, 1, 0, 11, "profile batch 16"));
+  printer.Add(Event(v1::Job::PLANNING, 2, 0, 20));
+  printer.Add(Event(v1::Job::VALIDATING, 2, 1, 30));
+  printer.Add(Event(v1::Job::VALIDATING, 2, 1, 30, "validate batch 8"));
+  printer.Add(Event(v1::Job::VALIDATING, 2, 2, 40));  // no lease follows
+  printer.Add(Event(v1::Job::SUCCEEDED, 2, 4, 50));
+  printer.Flush();
+  const std::vector<std::string> lines = Lines(out.str());
+  ASSERT_EQ(lines.size(), 6u) << out.str();
+  EXPECT_THAT(lines[0], HasSubstr("profiled 0/2 batch sizes, 0/4 budgets "
+                                  "decided; running profile batch 8"));
+  EXPECT_THAT(lines[1], HasSubstr("profiled 1/2 batch sizes, 0/4 budgets "
+                                  "decided, ~50s left; running profile "
+                                  "batch 16"));
+  EXPECT_THAT(lines[2], HasSubstr("PLANNING"));
+  EXPECT_THAT(lines[3], HasSubstr("1/4 budgets decided, ~30s left; running "
+                                  "validate batch 8"));
+  EXPECT_THAT(lines[4], HasSubstr("2/4 budgets decided"));  // printed anyway
+  EXPECT_THAT(lines[5], HasSubstr("SUCCEEDED"));
+}
+
+// The raw estimate rises when a step is slower than those before; the line
+// shows the previous estimate counted down instead, and says when that ran
+// out rather than showing a larger number.
+TEST(ProgressPrinter, TimeLeftNeverGoesUp) {
+  std::ostringstream out;
+  ProgressPrinter printer(1'700'000'000'000, out);
+  // 1 of 6 units in 10 s: ~50 s left.
+  printer.Add(Event(v1::Job::PROFILING, 1, 0, 10, "profile batch 16"));
+  // Raw: 2 of 6 in 40 s: 80 s; the last estimate counted down: 20 s.
+  printer.Add(Event(v1::Job::PROFILING, 2, 0, 40, "plan"));
+  // Raw: 3 of 6 in 70 s: 70 s; 20 s counted down by 30 s: ran out.
+  printer.Add(Event(v1::Job::VALIDATING, 2, 1, 70, "validate batch 8"));
+  // A fresh estimate: 4 of 6 in 80 s: 40 s.
+  printer.Add(Event(v1::Job::VALIDATING, 2, 2, 80, "validate batch 16"));
+  const std::vector<std::string> lines = Lines(out.str());
+  ASSERT_EQ(lines.size(), 4u) << out.str();
+  EXPECT_THAT(lines[0], HasSubstr("~50s left"));
+  EXPECT_THAT(lines[1], HasSubstr("~20s left"));
+  EXPECT_THAT(lines[2], HasSubstr("longer than estimated"));
+  EXPECT_THAT(lines[3], HasSubstr("~40s left"));
+}
+
+}  // namespace progress_printer
 
 }  // namespace
 }  // namespace mutwo

@@ -208,6 +208,22 @@ TEST(ParetoPlotDataTest, CurveBesideSqrtNAndPerBlock) {
   EXPECT_EQ(Field(base, "peak_bytes").number_value(),
             static_cast<double>(mutwo.baseline_peak_bytes()));
   EXPECT_GT(Field(base, "iteration_ms").number_value(), 0);
+  // The floor always; the knee only with the job's result.
+  EXPECT_EQ(Field(data, "floor_bytes").number_value(),
+            static_cast<double>(mutwo.floor_bytes()));
+  EXPECT_FALSE(data.fields().contains("knee"));
+  v1::BatchResult r;
+  r.set_baseline_iteration_ms(12);
+  r.set_plan_baseline_iteration_ms(10);
+  r.mutable_knee()->set_budget_bytes(3 << 20);
+  r.mutable_knee()->set_predicted_peak_bytes(2 << 20);
+  r.mutable_knee()->set_predicted_iteration_ms(11);
+  const Struct with_knee = ParetoPlotData(mutwo, {}, "chain", &r);
+  const Struct& knee = Field(with_knee, "knee").struct_value();
+  EXPECT_EQ(Field(knee, "budget_bytes").number_value(), 3 << 20);
+  EXPECT_EQ(Field(knee, "peak_bytes").number_value(), 2 << 20);
+  // Against the baseline the knee was planned against (10 ms), not 12.
+  EXPECT_NEAR(Field(knee, "overhead").number_value(), 0.1, 1e-9);
 }
 
 }  // namespace

@@ -43,7 +43,8 @@ TEST(DecisionsText, ListsWhatIsRecomputedAndWhatIsSwapped) {
   }
   const std::string text = DecisionsText(TwoDecisions(), &profile, 2);
   EXPECT_THAT(text, HasSubstr("  recomputed: 1 activations (2.00 KiB) in 1 "
-                              "segments, 0.500 ms\n"));
+                              "segments, 0.500 ms (each segment's replay "
+                              "once"));
   EXPECT_THAT(text, HasSubstr("  swapped: 1 activations (3.00 MiB), 0.250 ms "
                               "stalls\n"));
   EXPECT_THAT(text, ::testing::ContainsRegex(
@@ -53,6 +54,61 @@ TEST(DecisionsText, ListsWhatIsRecomputedAndWhatIsSwapped) {
                         "layer2.conv +aten::conv2d +\\? +12 +7 +3.00 MiB +8 "
                         "+25 +0.250"));
   EXPECT_THAT(text, ::testing::Not(HasSubstr("13")));  // retained
+}
+
+// Every decision of a segment carries the segment's replay time: the total
+// counts it once, so that baseline + recompute + stalls = planned.
+TEST(DecisionsText, RecomputeTimeCountsEachSegmentOnce) {
+  v1::Schedule s;
+  for (int i = 0; i < 3; ++i) {
+    v1::Decision* d = s.add_decisions();
+    d->set_value_id(i);
+    d->set_action(v1::Decision::RECOMPUTE);
+    d->set_segment(i < 2 ? 0 : 1);
+    d->set_recompute_ms(i < 2 ? 4.0 : 1.0);  // the segment's replay
+  }
+  EXPECT_THAT(DecisionsText(s, nullptr, 0),
+              HasSubstr("in 2 segments, 5.000 ms"));
+  s.set_predicted_recompute_ms(5.5);  // the planner's own total wins
+  EXPECT_THAT(DecisionsText(s, nullptr, 0),
+              HasSubstr("in 2 segments, 5.500 ms"));
+}
+
+// The floor is a budget: printed with the budget, not on the peak line; the
+// Pareto curve is listed by budget, its first budget the floor, so that no
+// figure looks like a point below the floor.
+TEST(ScheduleText, FloorBesideTheBudgetAndParetoByBudget) {
+  v1::Schedule s;
+  s.mutable_budget()->set_text("60%");
+  s.set_budget_bytes(60 << 20);
+  s.set_feasible(true);
+  s.set_floor_bytes(40 << 20);
+  s.set_baseline_peak_bytes(100 << 20);
+  s.set_predicted_peak_bytes(58 << 20);
+  s.set_baseline_iteration_ms(66.36);
+  s.set_predicted_iteration_ms(79.15);
+  s.set_predicted_recompute_ms(12.79);
+  v1::ParetoPoint* p = s.add_pareto();
+  p->set_budget_bytes(40 << 20);
+  p->set_predicted_peak_bytes(39 << 20);
+  p->set_predicted_iteration_ms(90);
+  const std::string text = ScheduleText(s, nullptr, "predicted", 2);
+  EXPECT_THAT(text, HasSubstr("  budget          60% = 60.00 MiB; floor 40.00 "
+                              "MiB (the lowest budget that fits; "
+                              "predicted)\n"));
+  EXPECT_THAT(text,
+              HasSubstr("  peak            baseline 100.00 MiB -> planned "
+                        "58.00 MiB (-42.0%)\n"));
+  EXPECT_THAT(text, HasSubstr("iteration       baseline 66.360 ms -> planned "
+                              "79.150 ms (+19.3%: recompute 12.790 ms"));
+  EXPECT_THAT(text, HasSubstr("the first budget is the floor"));
+  EXPECT_THAT(text, ::testing::ContainsRegex(
+                        "budget +40.00 MiB -> +39.00 MiB +90.000 ms"));
+  // The floor appears on the budget line only.
+  const size_t budget_line_end = text.find('\n');
+  const std::string pareto_note = "the first budget is the floor";
+  EXPECT_EQ(text.find("floor", budget_line_end),
+            text.find(pareto_note) + pareto_note.size() - 5);
 }
 
 TEST(DecisionsText, WithoutAProfileIdsAndSizesRemain) {

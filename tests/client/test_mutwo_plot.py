@@ -206,6 +206,27 @@ class TimelineTest(unittest.TestCase, FigureChecks):
         self.assertIn("infeasible", peak[0].get_label())
         self.assertEqual(list(peak[0].get_ydata()), [70])
 
+    def test_a_long_note_is_wrapped_whole_above_the_axes(self):
+        data = timeline_data()
+        data["reason"] = ("auto: the knee of the Pareto curve (point 6 of "
+                          "14, predicted peak 1.52 GiB, 86.480 ms); planned "
+                          "for 1.50 GiB: a reserve of 19.40 MiB (4 MiB + 1% "
+                          "of the budget) for the CUDA caching allocator's "
+                          "block rounding")
+        fig = mp.timeline_figure(data)
+        ax = fig.axes[0]
+        notes = [t for t in ax.texts if t.get_text().startswith("auto:")]
+        self.assertEqual(len(notes), 1)
+        text = notes[0].get_text()
+        self.assertNotIn("...", text)
+        self.assertEqual(" ".join(text.split()), " ".join(data["reason"].split()))
+        self.assertGreaterEqual(text.count("\n"), 1)
+        # Above the axes and below the title, overlapping neither.
+        r = render(fig)
+        box = notes[0].get_window_extent(r)
+        self.assertGreaterEqual(box.y0, ax.get_window_extent(r).y1 - 1)
+        self.assertLessEqual(box.y1, ax.title.get_window_extent(r).y0 + 1)
+
     def test_without_times_falls_back_to_positions(self):
         data = timeline_data()
         for s in data["series"]:
@@ -269,6 +290,28 @@ class BatchTest(unittest.TestCase, FigureChecks):
 
 
 class ParetoTest(unittest.TestCase, FigureChecks):
+    def test_floor_and_knee_are_marked(self):
+        data = pareto_data()
+        data["floor_bytes"] = 46 * MIB
+        data["knee"] = {"budget_bytes": 56 * MIB, "peak_bytes": 55 * MIB,
+                        "iteration_ms": 11.9, "overhead": 0.19}
+        fig = mp.pareto_figure(data)
+        ax = fig.axes[0]
+        self.check_legend_outside(fig)
+        names = labels(ax)
+        floor = [n for n in names if n.startswith("floor 46.00 MiB")]
+        self.assertEqual(len(floor), 1, names)
+        line = [l for l in ax.lines if l.get_label() == floor[0]][0]
+        self.assertEqual(list(line.get_ydata()), [46, 46])  # a budget line
+        knee = [l for l in ax.lines if l.get_label().startswith("knee")]
+        self.assertEqual(len(knee), 1, names)
+        self.assertIn("budget auto 56.00 MiB", knee[0].get_label())
+        self.assertAlmostEqual(knee[0].get_xdata()[0], 19.0)
+        self.assertEqual(list(knee[0].get_ydata()), [55])
+        # Without them in the data, neither is drawn.
+        plain = labels(mp.pareto_figure(pareto_data()).axes[0])
+        self.assertFalse(any(n.startswith(("floor", "knee")) for n in plain))
+
     def test_curve_and_baseline_policies(self):
         fig = mp.pareto_figure(pareto_data())
         ax = fig.axes[0]

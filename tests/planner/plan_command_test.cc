@@ -1,4 +1,5 @@
 // `mutwo plan` end to end: a profile JSON written here, the real binary.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -178,8 +179,10 @@ std::string ChainProfilesDir(const std::string& name) {
 TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
   const std::string dir = ChainProfilesDir("max_batch_command_test");
   const std::string bin = testing::BinPath("mutwo") + " max-batch ";
-  auto r = testing::RunCommand(bin + dir + "/b2.json " + dir +
-                               "/b4.json --capacity 100MiB --output json");
+  // stdout only: the JSON (the warning for 8x goes to stderr).
+  auto r = testing::RunCommand("(" + bin + dir + "/b2.json " + dir +
+                               "/b4.json --capacity 100MiB --output json "
+                               "2>/dev/null)");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   v1::MaxBatchPrediction p;
   ASSERT_TRUE(ProtoFromJson(r.output, "max-batch", &p).ok()) << r.output;
@@ -201,6 +204,30 @@ TEST(MaxBatchCommandTest, PredictsFromTwoProfilesAndNamesBadFiles) {
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.output.find("nope.json"), std::string::npos)
       << missing.output;
+  testing::RunCommand("rm -rf " + dir);
+}
+
+// Far beyond the profiled batch sizes (a capacity defaulted from the
+// profiled device: here 24 GiB for profiles at 2 and 4), the answer comes
+// with a warning that says the factor and what to do; close to them, none.
+TEST(MaxBatchCommandTest, WarnsWhenItExtrapolatesFarBeyondTheProfiles) {
+  const std::string dir = ChainProfilesDir("max_batch_far_test");
+  const std::string profiles = testing::BinPath("mutwo") + " max-batch " + dir +
+                               "/b2.json " + dir + "/b4.json";
+  auto far = testing::RunCommand(profiles);
+  ASSERT_EQ(far.exit_code, 0) << far.output;
+  EXPECT_THAT(far.output, ::testing::ContainsRegex(
+                              "warning: the answer \\([0-9]+\\) is [0-9]{3,}x "
+                              "the largest profiled batch size \\(4\\)"));
+  EXPECT_THAT(far.output, ::testing::HasSubstr("give --capacity"));
+  auto given = testing::RunCommand(profiles + " --capacity 1GiB");
+  EXPECT_THAT(given.output, ::testing::HasSubstr("warning: the answer"));
+  EXPECT_THAT(given.output,
+              ::testing::Not(::testing::HasSubstr("give --capacity")));
+  // (30 MiB - reserve - 4 MiB) / 8 MiB = 3 samples: within the profiles.
+  auto near = testing::RunCommand(profiles + " --capacity 30MiB");
+  ASSERT_EQ(near.exit_code, 0) << near.output;
+  EXPECT_THAT(near.output, ::testing::Not(::testing::HasSubstr("warning")));
   testing::RunCommand("rm -rf " + dir);
 }
 

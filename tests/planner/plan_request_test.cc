@@ -197,6 +197,39 @@ TEST(PlanRequestTest, FloorBudgetPlansAtTheFloor) {
   }
 }
 
+// The Pareto curve is listed by the budgets a user would give: its first
+// budget is the floor the schedule reports, none lies below it, and each
+// point's budget is the one `auto` would resolve to at that point (its plan
+// fits with the reserve on top).
+TEST(PlanRequestTest, ParetoBudgetsStartAtTheFloorWithTheReserve) {
+  for (const char* kind : {"cpu", "cuda"}) {
+    v1::Profile profile = DiamondProto();
+    profile.mutable_device()->set_kind(kind);
+    for (auto& a : *profile.mutable_activations())
+      a.set_size_bytes(a.size_bytes() << 16);
+    ScheduleRequest request;
+    request.budget = *ParseBudget("60%");
+    request.pareto_points = 20;
+    auto s = PlanSchedule(profile, request);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_GE(s->pareto_size(), 2) << kind;
+    EXPECT_EQ(s->pareto(0).budget_bytes(), s->floor_bytes()) << kind;
+    for (const v1::ParetoPoint& p : s->pareto()) {
+      EXPECT_GE(p.budget_bytes(), s->floor_bytes()) << kind;
+      EXPECT_LE(p.budget_bytes(), s->baseline_peak_bytes()) << kind;
+      EXPECT_LE(p.predicted_peak_bytes(), p.budget_bytes()) << kind;
+      // Planned at its budget, the point's plan is what the curve says.
+      ScheduleRequest at = request;
+      at.pareto_points = 0;
+      at.budget = *ParseBudget(absl::StrCat(p.budget_bytes(), "B"));
+      auto planned = PlanSchedule(profile, at);
+      ASSERT_TRUE(planned.ok()) << planned.status();
+      EXPECT_TRUE(planned->feasible()) << kind << " " << p.budget_bytes();
+      EXPECT_LE(planned->predicted_peak_bytes(), p.budget_bytes()) << kind;
+    }
+  }
+}
+
 // A correction learned from a validation plans that many bytes lower but
 // keeps the budget the user asked for (what the worker measures against).
 TEST(PlanRequestTest, CorrectionPlansBelowTheBudgetItKeeps) {

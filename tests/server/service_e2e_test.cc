@@ -304,7 +304,8 @@ TEST_F(ServiceTest, SubmitWaitSucceedsWithSchedulesAndValidations) {
   EXPECT_GT(job.max_batch().max_batch_without_checkpointing(), 0);
   // The table says so; the metric counts the rounds.
   auto table = RunCommand(Cli("job " + job.job_id()));
-  EXPECT_EQ(table.exit_code, 0);
+  // As `watch`: the 1B budget fits at no batch size.
+  EXPECT_EQ(table.exit_code, 3);
   EXPECT_THAT(table.output, HasSubstr("memory per batch size")) << table.output;
   EXPECT_THAT(table.output, ::testing::ContainsRegex("  INFEASIBLE +-\n"))
       << table.output;

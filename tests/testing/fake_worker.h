@@ -21,10 +21,12 @@
 namespace mutwo::testing {
 
 // Leases and reports until `stop` is set; survives the server going away
-// (registers again when the server forgot the worker).
+// (registers again when the server forgot the worker). `step_time_scale`
+// scales the measured step time of the profiles it reports (another
+// machine, or timing noise between two profiles of one model).
 inline void RunFakeWorker(const std::shared_ptr<grpc::Channel>& channel,
                           const std::atomic<bool>& stop, uint64_t seed,
-                          int fail_one_in) {
+                          int fail_one_in, double step_time_scale = 1.0) {
   auto in = [](int ms) {
     return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
   };
@@ -75,6 +77,8 @@ inline void RunFakeWorker(const std::shared_ptr<grpc::Channel>& channel,
       r.set_task_id(task.task_id());
       r.set_fence_token(task.fence_token());
       *r.mutable_profile() = ChainProfile(task.batch_size());
+      r.mutable_profile()->mutable_measured()->set_iteration_ms(
+          r.profile().measured().iteration_ms() * step_time_scale);
       (void)hub->ReportProfile(&report_ctx, r, &ignored);
     } else {
       v1::ReportValidationRequest r;

@@ -61,6 +61,43 @@ TEST(ComputeLossTest, KindsComputeWhatTheyPromise) {
       ComputeLoss(spec, c10::IValue(torch::ones({2}, torch::kInt64)), {}).ok());
 }
 
+// cross_entropy over a dict or tuple with floating-point tensors in several
+// entries is refused, naming them, unless @KEY says which are the logits.
+TEST(ComputeLossTest, CrossEntropyNamesTheLogitsOfADictOrTuple) {
+  auto ce = ParseLossSpec("cross_entropy:y:int64[B]{0,4}");
+  ASSERT_TRUE(ce.ok());
+  auto target = MakeTarget(*ce, 2, torch::kCPU);
+  ASSERT_TRUE(target.ok());
+  torch::Tensor logits = torch::zeros({2, 4});
+  torch::Tensor aux = torch::ones({2, 4});
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+  dict.insert("logits", logits);
+  dict.insert("aux", aux);
+  auto guess = ComputeLoss(*ce, c10::IValue(dict), *target);
+  ASSERT_EQ(guess.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(guess.status().message().find(
+                "2 entries (logits [2,4], aux [2,4]); name the logits with "
+                "cross_entropy@KEY, like cross_entropy@logits:"),
+            std::string::npos)
+      << guess.status();
+  auto tuple = ComputeLoss(
+      *ce, c10::IValue(c10::ivalue::Tuple::create({logits, aux})), *target);
+  EXPECT_NE(tuple.status().message().find("(0 [2,4], 1 [2,4])"),
+            std::string::npos)
+      << tuple.status();
+  // Named: that entry's cross entropy.
+  auto named = ParseLossSpec("cross_entropy@aux:y:int64[B]{0,4}");
+  ASSERT_TRUE(named.ok());
+  auto loss = ComputeLoss(*named, c10::IValue(dict), *target);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(loss->item<float>(), std::log(4.0), 1e-5);
+  // One floating-point entry (beside integers): nothing to choose.
+  c10::impl::GenericDict one(c10::StringType::get(), c10::TensorType::get());
+  one.insert("logits", logits);
+  one.insert("ids", torch::ones({2}, torch::kInt64));
+  EXPECT_TRUE(ComputeLoss(*ce, c10::IValue(one), *target).ok());
+}
+
 TEST(OptimizerTest, StatesPerParameterMatchTorchOptim) {
   EXPECT_EQ(OptimizerStatesPerParameter(v1::OptimizerSpec::ADAM), 2);
   EXPECT_EQ(OptimizerStatesPerParameter(v1::OptimizerSpec::ADAMW), 2);

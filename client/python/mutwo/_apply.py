@@ -1200,12 +1200,32 @@ def _describe(d: Decision) -> str:
             f"({format_bytes(d.size_bytes)})")
 
 
+class _StatsAccessor:
+    """`Applied.stats`: a method, as `report()` and `measurements()` are
+    (`applied.stats()`). Reading a field without the call
+    (`applied.stats.dropped`, the earlier property) still works, with a
+    DeprecationWarning."""
+
+    def __init__(self, runtime: "_Runtime"):
+        self._runtime = runtime
+
+    def __call__(self) -> ApplyStats:
+        return self._runtime.stats
+
+    def __getattr__(self, name: str) -> Any:
+        warnings.warn("Applied.stats is a method, as report() and "
+                      "measurements() are: call applied.stats()",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(self._runtime.stats, name)
+
+
 class Applied:
     """A schedule applied to a model; `remove()` takes it off again.
 
-    `stats` counts what the hooks did; `report()` says which decisions were
-    applied and which matched no saved tensor; `measurements()` what the
-    first step under the schedule measured.
+    What it did and found, each a method: `stats()` counts what the hooks
+    did; `report()` says which decisions were applied and which matched no
+    saved tensor; `measurements()` what the first step under the schedule
+    measured; `unmatched()` the decisions no saved tensor matched.
     """
 
     def __init__(self, model: nn.Module, schedule: Schedule,
@@ -1223,8 +1243,9 @@ class Applied:
         self._checked = False
 
     @property
-    def stats(self) -> ApplyStats:
-        return self._runtime.stats
+    def stats(self) -> _StatsAccessor:
+        """Call it: `applied.stats()` is the ApplyStats so far."""
+        return _StatsAccessor(self._runtime)
 
     @property
     def frames(self) -> List[str]:
@@ -1250,7 +1271,7 @@ class Applied:
     def unmatched(self) -> List[Decision]:
         """Non-RETAIN decisions whose module saved no tensor that the hooks
         dropped or swapped (after at least one training step)."""
-        s = self.stats
+        s = self.stats()
         return self._unmatched(s.dropped_paths, s.swapped_paths)
 
     def measurements(self) -> Optional[ApplyMeasurements]:
@@ -1259,7 +1280,7 @@ class Applied:
         return self._measurements
 
     def report(self) -> str:
-        s = self.stats
+        s = self.stats()
         lines = [f"mutwo.apply: {len(self.schedule.recomputed)} recompute and "
                  f"{len(self.schedule.swapped)} swap decisions; replays in "
                  f"{', '.join(self.frames) or 'no frame'}",

@@ -20,6 +20,7 @@ from mutwo.v1 import planner_pb2, planner_pb2_grpc, types_pb2
 
 __all__ = ["Client", "MutwoError", "JobFailedError"]
 
+DEFAULT_SERVER = "127.0.0.1:50051"
 CHUNK_BYTES = 1 << 20  # the server accepts chunks of at most 1 MiB
 MAX_MESSAGE_BYTES = 64 << 20  # profiles and schedules can be large
 
@@ -90,12 +91,17 @@ def _script(model: Any, example_inputs: Optional[Sequence[Any]]) -> Any:
 class Client:
     """The mutwo service, with a deadline on every call.
 
-        client = mutwo.Client("127.0.0.1:50051")
+        client = mutwo.Client("127.0.0.1:50051")    # or $MUTWO_SERVER
         job = client.submit(model, inputs=["x:float32[B,3,224,224]"],
                             batch_sizes=[32], budgets=["60%"])
         job = client.wait(job)                      # progress bar
         schedule = client.schedule(job, 32, "60%")
         mutwo.apply(model, schedule)
+
+    The server: `target`, else the environment variable MUTWO_SERVER, else
+    127.0.0.1:50051 (as the `mutwo` CLI). Wherever a job is asked for, its
+    id may be "latest" (or "-"): the newest job the server lists (not for
+    `cancel`, which takes the id only).
 
     Credentials: `token`, else the first line of `token_file` or of the file
     named by MUTWO_TOKEN_FILE, else MUTWO_TOKEN; TLS verified with the PEM
@@ -104,11 +110,12 @@ class Client:
     the gRPC code and the server's message.
     """
 
-    def __init__(self, target: str = "127.0.0.1:50051", *,
+    def __init__(self, target: Optional[str] = None, *,
                  token: Optional[str] = None,
                  token_file: Optional[str] = None,
                  tls_ca: Optional[str] = None, timeout_s: float = 30.0,
                  channel: Optional[grpc.Channel] = None):
+        target = target or os.environ.get("MUTWO_SERVER") or DEFAULT_SERVER
         self.target = target
         self.timeout_s = timeout_s
         options = [
@@ -158,6 +165,18 @@ class Client:
         return [Worker.from_proto(w) for w in response.workers]
 
     # -- models and jobs ---------------------------------------------------
+    def _id(self, job: Union[Job, str]) -> str:
+        """The job's id; "latest" or "-": the newest job's."""
+        job_id = _job_id(job)
+        if job_id not in _LATEST:
+            return job_id
+        newest = self.jobs(page_size=1)
+        if not newest:
+            raise MutwoError(grpc.StatusCode.NOT_FOUND,
+                             f'"{job_id}" names the newest job, and '
+                             f"{self.target} has none yet", "ListJobs")
+        return newest[0].job_id
+
     def upload(self, model: Any, *, name: Optional[str] = None,
                example_inputs: Optional[Sequence[Any]] = None,
                timeout_s: float = 600.0) -> Model:
@@ -237,7 +256,7 @@ class Client:
     def job(self, job: Union[Job, str]) -> Job:
         return Job.from_proto(_call(
             "GetJob", self._stub.GetJob,
-            planner_pb2.GetJobRequest(job_id=_job_id(job)),
+            planner_pb2.GetJobRequest(job_id=self._id(job)),
             timeout=self.timeout_s))
 
     def jobs(self, *, model_sha256: str = "", page_size: int = 0) -> List[Job]:
@@ -248,6 +267,11 @@ class Client:
         return [Job.from_proto(j) for j in response.jobs]
 
     def cancel(self, job: Union[Job, str]) -> Job:
+        if _job_id(job) in _LATEST:
+            # "The newest job" could be one submitted a moment ago by
+            # someone else.
+            raise ValueError("cancel needs the job's id, not "
+                             f"{_job_id(job)!r}: Client.jobs() lists them")
         return Job.from_proto(_call(
             "CancelJob", self._stub.CancelJob,
             planner_pb2.CancelJobRequest(job_id=_job_id(job)),
@@ -257,7 +281,7 @@ class Client:
               timeout_s: float = 3600.0) -> Iterator[JobProgress]:
         """Progress events until the job is final (the last has .job)."""
         stream = self._stub.WatchJob(
-            planner_pb2.WatchJobRequest(job_id=_job_id(job)),
+            planner_pb2.WatchJobRequest(job_id=self._id(job)),
             timeout=timeout_s)
         try:
             for event in stream:
@@ -268,18 +292,22 @@ class Client:
     def wait(self, job: Union[Job, str], *, timeout_s: float = 3600.0,
              progress: Optional[bool] = None,
              raise_on_failure: bool = True) -> Job:
-        """Waits until the job is final and returns it. Shows a progress
-        bar (tqdm if installed, else a line per change on stderr) unless
-        `progress` is False; None shows it when stderr is a terminal. A
-        dropped stream is resumed while time is left; TimeoutError after
-        `timeout_s`; JobFailedError for FAILED or CANCELLED unless
-        raise_on_failure is False."""
+        """Waits until the job is final and returns it. Shows progress on
+        stderr unless `progress` is False: a bar (tqdm if installed, else a
+        line per change); with None (the default), the bar on a terminal
+        and otherwise (a log file, a notebook's captured stderr) one line
+        per change of state. A dropped stream is resumed while time is
+        left; TimeoutError after `timeout_s`; JobFailedError for FAILED or
+        CANCELLED unless raise_on_failure is False. Ctrl-C
+        (KeyboardInterrupt) stops the waiting, not the job: a line says how
+        to follow or cancel it."""
         import sys
 
-        job_id = _job_id(job)
+        job_id = self._id(job)
+        states_only = False
         if progress is None:
-            progress = sys.stderr.isatty()
-        bar = _ProgressBar(job_id) if progress else None
+            progress, states_only = True, not sys.stderr.isatty()
+        bar = _ProgressBar(job_id, states_only) if progress else None
         deadline = time.monotonic() + timeout_s
         final: Optional[Job] = None
         try:
@@ -307,6 +335,12 @@ class Client:
                     current = self.job(job_id)
                     if current.done:
                         final = current
+        except KeyboardInterrupt:
+            print(f"\nmutwo: stopped waiting; job {job_id} keeps running on "
+                  f"{self.target}: client.wait({job_id!r}) follows it again, "
+                  f"client.cancel({job_id!r}) cancels it (CLI: mutwo watch "
+                  f"{job_id} / mutwo cancel {job_id})", file=sys.stderr)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -329,7 +363,7 @@ class Client:
         if isinstance(budget, str):
             budget = parse_budget(budget)
         request = planner_pb2.GetScheduleRequest(
-            job_id=_job_id(job), batch_size=batch_size, budget=budget,
+            job_id=self._id(job), batch_size=batch_size, budget=budget,
             policy=(types_pb2.Policy.Value(policy.upper()) if policy
                     else types_pb2.POLICY_UNSPECIFIED),
             include_pareto=include_pareto)
@@ -357,7 +391,7 @@ class Client:
         corrected schedule when the peak alone was over the budget."""
         response = _call("ReportTrainingLoop", self._stub.ReportTrainingLoop,
                          planner_pb2.ReportTrainingLoopRequest(
-                             job_id=_job_id(job), report=report),
+                             job_id=self._id(job), report=report),
                          timeout=self.timeout_s)
         return TrainingLoopAnswer(
             TrainingLoopReport.from_proto(response.report),
@@ -370,9 +404,12 @@ class Client:
                 batch_size: int) -> types_pb2.Profile:
         """The raw profile (a types_pb2.Profile message)."""
         return _call("GetProfile", self._stub.GetProfile,
-                     planner_pb2.GetProfileRequest(job_id=_job_id(job),
+                     planner_pb2.GetProfileRequest(job_id=self._id(job),
                                                    batch_size=batch_size),
                      timeout=self.timeout_s)
+
+
+_LATEST = ("latest", "-")
 
 
 def _job_id(job: Union[Job, str]) -> str:
@@ -381,17 +418,22 @@ def _job_id(job: Union[Job, str]) -> str:
 
 class _ProgressBar:
     """tqdm over the job's tasks where tqdm is installed, else one stderr
-    line per change."""
+    line per change; `states_only`: one line per change of state (stderr is
+    no terminal: a bar would be noise, silence leaves people guessing)."""
 
-    def __init__(self, job_id: str):
+    def __init__(self, job_id: str, states_only: bool = False):
         self._job_id = job_id
+        self._states_only = states_only
         self._last = ""
+        self._tqdm: Any = None
+        if states_only:
+            return
         try:
             from tqdm import tqdm  # type: ignore[import]
-            self._tqdm: Any = tqdm(total=0, desc=f"job {job_id[:8]}",
-                                   unit="task", leave=True)
+            self._tqdm = tqdm(total=0, desc=f"job {job_id[:8]}",
+                              unit="task", leave=True)
         except ImportError:
-            self._tqdm = None
+            pass
 
     def update(self, event: JobProgress) -> None:
         text = event.running or event.waiting or event.message
@@ -402,12 +444,19 @@ class _ProgressBar:
                                        refresh=False)
             self._tqdm.refresh()
             return
-        line = (f"job {self._job_id[:8]}: {event.state} "
-                f"{event.tasks_done}/{event.tasks_total} {text}")
-        if line != self._last:
+        if self._states_only:
+            key = event.state
+            line = (f"{time.strftime('%H:%M:%S')} job {self._job_id}: "
+                    f"{event.state} ({event.tasks_done}/{event.tasks_total} "
+                    "tasks)" + (f"; waiting: {event.waiting}"
+                                if event.waiting else ""))
+        else:
+            line = key = (f"job {self._job_id[:8]}: {event.state} "
+                          f"{event.tasks_done}/{event.tasks_total} {text}")
+        if key != self._last:
             import sys
-            print(line, file=sys.stderr)
-            self._last = line
+            print(line, file=sys.stderr, flush=True)
+            self._last = key
 
     def close(self) -> None:
         if self._tqdm is not None:

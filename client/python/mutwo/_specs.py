@@ -151,21 +151,33 @@ def parse_tensor_spec(text: str) -> types_pb2.TensorSpec:
 
 
 def parse_loss(text: str) -> types_pb2.LossSpec:
-    """`mean`, `sum`, `model` or `cross_entropy:y:int64[B]{0,1000}`."""
+    """`mean`, `sum`, `model` or `cross_entropy:y:int64[B]{0,1000}`, each
+    optionally `KIND@OUTPUT` to read one dict entry or tuple element of the
+    model's output (`cross_entropy@logits:y:int64[B]{0,1000}`, `mean@0`),
+    as the CLI's --loss."""
     s = str(text).strip()
+    head, colon, rest = s.partition(":")
+    kind_text, at, output = head.partition("@")
+    if at and not output:
+        raise ValueError('loss "%s": expected a dict key or tuple index after '
+                         "'@', like cross_entropy@out:y:int64[B,64,64]{0,21}"
+                         % text)
     kinds = {"mean": types_pb2.LossSpec.MEAN, "sum": types_pb2.LossSpec.SUM,
              "model": types_pb2.LossSpec.MODEL}
-    if s in kinds:
-        return types_pb2.LossSpec(kind=kinds[s])
-    if s.startswith("cross_entropy:"):
-        target = parse_tensor_spec(s[len("cross_entropy:"):])
+    kind = kind_text.lower()
+    if kind in kinds and not colon:
+        return types_pb2.LossSpec(kind=kinds[kind], output=output)
+    if kind == "cross_entropy" and colon:
+        target = parse_tensor_spec(rest)
         if target.dtype != types_pb2.INT64:
             raise ValueError('loss "%s": a cross_entropy target holds class '
                              "indices and must be int64" % text)
         return types_pb2.LossSpec(kind=types_pb2.LossSpec.CROSS_ENTROPY,
-                                  target=target)
+                                  target=target, output=output)
     raise ValueError('loss "%s": use mean, sum, model or cross_entropy:TARGET '
-                     "(like cross_entropy:y:int64[B]{0,1000})" % text)
+                     "(like cross_entropy:y:int64[B]{0,1000}), optionally "
+                     "KIND@OUTPUT to read one dict entry or tuple element "
+                     "(like mean@out)" % text)
 
 
 def parse_optimizer(text: str) -> types_pb2.OptimizerSpec:

@@ -164,6 +164,14 @@ class Schedule:
         return json_format.MessageToJson(message,
                                          preserving_proto_field_name=True)
 
+    def __repr__(self) -> str:
+        return (f"Schedule(policy={self.policy!r}, batch_size="
+                f"{self.batch_size}, budget={self.budget!r}, budget_bytes="
+                f"{self.budget_bytes}, feasible={self.feasible}, "
+                f"predicted_peak_bytes={self.predicted_peak_bytes}, "
+                f"{len(self.recomputed)} recomputed, {len(self.swapped)} "
+                f"swapped of {len(self.decisions)} decisions)")
+
     @property
     def recomputed(self) -> List[Decision]:
         return [d for d in self.decisions if d.action == "RECOMPUTE"]
@@ -232,6 +240,24 @@ class BudgetOutcome:
     training_loop_peak_bytes: int = 0
     training_loop_reports: int = 0
     proto: Optional[types_pb2.BudgetOutcome] = _PROTO
+
+    def __str__(self) -> str:
+        text = (f"budget {self.budget or format_bytes(self.budget_bytes)} "
+                f"({format_bytes(self.budget_bytes)}): {self.state}")
+        if self.predicted_peak_bytes:
+            text += f", planned peak {format_bytes(self.predicted_peak_bytes)}"
+        if self.measured_peak_bytes:
+            text += f", measured {format_bytes(self.measured_peak_bytes)}"
+        if self.rounds > 1:
+            text += f" ({self.rounds} rounds)"
+        if self.training_loop_reports:
+            text += (", training loop "
+                     + ("holds" if self.validated_in_training_loop
+                        else "NOT HOLDING") + " "
+                     + format_bytes(self.training_loop_peak_bytes))
+        if self.reason:
+            text += f": {self.reason}"
+        return text
 
     @classmethod
     def from_proto(cls, o: types_pb2.BudgetOutcome) -> "BudgetOutcome":
@@ -302,7 +328,63 @@ class BatchResult:
     # not measured, floor_bytes is the planner's prediction.
     measured_floor_bytes: int = 0
     training_loop: Tuple[TrainingLoopReport, ...] = ()
+    # The baseline step time the floor, curve and knee were planned
+    # against: baseline_iteration_ms unless the schedule cache served plans
+    # made from an earlier profile of the same model (0: an older server).
+    plan_baseline_iteration_ms: float = 0.0
     proto: Optional[types_pb2.BatchResult] = _PROTO
+
+    def __str__(self) -> str:
+        """A few lines, as `mutwo job` shows one batch size (the schedules'
+        decisions are left out: print a Schedule for them)."""
+        lines = [f"batch {self.batch_size}: baseline peak "
+                 f"{format_bytes(self.baseline_peak_bytes)}, "
+                 f"{self.baseline_iteration_ms:.2f} ms a step"]
+        if self.oom:
+            lines.append("  out of memory at this batch size")
+        if self.floor_bytes:
+            floor = (f"{format_bytes(self.measured_floor_bytes)} measured"
+                     if self.measured_floor_bytes else
+                     f"{format_bytes(self.floor_bytes)} predicted")
+            lines.append(f"  floor {floor} (the lowest budget that fits)")
+        if self.knee is not None:
+            k = self.knee
+            # Against the baseline the knee was planned against.
+            base = self.plan_baseline_iteration_ms or self.baseline_iteration_ms
+            overhead = (f" ({k.predicted_iteration_ms / base - 1:+.1%})"
+                        if base > 0 else "")
+            lines.append(f"  knee (budget auto): budget "
+                         f"{format_bytes(k.budget_bytes)}, planned peak "
+                         f"{format_bytes(k.predicted_peak_bytes)}, "
+                         f"{k.predicted_iteration_ms:.2f} ms{overhead}; "
+                         f"pareto curve of {len(self.pareto)} points")
+        for i, o in enumerate(self.outcomes):
+            line = f"  {o}"
+            if i < len(self.schedules):
+                sched = self.schedules[i]
+                line += (f"; {len(sched.recomputed)} recomputed, "
+                         f"{len(sched.swapped)} swapped")
+            lines.append(line)
+        if not self.outcomes:
+            for sched in self.schedules:
+                lines.append(
+                    f"  budget {sched.budget or format_bytes(sched.budget_bytes)}"
+                    f": " + ("planned peak "
+                             f"{format_bytes(sched.predicted_peak_bytes)}"
+                             if sched.feasible else "INFEASIBLE"))
+        if self.training_loop:
+            lines.append(f"  {len(self.training_loop)} training-loop "
+                         "report(s)")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"BatchResult(batch_size={self.batch_size}, "
+                f"baseline_peak_bytes={self.baseline_peak_bytes}, "
+                f"floor_bytes={self.floor_bytes}, "
+                f"{len(self.schedules)} schedules, "
+                f"{len(self.outcomes)} outcomes, oom={self.oom})")
 
     @classmethod
     def from_proto(cls, r: types_pb2.BatchResult) -> "BatchResult":
@@ -318,6 +400,7 @@ class BatchResult:
                    measured_floor_bytes=r.measured_floor_bytes,
                    training_loop=tuple(TrainingLoopReport.from_proto(t)
                                        for t in r.training_loop),
+                   plan_baseline_iteration_ms=r.plan_baseline_iteration_ms,
                    proto=r)
 
 
@@ -363,6 +446,23 @@ class MaxBatch:
     without_checkpointing_check: Optional[MaxBatchCheck] = None
     with_schedule_check: Optional[MaxBatchCheck] = None
     proto: Optional[types_pb2.MaxBatchPrediction] = _PROTO
+
+    def __str__(self) -> str:
+        def answer(batch: int, check: Optional[MaxBatchCheck]) -> str:
+            if check is None:
+                return f"{batch} (predicted)"
+            return f"{batch} ({check.state.lower()}: {check.reason})" \
+                if check.reason else f"{batch} ({check.state.lower()})"
+        return "\n".join([
+            f"max batch (capacity {format_bytes(self.capacity_bytes)}):",
+            "  without checkpointing: " + answer(
+                self.max_batch_without_checkpointing,
+                self.without_checkpointing_check),
+            f"  with a schedule (overhead <= {self.max_overhead:+.0%}): "
+            + answer(self.max_batch_with_schedule,
+                     self.with_schedule_check
+                     or self.without_checkpointing_check),
+            f"  prediction: {self.reason}"])
 
     @classmethod
     def from_proto(cls, m: types_pb2.MaxBatchPrediction) -> "MaxBatch":
@@ -412,6 +512,31 @@ class Job:
     @property
     def done(self) -> bool:
         return self.state in self.FINAL_STATES
+
+    def __str__(self) -> str:
+        """A few lines per batch size, as `mutwo job` (without the
+        schedules' decisions)."""
+        lines = [f"job {self.job_id} {self.state}: model {self.model_name} "
+                 f"({self.model_sha256[:12]}), batch sizes "
+                 f"{', '.join(map(str, self.batch_sizes))}, tasks "
+                 f"{self.tasks_done}/{self.tasks_total}"]
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        if self.waiting:
+            lines.append(f"  waiting: {self.waiting}")
+        lines += ["  " + line for r in self.results
+                  for line in str(r).split("\n")]
+        if self.max_batch is not None:
+            lines += ["  " + line for line in str(self.max_batch).split("\n")]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"Job(job_id={self.job_id!r}, state={self.state!r}, "
+                f"model_name={self.model_name!r}, "
+                f"batch_sizes={self.batch_sizes}, "
+                f"tasks_done={self.tasks_done}, "
+                f"tasks_total={self.tasks_total}, "
+                f"{len(self.results)} results)")
 
     def result(self, batch_size: int) -> BatchResult:
         for r in self.results:

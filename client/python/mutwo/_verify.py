@@ -238,17 +238,29 @@ def make_loss(user: UserModel, loss: str, target: Any
         return lambda out: fn(out, target)
     text = loss or ("cross_entropy" if isinstance(target, torch.Tensor) and
                     not target.dtype.is_floating_point else "mean")
-    if text == "cross_entropy":
+    head = text.partition(":")[0]
+    name, at, output = head.partition("@")
+    if name.lower() == "cross_entropy" and ":" not in text:
+        # Against the batch function's target: no target spec to parse.
+        if at and not output:
+            raise UsageError(f'loss "{text}": expected a dict key or tuple '
+                             "index after '@', like cross_entropy@logits")
         kind = types_pb2.LossSpec.CROSS_ENTROPY
     else:
         try:
-            kind = parse_loss(text).kind
+            spec = parse_loss(text)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        kind, output = spec.kind, spec.output
 
     def floats(out: Any) -> List[Any]:
         from mutwo._apply import _flat_tensors
         return [t for t in _flat_tensors(out) if t.is_floating_point()]
+
+    def selected(out: Any) -> Any:
+        if not output:
+            return out
+        return select_output(out, output)
 
     if kind == types_pb2.LossSpec.CROSS_ENTROPY:
         if target is None:
@@ -256,16 +268,71 @@ def make_loss(user: UserModel, loss: str, target: Any
                              "function's target or cross_entropy:SPEC")
 
         def cross_entropy(out: Any) -> Any:
+            if not output:
+                refuse_ambiguous_logits(out, name)
+            out = selected(out)
             logits = out if isinstance(out, torch.Tensor) else floats(out)[0]
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                    target.reshape(-1))
         return cross_entropy
     if kind == types_pb2.LossSpec.MODEL:
-        return lambda out: out if isinstance(out, torch.Tensor) else \
-            floats(out)[0]
+        def model_loss(out: Any) -> Any:
+            out = selected(out)
+            return out if isinstance(out, torch.Tensor) else floats(out)[0]
+        return model_loss
     if kind == types_pb2.LossSpec.SUM:
-        return lambda out: sum(t.sum() for t in floats(out))
-    return lambda out: sum(t.mean() for t in floats(out))
+        return lambda out: sum(t.sum() for t in floats(selected(out)))
+    return lambda out: sum(t.mean() for t in floats(selected(out)))
+
+
+def select_output(out: Any, key: str) -> Any:
+    """The model output `key` names (--loss KIND@KEY): a dict entry, or a
+    tuple or list element by its index (negative from the end), as the
+    worker selects it."""
+    if isinstance(out, dict):
+        if key in out:
+            return out[key]
+        raise UsageError(f'loss @{key}: the model\'s output dict has no key '
+                         f'"{key}" (keys: {", ".join(map(str, out))})')
+    if isinstance(out, (tuple, list)):
+        try:
+            index = int(key)
+        except ValueError:
+            raise UsageError(f"loss @{key}: the model returns a "
+                             f"{type(out).__name__}: select an element by "
+                             "its index (like @0)") from None
+        if not -len(out) <= index < len(out):
+            raise UsageError(f"loss @{key}: index out of range (the model "
+                             f"returns {len(out)} outputs)")
+        return out[index]
+    raise UsageError(f"loss @{key}: the model returns a single "
+                     f"{type(out).__name__}, not a dict, tuple or list to "
+                     "select from")
+
+
+def refuse_ambiguous_logits(out: Any, kind: str) -> None:
+    """cross_entropy reads one output; a dict, tuple or list holding
+    floating-point tensors in more than one entry could mean any of them,
+    so the loss must name it (`cross_entropy@KEY`), as the worker
+    requires."""
+    from mutwo._apply import _flat_tensors
+    if isinstance(out, dict):
+        entries = list(out.items())
+    elif isinstance(out, (tuple, list)):
+        entries = list(enumerate(out))
+    else:
+        return
+    candidates = []
+    for key, value in entries:
+        tensors = [t for t in _flat_tensors(value) if t.is_floating_point()]
+        if tensors:
+            candidates.append(f"{key} {list(tensors[0].shape)}")
+    if len(candidates) > 1:
+        raise UsageError(
+            f"loss {kind}: the model returns a {type(out).__name__} with "
+            f"floating-point tensors in {len(candidates)} entries "
+            f"({', '.join(candidates)}); name the logits with "
+            f"{kind}@KEY, like {kind}@{candidates[0].split(' ')[0]}")
 
 
 def make_optimizer(text: str, params: Any) -> Any:

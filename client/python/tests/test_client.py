@@ -57,8 +57,9 @@ class FakePlanner(planner_pb2_grpc.PlannerServicer):
             job_id="j1", spec=request.spec, state=types_pb2.Job.QUEUED))
 
     def WatchJob(self, request: Any, context: Any) -> Iterator[Any]:
-        yield planner_pb2.JobEvent(state=types_pb2.Job.PROFILING,
-                                   tasks_total=2, tasks_done=1)
+        for done in (0, 1):
+            yield planner_pb2.JobEvent(state=types_pb2.Job.PROFILING,
+                                       tasks_total=2, tasks_done=done)
         job = types_pb2.Job(job_id=request.job_id,
                             state=types_pb2.Job.SUCCEEDED)
         r = job.results.add(batch_size=8, baseline_peak_bytes=1000)
@@ -81,7 +82,18 @@ class FakePlanner(planner_pb2_grpc.PlannerServicer):
         yield planner_pb2.JobEvent(state=types_pb2.Job.SUCCEEDED,
                                    tasks_total=2, tasks_done=2, job=job)
 
+    def ListJobs(self, request: Any, context: Any) -> Any:
+        # Newest first, as the server lists them.
+        jobs = [types_pb2.Job(job_id=f"j{i + 1}", spec=spec,
+                              state=types_pb2.Job.QUEUED)
+                for i, spec in enumerate(self.specs)][::-1]
+        return planner_pb2.ListJobsResponse(
+            jobs=jobs[:request.page_size or 50])
+
     def GetJob(self, request: Any, context: Any) -> Any:
+        if request.job_id in ("j1", "j2"):
+            return types_pb2.Job(job_id=request.job_id,
+                                 state=types_pb2.Job.QUEUED)
         context.abort(grpc.StatusCode.NOT_FOUND,
                       f'job "{request.job_id}" not found')
 
@@ -179,6 +191,50 @@ def test_submit_wait_and_typed_results(fake: Any) -> None:
         assert all(isinstance(p, mutwo.ParetoPoint) for p in pareto)
 
 
+def test_wait_without_a_terminal_logs_one_line_per_state(
+        fake: Any, capsys: Any) -> None:
+    with mutwo.Client(fake.target) as client:
+        client.wait("j1")  # stderr is captured here: no terminal
+    lines = capsys.readouterr().err.strip().split("\n")
+    assert len(lines) == 2, lines
+    assert "job j1: PROFILING (0/2 tasks)" in lines[0]
+    assert "job j1: SUCCEEDED (2/2 tasks)" in lines[1]
+
+
+def test_results_print_as_a_few_readable_lines() -> None:
+    job = types_pb2.Job(job_id="j9", state=types_pb2.Job.SUCCEEDED)
+    job.spec.model_name = "vit"
+    job.spec.batch_sizes.append(32)
+    r = job.results.add(batch_size=32, baseline_peak_bytes=3 << 30,
+                        baseline_iteration_ms=100.0, floor_bytes=1 << 30)
+    s = r.schedules.add(batch_size=32, budget_bytes=2 << 30, feasible=True,
+                        predicted_peak_bytes=(2 << 30) - 1)
+    s.budget.text = "60%"
+    for i in range(2000):  # a large model's decisions
+        s.decisions.add(value_id=i, action=types_pb2.Decision.RECOMPUTE,
+                        module_path=f"blocks.{i}.mlp", op_kind="aten::gelu")
+    o = r.outcomes.add(state=types_pb2.BudgetOutcome.FITS, fits=True,
+                       budget_bytes=2 << 30, measured_peak_bytes=2 << 30)
+    o.budget.text = "60%"
+    r.knee.budget_bytes = 3 << 29
+    r.knee.predicted_peak_bytes = 3 << 29
+    r.knee.predicted_iteration_ms = 110.0
+    r.pareto.add(budget_bytes=1 << 30)
+    result = mutwo.Job.from_proto(job).result(32)
+    text = str(result)
+    assert len(text) < 1000 and text.count("\n") >= 3, text
+    assert text.startswith("batch 32: baseline peak 3.00 GiB, 100.00 ms")
+    assert "floor 1.00 GiB predicted" in text
+    assert "knee (budget auto): budget 1.50 GiB" in text and "+10.0%" in text
+    assert "budget 60% (2.00 GiB): FITS" in text
+    assert "2000 recomputed" in text
+    assert len(repr(result)) < 200 and len(repr(result.schedules[0])) < 300
+    job_text = str(mutwo.Job.from_proto(job))
+    assert job_text.startswith("job j9 SUCCEEDED: model vit")
+    assert "  batch 32: baseline peak" in job_text and len(job_text) < 1200
+    assert len(repr(mutwo.Job.from_proto(job))) < 200
+
+
 def test_errors_carry_the_grpc_code_and_message(fake: Any) -> None:
     with mutwo.Client(fake.target) as client:
         with pytest.raises(mutwo.MutwoError) as e:
@@ -196,6 +252,24 @@ def test_errors_carry_the_grpc_code_and_message(fake: Any) -> None:
         with pytest.raises(mutwo.MutwoError) as e:
             client.health()
         assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_server_from_mutwo_server_and_latest_job(fake: Any,
+                                                monkeypatch: Any) -> None:
+    monkeypatch.setenv("MUTWO_SERVER", fake.target)
+    with mutwo.Client() as client:
+        assert client.target == fake.target
+        with pytest.raises(mutwo.MutwoError, match="has none yet"):
+            client.job("latest")
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[8])
+        client.submit(Small(), inputs=["x:float32[B,4]"], batch_sizes=[16])
+        assert client.job("latest").job_id == "j2"
+        assert client.job("-").job_id == "j2"
+        with pytest.raises(ValueError, match="cancel needs the job's id"):
+            client.cancel("latest")
+    # An explicit target wins over the environment.
+    with mutwo.Client("127.0.0.1:1", timeout_s=2) as client:
+        assert client.target == "127.0.0.1:1"
 
 
 def test_token_from_argument_environment_or_file(

@@ -121,8 +121,8 @@ USER_SCRIPT = textwrap.dedent('''
         worst = max([worst] + [(a - b).abs().max().item()
                                for a, b in zip(*grads)])
     out["max_grad_diff"] = worst
-    out["dropped"] = applied.stats.dropped
-    out["replays"] = sum(applied.stats.replays.values())
+    out["dropped"] = applied.stats().dropped
+    out["replays"] = sum(applied.stats().replays.values())
     out["unmatched"] = [d.module_path for d in applied.unmatched()]
     out["report"] = applied.report()
     # A training-loop report whose only problem is its peak, 1 MiB over the

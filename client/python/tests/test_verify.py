@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mutwo
 
@@ -406,3 +407,38 @@ def test_a_planned_infeasible_schedule_exits_3(
     assert code == 3 and out == ""
     assert "is infeasible: the budget 1.82 MiB is below the floor 2.08 MiB" \
         in err
+
+
+def test_loss_reads_the_output_named_with_at_and_refuses_guessing() -> None:
+    """`KIND@OUTPUT` selects a dict entry or tuple element, as the worker
+    does; cross_entropy over an output with floating-point tensors in
+    several entries is refused, naming them, instead of reading the
+    first."""
+    from types import SimpleNamespace
+
+    from mutwo import _verify
+    user = SimpleNamespace(loss_fn=None)
+    y = torch.tensor([1, 2, 3, 4])
+    logits, aux = torch.randn(4, 10), torch.randn(4, 10)
+    out = {"logits": logits, "aux": aux, "ids": y}
+    spec = mutwo.parse_loss("cross_entropy@aux:y:int64[B]{0,10}")
+    assert spec.output == "aux" and spec.target.name == "y"
+    loss = _verify.make_loss(user, "cross_entropy@aux:y:int64[B]{0,10}", y)
+    assert torch.equal(loss(out), F.cross_entropy(aux, y))
+    guess = _verify.make_loss(user, "cross_entropy:y:int64[B]{0,10}", y)
+    with pytest.raises(_verify.UsageError) as e:
+        guess(out)
+    assert "logits [4, 10], aux [4, 10]" in str(e.value)
+    assert "cross_entropy@logits" in str(e.value)
+    with pytest.raises(_verify.UsageError, match=r"entries \(0 \[4, 10\], 1"):
+        guess((logits, aux))
+    # One floating-point entry, or a plain tensor: nothing to choose.
+    assert torch.equal(guess({"logits": logits, "ids": y}),
+                       F.cross_entropy(logits, y))
+    assert torch.equal(guess(logits), F.cross_entropy(logits, y))
+    mean = _verify.make_loss(user, "mean@1", None)
+    assert torch.equal(mean((logits, aux)), aux.mean())
+    with pytest.raises(_verify.UsageError, match='no key "x"'):
+        _verify.make_loss(user, "sum@x", None)(out)
+    with pytest.raises(ValueError, match="after '@'"):
+        mutwo.parse_loss("mean@")

@@ -1,0 +1,354 @@
+// The `mutwo` CLI against a real mutwo-server on loopback (no worker unless
+// a test starts the fake one): the server named by MUTWO_SERVER, the time
+// columns of `mutwo jobs`, the exit code of `mutwo job` for a final job, the
+// `latest` shorthand.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tests/testing/command.h"
+#include "tests/testing/fake_worker.h"
+#include "tests/testing/process.h"
+
+namespace mutwo {
+namespace {
+
+using testing::BinPath;
+using testing::CommandResult;
+using testing::FreePort;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::RunCommand;
+using testing::Subprocess;
+
+class CliServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("cli_server_", ::getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    address_ = absl::StrCat("127.0.0.1:", FreePort());
+    server_ = std::make_unique<Subprocess>();
+    ASSERT_TRUE(server_->Start(
+        {BinPath("mutwo-server"), "--listen=" + address_,
+         absl::StrCat("--metrics_listen=127.0.0.1:", FreePort()),
+         "--data_dir=" + (dir_ / "data").string(), "--log_level=warn"},
+        (dir_ / "server.log").string()));
+    channel_ =
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                           std::chrono::seconds(10)))
+        << "server did not start: " << server_->Log();
+    model_ = (dir_ / "model.pt").string();
+    std::ofstream(model_) << "model bytes the fake worker never reads";
+  }
+  void TearDown() override {
+    stop_worker_ = true;
+    if (worker_.joinable()) worker_.join();
+    if (HasFailure()) std::cerr << server_->Log();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // `mutwo ARGS` with MUTWO_SERVER naming the test's server, no --server.
+  CommandResult Cli(const std::string& args) {
+    return RunCommand("MUTWO_SERVER=" + address_ + " " + BinPath("mutwo") +
+                      " " + args);
+  }
+
+  // Submits a job (no --wait); returns its id.
+  std::string Submit(const std::string& budget = "80%") {
+    CommandResult r = Cli(
+        "submit " + model_ +
+        " --input x:float32[B,16] --batch 2 --output=json --budget " + budget);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::smatch m;
+    static const std::regex re("\"job_id\": \"([^\"]+)\"");
+    if (!std::regex_search(r.output, m, re)) {
+      ADD_FAILURE() << "no job id in: " << r.output;
+      return "";
+    }
+    return m[1];
+  }
+
+  void StartFakeWorker(int fail_one_in, double step_time_scale = 1.0) {
+    stop_worker_ = false;
+    worker_ = std::thread([this, fail_one_in, step_time_scale] {
+      testing::RunFakeWorker(channel_, stop_worker_, 7, fail_one_in,
+                             step_time_scale);
+    });
+  }
+  void StopFakeWorker() {
+    stop_worker_ = true;
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // Polls `mutwo job ID` until the job is final; returns that last run.
+  CommandResult WaitFinal(const std::string& id) {
+    CommandResult r;
+    for (int i = 0; i < 400; ++i) {
+      r = Cli("job " + id);
+      if (r.output.find("SUCCEEDED") != std::string::npos ||
+          r.output.find("FAILED") != std::string::npos ||
+          r.output.find("CANCELLED") != std::string::npos) {
+        return r;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ADD_FAILURE() << "job " << id << " not final: " << r.output;
+    return r;
+  }
+
+  std::filesystem::path dir_;
+  std::string address_, model_;
+  std::unique_ptr<Subprocess> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::atomic<bool> stop_worker_{false};
+  std::thread worker_;
+};
+
+// Every command that talks to the server reaches the one MUTWO_SERVER
+// names; --server still wins over it.
+TEST_F(CliServerTest, MutwoServerIsHonouredByEveryCommand) {
+  const std::string id = Submit();
+  ASSERT_FALSE(id.empty());
+  // Final, so that `watch` returns at once (no worker runs it).
+  ASSERT_EQ(Cli("cancel " + id).exit_code, 0);
+  const std::vector<std::string> commands = {
+      "health",
+      "workers",
+      "jobs",
+      "job " + id,
+      "watch " + id,
+      "schedule " + id + " --batch 2",
+      "profile " + id + " --batch 2",
+      "plot " + id + " --kind timeline --batch 2 -o " +
+          (dir_ / "t.json").string(),
+      "cancel " + id,
+  };
+  for (const std::string& command : commands) {
+    // Nothing listens on port 1: a command that reads MUTWO_SERVER fails
+    // there, naming it.
+    CommandResult away =
+        RunCommand("MUTWO_SERVER=127.0.0.1:1 " + BinPath("mutwo") + " " +
+                   command + " --timeout_ms=2000");
+    EXPECT_EQ(away.exit_code, 4) << command << "\n" << away.output;
+    EXPECT_THAT(away.output, HasSubstr("127.0.0.1:1")) << command;
+    EXPECT_THAT(away.output, Not(HasSubstr("50051"))) << command;
+    // The server MUTWO_SERVER names answers (whatever the job's state).
+    CommandResult here = Cli(command);
+    EXPECT_NE(here.exit_code, 4) << command << "\n" << here.output;
+    EXPECT_THAT(here.output, Not(HasSubstr("127.0.0.1:50051"))) << command;
+  }
+  CommandResult flag =
+      RunCommand("MUTWO_SERVER=127.0.0.1:1 " + BinPath("mutwo") +
+                 " jobs --server=" + address_);
+  EXPECT_EQ(flag.exit_code, 0) << flag.output;
+  EXPECT_THAT(flag.output, HasSubstr(id));
+}
+
+TEST_F(CliServerTest, JobsListsWhenEachJobWasSubmittedAndLastUpdated) {
+  const std::string id = Submit();
+  CommandResult r = Cli("jobs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("SUBMITTED"));
+  EXPECT_THAT(r.output, HasSubstr("UPDATED"));
+  const std::string today =
+      absl::FormatTime("%Y-%m-%d", absl::Now(), absl::LocalTimeZone());
+  EXPECT_THAT(r.output, HasSubstr(today)) << r.output;
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("(just now|[0-9]+s ago)"))
+      << r.output;
+}
+
+// A script can tell a failed job from a good one by `mutwo job`'s exit
+// code, as by `watch`'s: 0 running or succeeded, 1 failed or cancelled.
+TEST_F(CliServerTest, JobExitsOneForAFailedOrCancelledJob) {
+  const std::string queued = Submit();
+  EXPECT_EQ(Cli("job " + queued).exit_code, 0);  // no verdict yet
+  EXPECT_EQ(Cli("cancel " + queued).exit_code, 0);
+  CommandResult cancelled = Cli("job " + queued);
+  EXPECT_THAT(cancelled.output, HasSubstr("CANCELLED"));
+  EXPECT_EQ(cancelled.exit_code, 1) << cancelled.output;
+  EXPECT_EQ(Cli("job " + queued + " --output=json").exit_code, 1);
+
+  StartFakeWorker(/*fail_one_in=*/1);  // every task fails: the job FAILED
+  const std::string failed = Submit();
+  CommandResult r = WaitFinal(failed);
+  EXPECT_THAT(r.output, HasSubstr("FAILED"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+}
+
+TEST_F(CliServerTest, JobExitsZeroForASucceededJob) {
+  StartFakeWorker(/*fail_one_in=*/0);
+  const std::string id = Submit();
+  CommandResult r = WaitFinal(id);
+  EXPECT_THAT(r.output, HasSubstr("SUCCEEDED"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  // A budget that fits at no batch size: 3, as `watch`; with --output json
+  // the JSON alone (stdout and stderr together are still one JSON object).
+  const std::string nowhere = Submit("1B");
+  CommandResult text = WaitFinal(nowhere);
+  EXPECT_EQ(text.exit_code, 3) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("budget 1B fits at no batch size"));
+  CommandResult json = Cli("job " + nowhere + " --output=json");
+  EXPECT_EQ(json.exit_code, 3);
+  EXPECT_EQ(json.output.front(), '{') << json.output;
+  EXPECT_EQ(json.output.substr(json.output.size() - 2), "}\n") << json.output;
+}
+
+TEST_F(CliServerTest, LatestNamesTheNewestJob) {
+  CommandResult none = Cli("job latest");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_THAT(none.output, HasSubstr("has none yet"));
+  const std::string first = Submit();
+  const std::string second = Submit("70%");
+  ASSERT_NE(first, second);
+  for (const std::string& form : {"latest", "-"}) {
+    CommandResult r = Cli("job " + std::string(form));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("job " + second)) << form;
+    EXPECT_THAT(r.output, Not(HasSubstr(first))) << form;
+  }
+  CommandResult json = Cli("job latest --output=json");
+  EXPECT_THAT(json.output, HasSubstr("\"job_id\": \"" + second + "\""));
+  // Cancel takes the id only: "latest" could be someone else's new job.
+  CommandResult cancel = Cli("cancel latest");
+  EXPECT_EQ(cancel.exit_code, 2) << cancel.output;
+  EXPECT_THAT(cancel.output, HasSubstr("cancel needs the job's id"));
+}
+
+// One line per step of the job: never two lines in a row with the same
+// state and counts (a task's report and the next task's lease are one step).
+TEST_F(CliServerTest, SubmitWaitPrintsOneProgressLinePerStep) {
+  StartFakeWorker(0);
+  CommandResult r = Cli("submit " + model_ +
+                        " --input x:float32[B,16] --batch 2,4,8 --budget 80% "
+                        "--budget 60% --wait");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  static const std::regex progress(
+      "^[0-9:]{8} \\+[0-9hms]+  ([A-Z]+) +profiled ([0-9]+/[0-9]+) batch "
+      "sizes, ([0-9]+/[0-9]+) budgets decided.*$");
+  std::vector<std::string> steps;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, progress)) continue;
+    const std::string step =
+        absl::StrCat(m[1].str(), " ", m[2].str(), " ", m[3].str());
+    EXPECT_TRUE(steps.empty() || steps.back() != step)
+        << "two lines for " << step << ":\n"
+        << r.output;
+    steps.push_back(step);
+  }
+  EXPECT_GE(steps.size(), 3u) << r.output;
+  EXPECT_EQ(steps.back(), "SUCCEEDED 3/3 6/6") << r.output;
+}
+
+// A job whose plans come from the schedule cache (planned from an earlier
+// job's profile, whose step took longer) shows each plan beside the
+// baseline it was planned against, and says so, instead of a planned time
+// beside this job's own, faster baseline.
+TEST_F(CliServerTest, JobShowsPlansBesideTheBaselineTheyWerePlannedAgainst) {
+  StartFakeWorker(0);
+  CommandResult first = WaitFinal(Submit());
+  ASSERT_THAT(first.output, HasSubstr("SUCCEEDED"));
+  StopFakeWorker();
+  StartFakeWorker(0, /*step_time_scale=*/0.5);  // this job measures 2x faster
+  const std::string id = Submit();
+  CommandResult again = WaitFinal(id);
+  ASSERT_THAT(again.output, HasSubstr("SUCCEEDED"));
+  // The first job's rows: "2  80%  20.00 MiB  24.0  ..." (base ms 24.0);
+  // the second measured 12.0 ms, but its plan was made against 24.0 ms.
+  static const std::regex row(
+      "\\n +2 +80% +[0-9.]+ MiB +([0-9.]+) +[0-9.]+ MiB +([0-9.]+) "
+      "+([-+0-9.]+)%");
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(first.output, a, row)) << first.output;
+  ASSERT_TRUE(std::regex_search(again.output, b, row)) << again.output;
+  EXPECT_EQ(b[1].str(), a[1].str()) << again.output;  // the plan's baseline
+  EXPECT_EQ(b[2].str(), a[2].str());                  // the same plan
+  EXPECT_EQ(b[3].str(), a[3].str());                  // the same overhead
+  EXPECT_THAT(again.output,
+              HasSubstr("batch 2: planned from an earlier profile of this "
+                        "model (the schedule cache), whose baseline step took "
+                        "24.0 ms; this job measured 12.0 ms"));
+  EXPECT_THAT(first.output, Not(HasSubstr("earlier profile")));
+  // The memory table's knee overhead is against that baseline too.
+  static const std::regex knee(
+      "\\n +2 +[0-9.]+ MiB +([0-9.]+) .* ([-+0-9.]+)% "
+      "+[0-9]+ points");
+  ASSERT_TRUE(std::regex_search(first.output, a, knee)) << first.output;
+  ASSERT_TRUE(std::regex_search(again.output, b, knee)) << again.output;
+  EXPECT_EQ(a[1].str(), "24.0");
+  EXPECT_EQ(b[1].str(), "12.0");  // this job's measurement
+  EXPECT_EQ(b[2].str(), a[2].str()) << again.output;
+}
+
+// Waits until `process`'s log holds `text`; false after 10 s.
+bool WaitForLog(const Subprocess& process, const std::string& text) {
+  for (int i = 0; i < 200; ++i) {
+    if (process.Log().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// Ctrl-C while following a job (no worker: it stays QUEUED) stops the
+// following only: exit 130, the job still queued, and the lines printed
+// name the commands that watch or cancel that job on that server.
+TEST_F(CliServerTest, CtrlCWhileFollowingSaysTheJobKeepsRunningAndHow) {
+  const std::string id = Submit();
+  for (const std::string& how : {"watch", "submit --wait"}) {
+    Subprocess cli;
+    std::vector<std::string> argv = {BinPath("mutwo")};
+    if (std::string(how) == "watch") {
+      argv.insert(argv.end(), {"watch", id});
+    } else {
+      argv.insert(argv.end(), {"submit", model_, "--input", "x:float32[B,16]",
+                               "--batch", "2", "--budget", "90%", "--wait"});
+    }
+    argv.push_back("--server=" + address_);
+    const std::string log = (dir_ / "cli.log").string();
+    std::filesystem::remove(log);
+    ASSERT_TRUE(cli.Start(argv, log));
+    ASSERT_TRUE(WaitForLog(cli, "QUEUED")) << how << ": " << cli.Log();
+    cli.Kill(SIGINT);
+    EXPECT_EQ(cli.Wait(std::chrono::seconds(10)), 130) << how << cli.Log();
+    std::string followed = id;
+    if (std::string(how) != "watch") {
+      std::smatch m;
+      const std::string out = cli.Log();
+      ASSERT_TRUE(std::regex_search(out, m, std::regex("job (\\S+) submitted")))
+          << out;
+      followed = m[1];
+    }
+    const std::string out = cli.Log();
+    EXPECT_THAT(out, HasSubstr("job " + followed + " keeps running"));
+    EXPECT_THAT(out,
+                HasSubstr("mutwo watch " + followed + " --server=" + address_));
+    EXPECT_THAT(
+        out, HasSubstr("mutwo cancel " + followed + " --server=" + address_));
+    CommandResult job = Cli("job " + followed);
+    EXPECT_THAT(job.output, HasSubstr("QUEUED")) << how;
+  }
+}
+
+}  // namespace
+}  // namespace mutwo
