@@ -15,6 +15,7 @@
 #include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
+#include "common/status_macros.h"
 #include "common/validation_check.h"
 #include "worker/executor.h"
 #include "worker/profile_command.h"
@@ -65,14 +66,29 @@ std::string InfeasibleMessage(const v1::Schedule& schedule) {
                       absl::StrReplaceAll(schedule.reason(), {{"\n", " "}}));
 }
 
-// The step `schedule` was planned for, where the flags leave it open: its
-// inputs, loss and optimizer unless --input, --loss or --optimizer is
-// given; a given one that differs is refused, naming both (a schedule
-// measured against another step says nothing about the planned one).
+// One part of the planned step: `planned` when the flag is not given;
+// a given value that differs is refused, naming both (a peak measured for
+// another step says nothing about the planned one).
+template <typename Spec, typename Format>
+absl::Status UsePlanned(absl::string_view flag, bool given, const Spec& planned,
+                        Format format, Spec* mine) {
+  if (!given) {
+    *mine = planned;
+  } else if (format(*mine) != format(planned)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", format(*mine), " contradicts the schedule, planned for ",
+        flag, " ", format(planned)));
+  }
+  return absl::OkStatus();
+}
+
+// The step `schedule` was planned for (its inputs, loss and optimizer),
+// where the flags leave it open; schedules that do not record it leave the
+// flags as given.
 absl::Status UseScheduleStep(const v1::Schedule& schedule,
                              const ParsedArgs& args,
                              TrainingStepOptions* options) {
-  auto join = [](const auto& specs) {
+  auto inputs_text = [](const std::vector<v1::TensorSpec>& specs) {
     std::vector<std::string> texts;
     for (const v1::TensorSpec& spec : specs) {
       texts.push_back(FormatTensorSpec(spec));
@@ -81,37 +97,21 @@ absl::Status UseScheduleStep(const v1::Schedule& schedule,
     return absl::StrJoin(texts, " ");
   };
   if (!schedule.inputs().empty()) {
-    if (!args.Given("input")) {
-      options->inputs.assign(schedule.inputs().begin(),
-                             schedule.inputs().end());
-    } else if (join(options->inputs) != join(schedule.inputs())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--input ", join(options->inputs),
-                       " contradicts the schedule, planned for --input ",
-                       join(schedule.inputs())));
-    }
+    MUTWO_RETURN_IF_ERROR(
+        UsePlanned("--input", args.Given("input"),
+                   std::vector<v1::TensorSpec>(schedule.inputs().begin(),
+                                               schedule.inputs().end()),
+                   inputs_text, &options->inputs));
   }
   if (schedule.has_loss()) {
-    if (!args.Given("loss")) {
-      options->loss = schedule.loss();
-    } else if (FormatLossSpec(options->loss) !=
-               FormatLossSpec(schedule.loss())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--loss ", FormatLossSpec(options->loss),
-                       " contradicts the schedule, planned for --loss ",
-                       FormatLossSpec(schedule.loss())));
-    }
+    MUTWO_RETURN_IF_ERROR(UsePlanned("--loss", args.Given("loss"),
+                                     schedule.loss(), FormatLossSpec,
+                                     &options->loss));
   }
   if (schedule.has_optimizer()) {
-    if (!args.Given("optimizer")) {
-      options->optimizer = schedule.optimizer();
-    } else if (FormatOptimizerSpec(options->optimizer) !=
-               FormatOptimizerSpec(schedule.optimizer())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--optimizer ", FormatOptimizerSpec(options->optimizer),
-                       " contradicts the schedule, planned for --optimizer ",
-                       FormatOptimizerSpec(schedule.optimizer())));
-    }
+    MUTWO_RETURN_IF_ERROR(UsePlanned("--optimizer", args.Given("optimizer"),
+                                     schedule.optimizer(), FormatOptimizerSpec,
+                                     &options->optimizer));
   }
   return absl::OkStatus();
 }
