@@ -29,6 +29,7 @@
 #include "common/proto_io.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
+#include "common/step_flag_help.h"
 #include "common/validation_check.h"
 
 ABSL_FLAG(std::string, batch, "",
@@ -37,20 +38,9 @@ ABSL_FLAG(std::string, input, "",
           "a model input NAME:DTYPE[DIMS]{LOW,HIGH} with B for the batch "
           "size, e.g. x:float32[B,3,224,224]; once per forward argument, in "
           "order");
-ABSL_FLAG(std::string, unbatched, "",
-          "NAME: input (or loss target) NAME has no batch dimension B on "
-          "purpose; repeat per input");
-ABSL_FLAG(std::string, loss, "mean",
-          "mean or sum (over every floating-point output), model (the model "
-          "returns its loss: the first floating-point output, a scalar) or "
-          "cross_entropy:TARGET (e.g. cross_entropy:y:int64[B]{0,1000}); "
-          "KIND@OUTPUT reads one dict entry or tuple index of the output, "
-          "e.g. cross_entropy@logits:y:int64[B]{0,1000} or mean@0 (needed "
-          "by cross_entropy when several entries hold floating-point "
-          "tensors)");
-ABSL_FLAG(std::string, optimizer, "sgd",
-          "none, sgd, sgd_momentum, adam or adamw, optionally "
-          ":lr=...,momentum=...,weight_decay=...");
+ABSL_FLAG(std::string, unbatched, "", mutwo::kUnbatchedFlagHelp);
+ABSL_FLAG(std::string, loss, "mean", mutwo::kLossFlagHelp);
+ABSL_FLAG(std::string, optimizer, "sgd", mutwo::kOptimizerFlagHelp);
 ABSL_FLAG(double, max_overhead, 0.25,
           "largest iteration-time overhead accepted for the max batch size "
           "with a schedule (0.25 = +25%)");

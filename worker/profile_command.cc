@@ -11,6 +11,7 @@
 #include "common/flag_values.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
+#include "common/step_flag_help.h"
 #include "worker/profile_format.h"
 #include "worker/profiler.h"
 
@@ -18,21 +19,10 @@ ABSL_FLAG(std::string, input, "",
           "a model input NAME:DTYPE[DIMS]{LOW,HIGH} with B for the batch "
           "size, e.g. x:float32[B,3,224,224]; once per forward argument, in "
           "order");
-ABSL_FLAG(std::string, unbatched, "",
-          "NAME: input (or loss target) NAME has no batch dimension B on "
-          "purpose; repeat per input");
+ABSL_FLAG(std::string, unbatched, "", mutwo::kUnbatchedFlagHelp);
 ABSL_FLAG(int64_t, batch, 0, "the batch size substituted for B (required)");
-ABSL_FLAG(std::string, loss, "mean",
-          "mean or sum (over every floating-point output), model (the model "
-          "returns its loss: the first floating-point output, a scalar) or "
-          "cross_entropy:TARGET (e.g. cross_entropy:y:int64[B]{0,1000}); "
-          "KIND@OUTPUT reads one dict entry or tuple index of the output, "
-          "e.g. cross_entropy@logits:y:int64[B]{0,1000} or mean@0 (needed "
-          "by cross_entropy when several entries hold floating-point "
-          "tensors)");
-ABSL_FLAG(std::string, optimizer, "sgd",
-          "none, sgd, sgd_momentum, adam or adamw, optionally "
-          ":lr=...,momentum=...,weight_decay=...");
+ABSL_FLAG(std::string, loss, "mean", mutwo::kLossFlagHelp);
+ABSL_FLAG(std::string, optimizer, "sgd", mutwo::kOptimizerFlagHelp);
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N");
 ABSL_FLAG(int32_t, warmup, 1, "warm-up iterations");
 ABSL_FLAG(int32_t, iterations, 3, "measured iterations (the median is kept)");
