@@ -103,10 +103,10 @@ absl::StatusOr<ForwardBinding> BindForwardInputs(
   return binding;
 }
 
-void BindOmittedArguments(torch::jit::Graph& graph,
+void BindOmittedArguments(std::shared_ptr<torch::jit::Graph>& graph,
                           const std::vector<OmittedArgument>& omitted) {
   if (omitted.empty()) return;
-  torch::jit::WithInsertPoint guard(graph.block()->nodes().front());
+  torch::jit::WithInsertPoint guard(graph->block()->nodes().front());
   // From the last, so that the positions of the others hold.
   std::vector<OmittedArgument> last_first = omitted;
   std::sort(
@@ -114,13 +114,12 @@ void BindOmittedArguments(torch::jit::Graph& graph,
       [](const auto& a, const auto& b) { return a.position > b.position; });
   for (const OmittedArgument& argument : last_first) {
     const size_t input = static_cast<size_t>(argument.position) + 1;
-    torch::jit::Value* constant = graph.insertConstant(argument.value);
-    graph.inputs()[input]->replaceAllUsesWith(constant);
-    graph.eraseInput(input);
+    torch::jit::Value* constant = graph->insertConstant(argument.value);
+    graph->inputs()[input]->replaceAllUsesWith(constant);
+    graph->eraseInput(input);
   }
-  auto shared = std::shared_ptr<torch::jit::Graph>(&graph, [](auto*) {});
-  torch::jit::ConstantPropagationImmutableTypes(shared);
-  torch::jit::EliminateDeadCode(shared);
+  torch::jit::ConstantPropagationImmutableTypes(graph);
+  torch::jit::EliminateDeadCode(graph);
 }
 
 }  // namespace mutwo::worker

@@ -44,7 +44,7 @@ struct ForwardBinding {
 // constants of their values and folds what that makes constant (`x is
 // None`, the branches on it). The graph must be forward's, before any
 // other input was removed.
-void BindOmittedArguments(torch::jit::Graph& graph,
+void BindOmittedArguments(std::shared_ptr<torch::jit::Graph>& graph,
                           const std::vector<OmittedArgument>& omitted);
 
 // forward's signature as users read it: `forward(x: Tensor, mask:

@@ -266,7 +266,7 @@ absl::StatusOr<std::shared_ptr<torch::jit::Graph>> ForwardGraph(
   try {
     graph = method->graph()->copy();
     torch::jit::Inline(*graph);
-    BindOmittedArguments(*graph, omitted);
+    BindOmittedArguments(graph, omitted);
     torch::jit::EliminateDeadCode(graph);
     FoldConstantAttributes(graph, module);
   } catch (const c10::Error& e) {
