@@ -19,7 +19,7 @@ struct NodeNames {
 };
 
 // The module path and op of a decision's producer: the decision's own
-// fields (schedules since issue 14), else the profile's node.
+// fields (schedules that carry module paths), else the profile's node.
 NodeNames NamesOf(const v1::Profile* profile, const v1::Decision& d) {
   NodeNames n;
   if (!d.op_kind().empty()) return {d.op_kind(), d.module_path()};

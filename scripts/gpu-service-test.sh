@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU service test (issue 17) on a GPU machine, after a GPU build:
+# The GPU service test on a GPU machine, after a GPU build:
 # mutwo-server + one `mutwo-worker serve` per visible GPU with the deployment
 # files' command line, two concurrent jobs (CNN + GPT-style transformer),
 # every /metrics endpoint scraped. Results in OUT_DIR:
 #   gpu_service.json     the figures for docs/gpu.md (also printed by ctest)
 #   server.log, worker*.log, ctest.log, nvidia-smi.txt
-#   static_tls.txt       civetweb-sized thread in a LibTorch process (evidence
-#                        of issue 17's cause) from worker_test
+#   static_tls.txt       civetweb-sized thread in a LibTorch process (why the
+#                        metrics endpoint has its own HTTP server) from worker_test
 #
 #   scripts/gpu-service-test.sh OUT_DIR [BUILD_DIR]      (BUILD_DIR: build-gpu)
 # The build must be configured with -DMUTWO_TORCH_PYTHON=$(which python3)

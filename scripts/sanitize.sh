@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sanitizer job (issue 25): AddressSanitizer + UndefinedBehaviorSanitizer
+# The sanitizer job: AddressSanitizer + UndefinedBehaviorSanitizer
 # over the code that runs a training step, where a value read after it was
 # freed once made the same file give different answers run to run.
 #   scripts/sanitize.sh            # build-asan/ (CMakePresets.json "asan")

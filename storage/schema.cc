@@ -134,7 +134,8 @@ DROP TABLE validations;
 ALTER TABLE validations_v3 RENAME TO validations;
 )sql";
 
-// Version 4: identities (issue 15). A job belongs to the principal that
+// Version 4: identities, so that one tenant cannot see or change another's
+// jobs. A job belongs to the principal that
 // submitted it (rows of version 3 get owner '', which only an admin sees),
 // client request ids are scoped to their owner (two clients may use the same
 // id), every principal that uploaded a model is recorded (a client may only

@@ -1,7 +1,8 @@
 // Every binary prints its usage for --help and exits 0, and refuses unknown
 // commands and flags with exit code 2 and a line naming them; each command
 // has its own help and refuses the flags of other commands; what can be
-// checked is checked before anything is uploaded (issue 16).
+// checked is checked before anything is uploaded, so a
+// mistyped command costs no upload.
 #include <filesystem>
 #include <fstream>
 #include <string>

@@ -28,7 +28,7 @@ namespace mutwo::worker {
 // The values of one run: graph value -> its IValue. A node map: a
 // reference to a value stays valid while others are inserted (a flat map
 // moves every value when it grows, and `env[out] = env.at(in)` then copied
-// from freed memory: issue 25's `isDouble()` assert and `InvalidTag`, which
+// from freed memory: an `isDouble()` assert and `InvalidTag` errors that
 // came and went with the addresses the map hashed).
 using InterpreterEnv =
     absl::node_hash_map<const torch::jit::Value*, c10::IValue>;

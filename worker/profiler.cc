@@ -284,7 +284,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   // appear). Keyed by address, so each entry keeps a weak reference: a node
   // that died in forward and whose address a later node got must not lend
   // the later one its owner (which IR node made a backward step then
-  // depended on the allocator: issue 25, lstm_lm's first_backward_use 81 in
+  // depended on the allocator: lstm_lm's first_backward_use was 81 in
   // one profile and 90 in another).
   absl::flat_hash_map<Node*, std::pair<std::weak_ptr<Node>, int>> owner;
   auto claim = [&owner](Node* fn, int id) {

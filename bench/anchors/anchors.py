@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The anchors mutwo is measured against (issue 13), as a PyTorch user runs
+"""The anchors mutwo is measured against, as a PyTorch user runs
 them: one eager training step (forward, cross entropy, backward, Adam step;
 fp32, PyTorch's default TF32 settings) of a bench/gpu/make_models.py model,
 each system in a fresh process (clean allocator statistics):
@@ -12,7 +12,7 @@ each system in a fresh process (clean allocator statistics):
                     torch._functorch.config.activation_memory_budget = B
   mutwo_compile:GB  torch.compile(mutwo._compile.apply_compiled(model, S)):
                     mutwo's schedule S (planned for budget GB) as selective
-                    activation checkpointing under the compiler (issue 26);
+                    activation checkpointing under the compiler;
                     one point per schedule of --mutwo_schedules DIR (the
                     *_b<batch>_mutwo_<budget>.schedule.json files
                     bench/gpu/run_benchmark.py writes), at most

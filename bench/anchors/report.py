@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Issue 13's comparison from one run on one card: the anchors
+"""mutwo beside the anchors, from one run on one card: the anchors
 (anchors.py: eager, torch.utils.checkpoint per block and sqrt(n),
 torch.compile at several activation_memory_budget values) beside mutwo's
 executed schedules (bench/gpu/run_benchmark.py: `mutwo-worker execute` at
 N budgets plus its sqrt_n / per_block policies), and mutwo's schedules under
-torch.compile (anchors.py's mutwo_compile points, issue 26) beside
+torch.compile (anchors.py's mutwo_compile points) beside
 compile's own activation_memory_budget points: the dominance line says
 whether at least one mutwo_compile point is at or under both the peak and
 the step time of a compile:B point.
@@ -30,7 +30,7 @@ import mutwo_plot  # noqa: E402  (the project's one renderer)
 ANCHOR_COLORS = {"eager": "#4d4d4d", "ckpt_block": "#2ca02c",
                  "ckpt_sqrt": "#1f77b4", "compile": "#9467bd",
                  "mutwo_compile": "#d62728"}
-# Issue 13's bars at the benchmark batch: (model, GB, max overhead vs eager).
+# The goals at the benchmark batch (what a user would need to prefer mutwo): (model, GB, max overhead vs eager).
 BARS = [("resnet152", 4.0, 0.20), ("resnet152", 8.0, 0.03),
         ("transformer", 3.5, 0.10)]
 
@@ -87,7 +87,7 @@ def is_mutwo_compile(point):
 def compile_dominance(ok):
     """mutwo under torch.compile against compile's activation_memory_budget
     points: for each compile:B point, the fastest mutwo_compile point at or
-    under both its peak and its step time. The bar (issue 26): at least one
+    under both its peak and its step time. The bar: at least one
     compile:B point is matched."""
     ours = [a for a in ok if is_mutwo_compile(a)]
     theirs = [a for a in ok if a["system"].startswith("compile:")]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's benchmark in one run on one card: mutwo and every anchor on
+# mutwo beside the anchors, in one run on one card: mutwo and every anchor on
 # ResNet-152, the Transformer, the GPT-style decoder and ViT-B/16 at
 # make_models.SPECS' batch sizes (64, 64, 16, 32), one model after the
 # other, results written as each finishes:

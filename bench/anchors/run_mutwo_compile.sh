@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26 on one card, in one command: mutwo's schedules measured the way
+# mutwo under torch.compile and on the user's path, on one card, in one command: mutwo's schedules measured the way
 # a user runs them, beside torch.compile's own activation_memory_budget.
 #   bench/anchors/run_mutwo_compile.sh OUT_DIR [MODELS]   (default resnet152,transformer)
 # Stages (each logs into OUT_DIR; OUT_DIR/progress.log says where it is,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mutwo.apply on a GPU (issue 14): eager PyTorch models trained in a plain
+"""mutwo.apply on a GPU: eager PyTorch models trained in a plain
 loop with a schedule from the planner, beside `mutwo-worker execute` of the
 same schedule, on one card in one run.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The CPU "apply tier" (issue 26): real schedules, applied to the eager
+"""The CPU "apply tier": real schedules, applied to the eager
 models they were planned for, every decision applied and the saving real.
 
 For each model (the zoo's own families, bench/zoo/models.py, at their CPU

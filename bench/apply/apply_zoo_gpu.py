@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The GPU bar of issue 26 for `mutwo.apply`: every zoo family and >= 20
+"""The GPU bar for `mutwo.apply`: every zoo family and >= 20
 torchvision models, two budgets each, on one card per shard.
 
-Bar (issue 26): "on every zoo family and >= 20 torchvision models at 2
+Bar: "on every zoo family and >= 20 torchvision models at 2
 budgets, `mutwo.apply` measured peak <= budget, gradients equal, every
 decision applied; applied step time within +10% of the worker's scheduled
 step at the same point."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 26's C++ and torch.compile bars on a node with one card per anchor
+# The C++ (ScheduledStep) and torch.compile measurements on a node with one card per anchor
 # model (bench/gpu/make_models.py: resnet152, transformer, gpt, vit_b_16):
 #   bench/apply/run_gpu_bars.sh start RUN_DIR   # builds, starts one shard per card, detached
 #   bench/apply/run_gpu_bars.sh status RUN_DIR  # progress lines

@@ -1,4 +1,4 @@
-// mutwo::ScheduledStep in a LibTorch loop of its own (issue 26's C++ bar),
+// mutwo::ScheduledStep in a LibTorch loop of its own (the C++ user's path),
 // beside the same loop without the schedule, on one device in one process:
 //
 //   scheduled_step_bench MODEL.pt SCHEDULE.json --input=SPEC [--input=...]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mutwo::ScheduledStep against issue 26's bars, beside the worker, per point.
+"""mutwo::ScheduledStep beside the worker, per point: peak, gradients, step time.
 
 For each model: `mutwo-worker profile`, `mutwo plan` at budgets placed
 floor + f x (baseline - floor) for each --fractions f, then per schedule

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 7's max batch size check: mutwo's prediction (`mutwo max-batch`
+"""The max batch size check: mutwo's prediction (`mutwo max-batch`
 from the profiles at <= 3 batch sizes) against the largest batch that really
 trains, found by measured search on the card:
 

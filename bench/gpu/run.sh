@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mutwo's GPU benchmark, one command on a GPU node (issue 7):
+# mutwo's GPU benchmark, one command on a GPU node:
 #   bench/gpu/run.sh OUT_DIR [run_benchmark.py flags]
 # MODELS_DIR (default OUT_DIR/models) receives the scripted models.
 # Builds into build-gpu/ against the CUDA LibTorch of the installed PyTorch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mutwo's GPU benchmark (issue 7): for each model and batch size, on one
+"""mutwo's GPU benchmark: for each model and batch size, on one
 card, profile the training step, plan the baselines (no checkpointing, sqrt(n)
 segments, per block) and mutwo schedules at N absolute budgets from the floor
 to the baseline peak, execute every schedule in real training steps (each
@@ -23,7 +23,7 @@ MODELS = {
         "inputs": ["x:float32[B,3,224,224]"],
         "loss": "cross_entropy:y:int64[B]{0,1000}",
         "batches": [16, 32, 64],
-        # Issue 7's goals at batch 64 (GB = 1e9 bytes): <= 4.0 GB at <= +20%
+        # The goals at batch 64 (GB = 1e9 bytes): <= 4.0 GB at <= +20%
         # and <= 8.0 GB at <= +2%: planned as budgets of their own.
         "goal_budgets": {64: ["4000000000B", "8000000000B"]},
     },
@@ -34,7 +34,7 @@ MODELS = {
         # <= 3.5 GB at <= +10%; <= 3.0 GB (needs the logits/loss recomputed).
         "goal_budgets": {64: ["3500000000B", "3000000000B"]},
     },
-    # Issue 13's other two models (make_models.py): one batch each.
+    # The other two anchor models (make_models.py): one batch each.
     "gpt": {
         "inputs": ["idx:int64[B,256]{0,32000}"],
         "loss": "cross_entropy:y:int64[B,256]{0,32000}",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5's GPU check: torchvision ResNet-18 at batch 64 on one card,
+# The executor's first GPU check: torchvision ResNet-18 at batch 64 on one card,
 # profiled, planned at three budgets (95%, 85%, 75% of the baseline peak;
 # the planner's floor there is about 73%) and
 # executed in real training steps; prints one JSON line per budget with the

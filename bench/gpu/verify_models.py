@@ -1,4 +1,4 @@
-"""Factories for `python3 -m mutwo verify` (issue 26) on the GPU benchmark's
+"""Factories for `python3 -m mutwo verify` on the GPU benchmark's
 models: each returns (eager model, batch function), the batch function
 giving make_models.batch_of's synthetic inputs and targets.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mutwo's model-zoo conformance suite (issue 12): scripts the suite's models.
+"""mutwo's model-zoo conformance suite: scripts the suite's models.
 
     models.py --tier cpu|gpu --out DIR [--models a,b] [--cpu-max-params-m N]
 

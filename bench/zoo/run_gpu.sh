@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The zoo suite's GPU tier, one command on a GPU node (issue 12):
+# The zoo suite's GPU tier, one command on a GPU node:
 #   bench/zoo/run_gpu.sh OUT_DIR [run_zoo.py flags, e.g. --models resnet50,gpt]
 # Builds mutwo and mutwo-worker into build-gpu/ against the CUDA LibTorch of
 # the installed PyTorch (docs/gpu.md), scripts the GPU-tier models with that

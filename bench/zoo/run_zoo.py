@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mutwo's model-zoo conformance suite (issue 12): runs every model of a
+"""mutwo's model-zoo conformance suite: runs every model of a
 models.py manifest through profile -> plan (budgets from the floor to the
 baseline) -> execute and checks the bars.
 

@@ -119,7 +119,7 @@ TEST(DecisionsText, WithoutAProfileIdsAndSizesRemain) {
   EXPECT_EQ(DecisionsText(none, nullptr, 0), "");
 }
 
-// Schedules name the module, op and output themselves (issue 14): a user
+// Schedules name the module, op and output themselves: a user
 // reading `mutwo schedule` finds `layer3.4.conv2` in the model without the
 // profile, and the decision's names win over a profile's.
 TEST(DecisionsText, PrintsTheDecisionsModulePathOpAndOutput) {

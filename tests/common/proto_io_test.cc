@@ -60,7 +60,7 @@ TEST(ProtoIo, BadJsonNamesTheSource) {
   EXPECT_FALSE(ProtoFromJson("{\"no_such_field\": 1}", "x", &profile).ok());
 }
 
-// Profiles stored before issue 13 have ProfileNode.occurrences (always 1)
+// Profiles stored by older versions have ProfileNode.occurrences (always 1)
 // and Activation.occurrence (always 0), now reserved: they still load, as
 // JSON (the form `mutwo plan` reads) and as the binary the store keeps.
 TEST(ProtoIo, ProfilesWithRetiredOccurrenceFieldsStillLoad) {

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Static checks of the deployment files (issue 8), no Docker engine needed:
+"""Static checks of the deployment files, no Docker engine needed:
 
 - promtool accepts deploy/prometheus/prometheus.yml (and its alert rules),
   and the rules pass the unit tests in tests/deploy/alerts_test.yml;
@@ -12,7 +12,7 @@
 - Kubernetes manifests: StatefulSet with a PVC for the data dir, Service with
   gRPC and metrics ports, `mutwo health` probes over TLS, GPU worker
   requesting nvidia.com/gpu: 1, scrape annotations on the right ports;
-- authentication (issue 15): the server runs with a tokens file and TLS from
+- authentication: the server runs with a tokens file and TLS from
   mounted secrets in compose, Kubernetes and the image; workers get their
   token and the CA through MUTWO_TOKEN_FILE / MUTWO_TLS_CA from mounted
   secrets; deploy/gen-auth.sh makes a set the real server accepts;
@@ -527,7 +527,7 @@ class DockerfileTest(unittest.TestCase):
 
 class GpuWorkerCommandLineTest(unittest.TestCase):
     """The GPU worker runs with the command line the GPU service test starts
-    (deploy_lib.gpu_worker_args, issue 17): same flags, same order, no
+    (deploy_lib.gpu_worker_args): same flags, same order, no
     others, and the deployed values."""
 
     def check(self, where, args, server):

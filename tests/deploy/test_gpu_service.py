@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The service on a GPU machine, as deployed (issue 17): a real mutwo-server
+"""The service on a GPU machine, as deployed: a real mutwo-server
 with its metrics endpoint and one `mutwo-worker serve` per visible GPU
 (`nvidia-smi -L`), each started with the GPU worker command line of the
 deployment files (deploy_lib.gpu_worker_argv, checked against

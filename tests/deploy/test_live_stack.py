@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Live checks of issue 8 on loopback: a real mutwo-server and a CPU
+"""Live checks of the deployed stack on loopback: a real mutwo-server and a CPU
 `mutwo-worker serve`, the Python client (the `mutwo` package,
 client/python/mutwo) and its example, then a scrape of both
 /metrics endpoints against every metric the Grafana dashboard and the alert

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `cmake --install` and find_package(mutwo) (issue 14): installs the build
+# `cmake --install` and find_package(mutwo), as a C++ user links the library: installs the build
 # into a temporary prefix, builds examples/libtorch_train against it alone,
 # plans a schedule for a small CNN with batch norm and dropout
 # (mutwo-worker profile, mutwo plan), trains with it in the example's own

@@ -924,7 +924,7 @@ TEST_F(StoreTest, WorkersBecomeLostAfterMissedHeartbeats) {
 }
 
 // ---------------------------------------------------------------------------
-// Identities (issue 15): owners, uploaders, worker principals, lease holders
+// Identities: owners, uploaders, worker principals, lease holders
 // ---------------------------------------------------------------------------
 
 TEST_F(StoreTest, JobsKeepTheirOwnerAndListByOwner) {

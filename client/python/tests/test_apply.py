@@ -409,7 +409,8 @@ def test_a_compiled_module_is_refused_with_what_to_do() -> None:
 
 
 # --------------------------------------------------------------------------
-# Issue 26: every decision is applied, or refused before the first step.
+# Every decision is applied, or refused before the first step: a schedule
+# applied in part would run over the budget it was planned for.
 
 def vit() -> nn.Module:
     torch.manual_seed(5)

@@ -269,7 +269,7 @@ def test_install_submit_and_train_with_the_schedule(stack) -> None:
     # The progress bar went to stderr.
     assert "job " in run.stderr
 
-    # Issue 26: the schedule measured in the user's process is reported to
+    # The schedule measured in the user's process is reported to
     # the service, which judges it and shows it beside the worker's proof.
     verify = [os.path.join(venv, "bin", "python"), "-m", "mutwo", "verify",
               "net.py:make", "--schedule", "schedule.json", "--batch", "4",

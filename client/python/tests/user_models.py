@@ -1,4 +1,4 @@
-"""Models as users write them (issue 26), shared by the apply tests
+"""Models as users write them, shared by the apply tests
 (test_apply.py) and the CPU apply tier (bench/apply/apply_zoo_cpu.py): a
 pre-norm ViT with nn.MultiheadAttention and an Optional mask argument, and
 a timm-style ConvNeXt (depthwise 7x7, LayerNorm over channels after a
