@@ -1,5 +1,5 @@
-// Load client for cached GetSchedule over loopback (the service's latency and throughput goal: p99 <= 2 ms at
-// >= 5,000 RPS).
+// Load client for cached GetSchedule over loopback (the service's latency and
+// throughput goal: p99 <= 2 ms at >= 5,000 RPS).
 // Starts mutwo-server in this process on an ephemeral port with a temporary
 // data dir, prepares one job whose profile is reported through WorkerHub (a
 // synthetic chain of --nodes nodes, as a worker would report it), warms the

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The fault and abuse suite (crashes, kills, fuzzing, soak), long form (docs/reliability.md).
+# The fault and abuse suite (crashes, kills, fuzzing, soak), long form
+# (docs/reliability.md).
 # The short form runs in CI as `ctest -L reliability`; this runs the same
 # binaries at full size and prints their JSON figure lines.
 #   scripts/fault-suite.sh [BUILD_DIR]

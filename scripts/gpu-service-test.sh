@@ -6,7 +6,8 @@
 #   gpu_service.json     the figures for docs/gpu.md (also printed by ctest)
 #   server.log, worker*.log, ctest.log, nvidia-smi.txt
 #   static_tls.txt       civetweb-sized thread in a LibTorch process (why the
-#                        metrics endpoint has its own HTTP server) from worker_test
+#                        metrics endpoint has its own HTTP server) from
+#                        worker_test
 #
 #   scripts/gpu-service-test.sh OUT_DIR [BUILD_DIR]      (BUILD_DIR: build-gpu)
 # The build must be configured with -DMUTWO_TORCH_PYTHON=$(which python3)

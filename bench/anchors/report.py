@@ -30,7 +30,8 @@ import mutwo_plot  # noqa: E402  (the project's one renderer)
 ANCHOR_COLORS = {"eager": "#4d4d4d", "ckpt_block": "#2ca02c",
                  "ckpt_sqrt": "#1f77b4", "compile": "#9467bd",
                  "mutwo_compile": "#d62728"}
-# The goals at the benchmark batch (what a user would need to prefer mutwo): (model, GB, max overhead vs eager).
+# The goals at the benchmark batch, what a user would need to prefer mutwo:
+# (model, GB, max overhead vs eager).
 BARS = [("resnet152", 4.0, 0.20), ("resnet152", 8.0, 0.03),
         ("transformer", 3.5, 0.10)]
 

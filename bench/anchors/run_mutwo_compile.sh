@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# mutwo under torch.compile and on the user's path, on one card, in one command: mutwo's schedules measured the way
-# a user runs them, beside torch.compile's own activation_memory_budget.
+# mutwo under torch.compile and on the user's path, on one card, in one
+# command: mutwo's schedules measured the way a user runs them, beside
+# torch.compile's own activation_memory_budget.
 #   bench/anchors/run_mutwo_compile.sh OUT_DIR [MODELS]   (default resnet152,transformer)
 # Stages (each logs into OUT_DIR; OUT_DIR/progress.log says where it is,
 # OUT_DIR/DONE marks the end; start it detached with setsid when it may take

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The C++ (ScheduledStep) and torch.compile measurements on a node with one card per anchor
-# model (bench/gpu/make_models.py: resnet152, transformer, gpt, vit_b_16):
+# The C++ (ScheduledStep) and torch.compile measurements on a node with one
+# card per anchor model (bench/gpu/make_models.py: resnet152, transformer,
+# gpt, vit_b_16):
 #   bench/apply/run_gpu_bars.sh start RUN_DIR   # builds, starts one shard per card, detached
 #   bench/apply/run_gpu_bars.sh status RUN_DIR  # progress lines
 #   bench/apply/run_gpu_bars.sh collect RUN_DIR TARBALL

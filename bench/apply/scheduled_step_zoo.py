@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""mutwo::ScheduledStep beside the worker, per point: peak, gradients, step time.
+"""mutwo::ScheduledStep beside the worker, per point: peak, gradients, time.
 
 For each model: `mutwo-worker profile`, `mutwo plan` at budgets placed
 floor + f x (baseline - floor) for each --fractions f, then per schedule

@@ -1,6 +1,7 @@
 // The metrics endpoint in a process with more static TLS than a 100 KiB
 // thread stack holds, as mutwo-worker linked with LibTorch 2.11 + CUDA has
-// (a civetweb thread could not start there). This binary links testing/big_tls.cc (128 KiB of TLS).
+// (a civetweb thread could not start there). This binary links
+// testing/big_tls.cc (128 KiB of TLS).
 #include <pthread.h>
 
 #include <cerrno>

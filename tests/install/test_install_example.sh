@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `cmake --install` and find_package(mutwo), as a C++ user links the library: installs the build
-# into a temporary prefix, builds examples/libtorch_train against it alone,
-# plans a schedule for a small CNN with batch norm and dropout
+# `cmake --install` and find_package(mutwo), as a C++ user links the library:
+# installs the build into a temporary prefix, builds examples/libtorch_train
+# against it alone, plans a schedule for a small CNN with batch norm and dropout
 # (mutwo-worker profile, mutwo plan), trains with it in the example's own
 # loop and checks every step's gradients equal the plain step's; then a
 # schedule of another model is refused.
