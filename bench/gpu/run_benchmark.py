@@ -178,8 +178,15 @@ def main():
                         common_args(spec, batch, args.device, args.optimizer) +
                         ["--iterations", str(args.iterations), "--output", "json"])
                     point["execute_s"] = t_exec
-                    if rc == 0:
-                        v = json.loads(out)
+                    # execute prints its result whatever it proves: exit 1
+                    # (over budget, gradients differ) is a measurement too.
+                    v = None
+                    if rc in (0, 1):
+                        try:
+                            v = json.loads(out)
+                        except ValueError:
+                            v = None
+                    if v is not None:
                         point["validation"] = v
                         point["measured_peak_bytes"] = int(v["scheduled"]["peak_bytes"])
                         point["measured_iteration_ms"] = v["scheduled"]["iteration_ms"]
@@ -187,7 +194,7 @@ def main():
                         point["baseline_iteration_ms"] = v["baseline"]["iteration_ms"]
                         point["gradients_match"] = v["gradients_match"]
                         point["within_budget"] = v["within_budget"]
-                    else:
+                    if rc != 0:
                         point["execute_error"] = err.strip()[-500:]
                     print(f"{name} b{batch} {policy} {budget}: "
                           f"pred {point['predicted_peak_bytes'] / 2**30:.2f} GiB "

@@ -10,6 +10,12 @@
 #       # merge the shards into OUT_DIR/zoo_results.json, the anchors into
 #       # OUT_DIR/anchors_<model>.tgz, logs into OUT_DIR/logs.tgz
 #
+# A lent machine is not kept between calls reliably (one went back seconds
+# after a call that ended with it "warm"): collect into $OUT in the call
+# that waits, and give each call work that ends within it. The zoo alone
+# (ANCHORS="") fits one 10-minute call on 4 cards: build 42 s, scripting
+# 30 s, shards 5.5-6.5 min at JOBS=3 on H200s.
+#
 # Environment: BUILD (default /tmp/bg: mutwo and mutwo-worker are built
 # there against the installed PyTorch's LibTorch), NGPU (default: every
 # card), JOBS (models at once per card, default 3: peaks stay per process,
@@ -75,7 +81,9 @@ status)
 collect)
   OUT=${3:?OUT_DIR}
   mkdir -p "$OUT"
-  python3 bench/zoo/run_zoo.py --merge "$RUN"/shard[0-9]* --out "$OUT" \
+  # The shard folders only (shardK/): shardK.err, .jsonl and .done sit
+  # beside them.
+  python3 bench/zoo/run_zoo.py --merge "$RUN"/shard[0-9]*/ --out "$OUT" \
     --no-fail | cut -c1-2000
   for d in "$RUN"/anchors_*; do
     [ -d "$d" ] || continue
