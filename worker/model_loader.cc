@@ -5,10 +5,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/logging.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/status_macros.h"
+#include "worker/device_constants.h"
 #include "worker/zip_archive.h"
 
 namespace mutwo::worker {
@@ -122,6 +125,14 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
   if (!module.find_method("forward").has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model ", what, ": the module has no forward method"));
+  }
+  const RetargetedDevices moved = RetargetDeviceConstants(module, device);
+  if (moved.constants > 0) {
+    MUTWO_LOG(info,
+              "model {}: {} device constant(s) naming {} now name {} (a "
+              "torch.jit.trace records the device it traced on)",
+              what, moved.constants, absl::StrJoin(moved.from, ", "),
+              device.str());
   }
   module.train();
   return module;

@@ -23,8 +23,9 @@ inline constexpr int64_t kMaxInflationRatio = 8;
 inline constexpr int64_t kMinInflationAllowanceBytes = int64_t{64} << 20;
 
 // `what` names the model in errors (a file path or a sha256). The module is
-// put in training mode on `device`. Errors are InvalidArgument and name
-// `what` and the problem.
+// put in training mode on `device`, its code's device constants retargeted
+// to it (worker/device_constants.h; logged at info). Errors are InvalidArgument
+// and name `what` and the problem.
 [[nodiscard]] absl::StatusOr<torch::jit::Module> LoadModule(
     const std::string& bytes, const std::string& what,
     const torch::Device& device, int64_t max_bytes = kMaxModelBytes);

@@ -151,6 +151,44 @@ def test_a_traced_gpt2_style_decoder(tmp_path):
     profile_plan_execute(tmp_path, path, ["input_ids:int64[B,32]{0,256}"])
 
 
+def rewrite_archive(src, dst, old, new):
+    """Copies the TorchScript archive `src` to `dst` with `old` replaced by
+    `new` in its code records; returns how many records changed."""
+    import zipfile
+    changed = 0
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if "/code/" in info.filename and info.filename.endswith(".py"):
+                text = data.decode()
+                if old in text:
+                    data = text.replace(old, new).encode()
+                    changed += 1
+            zout.writestr(info, data)
+    return changed
+
+
+def test_a_trace_made_on_another_device_runs_on_this_one(tmp_path):
+    # A trace records the device it met as constants: traced on a GPU, the
+    # positions are made on cuda:0. Here the CPU trace's baked device is
+    # rewritten to cuda:0 (this machine has none): without retargeting,
+    # profile fails in torch.arange on a device it does not have.
+    traced = tmp_path / "gpt2_cpu.pt"
+    torch.jit.trace(Gpt2Block(), torch.randint(0, 256, (2, 32))).save(
+        str(traced))
+    path = tmp_path / "gpt2_cuda.pt"
+    assert rewrite_archive(traced, path, 'torch.device("cpu")',
+                           'torch.device("cuda:0")') > 0
+    with pytest.raises(RuntimeError):  # what a user's load would meet
+        torch.jit.load(str(path))(torch.randint(0, 256, (2, 32)))
+    worker = os.path.join(BIN, "mutwo-worker")
+    p = run(worker, "profile", path, "--input", "input_ids:int64[B,32]{0,256}",
+            "--batch", "2", "--output", "json")
+    assert p.returncode == 0, p.stderr
+    assert "naming cuda:0 now name cpu" in p.stderr, p.stderr
+    profile_plan_execute(tmp_path, path, ["input_ids:int64[B,32]{0,256}"])
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 def test_a_torch_save_pickle_is_named(tmp_path, legacy):
     path = tmp_path / "pickle.pt"
