@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
 #include "planner/max_batch.h"
@@ -96,6 +101,36 @@ int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
     --budget;
   }
   return budget;
+}
+
+// A recurrent layer is one op of the graph (aten::lstm keeps every time
+// step's gates and states for its backward): mutwo recomputes or swaps
+// what it keeps whole and cannot split it by time step. Names each such
+// layer with the bytes it keeps; empty when the model has none.
+std::string RecurrentLayersNote(const v1::Profile& profile) {
+  static constexpr std::string_view kRecurrentOps[] = {
+      "aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu"};
+  std::map<int, int64_t> kept;  // producer node -> activation bytes
+  for (const v1::Activation& a : profile.activations()) {
+    kept[a.producer_node()] += a.size_bytes();
+  }
+  std::vector<std::string> layers;
+  for (const v1::ProfileNode& n : profile.nodes()) {
+    if (std::find(std::begin(kRecurrentOps), std::end(kRecurrentOps),
+                  n.kind()) == std::end(kRecurrentOps)) {
+      continue;
+    }
+    layers.push_back(absl::StrCat(
+        n.kind(), " (",
+        n.scope().empty() ? absl::StrCat("node ", n.id()) : n.scope(), ", ",
+        FormatBytes(kept[n.id()]), " kept for backward)"));
+  }
+  if (layers.empty()) return "";
+  return absl::StrCat(
+      absl::StrJoin(layers, ", "),
+      ": a recurrent layer is one op to mutwo, which recomputes or swaps what "
+      "it keeps whole and cannot split it by time step; a scripted loop over "
+      "nn.LSTMCell or nn.GRUCell lets it plan within the layer");
 }
 
 // Plans `plan_profile` (the model of `profile`, or of `profile`'s graph at
@@ -209,6 +244,11 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   if (!resolved_note.empty()) {
     result.reason = absl::StrCat(
         resolved_note, result.reason.empty() ? "" : "; ", result.reason);
+  }
+  if (const std::string recurrent = RecurrentLayersNote(profile);
+      !recurrent.empty()) {
+    result.reason = absl::StrCat(result.reason,
+                                 result.reason.empty() ? "" : "; ", recurrent);
   }
   v1::Schedule schedule =
       ScheduleToProto(profile, planner->profile(), result, request.budget,

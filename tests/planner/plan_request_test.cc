@@ -56,6 +56,28 @@ TEST(PlanRequestTest, AutoBudgetPlansAtTheKnee) {
             a->budget_bytes() - AllocatorReserveBytes(big, a->budget_bytes()));
 }
 
+// A recurrent layer is named in the reason with the bytes it keeps, as one
+// op mutwo cannot split; a model without one gets no such note.
+TEST(PlanRequestTest, NamesRecurrentLayersAsOneOp) {
+  ScheduleRequest request;
+  request.budget = *ParseBudget("60%");
+  v1::Profile profile = mutwo::testing::ChainProfile(/*batch_size=*/2);
+  auto plain = PlanSchedule(profile, request);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->reason().find("recurrent"), std::string::npos)
+      << plain->reason();
+  profile.mutable_nodes(3)->set_kind("aten::lstm");
+  profile.mutable_nodes(3)->set_scope("encoder.lstm");
+  auto s = PlanSchedule(profile, request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(s->reason().find(absl::StrCat("aten::lstm (encoder.lstm, ",
+                                          FormatBytes(2 << 20),
+                                          " kept for backward)")),
+            std::string::npos)
+      << s->reason();
+  EXPECT_NE(s->reason().find("one op to mutwo"), std::string::npos);
+}
+
 TEST(PlanRequestTest, ResolvesEveryBudgetKind) {
   auto b = [](const char* text) { return *ParseBudget(text); };
   EXPECT_EQ(*ResolveBudget(b("60%"), 1000, 5000), 600);
