@@ -4,6 +4,7 @@
 # on its card once that card's zoo shard is done. Started detached so that
 # later device calls collect it (one call runs at most 10 minutes):
 #
+#   bench/zoo/run_gpu_cards.sh run RUN_DIR OUT_DIR   # all three in one call
 #   bench/zoo/run_gpu_cards.sh start RUN_DIR     # build, script, start shards
 #   bench/zoo/run_gpu_cards.sh status RUN_DIR    # progress lines
 #   bench/zoo/run_gpu_cards.sh collect RUN_DIR OUT_DIR
@@ -16,7 +17,9 @@
 # (ANCHORS="") fits one 10-minute call on 4 cards: build 42 s, scripting
 # 30 s, shards 5.5-6.5 min at JOBS=3 on H200s.
 #
-# Environment: BUILD (default /tmp/bg: mutwo and mutwo-worker are built
+# Environment: SUITE (gpu: bench/zoo/models.py's GPU tier, the default;
+# ext: bench/zoo/models_ext.py's timm and transformers models, TIMM=all for
+# every timm model), BUILD (default /tmp/bg: mutwo and mutwo-worker are built
 # there against the installed PyTorch's LibTorch), NGPU (default: every
 # card), JOBS (models at once per card, default 3: peaks stay per process,
 # step times are taken on a shared card), ZOO_MODELS (a subset), ANCHORS
@@ -26,7 +29,7 @@
 # `source .gpu/device-env.sh` (docs/gpu.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: run_gpu_cards.sh start|status|collect RUN_DIR [OUT_DIR]}
+cmd=${1:?usage: run_gpu_cards.sh run|start|status|collect RUN_DIR [OUT_DIR]}
 RUN=${2:?RUN_DIR}
 BUILD=${BUILD:-/tmp/bg}
 ANCHORS=${ANCHORS-resnet152,transformer,gpt,vit_b_16}
@@ -43,9 +46,13 @@ start)
   n=${NGPU:-$(nvidia-smi -L | wc -l)}
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv \
     > "$RUN/cards.txt"
-  python3 bench/zoo/models.py --tier gpu --out "$RUN/models" \
-    --jobs "${ZOO_SCRIPT_JOBS:-24}" ${ZOO_MODELS:+--models "$ZOO_MODELS"} \
-    > "$RUN/models.log" 2>&1 || { tail -20 "$RUN/models.log"; exit 1; }
+  if [ "${SUITE:-gpu}" = ext ]; then
+    python3 bench/zoo/models_ext.py --out "$RUN/models" \
+      ${ZOO_MODELS:+--models "$ZOO_MODELS"} ${TIMM:+--timm "$TIMM"}
+  else
+    python3 bench/zoo/models.py --tier gpu --out "$RUN/models" \
+      --jobs "${ZOO_SCRIPT_JOBS:-24}" ${ZOO_MODELS:+--models "$ZOO_MODELS"}
+  fi > "$RUN/models.log" 2>&1 || { tail -20 "$RUN/models.log"; exit 1; }
   tail -1 "$RUN/models.log"
   echo "scripted by $(( $(date +%s) - t0 )) s"
   anchors=(${ANCHORS//,/ })
@@ -68,6 +75,21 @@ start)
   done
   echo "started $n shards at $t0 in $RUN"
   ;;
+run)
+  # start, wait for the zoo shards (at most WAIT_S seconds, default 480),
+  # collect into OUT_DIR: the whole tier in one device call.
+  OUT=${3:?OUT_DIR}
+  t_run=$(date +%s)
+  bash "$0" start "$RUN" || exit 1
+  n=${NGPU:-$(nvidia-smi -L | wc -l)}
+  while [ $(( $(date +%s) - t_run )) -lt "${WAIT_S:-480}" ]; do
+    done_shards=$(cat "$RUN/progress.log" 2>/dev/null | grep -c '^zoo shard')
+    [ "$done_shards" -ge "$n" ] && break
+    sleep 5
+  done
+  bash "$0" status "$RUN"
+  bash "$0" collect "$RUN" "$OUT"
+  ;;
 status)
   cat "$RUN/progress.log" 2>/dev/null
   for f in "$RUN"/shard*.err; do
@@ -89,7 +111,7 @@ collect)
     [ -d "$d" ] || continue
     tar czf "$OUT/$(basename "$d").tgz" -C "$d" --exclude=models --exclude='*.pt' .
   done
-  tar czf "$OUT/logs.tgz" -C "$RUN" cards.txt progress.log models.log \
+  tar czf "$OUT/logs.tgz" -C "$RUN" cards.txt progress.log models.log models/manifest.json \
     $(cd "$RUN" && ls shard*.err shard*.jsonl card*.log 2>/dev/null)
   cp "$RUN/cards.txt" "$OUT/"
   ls -la "$OUT"

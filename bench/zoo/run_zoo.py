@@ -466,9 +466,9 @@ def main():
     if args.iterations is None:
         args.iterations = 3 if gpu else 1
     if args.profile_timeout is None:
-        args.profile_timeout = 900 if tier == "gpu" else 300
+        args.profile_timeout = 900 if tier != "cpu" else 300
     if args.execute_timeout is None:
-        args.execute_timeout = 900 if tier == "gpu" else 300
+        args.execute_timeout = 900 if tier != "cpu" else 300
     for b in ("mutwo", "mutwo-worker"):
         if not os.access(os.path.join(args.bin, b), os.X_OK):
             print(f"run_zoo: {args.bin}/{b} is missing", file=sys.stderr)
