@@ -16,7 +16,7 @@
 //     takes the tasks;
 //   - a worker reports a profile larger than the server plans (16,384 nodes,
 //     or a dense 4,096-node one): refused at ingest naming the limit, before
-//     anything is stored or planned.
+//     anything is stored or planned, and its task failed naming it.
 // Every refusal is RESOURCE_EXHAUSTED naming the principal and the flag,
 // with a retry hint, and counted in mutwo_limit_refusals_total{limit}.
 #include <chrono>
@@ -388,7 +388,8 @@ TEST_F(TenantIsolationTest, OneWorkersPollsLeaveAnotherWorkersPollOpen) {
 
 // A worker reports a profile far larger than any real model's: refused at
 // once, before it is stored or planned, with the limit and its flag in the
-// message; the task stays leased and an honest profile is then taken.
+// message; the task fails at once naming the limit (the same model would
+// report the same again), so the job ends now, not at the lease's expiry.
 TEST_F(TenantIsolationTest, OversizedProfilesAreRefusedAtIngestNamingTheLimit) {
   StartServer(ServerOptions());  // the defaults: 8,192 nodes, 65,536 edges
   const std::string job = SubmitOpenJob(kAlice, "alice's model", "cpu");
@@ -445,10 +446,23 @@ TEST_F(TenantIsolationTest, OversizedProfilesAreRefusedAtIngestNamingTheLimit) {
   EXPECT_NE(
       metrics.find("mutwo_limit_refusals_total{limit=\"max_profile_edges\"} 1"),
       std::string::npos);
-  // The task is still the worker's: an honest profile is taken.
-  grpc::Status honest = ReportProfile(
+  // The task failed with the first refusal: a later report of it is
+  // refused, and the job ended naming the limit, not the lease.
+  grpc::Status later = ReportProfile(
       kWorker1, worker, task, testing::ChainProfile(task.batch_size(), 8));
-  EXPECT_TRUE(honest.ok()) << honest.error_message();
+  EXPECT_EQ(later.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << later.error_message();
+  grpc::ClientContext context;
+  context.set_deadline(In(10000));
+  v1::GetJobRequest request;
+  request.set_job_id(job);
+  v1::Job ended;
+  ASSERT_TRUE(v1::Planner::NewStub(Channel(kAlice))
+                  ->GetJob(&context, request, &ended)
+                  .ok());
+  EXPECT_EQ(ended.state(), v1::Job::FAILED);
+  EXPECT_NE(ended.error().find("--max_profile_nodes"), std::string::npos)
+      << ended.error();
 }
 
 // Random bytes: no two models alike, nothing to deduplicate.
