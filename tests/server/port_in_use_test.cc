@@ -35,11 +35,30 @@ class PortInUseTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  bool StartServer(Subprocess& server, const std::string& name) {
+  bool StartServer(Subprocess& server, const std::string& name,
+                   const std::string& metrics_listen = "") {
     return server.Start(
         {BinPath("mutwo-server"), absl::StrCat("--listen=127.0.0.1:", port_),
-         "--metrics_listen=", "--data_dir=" + (dir_ / name).string()},
+         "--metrics_listen=" + metrics_listen,
+         "--data_dir=" + (dir_ / name).string()},
         (dir_ / (name + ".log")).string());
+  }
+
+  // Any listener on `port`, not only a mutwo-server: a plain socket without
+  // SO_REUSEPORT. Returns its fd (close it), or -1.
+  static int HoldPort(int port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(fd, 4) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
   }
 
   // Lists jobs through a fresh channel: the server that answers it holds
@@ -89,22 +108,33 @@ TEST_F(PortInUseTest, SecondServerOnABoundPortExitsTwoNamingThePort) {
 }
 
 TEST_F(PortInUseTest, PortHeldByAnotherProgramExitsTwoNamingThePort) {
-  // Any listener, not only a mutwo-server: a plain socket without
-  // SO_REUSEPORT.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = HoldPort(port_);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 4), 0);
   Subprocess server;
   ASSERT_TRUE(StartServer(server, "only"));
   EXPECT_EQ(server.Wait(std::chrono::seconds(10)), 2) << server.Log();
   EXPECT_NE(
       server.Log().find(absl::StrCat("port ", port_, " is already in use")),
       std::string::npos)
+      << server.Log();
+  close(fd);
+}
+
+// The metrics port is the operator's choice as much as --listen: taken, the
+// server exits 2 naming it, as for the gRPC port (it exited 1 before).
+TEST_F(PortInUseTest, MetricsPortHeldByAnotherProgramExitsTwoNamingThePort) {
+  const int metrics_port = FreePort();
+  const int fd = HoldPort(metrics_port);
+  ASSERT_GE(fd, 0);
+  Subprocess server;
+  ASSERT_TRUE(
+      StartServer(server, "metrics", absl::StrCat("127.0.0.1:", metrics_port)));
+  EXPECT_EQ(server.Wait(std::chrono::seconds(10)), 2) << server.Log();
+  EXPECT_NE(server.Log().find(
+                absl::StrCat("port ", metrics_port, " is already in use")),
+            std::string::npos)
+      << server.Log();
+  EXPECT_NE(server.Log().find("--metrics_listen"), std::string::npos)
       << server.Log();
   close(fd);
 }
