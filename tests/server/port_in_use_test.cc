@@ -44,23 +44,6 @@ class PortInUseTest : public ::testing::Test {
         (dir_ / (name + ".log")).string());
   }
 
-  // Any listener on `port`, not only a mutwo-server: a plain socket without
-  // SO_REUSEPORT. Returns its fd (close it), or -1.
-  static int HoldPort(int port) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        listen(fd, 4) != 0) {
-      close(fd);
-      return -1;
-    }
-    return fd;
-  }
-
   // Lists jobs through a fresh channel: the server that answers it holds
   // the port.
   grpc::Status ListJobs() {
@@ -108,8 +91,10 @@ TEST_F(PortInUseTest, SecondServerOnABoundPortExitsTwoNamingThePort) {
 }
 
 TEST_F(PortInUseTest, PortHeldByAnotherProgramExitsTwoNamingThePort) {
-  const int fd = HoldPort(port_);
-  ASSERT_GE(fd, 0);
+  // Any listener, not only a mutwo-server: a plain socket without
+  // SO_REUSEPORT.
+  const testing::OccupiedPort taken;
+  port_ = taken.port();
   Subprocess server;
   ASSERT_TRUE(StartServer(server, "only"));
   EXPECT_EQ(server.Wait(std::chrono::seconds(10)), 2) << server.Log();
@@ -117,15 +102,13 @@ TEST_F(PortInUseTest, PortHeldByAnotherProgramExitsTwoNamingThePort) {
       server.Log().find(absl::StrCat("port ", port_, " is already in use")),
       std::string::npos)
       << server.Log();
-  close(fd);
 }
 
 // The metrics port is the operator's choice as much as --listen: taken, the
 // server exits 2 naming it, as for the gRPC port (it exited 1 before).
 TEST_F(PortInUseTest, MetricsPortHeldByAnotherProgramExitsTwoNamingThePort) {
-  const int metrics_port = FreePort();
-  const int fd = HoldPort(metrics_port);
-  ASSERT_GE(fd, 0);
+  const testing::OccupiedPort taken;
+  const int metrics_port = taken.port();
   Subprocess server;
   ASSERT_TRUE(
       StartServer(server, "metrics", absl::StrCat("127.0.0.1:", metrics_port)));
@@ -136,7 +119,6 @@ TEST_F(PortInUseTest, MetricsPortHeldByAnotherProgramExitsTwoNamingThePort) {
       << server.Log();
   EXPECT_NE(server.Log().find("--metrics_listen"), std::string::npos)
       << server.Log();
-  close(fd);
 }
 
 }  // namespace
