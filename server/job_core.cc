@@ -1,8 +1,10 @@
 #include "server/job_core.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -10,8 +12,6 @@
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
-#include "planner/plan_request.h"
-#include "planner/proto_convert.h"
 #include "server/device_wait.h"
 #include "server/job_rules.h"
 #include "server/job_settling.h"
