@@ -323,7 +323,11 @@ std::vector<Scenario> Scenarios() {
        [](Env& env) { return env.core_->CancelJob(env.job_id_).status(); },
        [](Env& env) {
          EXPECT_EQ(env.core_->GetJob(env.job_id_)->state(), v1::Job::CANCELLED);
-         for (const v1::Task& t : *env.store_->ListTasks(env.job_id_)) {
+         // Kept: a range-for over `*ListTasks(...)` reads a destroyed
+         // StatusOr (ASan: stack-use-after-scope).
+         const auto tasks = env.store_->ListTasks(env.job_id_);
+         ASSERT_TRUE(tasks.ok()) << tasks.status();
+         for (const v1::Task& t : *tasks) {
            EXPECT_EQ(t.state(), v1::Task::CANCELLED);
          }
        }});
