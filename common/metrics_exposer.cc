@@ -141,6 +141,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
   }
   int fd = -1;
   std::string error = "no address";
+  bool in_use = false;
   for (addrinfo* a = addrs; a != nullptr; a = a->ai_next) {
     // CLOEXEC: the worker forks task processes, which must not hold the
     // port open after the worker exits.
@@ -153,6 +154,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
     const int one = 1;
     (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      in_use = in_use || errno == EADDRINUSE;
       error = Errno("bind");
     } else if (::listen(fd, kListenBacklog) != 0) {
       error = Errno("listen");
@@ -163,6 +165,14 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Create(
     fd = -1;
   }
   freeaddrinfo(addrs);
+  if (fd < 0 && in_use) {
+    // Another process holds the port: the operator's choice of port is
+    // wrong, as for the gRPC --listen port (AlreadyExists there too).
+    return absl::AlreadyExistsError(
+        absl::StrCat("metrics: cannot listen on \"", listen, "\": port ",
+                     hp->port, " is already in use by another process (", error,
+                     "); stop it or choose another --metrics_listen"));
+  }
   if (fd < 0) return ListenError(listen, error);
 
   sockaddr_storage bound;

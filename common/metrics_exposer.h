@@ -15,7 +15,9 @@
 // stack size, which glibc sizes to hold the static TLS.
 //
 // Errors name the address and the cause:
-//   metrics: cannot listen on "127.0.0.1:9465": bind: Address already in use
+//   metrics: cannot listen on "127.0.0.1:9465": port 9465 is already in use
+//   by another process (bind: Address already in use); stop it or choose
+//   another --metrics_listen
 //
 // Thread safety: Create/Start/Shutdown from one owner; port() from any
 // thread. The destructor shuts the endpoint down.
@@ -48,7 +50,8 @@ class MetricsEndpoint {
   };
 
   // Resolves, binds and listens (no thread yet). InvalidArgument for a
-  // malformed address, Unavailable when it cannot be bound; the message
+  // malformed address, AlreadyExists naming the port when another process
+  // holds it, Unavailable when it cannot be bound otherwise; the message
   // names the address and the OS error.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Create(
       Options options);

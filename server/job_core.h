@@ -15,8 +15,24 @@
 // Planning is injected (PlanFn, MaxBatchFn) so the core can be tested with
 // the real planner or a fake.
 //
+// The core delegates each job to a collaborator or a file of its own:
+// uploads to UploadSessions (upload_sessions.h); the guard every report
+// passes, and the failing of a task whose report is refused, to TaskReports
+// (task_reports.h); a job's state from its tasks to SettleJobIn
+// (job_settling.h); what a valid spec is to job_rules.h; the max batch
+// checks' schedules to max_batch_plans.h. Its own methods are split by job:
+// job_core.cc (lifecycle, the Planner service, workers, settling glue),
+// job_planning.cc (planning through the schedule cache), profile_reports.cc
+// and validation_reports.cc (what each report changes).
+//
+// Ownership: the store and the metrics are not owned and outlive the core;
+// the core owns its collaborators.
 // Thread safety: every public method is thread-safe. Start() starts the
 // reaper; Shutdown() stops it and ends every long poll and watch.
+// Errors: InvalidArgument naming the bad input, NotFound for an unknown
+// job, task or model, FailedPrecondition or PermissionDenied for a report
+// or a failure of a lease the caller does not hold, ResourceExhausted
+// naming the limit passed and its flag, and the store's errors.
 #ifndef MUTWO_SERVER_JOB_CORE_H_
 #define MUTWO_SERVER_JOB_CORE_H_
 
@@ -30,7 +46,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/sha256.h"
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
@@ -40,6 +55,8 @@
 #include "server/metrics.h"
 #include "server/profile_limits.h"
 #include "server/schedule_cache.h"
+#include "server/task_reports.h"
+#include "server/upload_sessions.h"
 #include "server/waiters.h"
 #include "storage/store.h"
 
@@ -71,47 +88,9 @@ using MaxBatchFn = std::function<absl::StatusOr<v1::MaxBatchPrediction>(
 // The real predictor (planner::PredictMaxBatchProto).
 MaxBatchFn PlannerMaxBatchFn();
 
-// Verifies one streamed upload: header first, then chunks. The bytes are
-// never held in memory: each chunk is hashed and appended to a temp file of
-// the model store (`open_file`; none: only hashed, for tests), which only
-// becomes a model once Finish() has checked the size and the sha256 and
-// JobCore::StoreUpload commits it. `admit` (may be empty) is asked for the
-// declared size before anything is written (the per-client byte quota);
-// `done` runs when the session ends, however it ends.
-class UploadSession {
- public:
-  using OpenFile =
-      std::function<absl::StatusOr<std::unique_ptr<storage::TempFile>>()>;
-  explicit UploadSession(int64_t max_model_bytes, OpenFile open_file = nullptr,
-                         std::function<absl::Status(int64_t)> admit = nullptr,
-                         std::function<void()> done = nullptr);
-  ~UploadSession();
-  UploadSession(const UploadSession&) = delete;
-  UploadSession& operator=(const UploadSession&) = delete;
-  [[nodiscard]] absl::Status Header(const v1::UploadModelHeader& header);
-  [[nodiscard]] absl::Status Chunk(const std::string& bytes);
-  // Errors name the mismatch.
-  [[nodiscard]] absl::Status Finish();
-  const v1::UploadModelHeader& header() const { return header_; }
-  int64_t received_bytes() const { return received_; }
-  // The temp file holding the bytes (null without `open_file`).
-  storage::TempFile* file() { return file_.get(); }
-
- private:
-  int64_t max_model_bytes_;
-  OpenFile open_file_;
-  std::function<absl::Status(int64_t)> admit_;
-  std::function<void()> done_;
-  bool has_header_ = false;
-  v1::UploadModelHeader header_;
-  Sha256 sha_;
-  int64_t received_ = 0;
-  std::unique_ptr<storage::TempFile> file_;
-};
-
 class JobCore {
  public:
-  static constexpr int64_t kMaxChunkBytes = 1 << 20;
+  static constexpr int64_t kMaxChunkBytes = UploadSession::kMaxChunkBytes;
 
   struct Options {
     int64_t lease_timeout_ms = 30000;
@@ -208,7 +187,10 @@ class JobCore {
   bool stopping();
 
   // WorkerHub service. Heartbeats, reports and FailTask are accepted only
-  // from the worker id that holds the task's lease (PermissionDenied).
+  // from the worker id that holds the task's lease (PermissionDenied). A
+  // report whose content is refused (over a profile limit, malformed, the
+  // wrong kind for its task) fails the lease holder's task at once with the
+  // refusal's reason (TaskReports::Refuse) and returns the refusal.
   // PermissionDenied when the request names a live worker id registered by
   // another principal.
   [[nodiscard]] absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
@@ -274,18 +256,46 @@ class JobCore {
       bool include_timeline, std::vector<CachePut>* deferred = nullptr,
       const std::function<bool()>& cancelled = nullptr);
   void ApplyCachePuts(const std::vector<CachePut>& puts);
-  // One report's transaction: completes the reported task with `result`,
-  // then runs `body` with the same Writer. A report of a task completed
-  // before (a retry of a report stored whole the first time) sets
-  // `*retried` and writes nothing more.
-  absl::Status WriteReport(
-      absl::string_view task_id, int64_t fence_token,
-      absl::string_view worker_id, absl::string_view result, bool* retried,
-      const std::function<absl::Status(storage::Store::Writer&)>& body);
-  // The store's reason why a report with this fence from this worker is not
-  // taken (OK for a retried report of a completed task); writes nothing.
-  absl::Status RefuseReport(const std::string& task_id, int64_t fence_token,
-                            const std::string& worker_id);
+  // A report of `task` whose content was refused with `refusal`:
+  // TaskReports::Refuse (the task failed at once when the reporter holds
+  // it), then the settled job's gauges and waiters. Returns `refusal`.
+  absl::Status RefuseReport(const v1::Task& task, const ReportKey& key,
+                            absl::Status refusal);
+  // After a report's transaction committed: its cache entries, the settled
+  // job's gauges and log line, the model's metrics, the waiters.
+  void FinishReport(const v1::Job& job,
+                    const std::vector<CachePut>& cache_puts);
+
+  // Profile reports (profile_reports.cc).
+  // Why `profile` is not taken for `task` (the wrong kind of task or batch
+  // size, over the profile limits, malformed); OK when it is.
+  absl::Status CheckProfileReport(const v1::Task& task,
+                                  const v1::Profile& profile);
+  // Shows the job PLANNING while the last pending profile is planned.
+  absl::Status ShowPlanning(const v1::Job& job, const v1::Task& task);
+  // What a profile report plans before its transaction: the batch size's
+  // result, the VALIDATE rounds to queue and the cache entries to write.
+  struct ProfilePlans {
+    v1::BatchResult result;
+    std::vector<v1::Schedule> to_validate;
+    std::vector<CachePut> cache_puts;
+  };
+  ProfilePlans PlanBatchResult(const v1::Job& job, const v1::Task& task,
+                               const v1::Profile& profile);
+  // The report's transaction, with the max batch prediction over every
+  // profile (predicted again when another profile was stored meanwhile);
+  // `job` is set to the job as settled.
+  absl::Status StoreProfileReport(const ReportKey& key, const v1::Task& task,
+                                  const v1::Profile& profile,
+                                  const ProfilePlans& plans, v1::Job& job,
+                                  bool* retried);
+  absl::Status WriteProfileResult(
+      storage::Store::Writer& w, const v1::Task& task,
+      const ProfilePlans& plans,
+      const std::optional<v1::MaxBatchPrediction>& prediction,
+      const std::vector<v1::Schedule>& to_verify, v1::Job& job);
+
+  // Validation reports (validation_reports.cc).
   // The closed loop after round `round` of VALIDATE `task` measured
   // `validation`: the outcome for its (batch, budget), settled or with the
   // next round queued (re-planned with the correction learned), and the
@@ -356,6 +366,8 @@ class JobCore {
   PlanFn plan_;
   MaxBatchFn max_batch_;
   ScheduleCache cache_;
+  UploadSessions uploads_;
+  TaskReports reports_;
 
   absl::Mutex mu_;
   absl::CondVar changed_;
@@ -363,14 +375,6 @@ class JobCore {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Leasing> leasing_;
   std::unique_ptr<WaiterSet> watchers_;
-
-  struct ClientUploads {
-    int running = 0;
-    int64_t declared_bytes = 0;
-  };
-  absl::Mutex uploads_mu_;
-  absl::flat_hash_map<std::string, ClientUploads> uploads_
-      ABSL_GUARDED_BY(uploads_mu_);
 
   absl::Mutex hot_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::Job>> hot_jobs_

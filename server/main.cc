@@ -5,9 +5,11 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/parse.h"
+#include "common/status_macros.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
@@ -111,7 +113,80 @@ constexpr char kUsage[] =
     "mutwo-server: the mutwo planning service (gRPC).\n\n"
     "Usage: mutwo-server [--listen=HOST:PORT] [--metrics_listen=HOST:PORT]\n"
     "                    [--data_dir=DIR] [flags]";
+
+// A size flag ("512MiB") in bytes; `word` stands for `word_bytes` instead.
+// InvalidArgument naming the flag.
+absl::StatusOr<int64_t> BytesFlag(const char* flag, const std::string& text,
+                                  const char* word = nullptr,
+                                  int64_t word_bytes = 0) {
+  if (word != nullptr && text == word) return word_bytes;
+  auto bytes = mutwo::ParseBytes(text);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", bytes.status().message()));
+  }
+  return *bytes;
 }
+
+// The server's options from the flags; InvalidArgument naming the flag.
+absl::StatusOr<mutwo::MutwoServer::Options> OptionsFromFlags() {
+  mutwo::MutwoServer::Options options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.security.tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.insecure = absl::GetFlag(FLAGS_insecure);
+
+  mutwo::JobCore::Options& core = options.core;
+  core.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
+  core.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  MUTWO_ASSIGN_OR_RETURN(
+      core.max_model_bytes,
+      BytesFlag("max_model_bytes", absl::GetFlag(FLAGS_max_model_bytes)));
+  core.max_concurrent_jobs = absl::GetFlag(FLAGS_max_concurrent_jobs);
+  core.max_validation_rounds = absl::GetFlag(FLAGS_validation_rounds);
+  core.replan_margin_fraction = absl::GetFlag(FLAGS_replan_margin);
+  core.max_plan_ms = absl::GetFlag(FLAGS_max_plan_ms);
+  core.max_lease_waiters = absl::GetFlag(FLAGS_max_lease_waiters);
+  core.max_watchers = absl::GetFlag(FLAGS_max_watchers);
+  core.waiter_retry_after_ms = absl::GetFlag(FLAGS_waiter_retry_after_ms);
+  core.profile_limits.max_nodes = absl::GetFlag(FLAGS_max_profile_nodes);
+  core.profile_limits.max_edges = absl::GetFlag(FLAGS_max_profile_edges);
+  core.max_uploads_per_client = absl::GetFlag(FLAGS_max_uploads_per_client);
+  // Empty: twice --max_model_bytes (JobCore::Options).
+  MUTWO_ASSIGN_OR_RETURN(
+      core.max_upload_bytes_per_client,
+      BytesFlag("max_upload_bytes_per_client",
+                absl::GetFlag(FLAGS_max_upload_bytes_per_client), "", 0));
+
+  options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  MUTWO_ASSIGN_OR_RETURN(
+      options.max_stored_model_bytes_per_client,
+      BytesFlag("max_stored_model_bytes_per_client",
+                absl::GetFlag(FLAGS_max_stored_model_bytes_per_client),
+                "unlimited", mutwo::UploadQuota::kUnlimited));
+  MUTWO_ASSIGN_OR_RETURN(options.model_quota_overrides,
+                         mutwo::UploadQuota::ParseOverrides(
+                             absl::GetFlag(FLAGS_model_quota_overrides)));
+  options.upload_idle_timeout_ms = absl::GetFlag(FLAGS_upload_idle_timeout_ms);
+  options.worker_quarantine_failures =
+      absl::GetFlag(FLAGS_worker_quarantine_failures);
+  options.worker_quarantine_window_ms =
+      absl::GetFlag(FLAGS_worker_quarantine_window_ms);
+  options.worker_quarantine_ms = absl::GetFlag(FLAGS_worker_quarantine_ms);
+  options.max_watchers_per_client =
+      absl::GetFlag(FLAGS_max_watchers_per_client);
+  options.max_lease_waiters_per_worker =
+      absl::GetFlag(FLAGS_max_lease_waiters_per_worker);
+  options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
+  options.max_batch = mutwo::PlannerMaxBatchFn();
+  return options;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   auto args = mutwo::ParseArgs(argc, argv, 1, {});
@@ -138,11 +213,9 @@ int main(int argc, char** argv) {
     std::cerr << "mutwo-server: " << s.message() << "\n";
     return mutwo::kExitBadInput;
   }
-  auto max_model_bytes =
-      mutwo::ParseBytes(absl::GetFlag(FLAGS_max_model_bytes));
-  if (!max_model_bytes.ok()) {
-    std::cerr << "mutwo-server: --max_model_bytes: "
-              << max_model_bytes.status().message() << "\n";
+  auto options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::cerr << "mutwo-server: " << options.status().message() << "\n";
     return mutwo::kExitBadInput;
   }
   // Block the signals before any thread starts so only sigwait sees them.
@@ -152,85 +225,16 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  mutwo::MutwoServer::Options options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.data_dir = absl::GetFlag(FLAGS_data_dir);
-  options.security.tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
-  options.security.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.security.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  options.security.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
-  options.security.insecure = absl::GetFlag(FLAGS_insecure);
-  options.core.lease_timeout_ms = absl::GetFlag(FLAGS_lease_timeout_ms);
-  options.core.max_attempts = absl::GetFlag(FLAGS_max_attempts);
-  options.core.max_model_bytes = *max_model_bytes;
-  options.core.max_concurrent_jobs = absl::GetFlag(FLAGS_max_concurrent_jobs);
-  options.core.max_validation_rounds = absl::GetFlag(FLAGS_validation_rounds);
-  options.core.replan_margin_fraction = absl::GetFlag(FLAGS_replan_margin);
-  options.core.max_plan_ms = absl::GetFlag(FLAGS_max_plan_ms);
-  options.core.max_lease_waiters = absl::GetFlag(FLAGS_max_lease_waiters);
-  options.core.max_watchers = absl::GetFlag(FLAGS_max_watchers);
-  options.core.waiter_retry_after_ms =
-      absl::GetFlag(FLAGS_waiter_retry_after_ms);
-  options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
-  options.core.profile_limits.max_nodes =
-      absl::GetFlag(FLAGS_max_profile_nodes);
-  options.core.profile_limits.max_edges =
-      absl::GetFlag(FLAGS_max_profile_edges);
-  if (const std::string quota =
-          absl::GetFlag(FLAGS_max_stored_model_bytes_per_client);
-      quota == "unlimited") {
-    options.max_stored_model_bytes_per_client = mutwo::UploadQuota::kUnlimited;
-  } else {
-    auto bytes = mutwo::ParseBytes(quota);
-    if (!bytes.ok()) {
-      std::cerr << "mutwo-server: --max_stored_model_bytes_per_client: "
-                << bytes.status().message() << "\n";
-      return mutwo::kExitBadInput;
-    }
-    options.max_stored_model_bytes_per_client = *bytes;
-  }
-  auto overrides = mutwo::UploadQuota::ParseOverrides(
-      absl::GetFlag(FLAGS_model_quota_overrides));
-  if (!overrides.ok()) {
-    std::cerr << "mutwo-server: " << overrides.status().message() << "\n";
-    return mutwo::kExitBadInput;
-  }
-  options.model_quota_overrides = *std::move(overrides);
-  options.upload_idle_timeout_ms = absl::GetFlag(FLAGS_upload_idle_timeout_ms);
-  options.worker_quarantine_failures =
-      absl::GetFlag(FLAGS_worker_quarantine_failures);
-  options.worker_quarantine_window_ms =
-      absl::GetFlag(FLAGS_worker_quarantine_window_ms);
-  options.worker_quarantine_ms = absl::GetFlag(FLAGS_worker_quarantine_ms);
-  options.max_watchers_per_client =
-      absl::GetFlag(FLAGS_max_watchers_per_client);
-  options.max_lease_waiters_per_worker =
-      absl::GetFlag(FLAGS_max_lease_waiters_per_worker);
-  options.core.max_uploads_per_client =
-      absl::GetFlag(FLAGS_max_uploads_per_client);
-  if (const std::string quota =
-          absl::GetFlag(FLAGS_max_upload_bytes_per_client);
-      !quota.empty()) {
-    auto bytes = mutwo::ParseBytes(quota);
-    if (!bytes.ok()) {
-      std::cerr << "mutwo-server: --max_upload_bytes_per_client: "
-                << bytes.status().message() << "\n";
-      return mutwo::kExitBadInput;
-    }
-    options.core.max_upload_bytes_per_client = *bytes;
-  }
-  options.plan = mutwo::PlannerPlanFn(absl::GetFlag(FLAGS_pareto_points));
-  options.max_batch = mutwo::PlannerMaxBatchFn();
-  auto server = mutwo::MutwoServer::Create(options);
+  auto server = mutwo::MutwoServer::Create(*std::move(options));
   if (!server.ok()) {
     MUTWO_LOG(error, "{}", server.status().ToString());
     return mutwo::kExitBadInput;
   }
   if (auto s = (*server)->Start(); !s.ok()) {
     MUTWO_LOG(error, "{}", s.ToString());
-    // A --listen that cannot be bound (the port is taken, the address is
-    // not this host's) is bad input, like a malformed flag.
+    // A --listen or --metrics_listen that cannot be bound (the port is
+    // taken, the address is not this host's) is bad input, like a malformed
+    // flag.
     return s.code() == absl::StatusCode::kAlreadyExists ||
                    s.code() == absl::StatusCode::kInvalidArgument
                ? mutwo::kExitBadInput

@@ -104,6 +104,20 @@ absl::StatusOr<std::unique_ptr<MutwoServer>> MutwoServer::Create(
       new MutwoServer(std::move(options), std::move(security)));
 }
 
+absl::StatusOr<std::unique_ptr<PrincipalLimits>> MutwoServer::LimitPerPrincipal(
+    const std::string& what, const std::string& flag_name, int max) {
+  PrincipalLimits::Options limits;
+  limits.what = what;
+  limits.flag = "--" + flag_name;
+  limits.max_per_principal = max;
+  limits.retry_after_ms = options_.core.waiter_retry_after_ms;
+  // Refusals are counted under the flag's name.
+  limits.observe_refused = [this, flag_name] {
+    server_metrics_.CountLimitRefusal(flag_name);
+  };
+  return PrincipalLimits::Create(std::move(limits));
+}
+
 absl::Status MutwoServer::Start() {
   storage::Store::Options store_options;
   store_options.data_dir = options_.data_dir;
@@ -121,26 +135,13 @@ absl::Status MutwoServer::Start() {
       server_metrics_.CountAuthRefusal(reason);
     });
   }
-  PrincipalLimits::Options watches;
-  watches.what = "watches";
-  watches.flag = "--max_watchers_per_client";
-  watches.max_per_principal = options_.max_watchers_per_client;
-  watches.retry_after_ms = options_.core.waiter_retry_after_ms;
-  watches.observe_refused = [this] {
-    server_metrics_.CountLimitRefusal("max_watchers_per_client");
-  };
   MUTWO_ASSIGN_OR_RETURN(watches_per_client_,
-                         PrincipalLimits::Create(std::move(watches)));
-  PrincipalLimits::Options polls;
-  polls.what = "lease polls";
-  polls.flag = "--max_lease_waiters_per_worker";
-  polls.max_per_principal = options_.max_lease_waiters_per_worker;
-  polls.retry_after_ms = options_.core.waiter_retry_after_ms;
-  polls.observe_refused = [this] {
-    server_metrics_.CountLimitRefusal("max_lease_waiters_per_worker");
-  };
-  MUTWO_ASSIGN_OR_RETURN(lease_polls_per_worker_,
-                         PrincipalLimits::Create(std::move(polls)));
+                         LimitPerPrincipal("watches", "max_watchers_per_client",
+                                           options_.max_watchers_per_client));
+  MUTWO_ASSIGN_OR_RETURN(
+      lease_polls_per_worker_,
+      LimitPerPrincipal("lease polls", "max_lease_waiters_per_worker",
+                        options_.max_lease_waiters_per_worker));
   UploadQuota::Options quota;
   quota.max_stored_bytes_per_client =
       options_.max_stored_model_bytes_per_client;

@@ -67,9 +67,10 @@ class MutwoServer {
       Options options);
 
   // Opens the store, binds both ports; port()/metrics_port() are the ports
-  // bound (useful with port 0). The gRPC port is bound without SO_REUSEPORT:
-  // AlreadyExists naming the port when another process holds it,
-  // InvalidArgument when the address cannot be bound otherwise.
+  // bound (useful with port 0). The gRPC port is bound without SO_REUSEPORT.
+  // Either port: AlreadyExists naming the port when another process holds
+  // it; InvalidArgument (gRPC) or Unavailable (metrics) when the address
+  // cannot be bound otherwise.
   [[nodiscard]] absl::Status Start();
   int port() const { return port_; }
   int metrics_port() const {
@@ -81,6 +82,10 @@ class MutwoServer {
  private:
   MutwoServer(Options options, auth::ServerSecurity security)
       : options_(std::move(options)), security_(std::move(security)) {}
+  // At most `max` of `what` per principal (--`flag_name`), refusals counted
+  // under `flag_name`.
+  absl::StatusOr<std::unique_ptr<PrincipalLimits>> LimitPerPrincipal(
+      const std::string& what, const std::string& flag_name, int max);
   Options options_;
   auth::ServerSecurity security_;
   int port_ = 0;

@@ -25,6 +25,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace mutwo {
 namespace {
@@ -46,11 +47,8 @@ class CliServerTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
     address_ = absl::StrCat("127.0.0.1:", FreePort());
     server_ = std::make_unique<Subprocess>();
-    ASSERT_TRUE(server_->Start(
-        {BinPath("mutwo-server"), "--listen=" + address_,
-         absl::StrCat("--metrics_listen=127.0.0.1:", FreePort()),
-         "--data_dir=" + (dir_ / "data").string(), "--log_level=warn"},
-        (dir_ / "server.log").string()));
+    ASSERT_TRUE(testing::StartMutwoServer(*server_, address_, FreePort(), dir_,
+                                          {"--log_level=warn"}));
     channel_ =
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
     ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() +

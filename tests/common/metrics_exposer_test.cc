@@ -77,10 +77,13 @@ TEST(MetricsEndpointTest, OccupiedPortNamesThePortAndTheOsReason) {
   const std::string listen = absl::StrCat("127.0.0.1:", taken.port());
   auto endpoint = StartMetricsEndpoint(listen, RegistryWithCounter());
   ASSERT_FALSE(endpoint.ok());
-  EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(endpoint.status().message(),
-            absl::StrCat("metrics: cannot listen on \"", listen,
-                         "\": bind: Address already in use"));
+            absl::StrCat("metrics: cannot listen on \"", listen, "\": port ",
+                         taken.port(),
+                         " is already in use by another process (bind: "
+                         "Address already in use); stop it or choose another "
+                         "--metrics_listen"));
 }
 
 TEST(MetricsEndpointTest, MalformedAndUnresolvableAddresses) {

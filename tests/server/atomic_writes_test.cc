@@ -323,7 +323,11 @@ std::vector<Scenario> Scenarios() {
        [](Env& env) { return env.core_->CancelJob(env.job_id_).status(); },
        [](Env& env) {
          EXPECT_EQ(env.core_->GetJob(env.job_id_)->state(), v1::Job::CANCELLED);
-         for (const v1::Task& t : *env.store_->ListTasks(env.job_id_)) {
+         // Kept: a range-for over `*ListTasks(...)` reads a destroyed
+         // StatusOr (ASan: stack-use-after-scope).
+         const auto tasks = env.store_->ListTasks(env.job_id_);
+         ASSERT_TRUE(tasks.ok()) << tasks.status();
+         for (const v1::Task& t : *tasks) {
            EXPECT_EQ(t.state(), v1::Task::CANCELLED);
          }
        }});
@@ -500,13 +504,16 @@ TEST(AtomicWritesTest, ConcurrencyLimitHoldsUnderConcurrentSubmits) {
   ADD_FAILURE() << "no accepted submit could be retried";
 }
 
+// The first malformed report from the lease holder also gives its task
+// back at once (queued for another attempt, naming the field: issue 29);
+// nothing of any malformed profile is stored.
 TEST(AtomicWritesTest, MalformedProfileIsRefusedNamingTheFieldNothingStored) {
   Env env(DirFor("malformed"));
   env.Open();
   env.Seed();
   env.job_id_ = env.core_->SubmitJob(env.Request({2}, {"60%"}))->job().job_id();
   const v1::Task task = env.Lease();
-  const std::string before = env.Snapshot();
+  std::string before;
   struct Case {
     std::string field;
     std::function<void(v1::Profile&)> spoil;
@@ -545,10 +552,21 @@ TEST(AtomicWritesTest, MalformedProfileIsRefusedNamingTheFieldNothingStored) {
     const absl::Status s = env.core_->ReportProfile(r);
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_THAT(s.message(), HasSubstr(c.field));
+    EXPECT_TRUE(absl::IsNotFound(
+        env.store_->GetProfile(env.job_id_, task.batch_size()).status()));
+    if (before.empty()) {
+      const v1::Task given_back = *env.store_->GetTask(task.task_id());
+      EXPECT_EQ(given_back.state(), v1::Task::QUEUED);
+      EXPECT_EQ(given_back.attempt(), 2);
+      EXPECT_THAT(given_back.last_error(), HasSubstr(c.field));
+      before = env.Snapshot();
+    }
     EXPECT_EQ(env.Snapshot(), before) << "something of it was stored";
   }
-  EXPECT_EQ(env.store_->GetTask(task.task_id())->state(), v1::Task::LEASED);
-  ASSERT_TRUE(env.ReportProfile(task).ok());
+  // The next attempt's honest profile is taken.
+  const v1::Task again = env.Lease();
+  EXPECT_EQ(again.task_id(), task.task_id());
+  ASSERT_TRUE(env.ReportProfile(again).ok());
 }
 
 TEST(AtomicWritesTest, RestartSettlesAJobLeftWithoutTasks) {

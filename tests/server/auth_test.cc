@@ -23,6 +23,7 @@
 #include "server/server.h"
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_fixture.h"
 #include "tests/testing/synthetic_profile.h"
 #include "tests/testing/training_loop_request.h"
 
@@ -56,15 +57,14 @@ const char* WhoName(Who who) {
 }
 
 // Tokens: long random-looking strings; the file holds only their hashes.
-const std::map<Who, std::pair<std::string, std::string>>& Identities() {
-  static const auto* const ids =
-      new std::map<Who, std::pair<std::string, std::string>>{
-          {kClient, {"client alice", "tok-alice-5f2b9c0e7d4a8e61b3"}},
-          {kOtherClient, {"client bob", "tok-bob-0c9d8e7f6a5b4c3d2e"}},
-          {kWorker, {"worker w1", "tok-w1-a1b2c3d4e5f6a7b8c9"}},
-          {kOtherWorker, {"worker w2", "tok-w2-9f8e7d6c5b4a39281706"}},
-          {kAdmin, {"admin root", "tok-root-77aa88bb99cc00dd11"}},
-      };
+const testing::Identities& Identities() {
+  static const auto* const ids = new testing::Identities{
+      {kClient, {"client alice", "tok-alice-5f2b9c0e7d4a8e61b3"}},
+      {kOtherClient, {"client bob", "tok-bob-0c9d8e7f6a5b4c3d2e"}},
+      {kWorker, {"worker w1", "tok-w1-a1b2c3d4e5f6a7b8c9"}},
+      {kOtherWorker, {"worker w2", "tok-w2-9f8e7d6c5b4a39281706"}},
+      {kAdmin, {"admin root", "tok-root-77aa88bb99cc00dd11"}},
+  };
   return *ids;
 }
 
@@ -72,57 +72,17 @@ void WriteFile(const fs::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-class AuthTest : public ::testing::Test {
+class AuthTest : public testing::InProcessServerTest {
  protected:
+  AuthTest() : InProcessServerTest("auth") {}
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat(
-               "mutwo_auth_", getpid(), "_",
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string tokens = "# role principal sha256:hex\n\n";
-    for (const auto& [who, id] : Identities()) {
-      absl::StrAppend(&tokens, id.first, " ", auth::TokenHashField(id.second),
-                      "\n");
-      WriteFile(dir_ / absl::StrCat("token", who), id.second + "\n");
-    }
-    WriteFile(dir_ / "tokens.txt", tokens);
-  }
-
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
-    server_.reset();
-    fs::remove_all(dir_);
-  }
-
-  MutwoServer::Options ServerOptions() {
-    MutwoServer::Options options;
-    options.listen = "127.0.0.1:0";
-    options.metrics_listen = "";
-    options.data_dir = (dir_ / "data").string();
-    options.security.tokens_file = (dir_ / "tokens.txt").string();
-    options.plan = PlannerPlanFn(5);
-    options.max_batch = PlannerMaxBatchFn();
-    return options;
-  }
-
-  void StartServer(MutwoServer::Options options) {
-    auto server = MutwoServer::Create(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    ASSERT_TRUE(server_->Start().ok());
-    address_ = absl::StrCat("127.0.0.1:", server_->port());
+    InProcessServerTest::SetUp();
+    WriteTokens(Identities(), "# role principal sha256:hex\n\n");
   }
 
   std::shared_ptr<grpc::Channel> Channel(Who who,
                                          ClientCredentialsOptions base = {}) {
-    base.target = address_;
-    base.use_environment = false;
-    if (who != kNone) base.token_file = (dir_ / absl::StrCat("token", who));
-    auto credentials = MakeChannelCredentials(base);
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
-    return grpc::CreateChannel(address_, *credentials);
+    return NewChannel(who == kNone ? "" : TokenFile(who), std::move(base));
   }
   std::unique_ptr<v1::Planner::Stub> Planner(Who who) {
     return v1::Planner::NewStub(Channel(who));
@@ -131,41 +91,17 @@ class AuthTest : public ::testing::Test {
     return v1::WorkerHub::NewStub(Channel(who));
   }
   static void Deadline(grpc::ClientContext& context) {
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(10));
+    context.set_deadline(testing::In(10000));
   }
 
   grpc::Status Upload(Who who, const std::string& bytes,
                       v1::UploadModelResponse* out = nullptr) {
-    grpc::ClientContext context;
-    Deadline(context);
-    v1::UploadModelResponse response;
-    auto writer = Planner(who)->UploadModel(&context, &response);
-    v1::UploadModelRequest header;
-    header.mutable_header()->set_sha256(Sha256Hex(bytes));
-    header.mutable_header()->set_size_bytes(bytes.size());
-    header.mutable_header()->set_name("m");
-    writer->Write(header);
-    v1::UploadModelRequest chunk;
-    chunk.set_chunk(bytes);
-    writer->Write(chunk);
-    writer->WritesDone();
-    grpc::Status status = writer->Finish();
-    if (out != nullptr) *out = response;
-    return status;
+    return testing::UploadModel(*Planner(who), bytes, out);
   }
 
   v1::SubmitJobRequest JobRequest(const std::string& model,
                                   const std::string& device_kind = "") {
-    v1::SubmitJobRequest r;
-    auto* spec = r.mutable_spec();
-    spec->set_model_sha256(Sha256Hex(model));
-    spec->set_model_name("chain");
-    *spec->add_inputs() = *ParseTensorSpec("x:float32[B,16]");
-    spec->add_batch_sizes(8);
-    *spec->add_budgets() = *ParseBudget("60%");
-    spec->set_device_kind(device_kind);
-    return r;
+    return testing::ChainJobRequest(model, device_kind);
   }
 
   grpc::Status Submit(Who who, const v1::SubmitJobRequest& request,
@@ -180,16 +116,7 @@ class AuthTest : public ::testing::Test {
 
   grpc::Status Register(Who who, const std::string& worker_id = "",
                         std::string* out = nullptr) {
-    grpc::ClientContext context;
-    Deadline(context);
-    v1::RegisterWorkerRequest request;
-    request.mutable_worker()->set_worker_id(worker_id);
-    request.mutable_worker()->mutable_device()->set_kind("cpu");
-    request.mutable_worker()->mutable_device()->set_name("cpu");
-    v1::RegisterWorkerResponse response;
-    grpc::Status s = Hub(who)->RegisterWorker(&context, request, &response);
-    if (out != nullptr) *out = response.worker_id();
-    return s;
+    return testing::RegisterCpuWorker(*Hub(who), worker_id, out);
   }
 
   grpc::Status Lease(Who who, const std::string& worker_id,
@@ -374,10 +301,6 @@ class AuthTest : public ::testing::Test {
           << rpc << " as " << WhoName(who) << ": " << s.error_message();
     }
   }
-
-  fs::path dir_;
-  std::unique_ptr<MutwoServer> server_;
-  std::string address_;
 };
 
 constexpr auto OK = grpc::StatusCode::OK;

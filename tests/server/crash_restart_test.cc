@@ -34,6 +34,7 @@
 #include "storage/sqlite.h"
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
+#include "tests/testing/grpc_calls.h"
 #include "tests/testing/process.h"
 
 namespace mutwo {
@@ -96,20 +97,8 @@ class CrashRestartTest : public ::testing::Test {
     auto stub = v1::Planner::NewStub(channel_);
     const std::string model = "crash test model bytes";
     sha_ = Sha256Hex(model);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(5000));
-    v1::UploadModelResponse response;
-    auto writer = stub->UploadModel(&ctx, &response);
-    v1::UploadModelRequest header;
-    header.mutable_header()->set_sha256(sha_);
-    header.mutable_header()->set_size_bytes(model.size());
-    header.mutable_header()->set_name("chain");
-    writer->Write(header);
-    v1::UploadModelRequest chunk;
-    chunk.set_chunk(model);
-    writer->Write(chunk);
-    writer->WritesDone();
-    const grpc::Status s = writer->Finish();
+    const grpc::Status s =
+        testing::UploadModel(*stub, model, /*out=*/nullptr, "chain");
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
 

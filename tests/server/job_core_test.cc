@@ -721,6 +721,59 @@ TEST_F(JobCoreTest, ExpiredLeaseIsRequeuedAndTheLateReportIsRejected) {
   EXPECT_EQ(job.results(0).schedules_size(), 1);
 }
 
+// Issue 29: a report the server refuses fails its task at once with the
+// refusal's reason: the task does not hang until its lease expires, and the
+// job does not end naming the lease instead of the limit.
+TEST_F(JobCoreTest, ProfileOverALimitFailsItsTaskAtOnceNamingTheLimit) {
+  auto submitted = core_->SubmitJob(Request({2}, {"60%"}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::Task task = Lease().task();
+  ASSERT_EQ(task.kind(), v1::Task::PROFILE);
+  v1::ReportProfileRequest r;
+  r.set_worker_id(worker_);
+  r.set_task_id(task.task_id());
+  *r.mutable_profile() = testing::ChainProfile(task.batch_size(), 16384);
+  // From a lease the reporter does not hold: refused, the task untouched.
+  r.set_fence_token(task.fence_token() + 1);
+  EXPECT_TRUE(absl::IsResourceExhausted(core_->ReportProfile(r)));
+  EXPECT_EQ(store_->GetTask(task.task_id())->state(), v1::Task::LEASED);
+  // From the lease holder: refused, and the task failed now (no time
+  // passes, no reaper runs).
+  r.set_fence_token(task.fence_token());
+  const absl::Status refused = core_->ReportProfile(r);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  const v1::Task after = *store_->GetTask(task.task_id());
+  EXPECT_EQ(after.state(), v1::Task::FAILED);
+  EXPECT_THAT(after.last_error(), HasSubstr("--max_profile_nodes"));
+  const v1::Job job = *core_->GetJob(submitted->job().job_id());
+  EXPECT_EQ(job.state(), v1::Job::FAILED);
+  EXPECT_THAT(job.error(), HasSubstr("more than 8192"));
+  EXPECT_THAT(job.error(), HasSubstr("--max_profile_nodes"));
+  EXPECT_THAT(job.error(), ::testing::Not(HasSubstr("lease")));
+  // The lease is gone with the task: a later report of it is refused.
+  EXPECT_EQ(ReportProfile(task).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A report of the wrong kind for the task may be one worker's fault: the
+// task is queued again at once (another attempt), naming the refusal.
+TEST_F(JobCoreTest, ReportOfTheWrongKindQueuesItsTaskAgainAtOnce) {
+  auto submitted = core_->SubmitJob(Request({2}, {"60%"}));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::Task task = Lease().task();
+  ASSERT_EQ(task.kind(), v1::Task::PROFILE);
+  const absl::Status refused = ReportValidation(task);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  const v1::Task after = *store_->GetTask(task.task_id());
+  EXPECT_EQ(after.state(), v1::Task::QUEUED);
+  EXPECT_EQ(after.attempt(), 2);
+  EXPECT_THAT(after.last_error(),
+              HasSubstr("is not a VALIDATE or MAX_BATCH task"));
+  auto again = Lease();
+  ASSERT_TRUE(again.has_task());
+  EXPECT_EQ(again.task().task_id(), task.task_id());
+  EXPECT_TRUE(ReportProfile(again.task()).ok());
+}
+
 TEST_F(JobCoreTest, BadModelFailsTheJobWithTheWorkersReason) {
   auto submitted = core_->SubmitJob(Request({2, 4}, {"60%"}));
   for (int i = 0; i < 2; ++i) {

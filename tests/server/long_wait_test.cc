@@ -21,6 +21,7 @@
 #include "server/job_core.h"
 #include "server/server.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_fixture.h"
 #include "worker/daemon/daemon.h"
 
 namespace mutwo {
@@ -38,45 +39,25 @@ int ThreadCount() {
   return -1;
 }
 
-std::chrono::system_clock::time_point In(int ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
+using testing::In;
 
-class LongWaitTest : public ::testing::Test {
+class LongWaitTest : public testing::InProcessServerTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat(
-               "mutwo_long_wait_", getpid(), "_",
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
-    server_.reset();
-    fs::remove_all(dir_);
-  }
+  LongWaitTest() : InProcessServerTest("long_wait") {}
 
   void StartServer(int max_rpc_threads, int max_lease_waiters, int max_watchers,
                    int64_t retry_after_ms = 1500,
                    const std::string& metrics_listen = "") {
-    MutwoServer::Options options;
-    options.listen = "127.0.0.1:0";
+    MutwoServer::Options options = ServerOptions();
     options.metrics_listen = metrics_listen;
-    options.data_dir = (dir_ / "data").string();
     options.max_rpc_threads = max_rpc_threads;
     options.core.max_lease_waiters = max_lease_waiters;
     options.core.max_watchers = max_watchers;
     options.core.waiter_retry_after_ms = retry_after_ms;
-    options.plan = PlannerPlanFn(5);
-    options.max_batch = PlannerMaxBatchFn();
-    auto server = MutwoServer::Create(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    ASSERT_TRUE(server_->Start().ok());
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                   grpc::InsecureChannelCredentials());
+    InProcessServerTest::StartServer(std::move(options));
+    if (server_ == nullptr) return;
+    channel_ =
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
     planner_ = v1::Planner::NewStub(channel_);
     hub_ = v1::WorkerHub::NewStub(channel_);
   }
@@ -85,30 +66,8 @@ class LongWaitTest : public ::testing::Test {
   // the polls of CPU workers stay empty.
   std::string SubmitCudaJob() {
     const std::string model = "model bytes";
-    {
-      grpc::ClientContext context;
-      context.set_deadline(In(10000));
-      v1::UploadModelResponse response;
-      auto writer = planner_->UploadModel(&context, &response);
-      v1::UploadModelRequest header;
-      header.mutable_header()->set_sha256(Sha256Hex(model));
-      header.mutable_header()->set_size_bytes(model.size());
-      header.mutable_header()->set_name("m");
-      writer->Write(header);
-      v1::UploadModelRequest chunk;
-      chunk.set_chunk(model);
-      writer->Write(chunk);
-      writer->WritesDone();
-      EXPECT_TRUE(writer->Finish().ok());
-    }
-    v1::SubmitJobRequest r;
-    auto* spec = r.mutable_spec();
-    spec->set_model_sha256(Sha256Hex(model));
-    spec->set_model_name("chain");
-    *spec->add_inputs() = *ParseTensorSpec("x:float32[B,16]");
-    spec->add_batch_sizes(8);
-    *spec->add_budgets() = *ParseBudget("60%");
-    spec->set_device_kind("cuda");
+    EXPECT_TRUE(testing::UploadModel(*planner_, model).ok());
+    const v1::SubmitJobRequest r = testing::ChainJobRequest(model, "cuda");
     grpc::ClientContext context;
     context.set_deadline(In(10000));
     v1::SubmitJobResponse response;
@@ -118,14 +77,9 @@ class LongWaitTest : public ::testing::Test {
   }
 
   std::string RegisterCpuWorker() {
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::RegisterWorkerRequest request;
-    request.mutable_worker()->mutable_device()->set_kind("cpu");
-    request.mutable_worker()->mutable_device()->set_name("cpu");
-    v1::RegisterWorkerResponse response;
-    EXPECT_TRUE(hub_->RegisterWorker(&context, request, &response).ok());
-    return response.worker_id();
+    std::string worker_id;
+    EXPECT_TRUE(testing::RegisterCpuWorker(*hub_, "", &worker_id).ok());
+    return worker_id;
   }
 
   // Open calls that the test cancels at its end.
@@ -193,8 +147,6 @@ class LongWaitTest : public ::testing::Test {
     return std::string(it->second.data(), it->second.size());
   }
 
-  fs::path dir_;
-  std::unique_ptr<MutwoServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Planner::Stub> planner_;
   std::unique_ptr<v1::WorkerHub::Stub> hub_;

@@ -35,10 +35,12 @@ class PortInUseTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  bool StartServer(Subprocess& server, const std::string& name) {
+  bool StartServer(Subprocess& server, const std::string& name,
+                   const std::string& metrics_listen = "") {
     return server.Start(
         {BinPath("mutwo-server"), absl::StrCat("--listen=127.0.0.1:", port_),
-         "--metrics_listen=", "--data_dir=" + (dir_ / name).string()},
+         "--metrics_listen=" + metrics_listen,
+         "--data_dir=" + (dir_ / name).string()},
         (dir_ / (name + ".log")).string());
   }
 
@@ -91,14 +93,8 @@ TEST_F(PortInUseTest, SecondServerOnABoundPortExitsTwoNamingThePort) {
 TEST_F(PortInUseTest, PortHeldByAnotherProgramExitsTwoNamingThePort) {
   // Any listener, not only a mutwo-server: a plain socket without
   // SO_REUSEPORT.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 4), 0);
+  const testing::OccupiedPort taken;
+  port_ = taken.port();
   Subprocess server;
   ASSERT_TRUE(StartServer(server, "only"));
   EXPECT_EQ(server.Wait(std::chrono::seconds(10)), 2) << server.Log();
@@ -106,7 +102,23 @@ TEST_F(PortInUseTest, PortHeldByAnotherProgramExitsTwoNamingThePort) {
       server.Log().find(absl::StrCat("port ", port_, " is already in use")),
       std::string::npos)
       << server.Log();
-  close(fd);
+}
+
+// The metrics port is the operator's choice as much as --listen: taken, the
+// server exits 2 naming it, as for the gRPC port (it exited 1 before).
+TEST_F(PortInUseTest, MetricsPortHeldByAnotherProgramExitsTwoNamingThePort) {
+  const testing::OccupiedPort taken;
+  const int metrics_port = taken.port();
+  Subprocess server;
+  ASSERT_TRUE(
+      StartServer(server, "metrics", absl::StrCat("127.0.0.1:", metrics_port)));
+  EXPECT_EQ(server.Wait(std::chrono::seconds(10)), 2) << server.Log();
+  EXPECT_NE(server.Log().find(
+                absl::StrCat("port ", metrics_port, " is already in use")),
+            std::string::npos)
+      << server.Log();
+  EXPECT_NE(server.Log().find("--metrics_listen"), std::string::npos)
+      << server.Log();
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
+#include "tests/testing/grpc_calls.h"
 #include "tests/testing/process.h"
 
 namespace mutwo {
@@ -86,20 +87,8 @@ class RssSoakTest : public ::testing::Test {
   std::string Upload() {
     auto stub = v1::Planner::NewStub(channel_);
     const std::string model = "rss soak model bytes";
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(5000));
-    v1::UploadModelResponse response;
-    auto writer = stub->UploadModel(&ctx, &response);
-    v1::UploadModelRequest header;
-    header.mutable_header()->set_sha256(Sha256Hex(model));
-    header.mutable_header()->set_size_bytes(model.size());
-    header.mutable_header()->set_name("chain");
-    writer->Write(header);
-    v1::UploadModelRequest chunk;
-    chunk.set_chunk(model);
-    writer->Write(chunk);
-    writer->WritesDone();
-    const grpc::Status s = writer->Finish();
+    const grpc::Status s =
+        testing::UploadModel(*stub, model, /*out=*/nullptr, "chain");
     EXPECT_TRUE(s.ok()) << s.error_message();
     return Sha256Hex(model);
   }

@@ -21,6 +21,7 @@
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 #include "tests/testing/training_loop_request.h"
 
 namespace mutwo {
@@ -73,15 +74,11 @@ class ServiceTest : public ::testing::Test {
 
   void StartServer(const std::string& extra = "") {
     server_ = std::make_unique<Subprocess>();
-    std::vector<std::string> argv = {
-        BinPath("mutwo-server"),
-        "--listen=" + Address(),
-        absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
-        "--data_dir=" + (dir_ / "data").string(),
-        "--lease_timeout_ms=3000",
-        "--max_model_bytes=64MiB"};
-    if (!extra.empty()) argv.push_back(extra);
-    ASSERT_TRUE(server_->Start(argv, (dir_ / "server.log").string()));
+    std::vector<std::string> flags = {"--lease_timeout_ms=3000",
+                                      "--max_model_bytes=64MiB"};
+    if (!extra.empty()) flags.push_back(extra);
+    ASSERT_TRUE(testing::StartMutwoServer(*server_, Address(), metrics_port_,
+                                          dir_, flags));
     for (int i = 0; i < 100; ++i) {
       if (RunCommand(Cli("health")).exit_code == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -16,7 +16,7 @@
 //     takes the tasks;
 //   - a worker reports a profile larger than the server plans (16,384 nodes,
 //     or a dense 4,096-node one): refused at ingest naming the limit, before
-//     anything is stored or planned.
+//     anything is stored or planned, and its task failed naming it.
 // Every refusal is RESOURCE_EXHAUSTED naming the principal and the flag,
 // with a retry hint, and counted in mutwo_limit_refusals_total{limit}.
 #include <chrono>
@@ -43,6 +43,7 @@
 #include "server/server.h"
 #include "tests/testing/adversarial_profile.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_fixture.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
@@ -53,37 +54,24 @@ namespace fs = std::filesystem;
 enum Who { kAlice, kBob, kWorker1, kWorker2 };
 
 // ROLE PRINCIPAL and the token of each identity.
-const std::map<Who, std::pair<std::string, std::string>>& Identities() {
-  static const auto* const ids =
-      new std::map<Who, std::pair<std::string, std::string>>{
-          {kAlice, {"client alice", "tok-alice-3e8c1f0a9b7d6e52c4"}},
-          {kBob, {"client bob", "tok-bob-7a6b5c4d3e2f1a0b9c"}},
-          {kWorker1, {"worker w1", "tok-w1-0f1e2d3c4b5a69788796"}},
-          {kWorker2, {"worker w2", "tok-w2-1122334455667788aa"}},
-      };
+const testing::Identities& Identities() {
+  static const auto* const ids = new testing::Identities{
+      {kAlice, {"client alice", "tok-alice-3e8c1f0a9b7d6e52c4"}},
+      {kBob, {"client bob", "tok-bob-7a6b5c4d3e2f1a0b9c"}},
+      {kWorker1, {"worker w1", "tok-w1-0f1e2d3c4b5a69788796"}},
+      {kWorker2, {"worker w2", "tok-w2-1122334455667788aa"}},
+  };
   return *ids;
 }
 
-std::chrono::system_clock::time_point In(int ms) {
-  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
-}
+using testing::In;
 
-class TenantIsolationTest : public ::testing::Test {
+class TenantIsolationTest : public testing::InProcessServerTest {
  protected:
+  TenantIsolationTest() : InProcessServerTest("tenant") {}
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           absl::StrCat(
-               "mutwo_tenant_", getpid(), "_",
-               ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string tokens;
-    for (const auto& [who, id] : Identities()) {
-      absl::StrAppend(&tokens, id.first, " ", auth::TokenHashField(id.second),
-                      "\n");
-      std::ofstream(dir_ / absl::StrCat("token", who)) << id.second << "\n";
-    }
-    std::ofstream(dir_ / "tokens.txt") << tokens;
+    InProcessServerTest::SetUp();
+    WriteTokens(Identities());
   }
 
   void TearDown() override {
@@ -94,60 +82,25 @@ class TenantIsolationTest : public ::testing::Test {
     while (cq_.Next(&tag, &ok)) {
     }
     open_.clear();
-    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
-    server_.reset();
-    fs::remove_all(dir_);
+    InProcessServerTest::TearDown();
   }
 
+  // The fixture's, with a metrics port (the refusals are counted there).
   MutwoServer::Options ServerOptions() {
-    MutwoServer::Options options;
-    options.listen = "127.0.0.1:0";
+    MutwoServer::Options options = InProcessServerTest::ServerOptions();
     options.metrics_listen = "127.0.0.1:0";
-    options.data_dir = (dir_ / "data").string();
-    options.security.tokens_file = (dir_ / "tokens.txt").string();
-    options.plan = PlannerPlanFn(5);
-    options.max_batch = PlannerMaxBatchFn();
     return options;
   }
 
-  void StartServer(MutwoServer::Options options) {
-    auto server = MutwoServer::Create(std::move(options));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    ASSERT_TRUE(server_->Start().ok());
-    address_ = absl::StrCat("127.0.0.1:", server_->port());
-  }
-
   std::shared_ptr<grpc::Channel> Channel(Who who) {
-    ClientCredentialsOptions base;
-    base.target = address_;
-    base.use_environment = false;
-    base.token_file = (dir_ / absl::StrCat("token", who)).string();
-    auto credentials = MakeChannelCredentials(base);
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
     // One channel per identity, kept: hundreds of calls share it.
     auto& channel = channels_[who];
-    if (channel == nullptr)
-      channel = grpc::CreateChannel(address_, *credentials);
+    if (channel == nullptr) channel = NewChannel(TokenFile(who));
     return channel;
   }
 
   grpc::Status Upload(Who who, const std::string& bytes) {
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::UploadModelResponse response;
-    auto writer =
-        v1::Planner::NewStub(Channel(who))->UploadModel(&context, &response);
-    v1::UploadModelRequest header;
-    header.mutable_header()->set_sha256(Sha256Hex(bytes));
-    header.mutable_header()->set_size_bytes(bytes.size());
-    header.mutable_header()->set_name("m");
-    writer->Write(header);
-    v1::UploadModelRequest chunk;
-    chunk.set_chunk(bytes);
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
+    return testing::UploadModel(*v1::Planner::NewStub(Channel(who)), bytes);
   }
 
   // Uploads `bytes` as `who` and submits a job for it that no CPU worker
@@ -159,14 +112,7 @@ class TenantIsolationTest : public ::testing::Test {
       grpc::Status s = Upload(who, bytes);
       EXPECT_TRUE(s.ok()) << s.error_message();
     }
-    v1::SubmitJobRequest r;
-    auto* spec = r.mutable_spec();
-    spec->set_model_sha256(Sha256Hex(bytes));
-    spec->set_model_name("chain");
-    *spec->add_inputs() = *ParseTensorSpec("x:float32[B,16]");
-    spec->add_batch_sizes(8);
-    *spec->add_budgets() = *ParseBudget("60%");
-    spec->set_device_kind(device_kind);
+    const v1::SubmitJobRequest r = testing::ChainJobRequest(bytes, device_kind);
     grpc::ClientContext context;
     context.set_deadline(In(10000));
     v1::SubmitJobResponse response;
@@ -176,16 +122,11 @@ class TenantIsolationTest : public ::testing::Test {
   }
 
   std::string RegisterCpuWorker(Who who) {
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::RegisterWorkerRequest request;
-    request.mutable_worker()->mutable_device()->set_kind("cpu");
-    request.mutable_worker()->mutable_device()->set_name("cpu");
-    v1::RegisterWorkerResponse response;
-    grpc::Status s = v1::WorkerHub::NewStub(Channel(who))
-                         ->RegisterWorker(&context, request, &response);
+    std::string worker_id;
+    grpc::Status s = testing::RegisterCpuWorker(
+        *v1::WorkerHub::NewStub(Channel(who)), "", &worker_id);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.worker_id();
+    return worker_id;
   }
 
   // An open call: a watch (its first event read, or its end) or a lease
@@ -303,9 +244,6 @@ class TenantIsolationTest : public ::testing::Test {
     return testing::HttpGet(server_->metrics_port(), "/metrics");
   }
 
-  fs::path dir_;
-  std::unique_ptr<MutwoServer> server_;
-  std::string address_;
   std::map<Who, std::shared_ptr<grpc::Channel>> channels_;
   grpc::CompletionQueue cq_;
   std::vector<std::unique_ptr<Open>> open_;
@@ -450,7 +388,8 @@ TEST_F(TenantIsolationTest, OneWorkersPollsLeaveAnotherWorkersPollOpen) {
 
 // A worker reports a profile far larger than any real model's: refused at
 // once, before it is stored or planned, with the limit and its flag in the
-// message; the task stays leased and an honest profile is then taken.
+// message; the task fails at once naming the limit (the same model would
+// report the same again), so the job ends now, not at the lease's expiry.
 TEST_F(TenantIsolationTest, OversizedProfilesAreRefusedAtIngestNamingTheLimit) {
   StartServer(ServerOptions());  // the defaults: 8,192 nodes, 65,536 edges
   const std::string job = SubmitOpenJob(kAlice, "alice's model", "cpu");
@@ -507,10 +446,23 @@ TEST_F(TenantIsolationTest, OversizedProfilesAreRefusedAtIngestNamingTheLimit) {
   EXPECT_NE(
       metrics.find("mutwo_limit_refusals_total{limit=\"max_profile_edges\"} 1"),
       std::string::npos);
-  // The task is still the worker's: an honest profile is taken.
-  grpc::Status honest = ReportProfile(
+  // The task failed with the first refusal: a later report of it is
+  // refused, and the job ended naming the limit, not the lease.
+  grpc::Status later = ReportProfile(
       kWorker1, worker, task, testing::ChainProfile(task.batch_size(), 8));
-  EXPECT_TRUE(honest.ok()) << honest.error_message();
+  EXPECT_EQ(later.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << later.error_message();
+  grpc::ClientContext context;
+  context.set_deadline(In(10000));
+  v1::GetJobRequest request;
+  request.set_job_id(job);
+  v1::Job ended;
+  ASSERT_TRUE(v1::Planner::NewStub(Channel(kAlice))
+                  ->GetJob(&context, request, &ended)
+                  .ok());
+  EXPECT_EQ(ended.state(), v1::Job::FAILED);
+  EXPECT_NE(ended.error().find("--max_profile_nodes"), std::string::npos)
+      << ended.error();
 }
 
 // Random bytes: no two models alike, nothing to deduplicate.

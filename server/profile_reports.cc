@@ -1,0 +1,267 @@
+// JobCore's profile reports: a PROFILE task's profile checked, planned (the
+// memory question, every budget of the job, the max batch prediction over
+// every profile) and stored with the VALIDATE and MAX_BATCH tasks it
+// queues, in one transaction.
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/parse.h"
+#include "common/status_macros.h"
+#include "planner/plan_request.h"
+#include "planner/proto_convert.h"
+#include "server/closed_loop.h"
+#include "server/job_core.h"
+#include "server/job_rules.h"
+#include "server/max_batch_plans.h"
+
+namespace mutwo {
+namespace {
+
+// The max batch prediction a profile report stores, over every usable
+// profile of the job with the reported one, and the MAX_BATCH tasks it
+// queues when the report is the job's last profile.
+struct MaxBatchPlan {
+  // Batch sizes of the other DONE profiles it was predicted from: checked
+  // again inside the report's transaction.
+  std::vector<int64_t> used;
+  std::optional<v1::MaxBatchPrediction> prediction;
+  std::vector<v1::Schedule> to_verify;
+};
+
+absl::StatusOr<MaxBatchPlan> PredictMaxBatch(storage::Store& store,
+                                             const MaxBatchFn& max_batch,
+                                             const v1::Job& job,
+                                             const v1::Task& task,
+                                             const v1::Profile& profile) {
+  MaxBatchPlan plan;
+  MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> tasks,
+                         store.ListTasks(task.job_id()));
+  plan.used = DoneProfileBatches(tasks, task.task_id());
+  std::vector<v1::Profile> profiles =
+      UsableProfiles(store, task.job_id(), plan.used);
+  if (!profile.oom()) profiles.push_back(profile);
+  if (profiles.size() < 2) return plan;
+  const double overhead =
+      job.spec().max_overhead() > 0 ? job.spec().max_overhead() : 0.25;
+  auto prediction = max_batch(
+      profiles, CapacityBytes(job.spec(), profile.device()), overhead);
+  if (!prediction.ok()) {
+    MUTWO_LOG(warn, "job {}: max batch: {}", job.job_id(),
+              prediction.status().ToString());
+    return plan;
+  }
+  plan.prediction = *std::move(prediction);
+  plan.to_verify =
+      PrepareMaxBatchChecks(job.spec(), profiles, *plan.prediction);
+  return plan;
+}
+
+}  // namespace
+
+absl::Status JobCore::CheckProfileReport(const v1::Task& task,
+                                         const v1::Profile& profile) {
+  if (task.kind() != v1::Task::PROFILE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task ", task.task_id(), " is not a PROFILE task"));
+  }
+  if (profile.batch_size() != task.batch_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile is for batch size ", profile.batch_size(), " but task ",
+        task.task_id(), " is for ", task.batch_size()));
+  }
+  // Refused before anything is stored or planned: larger than this server
+  // plans, or what the planner would refuse later, named by field.
+  std::string limit;
+  if (absl::Status s =
+          CheckProfileSize(profile, options_.profile_limits, &limit);
+      !s.ok()) {
+    metrics_->CountLimitRefusal(limit);
+    return s;
+  }
+  return planner::ValidateProfile(profile);
+}
+
+absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
+                                   const v1::Profile& profile,
+                                   v1::BatchResult& result,
+                                   std::vector<CachePut>* cache_puts) {
+  v1::MemoryBudget knee;
+  knee.set_knee(true);
+  knee.set_text("auto");
+  MUTWO_ASSIGN_OR_RETURN(
+      v1::Schedule at_knee,
+      PlanCached(
+          job.spec(), job.job_id(), job.owner(), batch_size, profile.device(),
+          [&]() -> absl::StatusOr<v1::Profile> { return profile; }, knee,
+          v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
+          cache_puts));
+  result.set_floor_bytes(at_knee.floor_bytes());
+  result.set_plan_baseline_iteration_ms(at_knee.baseline_iteration_ms());
+  *result.mutable_pareto() = at_knee.pareto();
+  v1::ParetoPoint& k = *result.mutable_knee();
+  k.set_budget_bytes(at_knee.budget_bytes());
+  k.set_predicted_peak_bytes(at_knee.predicted_peak_bytes());
+  k.set_predicted_iteration_ms(at_knee.predicted_iteration_ms());
+  k.set_recomputed(at_knee.recomputed());
+  k.set_swapped(at_knee.swapped());
+  return absl::OkStatus();
+}
+
+absl::Status JobCore::ShowPlanning(const v1::Job& job, const v1::Task& task) {
+  // PLANNING while this batch size is planned, once no other profile is
+  // pending (else the job stays PROFILING). A state shown, not a fact: the
+  // report settles the job again.
+  MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> tasks,
+                         store_->ListTasks(task.job_id()));
+  if (IsFinal(job.state()) || job.state() == v1::Job::PLANNING ||
+      OtherProfilePending(tasks, task)) {
+    return absl::OkStatus();
+  }
+  auto planning = store_->UpdateJob(task.job_id(), [&](v1::Job& j) {
+    if (!IsFinal(j.state())) j.set_state(v1::Job::PLANNING);
+    return absl::OkStatus();
+  });
+  if (planning.ok()) NotifyChange();
+  return absl::OkStatus();
+}
+
+JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
+                                               const v1::Task& task,
+                                               const v1::Profile& profile) {
+  ProfilePlans plans;
+  v1::BatchResult& result = plans.result;
+  result.set_batch_size(task.batch_size());
+  result.set_baseline_peak_bytes(profile.measured().peak_bytes());
+  // The step time the schedules' predicted times are scaled to.
+  result.set_baseline_iteration_ms(profile.measured().iteration_ms() *
+                                   planner::TimeScale(profile.measured()));
+  if (profile.oom()) {
+    result.set_oom(true);
+    result.set_error(
+        absl::StrCat("out of memory while profiling at ", profile.oom_step()));
+    return plans;
+  }
+  if (IsFinal(job.state())) return plans;
+  // The memory question first, whether or not budgets were given.
+  if (absl::Status s = AnswerMemory(job, task.batch_size(), profile, result,
+                                    &plans.cache_puts);
+      !s.ok()) {
+    result.set_error(absl::StrCat("floor and Pareto curve: ", s.message()));
+  }
+  for (const v1::MemoryBudget& budget : job.spec().budgets()) {
+    auto schedule = PlanCached(
+        job.spec(), job.job_id(), job.owner(), task.batch_size(),
+        profile.device(),
+        [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
+        v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false,
+        &plans.cache_puts);
+    if (!schedule.ok()) {
+      result.set_error(absl::StrCat("planning for budget ",
+                                    FormatBudget(budget), ": ",
+                                    schedule.status().message()));
+      break;
+    }
+    // Feasible is a prediction: only a validation round makes it fit.
+    *result.add_outcomes() = PlannedOutcome(*schedule);
+    if (schedule->feasible()) plans.to_validate.push_back(*schedule);
+    *result.add_schedules() = *std::move(schedule);
+  }
+  return plans;
+}
+
+absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
+  const ReportKey key = ReportKey::Of(request);
+  MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
+  const v1::Profile& profile = request.profile();
+  if (absl::Status s = CheckProfileReport(task, profile); !s.ok()) {
+    return RefuseReport(task, key, std::move(s));
+  }
+  MUTWO_ASSIGN_OR_RETURN(TaskReports::Admission admission,
+                         reports_.Admit(task, key));
+  if (admission == TaskReports::Admission::kRetried) return absl::OkStatus();
+  MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
+  MUTWO_RETURN_IF_ERROR(ShowPlanning(job, task));
+  // Everything that takes time (planning, the max batch prediction) is done
+  // before the transaction; the transaction stores it all or nothing.
+  ProfilePlans plans = PlanBatchResult(job, task, profile);
+  bool retried = false;
+  MUTWO_RETURN_IF_ERROR(
+      StoreProfileReport(key, task, profile, plans, job, &retried));
+  if (retried) return absl::OkStatus();
+  FinishReport(job, plans.cache_puts);
+  return absl::OkStatus();
+}
+
+absl::Status JobCore::StoreProfileReport(const ReportKey& key,
+                                         const v1::Task& task,
+                                         const v1::Profile& profile,
+                                         const ProfilePlans& plans,
+                                         v1::Job& job, bool* retried) {
+  // The max batch size from every usable profile of the job with this one.
+  // The profiles used are checked again inside the transaction: a profile
+  // another report stored meanwhile means predicting again.
+  constexpr int kMaxPredictions = 4;
+  for (int prediction_round = 1;; ++prediction_round) {
+    MUTWO_ASSIGN_OR_RETURN(
+        MaxBatchPlan max_batch,
+        PredictMaxBatch(*store_, max_batch_, job, task, profile));
+    absl::Status written = reports_.Write(
+        key, profile.SerializeAsString(), retried,
+        [&](storage::Store::Writer& w) -> absl::Status {
+          MUTWO_RETURN_IF_ERROR(
+              w.PutProfile(task.job_id(), task.batch_size(), profile));
+          MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
+                                 w.ListTasks(task.job_id()));
+          if (DoneProfileBatches(now_tasks, task.task_id()) != max_batch.used &&
+              prediction_round < kMaxPredictions) {
+            return absl::AbortedError("another profile was stored meanwhile");
+          }
+          // The max batch is verified once, from the prediction over every
+          // profile: by the report of the last one.
+          if (max_batch.prediction.has_value() &&
+              OtherProfilePending(now_tasks, task)) {
+            DeferMaxBatchChecks(*max_batch.prediction);
+            max_batch.to_verify.clear();
+          }
+          return WriteProfileResult(w, task, plans, max_batch.prediction,
+                                    max_batch.to_verify, job);
+        });
+    if (absl::IsAborted(written)) continue;
+    return written;
+  }
+}
+
+absl::Status JobCore::WriteProfileResult(
+    storage::Store::Writer& w, const v1::Task& task, const ProfilePlans& plans,
+    const std::optional<v1::MaxBatchPrediction>& prediction,
+    const std::vector<v1::Schedule>& to_verify, v1::Job& job) {
+  bool final = false;
+  MUTWO_RETURN_IF_ERROR(w.UpdateJob(task.job_id(), [&](v1::Job& j) {
+                           final = IsFinal(j.state());
+                           *FindOrAddResult(j, task.batch_size()) =
+                               plans.result;
+                           if (prediction.has_value()) {
+                             *j.mutable_max_batch() = *prediction;
+                           }
+                           return absl::OkStatus();
+                         }).status());
+  if (!final) {
+    for (const v1::Schedule& schedule : plans.to_validate) {
+      MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::VALIDATE,
+                                      task.batch_size(), schedule)
+                                .status());
+    }
+    for (const v1::Schedule& schedule : to_verify) {
+      MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::MAX_BATCH,
+                                      schedule.batch_size(), schedule)
+                                .status());
+    }
+  }
+  MUTWO_ASSIGN_OR_RETURN(job, SettleIn(w, task.job_id()));
+  return absl::OkStatus();
+}
+
+}  // namespace mutwo
