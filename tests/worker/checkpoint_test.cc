@@ -14,6 +14,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mutwo/v1/types.pb.h"
@@ -88,6 +89,22 @@ class SegmentStep {
   torch::Tensor Value(const std::string& name) const {
     return env_.at(g_.value(name)).toTensor();
   }
+  // Keeps a copy of what `%name` holds now (call while it is resident).
+  void Keep(const std::string& name) {
+    kept_.push_back({Value(name), Value(name).detach().clone()});
+  }
+  // Replays the segment: every kept value is resident again, as it was.
+  void ReplayAndExpectKeptRebuilt() {
+    try {
+      run_->Replay();
+    } catch (const std::exception& e) {
+      FAIL() << "the replay failed: " << e.what();
+    }
+    for (const auto& [tensor, before] : kept_) {
+      ASSERT_NE(tensor.storage().data(), nullptr) << "not given back";
+      EXPECT_TRUE(torch::equal(tensor.detach(), before));
+    }
+  }
 
   SegmentRun& run() { return *run_; }
   const worker::SegmentPlan& segment() const { return plan_.segments[0]; }
@@ -101,6 +118,7 @@ class SegmentStep {
   std::unique_ptr<SegmentRun> run_;
   InterpreterEnv env_;
   int next_ = 0;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> kept_;  // (now, copy)
 };
 
 // The plain step's loss over `module` (the interpreter, no schedule).
@@ -110,6 +128,13 @@ torch::Tensor PlainLoss(const IrGraph& g, const torch::jit::Module& module,
   auto out = interpreter.Run(module, inputs);
   EXPECT_TRUE(out.ok()) << out.status();
   return out.ok() ? SumOf(*out) : torch::zeros({});
+}
+
+// The gradient of `loss` with respect to `x` is the plain step's.
+void ExpectGradient(const torch::Tensor& loss, const torch::Tensor& x,
+                    const torch::Tensor& plain_grad) {
+  const torch::Tensor grad = torch::autograd::grad({loss}, {x})[0];
+  EXPECT_TRUE(torch::allclose(grad, plain_grad)) << grad << plain_grad;
 }
 
 torch::Tensor Input(int64_t rows = 3, int64_t cols = 3) {
@@ -139,19 +164,16 @@ graph(%self : Tensor, %x : Tensor):
   SegmentStep step(g, schedule, g.module);
   step.Start({x});
   step.RunTo(g.id("c"));
-  const torch::Tensor c = step.Value("c");
-  const torch::Tensor c_before = c.detach().clone();
   ASSERT_EQ(step.run().freed_bytes(), 0) << "freed before its reader ran";
+  const torch::Tensor c = step.Value("c");
+  step.Keep("c");
   step.RunTo(g.id("d"));
   EXPECT_EQ(step.run().freed_bytes(), c.storage().nbytes());
   EXPECT_EQ(c.storage().data(), nullptr);
   torch::Tensor loss = step.Finish();
-  step.run().Replay();
+  step.ReplayAndExpectKeptRebuilt();
   EXPECT_EQ(step.run().freed_bytes(), 0);
-  ASSERT_NE(c.storage().data(), nullptr);
-  EXPECT_TRUE(torch::equal(c.detach(), c_before));
-  const torch::Tensor grad = torch::autograd::grad({loss}, {x})[0];
-  EXPECT_TRUE(torch::allclose(grad, plain_grad)) << grad << plain_grad;
+  ExpectGradient(loss, x, plain_grad);
 }
 
 // The replay runs with the RNG state of the forward run: dropout draws the
@@ -172,13 +194,11 @@ graph(%self : Tensor, %x : Tensor):
   SegmentStep step(g, schedule, g.module);
   step.Start({Input(16, 16)});
   step.RunTo(g.id("c"));
-  const torch::Tensor c = step.Value("c");
-  const torch::Tensor c_before = c.detach().clone();
-  torch::Tensor loss = step.Finish();
+  step.Keep("c");
+  step.Finish();
   ASSERT_GT(step.run().freed_bytes(), 0);
   torch::rand({64});  // other draws between forward and backward
-  step.run().Replay();
-  EXPECT_TRUE(torch::equal(c.detach(), c_before));
+  step.ReplayAndExpectKeptRebuilt();
 }
 
 // A module with batch norm's parameters and running statistics.
@@ -186,9 +206,9 @@ torch::jit::Module BatchNormModule() {
   torch::jit::Module m(c10::QualifiedName("BatchNormModule"));
   torch::manual_seed(2);
   m.register_parameter("weight", torch::rand({3}).requires_grad_(),
-                      /*is_buffer=*/false);
+                       /*is_buffer=*/false);
   m.register_parameter("bias", torch::rand({3}).requires_grad_(),
-                      /*is_buffer=*/false);
+                       /*is_buffer=*/false);
   m.register_buffer("running_mean", torch::zeros({3}));
   m.register_buffer("running_var", torch::ones({3}));
   return m;
@@ -220,8 +240,8 @@ TEST(CheckpointTest, BatchNormStatisticsMoveOncePerStep) {
   torch::Tensor x = Input(4, 3);
   torch::jit::Module plain = BatchNormModule();
   const torch::Tensor plain_w = plain.attr("weight").toTensor();
-  const torch::Tensor plain_grad = torch::autograd::grad(
-      {PlainLoss(g, plain, {x})}, {plain_w})[0];
+  const torch::Tensor plain_grad =
+      torch::autograd::grad({PlainLoss(g, plain, {x})}, {plain_w})[0];
   const torch::Tensor plain_mean = plain.attr("running_mean").toTensor();
 
   torch::jit::Module module = BatchNormModule();
@@ -233,8 +253,8 @@ TEST(CheckpointTest, BatchNormStatisticsMoveOncePerStep) {
   step.run().Replay();
   const torch::Tensor w = module.attr("weight").toTensor();
   const torch::Tensor grad = torch::autograd::grad({loss}, {w})[0];
-  EXPECT_TRUE(torch::allclose(module.attr("running_mean").toTensor(),
-                              plain_mean))
+  EXPECT_TRUE(
+      torch::allclose(module.attr("running_mean").toTensor(), plain_mean))
       << module.attr("running_mean").toTensor() << plain_mean;
   EXPECT_TRUE(torch::allclose(grad, plain_grad)) << grad << plain_grad;
 }
@@ -263,14 +283,11 @@ graph(%self : Tensor, %x : Tensor):
   SegmentStep step(g, schedule, g.module);
   step.Start({x});
   step.RunTo(g.id("c"));
-  const torch::Tensor c = step.Value("c");
-  const torch::Tensor c_before = c.detach().clone();
+  step.Keep("c");
   torch::Tensor loss = step.Finish();
   ASSERT_GT(step.run().freed_bytes(), 0);
-  ASSERT_NO_THROW(step.run().Replay());
-  EXPECT_TRUE(torch::equal(c.detach(), c_before));
-  const torch::Tensor grad = torch::autograd::grad({loss}, {x})[0];
-  EXPECT_TRUE(torch::allclose(grad, plain_grad)) << grad << plain_grad;
+  step.ReplayAndExpectKeptRebuilt();
+  ExpectGradient(loss, x, plain_grad);
 }
 
 // An input the graph writes in place after the range is kept as a copy:
@@ -296,14 +313,11 @@ graph(%self : Tensor, %x : Tensor):
   ASSERT_EQ(step.segment().copy_input.size(), 1u);
   step.Start({x});
   step.RunTo(g.id("a"));
-  const torch::Tensor a = step.Value("a");
-  const torch::Tensor a_before = a.detach().clone();
+  step.Keep("a");
   torch::Tensor loss = step.Finish();
   ASSERT_GT(step.run().freed_bytes(), 0);
-  step.run().Replay();
-  EXPECT_TRUE(torch::equal(a.detach(), a_before));
-  const torch::Tensor grad = torch::autograd::grad({loss}, {x})[0];
-  EXPECT_TRUE(torch::allclose(grad, plain_grad)) << grad << plain_grad;
+  step.ReplayAndExpectKeptRebuilt();
+  ExpectGradient(loss, x, plain_grad);
 }
 
 // A member's output that is a view of an input (an op returned a view)

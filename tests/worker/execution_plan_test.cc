@@ -60,6 +60,14 @@ std::string Ranges(const ExecutionPlan& plan) {
   return absl::StrJoin(out, " ");
 }
 
+// The one segment `schedule` compiles to on `g` (an empty one, after a
+// failure, when there is not exactly one).
+SegmentPlan OneSegment(const IrGraph& g, const v1::Schedule& schedule) {
+  const ExecutionPlan plan = Compile(g, schedule);
+  EXPECT_EQ(plan.segments.size(), 1u) << Ranges(plan);
+  return plan.segments.size() == 1 ? plan.segments[0] : SegmentPlan{};
+}
+
 // A segment starts at the earliest node its activations are rebuilt from
 // (a recompute node before the first member: b died in forward), not at
 // its first member; what the range reads from before it is its input.
@@ -67,9 +75,7 @@ TEST(ExecutionPlanTest, RangeStartsAtTheEarliestRecomputeNode) {
   IrGraph g(kChain);
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "c", {"b", "c"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   EXPECT_EQ(s.first_node, g.id("b"));
   EXPECT_EQ(s.last_node, g.id("c"));
   EXPECT_THAT(s.members, ElementsAre(g.id("c")));
@@ -95,11 +101,10 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
   AddRetain(g, &schedule, "c");
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  EXPECT_EQ(plan.segments[0].first_node, g.id("a"));
-  EXPECT_EQ(plan.segments[0].last_node, g.id("r"));
-  EXPECT_THAT(plan.segments[0].tail, IsEmpty());
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_EQ(s.first_node, g.id("a"));
+  EXPECT_EQ(s.last_node, g.id("r"));
+  EXPECT_THAT(s.tail, IsEmpty());
 }
 
 // The extension stops at a node holding an activation of its own (ResNet's
@@ -118,9 +123,7 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a", "r"});
   AddRetain(g, &schedule, "d");
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   EXPECT_EQ(s.first_node, g.id("a"));
   EXPECT_EQ(s.last_node, g.id("a"));
   EXPECT_THAT(s.tail, ElementsAre(g.id("r")));
@@ -145,9 +148,7 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a", "m"});
   AddRetain(g, &schedule, "d");
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   EXPECT_EQ(s.last_node, g.id("a"));
   EXPECT_THAT(s.tail, IsEmpty());
   const int a = IndexOf(s.outputs, g.value("a"));
@@ -188,9 +189,7 @@ TEST(ExecutionPlanTest, GroupsWithOverlappingLineagesAreMerged) {
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "b", {"a", "b"}, /*segment=*/0);
   AddRecompute(g, &schedule, "d", {"b", "c", "d"}, /*segment=*/1);
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   EXPECT_EQ(s.first_node, g.id("a"));
   EXPECT_EQ(s.last_node, g.id("d"));
   EXPECT_THAT(s.members, ElementsAre(g.id("b"), g.id("d")));
@@ -264,10 +263,9 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
   AddRecompute(g, &schedule, "b", {"b"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  EXPECT_EQ(plan.segments[0].first_node, g.id("a"));
-  EXPECT_EQ(plan.segments[0].last_node, g.id("b"));
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_EQ(s.first_node, g.id("a"));
+  EXPECT_EQ(s.last_node, g.id("b"));
 }
 
 // A list from before the range that the range appends to (torchvision's
@@ -288,9 +286,7 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
   AddRecompute(g, &schedule, "b", {"b"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   EXPECT_EQ(s.first_node, g.id("a"));
   EXPECT_EQ(s.last_node, g.id("b"));
   const int l = IndexOf(s.outputs, g.value("l"));
@@ -316,11 +312,11 @@ graph(%self : Tensor, %x : Tensor):
 )IR");
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
-  AddRecompute(g, &schedule, "b", {"g", "b"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  AddRecompute(g, &schedule, "g", {"g"});
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_EQ(s.last_node, g.id("g"));
   EXPECT_GE(IndexOf(s.inputs, g.value("l")), 0);
+  // (b, after the range, reads what came out of the list.)
   EXPECT_EQ(IndexOf(s.outputs, g.value("l")), -1);
   for (bool c : s.container_output) EXPECT_FALSE(c);
 }
@@ -340,10 +336,9 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
   AddRetain(g, &schedule, "b");
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  EXPECT_THAT(plan.segments[0].inputs, ElementsAre(g.value("i")));
-  EXPECT_THAT(plan.segments[0].copy_input, ElementsAre(true));
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_THAT(s.inputs, ElementsAre(g.value("i")));
+  EXPECT_THAT(s.copy_input, ElementsAre(true));
 }
 
 // The storage of an output belongs to the first member on its alias chain
@@ -364,9 +359,7 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
   AddRecompute(g, &schedule, "m", {"p", "m"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   EXPECT_EQ(s.first_node, g.id("p"));
   EXPECT_EQ(s.last_node, g.id("m"));
   const int p = IndexOf(s.outputs, g.value("p"));
@@ -393,10 +386,9 @@ graph(%self : Tensor, %x : Tensor):
 )IR");
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "b", {"a", "b"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  EXPECT_THAT(plan.segments[0].outputs, ElementsAre(g.value("b")));
-  EXPECT_THAT(plan.segments[0].freeable, ElementsAre(false));
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_THAT(s.outputs, ElementsAre(g.value("b")));
+  EXPECT_THAT(s.freeable, ElementsAre(false));
 }
 
 // An output written in place after the range, by a node the replay does
@@ -413,11 +405,10 @@ graph(%self : Tensor, %x : Tensor):
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
   AddRetain(g, &schedule, "d");
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  EXPECT_THAT(plan.segments[0].tail, IsEmpty());
-  EXPECT_THAT(plan.segments[0].written_after, ElementsAre(true));
-  EXPECT_THAT(plan.segments[0].freeable, ElementsAre(false));
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_THAT(s.tail, IsEmpty());
+  EXPECT_THAT(s.written_after, ElementsAre(true));
+  EXPECT_THAT(s.freeable, ElementsAre(false));
 }
 
 // An output is freed after its last read through any view of it (v = a.t()
@@ -434,9 +425,7 @@ graph(%self : Tensor, %x : Tensor):
 )IR");
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "a", {"a"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  const SegmentPlan& s = plan.segments[0];
+  const SegmentPlan s = OneSegment(g, schedule);
   ASSERT_THAT(s.outputs, ElementsAre(g.value("a")));
   EXPECT_THAT(s.free_after, ElementsAre(g.id("r")));
   EXPECT_THAT(s.output_readers[0], ElementsAre(g.id("v"), g.id("r")));
@@ -458,10 +447,8 @@ graph(%self : Tensor, %x : Tensor, %other : Tensor):
 )IR");
   v1::Schedule schedule;
   AddRecompute(g, &schedule, "b", {"sub", "w", "o", "a", "b"});
-  const ExecutionPlan plan = Compile(g, schedule);
-  ASSERT_EQ(plan.segments.size(), 1u) << Ranges(plan);
-  EXPECT_THAT(plan.segments[0].attribute_paths,
-              ElementsAre(ElementsAre("sub", "weight")));
+  const SegmentPlan s = OneSegment(g, schedule);
+  EXPECT_THAT(s.attribute_paths, ElementsAre(ElementsAre("sub", "weight")));
 }
 
 // A swap leaves after the last forward read of any view of the output
