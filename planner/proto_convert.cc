@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "planner/simulator.h"
@@ -470,6 +471,15 @@ v1::Schedule ScheduleToProto(const v1::Profile& profile,
         out->set_needed_at(result.sim.needed_at[i]);
         out->set_stall_ms(result.sim.stall_ms_of[i]);
         break;
+    }
+    // Simulator::Create refused activations naming other nodes: what the
+    // planner decides names nodes of this profile only.
+    MUTWO_DCHECK(out->producer_node() >= 0 &&
+                 out->producer_node() < profile.nodes_size())
+        << "decision " << i << ": producer node " << out->producer_node();
+    for (int node : out->recompute_nodes()) {
+      MUTWO_DCHECK(node >= 0 && node < profile.nodes_size())
+          << "decision " << i << ": recompute node " << node;
     }
   }
   const int p = static_cast<int>(result.sim.planned_after_bytes.size());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 
 namespace mutwo::planner {
@@ -296,6 +297,8 @@ void Simulator::Run(const Decisions& decisions, Options options,
   const PlanProfile& prof = *profile_;
   const int a_count = static_cast<int>(prof.activations.size());
   const int p = positions_;
+  MUTWO_DCHECK(static_cast<int>(decisions.size()) == a_count)
+      << decisions.size() << " decisions for " << a_count << " activations";
   SimResult& r = *out;
   r.peak_bytes = 0;
   r.peak_position = 0;
@@ -473,6 +476,11 @@ void Simulator::Run(const Decisions& decisions, Options options,
       r.peak_position = t;
     }
   }
+  // What a plan frees is what the baseline held: the curve never goes
+  // below zero, so neither does its peak.
+  MUTWO_DCHECK(p == 0 || r.peak_bytes >= 0)
+      << "simulated peak " << r.peak_bytes << " B at position "
+      << r.peak_position;
   if (options.record_curve) {
     for (int t = 0; t < p; ++t) {
       delta_after += da[t];

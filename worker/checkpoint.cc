@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
 #include "common/logging.h"
 #include "worker/alias.h"
 #include "worker/autograd_hooks.h"
@@ -635,6 +636,16 @@ void SegmentRun::Replay() {
   if (replayed_) return;
   replayed_ = true;
   if (before_replay_) before_replay_();
+  // Inputs stay resident until the replay read them (pinned in earlier
+  // segments, swapped ones brought back just above): an empty one was
+  // freed before its last read.
+  for (size_t j = 0; j < saved_inputs_.size(); ++j) {
+    const torch::Tensor& t = saved_inputs_[j];
+    MUTWO_DCHECK(!t.defined() || !t.has_storage() ||
+                 t.storage().nbytes() == 0 || t.storage().data() != nullptr)
+        << "segment " << plan_->segment << ": the replay reads input tensor "
+        << j << ", whose storage was freed";
+  }
   // The replay updates copies of the buffers (batch-norm running
   // statistics): the real ones were updated once, by the forward run, and
   // keep their versions (autograd nodes saved them).

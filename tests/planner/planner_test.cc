@@ -96,6 +96,24 @@ TEST(PlannerTest, BaselinePoliciesUseTheSameSimulator) {
   EXPECT_EQ(s.sim.recomputed, 12);  // 16 nodes, segments of 4
   EXPECT_GT(s.sim.iteration_ms, n.sim.iteration_ms);
   EXPECT_EQ(s.floor_bytes, s.sim.peak_bytes);
+  // The same simulator: both planners' simulators give one baseline and,
+  // for each policy's decisions, what that policy's own planner reported
+  // (the √n schedule simulated by the `none` planner's simulator, and the
+  // reverse).
+  EXPECT_EQ(none->simulator().baseline_peak_bytes(),
+            sqrt_n->simulator().baseline_peak_bytes());
+  EXPECT_EQ(s.baseline_peak_bytes, n.baseline_peak_bytes);
+  EXPECT_DOUBLE_EQ(s.baseline_iteration_ms, n.baseline_iteration_ms);
+  for (const auto& [result, other] :
+       {std::pair{&s, none.get()}, std::pair{&n, sqrt_n.get()}}) {
+    const SimResult again = other->simulator().Run(result->decisions);
+    EXPECT_EQ(again.peak_bytes, result->sim.peak_bytes);
+    EXPECT_EQ(again.peak_position, result->sim.peak_position);
+    EXPECT_DOUBLE_EQ(again.iteration_ms, result->sim.iteration_ms);
+    EXPECT_DOUBLE_EQ(again.recompute_ms, result->sim.recompute_ms);
+    EXPECT_EQ(again.recomputed, result->sim.recomputed);
+    EXPECT_EQ(again.segments, result->sim.segments);
+  }
 }
 
 TEST(PlannerTest, LargeGraphsTakeTheFirstFittingTrajectoryState) {

@@ -177,6 +177,15 @@ TEST_P(PlannedScheduleTest, MatchesBaseline) {
   auto executor = MakeExecutor(model);
   ASSERT_NE(executor, nullptr);
   const auto [floor, top] = FloorAndTop(profile);
+  // (On CUDA the floor includes the allocator reserve and may reach the
+  // baseline of a small model: then there is nothing between them to plan.)
+  if (TestDevice() != "cpu" && floor >= top) {
+    GTEST_SKIP() << model.name << ": floor " << floor << " >= baseline " << top;
+  }
+  // Five budgets, five different schedules: each fixture here has a gap
+  // between its floor and its baseline (those without one are
+  // FlatPeakTest's).
+  ASSERT_LT(floor, top) << model.name;
   int recomputing_schedules = 0;
   for (double f : kBudgetFractions) {
     const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
@@ -197,9 +206,7 @@ TEST_P(PlannedScheduleTest, MatchesBaseline) {
     // (On a GPU the planner may swap instead.)
     recomputing_schedules += schedule.recomputed() + schedule.swapped() > 0;
   }
-  // (control_flow and two_inputs peak where every activation is in use:
-  // their floor is their baseline and the plans retain everything.)
-  if (floor < top) EXPECT_GT(recomputing_schedules, 0) << model.name;
+  EXPECT_GT(recomputing_schedules, 0) << model.name;
 }
 
 // The memory half of issue 5: measured peak (counting allocator) <= budget
@@ -232,17 +239,50 @@ TEST_P(PlannedMemoryTest, PeakFitsBudgetAndPrediction) {
 
 INSTANTIATE_TEST_SUITE_P(FixtureModels, PlannedScheduleTest,
                          ::testing::Values(Model("mlp"), Model("cnn"),
-                                           Model("transformer"),
-                                           Model("control_flow"),
-                                           Model("two_inputs")),
+                                           Model("transformer")),
                          [](const ::testing::TestParamInfo<TestModel>& info) {
                            return info.param.name;
                          });
 
 INSTANTIATE_TEST_SUITE_P(FixtureModels, PlannedMemoryTest,
                          ::testing::Values(Model("mlp"), Model("cnn"),
-                                           Model("transformer"),
-                                           Model("control_flow"),
+                                           Model("transformer")),
+                         [](const ::testing::TestParamInfo<TestModel>& info) {
+                           return info.param.name;
+                         });
+
+// control_flow and two_inputs peak where every activation is in use: their
+// floor is their baseline, and the plan there retains everything. Planned
+// once (five budgets would give five copies of one schedule) and run:
+// gradients equal, peak within the budget.
+class FlatPeakTest : public ::testing::TestWithParam<TestModel> {};
+
+TEST_P(FlatPeakTest, FloorIsTheBaselineAndThePlanRetainsEverything) {
+  const TestModel& model = GetParam();
+  const v1::Profile& profile = ProfileOf(model);
+  auto executor = MakeExecutor(model);
+  ASSERT_NE(executor, nullptr);
+  const auto [floor, top] = FloorAndTop(profile);
+  EXPECT_EQ(floor, top) << model.name;
+  const v1::Schedule schedule = Plan(profile, floor);
+  ASSERT_TRUE(schedule.feasible()) << model.name;
+  EXPECT_EQ(schedule.recomputed() + schedule.swapped(), 0) << model.name;
+  auto validation = executor->Run(schedule);
+  ASSERT_TRUE(validation.ok()) << validation.status();
+  ExpectCorrect(*validation, model.name);
+  // Measured peak within the budget and PlannedMemoryTest's margins of
+  // the prediction.
+  const double measured =
+      static_cast<double>(validation->scheduled().peak_bytes());
+  const double predicted =
+      static_cast<double>(validation->predicted().peak_bytes());
+  EXPECT_LE(measured, static_cast<double>(floor)) << model.name;
+  EXPECT_LE(measured, 1.10 * predicted) << model.name;
+  EXPECT_GE(measured, 0.80 * predicted) << model.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(FixtureModels, FlatPeakTest,
+                         ::testing::Values(Model("control_flow"),
                                            Model("two_inputs")),
                          [](const ::testing::TestParamInfo<TestModel>& info) {
                            return info.param.name;
