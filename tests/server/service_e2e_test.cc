@@ -818,7 +818,9 @@ TEST_F(ServiceTest, WorkerMetricsOnAnOccupiedPortNamesTheCause) {
               HasSubstr(absl::StrCat(
                   "mutwo-worker serve: metrics: cannot listen on "
                   "\"127.0.0.1:",
-                  taken.port(), "\": bind: Address already in use")));
+                  taken.port(), "\": port ", taken.port(),
+                  " is already in use by another process (bind: Address "
+                  "already in use)")));
 }
 
 }  // namespace
