@@ -212,15 +212,18 @@ void ExpectProgressLines(const std::string& output, int batch_sizes,
   EXPECT_EQ(states.back(), "SUCCEEDED") << output;
 }
 
-// Issue 16: the max batch is run on a worker before it is reported (here
-// on the CPU, with a capacity), and the job says by which measurement.
+// The max batch is run on a worker before it is reported (here on the
+// CPU, with a capacity), and the job says by which measurement. The
+// overhead cap is lifted (--max_overhead=10): with the default 25% the
+// schedule's batch depends on the profiled op times, and on a loaded
+// machine it was refused and equalled the batch without checkpointing.
 TEST_F(ServiceTest, MaxBatchIsVerifiedByAStepOnTheWorker) {
   StartWorker();
   auto r = RunCommand(
       Cli(absl::StrCat("submit ", ModelDir(),
                        "/mlp.pt --input=x:float32[B,32] --batch=256,512 "
-                       "--optimizer=adam --capacity=16MiB --wait "
-                       "--output=json")));
+                       "--optimizer=adam --capacity=16MiB --max_overhead=10 "
+                       "--wait --output=json")));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("running verify max batch")) << r.output;
   v1::Job job;
