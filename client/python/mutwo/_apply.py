@@ -250,6 +250,7 @@ class _Frame:
         # Module calls inside the frame, in forward order (a Sequential
         # range frame's first child is call 0): what a replay may skip.
         self.calls = 0
+        self.last_ended: Optional[int] = None
         self.records: Dict[int, "_CallRecord"] = {}
         self.captured: List[torch.Tensor] = []
         self.dropped: Dict[int, int] = {}  # pack index -> segment
@@ -298,10 +299,10 @@ class _Frame:
         if isinstance(value, torch.Tensor):
             dropped = self.rt.dropped_output(value, consume=False)
             if dropped is not None:
-                return dropped
+                return _Deferred(dropped, value)
             inner = self.rt.inner_output(value)
             if inner is not None:
-                return inner
+                return _Deferred(inner, value)
             self.input_versions.append((weakref.ref(value), value._version))
             return value
         if isinstance(value, tuple):
@@ -314,6 +315,8 @@ class _Frame:
 
     @staticmethod
     def _unstash(value: Any) -> Any:
+        if isinstance(value, _Deferred):
+            return _LazyInput(value)
         if isinstance(value, (_DroppedOutput, _SwappedInput, _CallOutput)):
             return value.get(consume=False)
         if isinstance(value, tuple):
@@ -346,7 +349,8 @@ class _Frame:
             entry = self.rt.swap_entries.get(_swap_key(value))
             if entry is not None and entry.ident.matches(value) and \
                     entry.version == value._version:
-                return _SwappedInput(entry, value.requires_grad)
+                return _Deferred(_SwappedInput(entry, value.requires_grad),
+                                 value)
             # A view of it was swapped that holds every element (a
             # LayerNorm2d saves its input permuted).
             for entry in self.rt.swapped_storages.get(
@@ -356,8 +360,9 @@ class _Frame:
                         entry.dtype == value.dtype and \
                         entry.host.numel() == value.numel() and \
                         entry.extent == _extent(value):
-                    return _SwappedInput(entry, value.requires_grad,
-                                         value)
+                    return _Deferred(_SwappedInput(entry,
+                                                   value.requires_grad,
+                                                   value), value)
             return value
         if isinstance(value, tuple):
             return tuple(self._release(v) for v in value)
@@ -479,19 +484,30 @@ class _CallRecord:
     indices it made [pack_start, pack_end), the index after its own nested
     calls, its outputs (weak, with their versions) and the RNG state after
     it if it drew random numbers."""
-    __slots__ = ("pack_start", "pack_end", "call_end", "outputs", "rng")
+    __slots__ = ("pack_start", "pack_end", "call_end", "outputs", "rng",
+                 "overwritten_by")
 
     def __init__(self, pack_start: int, pack_end: int, call_end: int,
                  outputs: Any, rng: Optional[Tuple[Any, List[Any]]]):
         self.pack_start, self.pack_end = pack_start, pack_end
         self.call_end, self.outputs, self.rng = call_end, outputs, rng
+        # The call right after this one, if it modified this call's one
+        # output in place and nothing ran between them that saved a tensor
+        # (a convolution or batch norm, then an in-place ReLU): a replay
+        # that skips that call may skip this one too, with its result.
+        self.overwritten_by: Optional[int] = None
 
 
 class _Held:
-    __slots__ = ("ref", "version")
+    __slots__ = ("ref", "version", "node", "output_nr", "requires_grad")
 
     def __init__(self, t: torch.Tensor):
         self.ref, self.version = weakref.ref(t), t._version
+        # The node that made it: a swapped output's host copy is found by
+        # it once the tensor itself is gone.
+        self.node = t.grad_fn
+        self.output_nr = t.output_nr
+        self.requires_grad = t.requires_grad
 
 
 _NOT_HELD = object()
@@ -509,18 +525,24 @@ def _weak_outputs(value: Any) -> Any:
     return value
 
 
-def _held_outputs(value: Any) -> Any:
+def _held_outputs(value: Any,
+                  restore: Optional[Callable[[_Held], Optional[torch.Tensor]]]
+                  = None) -> Any:
     """The outputs again, if every tensor is alive and unmodified since
-    the call returned; else _NOT_HELD."""
+    the call returned, or (`restore`) copied back from the host copy the
+    schedule swapped it to; else _NOT_HELD."""
     if value is _NOT_HELD:
         return _NOT_HELD
     if isinstance(value, _Held):
         t = value.ref()
-        if t is None or t._version != value.version:
+        if t is None:
+            t = restore(value) if restore is not None else None
+            return _NOT_HELD if t is None else t
+        if t._version != value.version:
             return _NOT_HELD
         return t
     if isinstance(value, (tuple, list)):
-        out = [_held_outputs(v) for v in value]
+        out = [_held_outputs(v, restore) for v in value]
         if any(v is _NOT_HELD for v in out):
             return _NOT_HELD
         return type(value)(out)
@@ -593,6 +615,7 @@ class _ReplayContext:
         self.open: List[int] = []  # indices of the calls running now
         self.capture = capture
         self.buffers = _BufferGuard()
+        self.restored: Dict[int, torch.Tensor] = {}
 
     def started(self, module: nn.Module) -> None:
         self.buffers.enter(module)
@@ -615,13 +638,9 @@ class _ReplayContext:
         the saved-tensor index and the RNG past it as running it would."""
         index, self.current = self.current, None
         record = self.frame.records.get(index) if index is not None else None
-        if record is None or self.frame.untracked or any(record.pack_start <= w < record.pack_end
-                                 for w in self.wanted):
+        if record is None or self.frame.untracked:
             return _NOT_HELD
-        if self.capture is not None and \
-                index <= self.capture[0] < record.call_end:
-            return _NOT_HELD  # the call to re-make runs inside it
-        out = _held_outputs(record.outputs)
+        out = self._outputs(index, record)
         if out is _NOT_HELD:
             return out
         self.counter[0] += record.pack_end - record.pack_start
@@ -633,6 +652,43 @@ class _ReplayContext:
                 torch.cuda.set_rng_state(state, d)
         self.frame.rt.stats.skipped += 1
         return out
+
+    def _outputs(self, index: int, record: "_CallRecord",
+                 depth: int = 0) -> Any:
+        """What call `index` returned, if the replay may skip it (see
+        skip()); else _NOT_HELD. An output modified in place by the next
+        call (a batch norm's, by an in-place ReLU) is no longer what this
+        call returned, but if that next call is skipped too, what it
+        returned is all the replay needs from both."""
+        if any(record.pack_start <= w < record.pack_end
+               for w in self.wanted):
+            return _NOT_HELD
+        if self.capture is not None and \
+                index <= self.capture[0] < record.call_end:
+            return _NOT_HELD  # the call to re-make runs inside it
+        out = _held_outputs(record.outputs, self.restore)
+        if out is _NOT_HELD and record.overwritten_by is not None and \
+                depth < 16:
+            nxt = self.frame.records.get(record.overwritten_by)
+            if nxt is not None:
+                out = self._outputs(record.overwritten_by, nxt, depth + 1)
+        return out
+
+    def restore(self, held: _Held) -> Optional[torch.Tensor]:
+        """A call's output that is gone because the schedule swapped it
+        (its saved reference was the last): copied back from its host copy,
+        once per replay, as the planner's replay reads the swapped-in
+        value instead of re-making it from further back."""
+        if held.node is None:
+            return None
+        entry = self.frame.rt.swap_nodes.get((held.node, held.output_nr))
+        if entry is None or entry.version != held.version:
+            return None
+        t = self.restored.get(id(entry))
+        if t is None:
+            t = _SwappedInput(entry, held.requires_grad).get(consume=False)
+            self.restored[id(entry)] = t
+        return t
 
 
 class _Dropped:
@@ -782,6 +838,93 @@ class _SwappedInput:
         return t.detach().requires_grad_(self.requires_grad)
 
 
+class _Deferred:
+    """A frame input the frame does not hold (dropped: another frame's
+    replay re-makes it; swapped: its host copy), with its layout: a replay
+    passes a _LazyInput in its place."""
+    __slots__ = ("handle", "size", "stride", "dtype", "device",
+                 "requires_grad")
+
+    def __init__(self, handle: Any, like: torch.Tensor):
+        self.handle = handle
+        self.size, self.stride = like.size(), like.stride()
+        self.dtype, self.device = like.dtype, like.device
+        self.requires_grad = like.requires_grad
+
+
+def _tensor_attributes() -> Set[Any]:
+    """What a forward may ask of its input without reading its elements."""
+    methods = ("size", "dim", "ndimension", "numel", "nelement", "stride",
+               "element_size", "is_floating_point", "is_complex",
+               "get_device", "__len__", "is_contiguous")
+    properties = ("shape", "dtype", "device", "ndim", "is_cuda",
+                  "requires_grad", "layout", "grad_fn", "is_leaf",
+                  "is_sparse", "is_quantized", "is_meta", "is_nested",
+                  "is_mps")
+    found: Set[Any] = set()
+    for name in methods:
+        if hasattr(torch.Tensor, name):
+            found.add(getattr(torch.Tensor, name))
+    for name in properties:
+        attr = getattr(torch.Tensor, name, None)
+        if attr is not None and hasattr(attr, "__get__"):
+            found.add(attr.__get__)
+    return found
+
+
+_TENSOR_ATTRIBUTES = _tensor_attributes()
+
+
+def _materialize(value: Any) -> Any:
+    if isinstance(value, _LazyInput):
+        return value.tensor()
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_materialize(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _materialize(v) for k, v in value.items()}
+    return value
+
+
+class _LazyInput(torch.Tensor):
+    """A replay's input that the frame does not hold, made only when an op
+    reads it. The planner replays a segment from what is retained: a
+    replay whose first module calls are skipped (their outputs held) never
+    reads the frame's input, and re-making it would replay the frame that
+    made it, and the one before (squeezenet1_1's Fire modules: 0.4 GB over
+    the budget). Its shape, dtype and device answer without making it."""
+
+    @staticmethod
+    def __new__(cls, deferred: _Deferred) -> "_LazyInput":
+        r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls, deferred.size, strides=deferred.stride,
+            dtype=deferred.dtype, device=deferred.device,
+            requires_grad=deferred.requires_grad)
+        r._mutwo_deferred = deferred
+        r._mutwo_made = None
+        return r
+
+    def tensor(self) -> torch.Tensor:
+        if self._mutwo_made is None:
+            self._mutwo_made = self._mutwo_deferred.handle.get(consume=False)
+        return self._mutwo_made
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _TENSOR_ATTRIBUTES:
+            with torch._C.DisableTorchFunction():
+                return func(*args, **kwargs)
+        return func(*_materialize(args), **_materialize(kwargs))
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        raise RuntimeError(
+            f"mutwo.apply: internal error: {func} reached a replay input "
+            "that was not made")
+
+
 class _Swapped:
     __slots__ = ("entry", "position")
 
@@ -907,6 +1050,11 @@ class _Runtime:
         self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
         self.swapped_storages: Dict[int, List[_SwapEntry]] = {}
         self.swap_order: List[_SwapEntry] = []
+        # (autograd node, output number) of a swapped tensor that is no
+        # view -> its entry, while a saved reference or a frame holds it:
+        # a replay reads a swapped module output from here.
+        self.swap_nodes: "weakref.WeakValueDictionary[Tuple[Any, int], _SwapEntry]" = \
+            weakref.WeakValueDictionary()
         self.streams: Dict[Any, Any] = {}
         self.stats = ApplyStats()
         self.record = _StepRecord()
@@ -919,6 +1067,9 @@ class _Runtime:
         # index, pack index) for each, and the RNG state before it.
         self.calls: List[Optional[Tuple[List[Tuple[_Frame, int, int]],
                                         Any, List[Any]]]] = []
+        # Per module call in forward (parallel to `calls`): the calls that
+        # ended right before it whose output it takes (call_started).
+        self.call_inputs: List[Optional[List[Tuple[Any, ...]]]] = []
 
     def side_stream(self, device: torch.device) -> Any:
         if device not in self.streams:
@@ -930,7 +1081,8 @@ class _Runtime:
         return (torch.get_rng_state(),
                 [torch.cuda.get_rng_state(d) for d in devices])
 
-    def call_started(self, first_of: Optional[_Frame] = None) -> None:
+    def call_started(self, first_of: Optional[_Frame] = None,
+                     inputs: Any = None) -> None:
         """A module call starts in forward (pre-hook); `first_of`: a range
         frame opened by this call's pre-hook, whose call 0 it is."""
         if first_of is not None:
@@ -946,18 +1098,37 @@ class _Runtime:
             return
         if not self.open_frames:
             self.calls.append(None)
+            self.call_inputs.append(None)
             return
         marks = []
         tracked = False
+        overwrite = None
         for f in self.open_frames:
+            # Takes the output of the call that ended right before it, with
+            # nothing saved since: it may modify it in place (call_ended).
+            r = f.records.get(f.last_ended) if f.last_ended is not None \
+                else None
+            if r is not None and r.call_end == f.calls and \
+                    r.pack_end == f.count and isinstance(r.outputs, _Held):
+                t = r.outputs.ref()
+                if t is not None and t._version == r.outputs.version and \
+                        any(t is x for x in _flat_tensors(inputs)):
+                    overwrite = overwrite or []
+                    overwrite.append((r, f.calls, t, t._version))
             marks.append((f, f.calls, f.count))
             f.calls += 1
             tracked = tracked or f.tracked
+        self.call_inputs.append(overwrite)
         self.calls.append((marks, *self.rng_states(self.open_frames))
                           if tracked else (marks, None, None))
 
     def call_ended(self, out: Any) -> None:
         entry = self.calls.pop() if self.calls else None
+        overwrite = self.call_inputs.pop() if self.call_inputs else None
+        if overwrite and isinstance(out, torch.Tensor):
+            for r, index, t, version in overwrite:
+                if t is out and out._version != version:
+                    r.overwritten_by = index
         if entry is None or not entry[0]:
             return
         marks, cpu, cuda = entry
@@ -973,6 +1144,7 @@ class _Runtime:
             f.records[index] = _CallRecord(pack_start, f.count, f.calls,
                                            outputs,
                                            after if changed else None)
+            f.last_ended = index
         # An output the innermost open frame drops: a frame opened later
         # inside it takes it as an input without holding it (its replay
         # asks this frame's replay for it, up to this call).
@@ -1003,6 +1175,7 @@ class _Runtime:
                            list(self.model.buffers())}
         self.stack.clear()
         self.calls = []
+        self.call_inputs = []
         self.inner_outputs.clear()
         self.producers.clear()
         self.frame_outputs.clear()
@@ -1011,6 +1184,7 @@ class _Runtime:
         self.swap_entries.clear()
         self.swapped_storages.clear()
         self.swap_order = []
+        self.swap_nodes = weakref.WeakValueDictionary()
         self.record = _StepRecord()
 
     def end_forward(self) -> None:
@@ -1021,6 +1195,7 @@ class _Runtime:
         optimizer step (vgg11_bn: a 411 MB ReLU output past its last use).
         Frames now live as long as the saved tensors dropped into them."""
         self.calls = []
+        self.call_inputs = []
         self.inner_outputs.clear()
         self.producers.clear()
         self.frame_outputs.clear()
@@ -1119,6 +1294,8 @@ class _Runtime:
                     entry.version != t._version:
                 entry = _SwapEntry(self, t)
                 self.swap_entries[skey] = entry
+                if t._base is None and t.grad_fn is not None:
+                    self.swap_nodes[(t.grad_fn, t.output_nr)] = entry
                 self.swapped_storages.setdefault(key, []).append(entry)
                 self.swap_order.append(entry)
                 self.stats.swapped_paths.add(path)
@@ -1711,7 +1888,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                 for t in _flat_tensors(args):
                     rt.produced(t, caller)
             if m is not model:
-                rt.call_started()
+                rt.call_started(inputs=args)
         elif rt.mode == "replay" and rt.replays:
             rt.replays[-1].started(m)
         rt.stack.append(path_of.get(id(m), ""))
