@@ -720,6 +720,93 @@ def infeasible_message(schedule: Any) -> str:
             (f": {reason}" if reason else ""))
 
 
+def _spec_text(spec: Any) -> str:
+    """A TensorSpec as --inputs takes it: x:float32[B,3,224,224]{0,1}."""
+    from mutwo import _specs
+    dtype = {v: k for k, v in _specs._DTYPES.items()}.get(spec.dtype, "?")
+    dims = ",".join("B" if d == _specs.BATCH_DIM else str(d)
+                    for d in spec.dims)
+    text = f"{spec.name}:{dtype}[{dims}]"
+    if spec.HasField("range"):
+        text += "{%g,%g}" % (spec.range.low, spec.range.high)
+    return text
+
+
+def _loss_text(loss: Any) -> str:
+    from mutwo.v1 import types_pb2
+    text = types_pb2.LossSpec.Kind.Name(loss.kind).lower()
+    if loss.output:
+        text += "@" + loss.output
+    if loss.kind == types_pb2.LossSpec.CROSS_ENTROPY:
+        text += ":" + _spec_text(loss.target)
+    return text
+
+
+def _optimizer_text(opt: Any) -> str:
+    from mutwo import _specs
+    text = {v: k for k, v in _specs._OPTIMIZERS.items()}.get(opt.kind, "?")
+    settings = [f"{name}={value:g}" for name, value in
+                (("lr", opt.learning_rate), ("momentum", opt.momentum),
+                 ("weight_decay", opt.weight_decay)) if value]
+    return text + (":" + ",".join(settings) if settings else "")
+
+
+def use_planned_step(args: argparse.Namespace, schedule: Any,
+                     user: UserModel) -> None:
+    """The step the schedule was planned for (its inputs, loss and
+    optimizer, recorded from the profile) where the flags and the model
+    file leave it open; a flag that contradicts it is refused naming both,
+    as `mutwo-worker execute` refuses it: a peak measured for another step
+    says nothing about the planned one."""
+    from mutwo import _specs
+    planned = schedule.proto
+    if planned is None:
+        return
+
+    def parsed(flag: str, parse: Callable[[str], Any], text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+
+    def refuse(flag: str, mine: str, theirs: str) -> None:
+        raise UsageError(f"{flag} {mine} contradicts the schedule, planned "
+                         f"for {flag} {theirs}")
+
+    if len(planned.inputs):
+        theirs = sorted(planned.inputs, key=lambda t: t.name)
+        if args.inputs:
+            mine = sorted((parsed("--inputs", _specs.parse_tensor_spec, t)
+                           for t in args.inputs), key=lambda t: t.name)
+            if mine != theirs:
+                refuse("--inputs", " ".join(_spec_text(t) for t in mine),
+                       " ".join(_spec_text(t) for t in theirs))
+        elif user.batch_fn is None:
+            args.inputs = [_spec_text(t) for t in planned.inputs]
+    if planned.HasField("loss"):
+        theirs_text = _loss_text(planned.loss)
+        if args.loss:
+            kind = args.loss.partition(":")[0].partition("@")[0].lower()
+            if ":" in args.loss or kind != "cross_entropy":
+                if parsed("--loss", _specs.parse_loss,
+                          args.loss) != planned.loss:
+                    refuse("--loss", args.loss, theirs_text)
+            elif theirs_text.partition(":")[0].partition("@")[0] != kind:
+                refuse("--loss", args.loss, theirs_text)
+        elif user.loss_fn is None:
+            args.loss = theirs_text
+    if planned.HasField("optimizer"):
+        theirs_text = _optimizer_text(planned.optimizer)
+        if args.optimizer is not None:
+            if parsed("--optimizer", _specs.parse_optimizer,
+                      args.optimizer) != planned.optimizer:
+                refuse("--optimizer", args.optimizer, theirs_text)
+        else:
+            args.optimizer = theirs_text
+    if args.optimizer is None:
+        args.optimizer = "sgd"
+
+
 def verify(args: argparse.Namespace, out: Any = None,
            err: Any = None) -> int:
     """Runs `verify`; returns the exit code."""
@@ -761,6 +848,7 @@ def verify(args: argparse.Namespace, out: Any = None,
         elif device.type != "cpu":
             raise UsageError(f"--device {args.device}: use cpu or cuda[:N]")
         user = load_user_model(args.model)
+        use_planned_step(args, schedule, user)
         xs, target = make_batch(user, args.inputs, args.loss, batch_size,
                                 device, args.seed)
         loss_fn = make_loss(user, args.loss, target)
@@ -954,15 +1042,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="SPEC", help="input tensor spec, repeatable, as "
                    "the worker's --input: x:float32[B,3,224,224], "
                    "tokens:int64[B,128]{0,30000} (default: the model file's "
-                   "batch function)")
+                   "batch function, else the inputs the schedule was planned "
+                   "for; given, they must be those)")
     p.add_argument("--loss", default="",
                    help="mean, sum, model, cross_entropy or "
                    "cross_entropy:y:int64[B]{0,1000} (default: the model "
-                   "file's loss(output, target), else cross_entropy with an "
-                   "integer target, else mean)")
-    p.add_argument("--optimizer", default="sgd",
+                   "file's loss(output, target), else the schedule's loss, "
+                   "else cross_entropy with an integer target, else mean; "
+                   "given, it must be the schedule's)")
+    p.add_argument("--optimizer", default=None,
                    help="none, sgd, sgd_momentum, adam, adamw "
-                   "(optionally :lr=0.01,...)")
+                   "(optionally :lr=0.01,...; default: the schedule's "
+                   "optimizer, else sgd)")
     p.add_argument("--steps", type=int, default=3,
                    help="timed steps after one warm-up step (median time)")
     p.add_argument("--seed", type=int, default=0)

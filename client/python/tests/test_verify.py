@@ -442,3 +442,51 @@ def test_loss_reads_the_output_named_with_at_and_refuses_guessing() -> None:
         _verify.make_loss(user, "sum@x", None)(out)
     with pytest.raises(ValueError, match="after '@'"):
         mutwo.parse_loss("mean@")
+
+
+def test_the_step_the_schedule_was_planned_for_is_used_and_kept(
+        tmp_path: Path, capsys: Any) -> None:
+    """A schedule records the step it was planned for (inputs, loss,
+    optimizer, from the profile). Without flags verify runs that step (the
+    model file below has no batch or loss function); a flag that says
+    otherwise is refused with exit 2 naming both, as `mutwo-worker
+    execute` refuses it: a peak measured for another loss or optimizer
+    says nothing about the planned one."""
+    from mutwo import _specs
+    path = tmp_path / "plain.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        def make():
+            torch.manual_seed(0)
+            return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(),
+                                 nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
+    '''))
+    model = load(path, "make")
+    s = make_schedule(model, recompute=[(0, ["1"], [])]).proto
+    s.batch_size, s.budget_bytes, s.feasible = 4, 1 << 30, True
+    s.inputs.append(_specs.parse_tensor_spec("x:float32[B,3,16,16]"))
+    s.loss.CopyFrom(_specs.parse_loss("cross_entropy:y:int64[B]{0,10}"))
+    s.optimizer.CopyFrom(_specs.parse_optimizer("adam:lr=0.01"))
+    schedule = tmp_path / "planned.json"
+    schedule.write_text(json_format_message(s))
+    base = [f"{path}:make", "--schedule", str(schedule), "--steps", "1"]
+    code, out, err = run_verify(capsys, base)
+    assert code == 0, err
+    code, _, err = run_verify(capsys, base + ["--loss", "mean"])
+    assert code == 2 and ("--loss mean contradicts the schedule, planned "
+                          "for --loss cross_entropy:y:int64[B]{0,10}") in err
+    code, _, err = run_verify(capsys, base + ["--optimizer", "sgd"])
+    assert code == 2 and ("--optimizer sgd contradicts the schedule, planned "
+                          "for --optimizer adam:lr=0.01") in err
+    code, _, err = run_verify(capsys, base + ["--inputs",
+                                              "x:float32[B,3,8,8]"])
+    assert code == 2 and ("--inputs x:float32[B,3,8,8] contradicts the "
+                          "schedule, planned for --inputs "
+                          "x:float32[B,3,16,16]") in err
+    # The same step spelled out is the planned one.
+    code, _, err = run_verify(capsys, base + [
+        "--inputs", "x:float32[B,3,16,16]", "--optimizer", "adam:lr=0.01",
+        "--loss", "cross_entropy:y:int64[B]{0,10}"])
+    assert code == 0, err
