@@ -1082,7 +1082,8 @@ class _Runtime:
                 [torch.cuda.get_rng_state(d) for d in devices])
 
     def call_started(self, first_of: Optional[_Frame] = None,
-                     inputs: Any = None) -> None:
+                     inputs: Any = None,
+                     module: Optional[nn.Module] = None) -> None:
         """A module call starts in forward (pre-hook); `first_of`: a range
         frame opened by this call's pre-hook, whose call 0 it is."""
         if first_of is not None:
@@ -1103,11 +1104,17 @@ class _Runtime:
         marks = []
         tracked = False
         overwrite = None
+        # Only a module that says it works in place (nn.ReLU(inplace=True),
+        # timm's activations, dropout): the replay then hands the call
+        # before it the in-place result, which code between the two calls
+        # would read instead of the value before (`y = bn(x); z = y * 2;
+        # relu(y)`); such modules are applied to the call's result at once.
+        inplace = getattr(module, "inplace", False) is True
         for f in self.open_frames:
             # Takes the output of the call that ended right before it, with
             # nothing saved since: it may modify it in place (call_ended).
-            r = f.records.get(f.last_ended) if f.last_ended is not None \
-                else None
+            r = f.records.get(f.last_ended) \
+                if inplace and f.last_ended is not None else None
             if r is not None and r.call_end == f.calls and \
                     r.pack_end == f.count and isinstance(r.outputs, _Held):
                 t = r.outputs.ref()
@@ -1888,7 +1895,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                 for t in _flat_tensors(args):
                     rt.produced(t, caller)
             if m is not model:
-                rt.call_started(inputs=args)
+                rt.call_started(inputs=args, module=m)
         elif rt.mode == "replay" and rt.replays:
             rt.replays[-1].started(m)
         rt.stack.append(path_of.get(id(m), ""))

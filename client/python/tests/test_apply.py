@@ -1300,3 +1300,47 @@ def test_a_replay_starts_from_what_is_held_not_from_its_frames_input() -> None:
                     "features.3.expand3x3": 1, "features.4.squeeze": 1,
                     "features.4.expand1x1": 1, "features.6.squeeze": 1}
     assert applied_peak <= 0.8 * plain_peak, (applied_peak, plain_peak)
+
+
+class _ReluInPlace(nn.Module):
+    """An in-place activation that does not say so (no `inplace`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.relu_()
+
+
+class _ReadBeforeInPlace(nn.Module):
+    """Copies the batch norm's output (y.clone()) before an activation
+    changes it in place."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.bn, self.act = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), act
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x))
+        z = y.clone()
+        y = self.act(y)
+        return self.bn2(self.conv2(y + z))
+
+
+def test_a_call_before_an_undeclared_in_place_call_is_run_again() -> None:
+    """A replay may skip a batch norm whose output the next call changed in
+    place only when that call is a module that says it works in place
+    (`inplace=True`): between the two, code may read the value before
+    (z = y.clone() here, which saves nothing), and the replay must make it
+    again. With any module
+    trusted, the replay read the ReLU's result there and the gradients
+    differed."""
+    torch.manual_seed(21)
+    model = nn.Sequential(_ReadBeforeInPlace(_ReluInPlace()),
+                          nn.Flatten(), nn.LazyLinear(4)).train()
+    model(CNN_INPUT[0])
+    plain = copy.deepcopy(model)
+    runs = count_runs(model, ["0.bn"])
+    applied = mutwo.apply(model, make_schedule(
+        model, recompute=[(0, ["0.conv2", "0.bn2"], [])]))
+    assert applied.frames == ["0"]
+    assert_same_step(plain, model, CNN_INPUT, lambda o: o.pow(2).mean())
+    assert runs["0.bn"] == 2  # forward, and the replay
