@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -314,9 +315,10 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     }
   }
   // A freeable output may share its storage with an input (a view an op
-  // returned), or with a parameter or buffer the range read (`attn_mask =
-  // self.mask.unsqueeze(0)`): those are never freed (freeing a buffer's
-  // memory would leave the module reading freed memory in later steps).
+  // returned), or with a parameter, buffer or tensor constant the range
+  // read (`attn_mask = self.mask.unsqueeze(0)`): those are never freed
+  // (freeing a buffer's memory would leave the module reading freed memory
+  // in later steps).
   absl::flat_hash_set<const c10::StorageImpl*> input_storages;
   for (const torch::Tensor& t : tensors) {  // inputs, then parameters
     if (t.defined() && t.has_storage()) {
@@ -324,6 +326,11 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     }
   }
   for (const torch::Tensor& t : BufferTensors()) {
+    if (t.has_storage()) {
+      input_storages.insert(t.storage().unsafeGetStorageImpl());
+    }
+  }
+  for (const torch::Tensor& t : ConstantTensors()) {
     if (t.has_storage()) {
       input_storages.insert(t.storage().unsafeGetStorageImpl());
     }
@@ -510,18 +517,25 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
     output_tensor_end_.push_back(out.size());
   }
   // An output that is a buffer the range read itself (not through an input:
-  // `mask = self.mask` inside an If the range replays) goes out as an alias:
-  // autograd gives a function's outputs its history, and on the buffer
-  // itself that history would outlive the step (the next step's forward
-  // reads the buffer and links its graph to this step's freed segment: a
-  // use after free).
-  if (!buffer_slots_.empty()) {
-    absl::flat_hash_set<const c10::TensorImpl*> buffers;
+  // `mask = self.mask` inside an If the range replays) or a tensor constant
+  // of the graph (a traced `v + 1e-6` holds 1e-6 as one, read by every
+  // later layer norm) goes out as an alias: autograd gives a function's
+  // outputs its history, and on the tensor the module or the graph holds
+  // that history would outlive the step (the next step's forward reads the
+  // buffer and links its graph to this step's freed segment: a use after
+  // free) and reach the replay, which reads the same constant: the replay's
+  // backward then ran this function's node again, inside its own backward,
+  // and waited on its own lock forever (a T5-like model at its floor).
+  {
+    absl::flat_hash_set<const c10::TensorImpl*> held;
     for (const torch::Tensor& b : BufferTensors()) {
-      buffers.insert(b.unsafeGetTensorImpl());
+      held.insert(b.unsafeGetTensorImpl());
+    }
+    for (const torch::Tensor& c : ConstantTensors()) {
+      held.insert(c.unsafeGetTensorImpl());
     }
     for (torch::Tensor& t : out) {
-      if (t.defined() && buffers.count(t.unsafeGetTensorImpl()) != 0) {
+      if (t.defined() && held.count(t.unsafeGetTensorImpl()) != 0) {
         t = t.view_as(t);
       }
     }
@@ -546,6 +560,26 @@ variable_list SegmentRun::RunForward(AutogradContext* ctx,
   if (!dirty_.empty()) ctx->mark_dirty(dirty_);
   if (!non_differentiable.empty()) {
     ctx->mark_non_differentiable(non_differentiable);
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> SegmentRun::ConstantTensors() const {
+  std::vector<torch::Tensor> out;
+  for (int id = plan_->first_node; id <= plan_->last_node; ++id) {
+    ForEachNested(graph_->nodes()[id].node, [&](const torch::jit::Node* node) {
+      if (node->kind() != c10::prim::Constant ||
+          !IsTensorType(node->output()->type())) {
+        return;
+      }
+      // (The interpreter runs a constant as this: the node's own tensor.)
+      const std::optional<c10::IValue> value =
+          torch::jit::toIValue(node->output());
+      if (value.has_value() && value->isTensor() &&
+          value->toTensor().defined()) {
+        out.push_back(value->toTensor());
+      }
+    });
   }
   return out;
 }

@@ -162,6 +162,9 @@ class SegmentRun {
       buffer_slots_;
   // The tensors buffer_slots_ hold now (defined ones).
   std::vector<torch::Tensor> BufferTensors() const;
+  // The tensor constants of the range's nodes (the graph holds them: every
+  // run of a prim::Constant returns the same tensor).
+  std::vector<torch::Tensor> ConstantTensors() const;
   std::vector<bool> input_is_buffer_;  // per input tensor
   std::vector<torch::Tensor> saved_inputs_;
   std::vector<torch::Tensor> dirty_;  // inputs written in forward (outputs)

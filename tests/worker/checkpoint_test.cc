@@ -398,5 +398,105 @@ graph(%self : Tensor, %x : Tensor):
   step.Finish();
 }
 
+// A segment output put in a tuple (a traced T5 layer norm's) stays until
+// the node that unpacks and uses it ran, not only until the
+// TupleConstruct; the replay gives it back, and the gradients are the
+// plain step's.
+TEST(CheckpointTest, OutputInATupleIsFreedAfterItsUnpackedUse) {
+  IrGraph g(R"IR(
+graph(%self : Tensor, %x : Tensor, %w : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %h : Tensor = aten::sigmoid(%x)
+  %n : Tensor = aten::sigmoid(%h)
+  %t : (Tensor, Tensor) = prim::TupleConstruct(%h, %n)
+  %hu : Tensor, %nu : Tensor = prim::TupleUnpack(%t)
+  %l : Tensor = aten::mm(%nu, %w)
+  %o : Tensor = aten::add(%l, %hu, %one)
+  return (%o)
+)IR");
+  v1::Schedule schedule;
+  AddRecompute(g, &schedule, "n", {"n"});
+  torch::Tensor x = Input();
+  const torch::Tensor w = torch::randn({3, 3});
+  const torch::Tensor plain_grad =
+      torch::autograd::grad({PlainLoss(g, g.module, {x, w})}, {x})[0];
+
+  SegmentStep step(g, schedule, g.module);
+  step.Start({x, w});
+  step.RunTo(g.id("n"));
+  const torch::Tensor n = step.Value("n");
+  step.Keep("n");
+  step.RunTo(g.id("nu"));
+  ASSERT_EQ(step.run().freed_bytes(), 0) << "freed before the mm read it";
+  step.RunTo(g.id("l"));
+  EXPECT_EQ(step.run().freed_bytes(), n.storage().nbytes());
+  torch::Tensor loss = step.Finish();
+  step.ReplayAndExpectKeptRebuilt();
+  ExpectGradient(loss, x, plain_grad);
+}
+
+// A segment output forward returns inside a tuple is read by the loss:
+// never freed, and the loss is the plain step's.
+TEST(CheckpointTest, OutputReturnedInATupleIsNeverFreed) {
+  IrGraph g(R"IR(
+graph(%self : Tensor, %x : Tensor):
+  %a : Tensor = aten::sigmoid(%x)
+  %b : Tensor = aten::sigmoid(%a)
+  %c : Tensor = aten::sigmoid(%b)
+  %t : (Tensor, Tensor) = prim::TupleConstruct(%c, %b)
+  return (%t)
+)IR");
+  v1::Schedule schedule;
+  AddRecompute(g, &schedule, "b", {"b"});
+  torch::Tensor x = Input();
+  const torch::Tensor plain = PlainLoss(g, g.module, {x});
+  SegmentStep step(g, schedule, g.module);
+  step.Start({x});
+  step.RunTo(g.id("t"));
+  ASSERT_EQ(step.run().freed_bytes(), 0) << "freed what forward returns";
+  const torch::Tensor loss = step.Finish();
+  EXPECT_EQ(step.run().freed_bytes(), 0);
+  EXPECT_TRUE(torch::allclose(loss, plain)) << loss << plain;
+}
+
+// A tensor constant of the graph that the range makes and later nodes read
+// (a traced `v + 1e-6`, read by every layer norm) goes out as an alias:
+// the constant itself gets no autograd history. With the segment's history
+// on it, the replay (which runs the same constant node) linked its graph to
+// the segment's own autograd node, and the segment's backward ran itself
+// again and waited on its own lock forever (a T5-like model at its floor).
+TEST(CheckpointTest, ATensorConstantTheRangeReturnsGoesOutAsAnAlias) {
+  IrGraph g(R"IR(
+graph(%self : Tensor, %x : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %a : Tensor = aten::sigmoid(%x)
+  %eps : Float(requires_grad=0, device=cpu) = prim::Constant[value={0.5}]()
+  %b : Tensor = aten::add(%a, %eps, %one)
+  %c : Tensor = aten::sigmoid(%b)
+  %d : Tensor = aten::mul(%c, %eps)
+  %e : Tensor = aten::sigmoid(%d)
+  return (%e)
+)IR");
+  const torch::Tensor eps = g.TensorConstant("eps");
+  ASSERT_TRUE(eps.defined());
+  eps.fill_(0.5);
+  v1::Schedule schedule;
+  AddRecompute(g, &schedule, "c", {"a", "b", "c"});
+  torch::Tensor x = Input();
+  const torch::Tensor plain_grad =
+      torch::autograd::grad({PlainLoss(g, g.module, {x})}, {x})[0];
+
+  SegmentStep step(g, schedule, g.module);
+  ASSERT_THAT(step.segment().outputs, ::testing::Contains(g.value("eps")));
+  step.Start({x});
+  step.RunTo(g.id("c"));
+  ASSERT_EQ(eps.grad_fn(), nullptr) << "the graph's constant got a history";
+  ASSERT_FALSE(eps.requires_grad());
+  torch::Tensor loss = step.Finish();
+  step.ReplayAndExpectKeptRebuilt();
+  ExpectGradient(loss, x, plain_grad);
+  EXPECT_EQ(eps.grad_fn(), nullptr);
+}
+
 }  // namespace
 }  // namespace mutwo::testing

@@ -505,6 +505,89 @@ graph(%self : Tensor, %x : Tensor):
   EXPECT_THAT(Compile(g, schedule).swaps, IsEmpty());
 }
 
+// A tensor put in a tuple is read where it is taken out and used (Hugging
+// Face's traced T5 layer norm returns (x, normed), which the feed-forward
+// unpacks into its linear), not only by the TupleConstruct: it is freed
+// after that use, and the use's backward needs the replay.
+TEST(ExecutionPlanTest, TupleElementIsReadWhereItIsUnpacked) {
+  IrGraph g(R"IR(
+graph(%self : Tensor, %x : Tensor, %w : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %h : Tensor = aten::sigmoid(%x)
+  %n : Tensor = aten::sigmoid(%h)
+  %t : (Tensor, Tensor) = prim::TupleConstruct(%h, %n)
+  %hu : Tensor, %nu : Tensor = prim::TupleUnpack(%t)
+  %l : Tensor = aten::mm(%nu, %w)
+  %o : Tensor = aten::add(%l, %hu, %one)
+  return (%o)
+)IR");
+  v1::Schedule schedule;
+  AddRecompute(g, &schedule, "n", {"n"});
+  const SegmentPlan s = OneSegment(g, schedule);
+  ASSERT_THAT(s.outputs, ElementsAre(g.value("n")));
+  EXPECT_THAT(s.freeable, ElementsAre(true));
+  EXPECT_THAT(s.free_after, ElementsAre(g.id("l")));
+  EXPECT_THAT(s.output_readers[0],
+              ElementsAre(g.id("t"), g.id("hu"), g.id("l")));
+}
+
+// Through nested tuples and prim::TupleIndex, the readers are the nodes
+// reading a tuple that holds the tensor and those of the values taken out
+// at its own position (not those of the other elements: `o` reads only h).
+TEST(ExecutionPlanTest, TupleElementIsFollowedThroughNestedTuples) {
+  IrGraph g(R"IR(
+graph(%self : Tensor, %x : Tensor, %w : Tensor):
+  %zero : int = prim::Constant[value=0]()
+  %one : int = prim::Constant[value=1]()
+  %h : Tensor = aten::sigmoid(%x)
+  %n : Tensor = aten::sigmoid(%h)
+  %inner : (Tensor, Tensor) = prim::TupleConstruct(%h, %n)
+  %outer : ((Tensor, Tensor), Tensor) = prim::TupleConstruct(%inner, %x)
+  %got : (Tensor, Tensor) = prim::TupleIndex(%outer, %zero)
+  %hh : Tensor = prim::TupleIndex(%got, %zero)
+  %nn : Tensor = prim::TupleIndex(%got, %one)
+  %o : Tensor = aten::sigmoid(%hh)
+  %v : Tensor = aten::t(%nn)
+  %l : Tensor = aten::mm(%v, %w)
+  %r : Tensor = aten::add(%l, %o, %one)
+  return (%r)
+)IR");
+  v1::Schedule schedule;
+  AddRecompute(g, &schedule, "n", {"n"});
+  const SegmentPlan s = OneSegment(g, schedule);
+  ASSERT_THAT(s.outputs, ElementsAre(g.value("n")));
+  EXPECT_THAT(s.free_after, ElementsAre(g.id("l")));
+  EXPECT_THAT(s.output_readers[0],
+              ElementsAre(g.id("inner"), g.id("outer"), g.id("got"), g.id("hh"),
+                          g.id("nn"), g.id("v"), g.id("l")));
+}
+
+// A tensor forward returns inside a tuple is read by the loss: never freed
+// (and never swapped out during forward).
+TEST(ExecutionPlanTest, ReturnedInsideATupleIsNotFreeable) {
+  IrGraph g(R"IR(
+graph(%self : Tensor, %x : Tensor):
+  %a : Tensor = aten::sigmoid(%x)
+  %b : Tensor = aten::sigmoid(%a)
+  %c : Tensor = aten::sigmoid(%b)
+  %t : (Tensor, Tensor) = prim::TupleConstruct(%c, %b)
+  return (%t)
+)IR");
+  v1::Schedule schedule;
+  AddRecompute(g, &schedule, "b", {"b"});
+  const SegmentPlan s = OneSegment(g, schedule);
+  ASSERT_THAT(s.outputs, ElementsAre(g.value("b")));
+  EXPECT_THAT(s.freeable, ElementsAre(false));
+
+  v1::Schedule swap;
+  v1::Decision* d = swap.add_decisions();
+  d->set_value_id(1);
+  d->set_action(v1::Decision::SWAP);
+  d->set_producer_node(g.id("b"));
+  d->set_offload_after(g.id("t"));
+  EXPECT_THAT(Compile(g, swap).swaps, IsEmpty());
+}
+
 // Decisions naming nodes the graph does not have are refused, naming the
 // decision: a producer, a recompute node, an offload point.
 TEST(ExecutionPlanTest, DecisionsNamingUnknownNodesAreRefused) {

@@ -3,7 +3,10 @@
 // schedule compiler (execution_plan.h) and the segment runs
 // (checkpoint.h). The graph's first input is `self`; it gets the type of a
 // module the test owns, so that prim::GetAttr reads that module's
-// parameters and buffers when the interpreter runs the graph.
+// parameters and buffers when the interpreter runs the graph. Tensor
+// constants (`%c : Float(device=cpu) = prim::Constant[value={0.5}]()`, the
+// type naming dtype and sizes) are parsed as tensors of the
+// right shape with no set values: a test fills them (TensorConstant).
 #ifndef MUTWO_TESTS_WORKER_IR_GRAPH_H_
 #define MUTWO_TESTS_WORKER_IR_GRAPH_H_
 
@@ -26,7 +29,8 @@ struct IrGraph {
   IrGraph(const std::string& ir, torch::jit::Module module_in)
       : module(std::move(module_in)) {
     auto parsed = std::make_shared<torch::jit::Graph>();
-    torch::jit::parseIR(ir, parsed.get(), values);
+    torch::jit::parseIR(ir, parsed.get(), values,
+                        /*parse_tensor_constants=*/true);
     parsed->inputs()[0]->setType(module.type());
     auto created = worker::Graph::Create(module, parsed);
     EXPECT_TRUE(created.ok()) << created.status();
@@ -40,6 +44,12 @@ struct IrGraph {
     auto it = values.find(name);
     EXPECT_NE(it, values.end()) << "no value %" << name;
     return it == values.end() ? nullptr : it->second;
+  }
+  // The tensor the prim::Constant defining `%name` holds (every run of the
+  // node returns this tensor).
+  torch::Tensor TensorConstant(const std::string& name) const {
+    const torch::jit::Value* v = value(name);
+    return v == nullptr ? torch::Tensor() : v->node()->t(c10::attr::value);
   }
   // The node id of the node defining `%name`.
   int id(const std::string& name) const {
