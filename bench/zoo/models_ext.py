@@ -146,10 +146,10 @@ def make_timm(name, out):
     # The classes the output has (a model pretrained as a feature extractor,
     # eva02's MIM config, has num_classes 0 and returns its features).
     with torch.no_grad():
-        out = model(torch.randn(2, 3, size, size))
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    nc = int(out.shape[-1])
+        logits = model(torch.randn(2, 3, size, size))
+    if isinstance(logits, (tuple, list)):
+        logits = logits[0]
+    nc = int(logits.shape[-1])
     e["image_size"] = size
     e["inputs"] = [f"x:float32[B,3,{size},{size}]"]
     e["loss"] = f"cross_entropy:y:int64[B]{{0,{nc}}}"
