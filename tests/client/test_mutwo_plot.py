@@ -441,6 +441,48 @@ class SnapshotTest(unittest.TestCase):
         if hasattr(mv, "trace"):
             mv.trace(snap)
 
+    def test_html_beside_the_pickle_opens_offline(self):
+        # torch 1.13's viewer fails on these pickles and the web viewer
+        # needs the network: the page beside the pickle carries the data
+        # itself (the peak, the blocks by name, recomputed ones marked) and
+        # loads nothing.
+        data = timeline_data()
+        snap = mp.snapshot(data, "planned")
+        _, points = mp.replay(snap)
+        peak = max(now for _, now, _ in points)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "data.json")
+            with open(path, "w") as f:
+                json.dump(data, f)
+            out = os.path.join(d, "timeline_b32.pickle")
+            r = subprocess.run([sys.executable, SCRIPT, path, out],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "timeline_b32.html")) as f:
+                page = f.read()
+            # An existing pickle converts the same way.
+            again = os.path.join(d, "again.html")
+            r = subprocess.run([sys.executable, SCRIPT, out, again],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(again) as f:
+                converted = f.read()
+            bad = os.path.join(d, "bad.pickle")
+            with open(bad, "wb") as f:
+                pickle.dump({"segments": []}, f)
+            r = subprocess.run([sys.executable, SCRIPT, bad, again],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("device_traces", r.stderr)
+        for html in (page, converted):
+            self.assertIn("<b>%s</b>" % mp.format_bytes(peak), html)
+            self.assertIn("relu (aten::relu) [recompute]", html)
+            self.assertIn('class="recompute"', html)
+            self.assertIn("<svg", html)
+            self.assertNotIn("<script", html)
+            self.assertNotIn("https://", html)
+            self.assertNotIn("src=", html)
+
     def test_needs_a_timeline(self):
         with self.assertRaises(mp.PlotDataError):
             mp.snapshot(batch_data())
