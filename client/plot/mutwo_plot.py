@@ -219,6 +219,9 @@ def timeline_figure(data):
                                           else key[0])))
                 backward_marks.append(x)
 
+    if planned_curve is not None:
+        _mark_decisions(ax, data, planned_curve[0], timed, max(tops) / div)
+
     if budget > 0:
         text = data.get("budget_text")
         ax.axhline(budget / div, color=BUDGET_COLOR, linestyle="-.",
@@ -252,6 +255,51 @@ def timeline_figure(data):
                       "the server sent no times)")
     _legend_outside(ax)
     return _finish(fig)
+
+
+_DECISION_STYLES = {
+    "RECOMPUTE": ("recomputed", "^", "#d62728"),
+    "SWAP": ("swapped", "s", "#1f77b4"),
+}
+
+
+def _mark_decisions(ax, data, edges, timed, top):
+    """What the schedule recomputed or swapped, and when: for each such
+    activation, a bar in a lane under the curves from when the planned step
+    frees it (after its last forward use, or its offload) to when it is
+    rebuilt (its replay, or its prefetch), ending in a marker. One legend
+    entry per action with the count; the lanes stack, largest first."""
+    def start(position):
+        # Position p runs over [edges[p], edges[p + 1]].
+        return edges[max(0, min(position, len(edges) - 1))]
+
+    def end(position):
+        return edges[max(0, min(position + 1, len(edges) - 1))]
+
+    marked = [a for a in data.get("activations", [])
+              if a.get("action") in _DECISION_STYLES
+              and len(a.get("planned", [])) >= 2]
+    if not marked:
+        return
+    marked.sort(key=lambda a: -a.get("size", 0))
+    lane = top * 0.035
+    counts = {}
+    for i, a in enumerate(marked):
+        word, marker, color = _DECISION_STYLES[a["action"]]
+        counts[a["action"]] = counts.get(a["action"], 0) + 1
+        freed = end(a["planned"][0][1])
+        rebuilt = start(a["planned"][1][0])
+        y = lane * (1 + i % 8)
+        first = counts[a["action"]] == 1
+        n = sum(1 for b in marked if b["action"] == a["action"])
+        ax.plot([freed, rebuilt], [y, y], color=color, linewidth=2.0,
+                alpha=0.7, solid_capstyle="butt",
+                label=("%s (%d): freed -> %s" % (
+                    word, n, "replayed" if a["action"] == "RECOMPUTE"
+                    else "fetched back")) if first else "_nolegend_")
+        ax.plot([rebuilt], [y], linestyle="none", marker=marker,
+                markersize=6, color=color, markeredgecolor="black",
+                label="_nolegend_", gid="rebuilt:%s" % a.get("name", "?"))
 
 
 def _batch_ticks(ax, batches):

@@ -187,6 +187,28 @@ class TimelineTest(unittest.TestCase, FigureChecks):
         self.check_round_ticks(ax.get_yticks())
         self.assertFalse(any("INFEASIBLE" in t.get_text() for t in ax.texts))
 
+    def test_recomputed_activation_is_marked_when(self):
+        # relu is freed after position 2 (ends at 3 ms) and replayed for
+        # position 4 (starts at 5 ms): a bar from 3 to 5 ms ending in a
+        # marker, and a legend entry with the count.
+        fig = mp.timeline_figure(timeline_data())
+        ax = fig.axes[0]
+        names = labels(ax)
+        self.assertIn("recomputed (1): freed -> replayed", names)
+        bar = [l for l in ax.lines
+               if l.get_label() == "recomputed (1): freed -> replayed"][0]
+        self.assertEqual(list(bar.get_xdata()), [3.0, 5.0])
+        mark = [l for l in ax.lines
+                if l.get_gid() == "rebuilt:relu (aten::relu)"]
+        self.assertEqual(len(mark), 1)
+        self.assertEqual(list(mark[0].get_xdata()), [5.0])
+        self.check_legend_outside(fig)
+        # A swapped one is marked as swapped.
+        data = timeline_data()
+        data["activations"][1]["action"] = "SWAP"
+        self.assertIn("swapped (1): freed -> fetched back",
+                      labels(mp.timeline_figure(data).axes[0]))
+
     def test_infeasible_schedule_is_marked(self):
         fig = mp.timeline_figure(timeline_data(feasible=False))
         ax = fig.axes[0]
