@@ -100,7 +100,18 @@ int64_t KneeBudget(const std::vector<ParetoPoint>& curve) {
     weighted += w * static_cast<long double>(curve[i].budget_bytes);
     total += w;
   }
-  return std::llroundl(weighted / total);
+  // The curve's budget nearest the average: a budget the Pareto table
+  // lists, the same one as long as the average stays nearer it than its
+  // neighbours.
+  const long double average = weighted / total;
+  int64_t nearest = curve.front().budget_bytes;
+  for (const ParetoPoint& p : curve) {
+    if (std::abs(static_cast<long double>(p.budget_bytes) - average) <
+        std::abs(static_cast<long double>(nearest) - average)) {
+      nearest = p.budget_bytes;
+    }
+  }
+  return nearest;
 }
 
 }  // namespace mutwo::planner

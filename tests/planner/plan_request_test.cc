@@ -80,8 +80,9 @@ PlanProfile WithTimingNoise(PlanProfile p, double noise, std::mt19937& rng) {
 
 // `auto` recommends a budget for the model, not for one run's timings: op
 // times off by up to 3% each (two profiles of the same model differ so)
-// move it by under 1% on average and by under 5% at most (the arg-min of
-// the knee score moved it by 1.9% on average and by up to 19% here, as the
+// leave it where it was in all but a few of 36 noisy profiles, and move it
+// by under 1% on average and by under 6% at most. The arg-min of the knee
+// score moved in 8 of them, by 1.9% on average and by up to 19% (as the
 // ViT of issue 30 moved by 10%). Random models of 40 ops, 6 noise draws
 // each; the same with and without the device reserve.
 TEST(PlanRequestTest, AutoBudgetIsStableUnderTimingNoise) {
@@ -90,7 +91,7 @@ TEST(PlanRequestTest, AutoBudgetIsStableUnderTimingNoise) {
     request.device_reserve = reserve;
     request.budget = *ParseBudget("auto");
     double worst = 0, sum = 0;
-    int runs = 0;
+    int runs = 0, moves = 0;
     for (int model = 0; model < 6; ++model) {
       std::mt19937 rng(model);
       const PlanProfile base = RandomProfile(rng, 40);
@@ -107,18 +108,21 @@ TEST(PlanRequestTest, AutoBudgetIsStableUnderTimingNoise) {
             std::abs(static_cast<double>(s->budget_bytes()) /
                          static_cast<double>(reference->budget_bytes()) -
                      1);
-        EXPECT_LT(moved, 0.05)
+        EXPECT_LT(moved, 0.06)
             << "model " << model << ", noise seed " << seed << ", reserve "
             << reserve << ": " << s->reason() << "\nvs " << reference->reason();
         worst = std::max(worst, moved);
         sum += moved;
+        moves += moved > 0;
         ++runs;
       }
     }
     EXPECT_LT(sum / runs, 0.01) << "reserve " << reserve;
-    std::cout << "auto moved by " << 100 * sum / runs << "% on average, "
-              << 100 * worst << "% at most, over " << runs
-              << " noisy profiles (reserve " << reserve << ")\n";
+    EXPECT_LE(moves, 3) << "reserve " << reserve;
+    std::cout << "auto moved in " << moves << " of " << runs << ", by "
+              << 100 * sum / runs << "% on average, " << 100 * worst
+              << "% at most, over " << runs << " noisy profiles (reserve "
+              << reserve << ")\n";
   }
 }
 
