@@ -149,9 +149,11 @@ std::vector<CommandSpec> Commands() {
        "infeasible requests, the capacity and the max batch.\npareto: "
        "mutwo's peak vs iteration-time curve beside sqrt_n and per_block.\n"
        "-o FILE.json writes the plot data; -o FILE.pickle (timeline) a "
-       "PyTorch memory\nsnapshot (open it at https://pytorch.org/memory_viz)."
-       " Rendering runs\nmutwo_plot.py (share/mutwo/ next to the binary) "
-       "with a Python that has\nmatplotlib: $MUTWO_PYTHON, python3 or "
+       "PyTorch memory\nsnapshot (https://pytorch.org/memory_viz) and "
+       "FILE.html beside it, a page\nthat opens offline (mutwo_plot.py "
+       "FILE.pickle FILE.html converts one).\n"
+       "Rendering runs mutwo_plot.py (share/mutwo/ next to the binary) "
+       "with a\nPython that has matplotlib: $MUTWO_PYTHON, python3 or "
        "/usr/bin/python3.",
        Rpc({"kind", "batch", "budget", "out", "timeline"}),
        {{"batch", "timeline, pareto: the batch size"},

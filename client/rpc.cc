@@ -1,13 +1,13 @@
 #include "client/rpc.h"
 
 #include <chrono>
-#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/args.h"
 #include "common/credentials.h"
+#include "common/server_address.h"
 
 ABSL_FLAG(std::string, server, "",
           "mutwo-server address (default: $MUTWO_SERVER, else "
@@ -24,11 +24,7 @@ ABSL_FLAG(std::string, tls_ca, "",
 namespace mutwo {
 
 std::string ServerAddress() {
-  if (std::string flag = absl::GetFlag(FLAGS_server); !flag.empty()) {
-    return flag;
-  }
-  const char* env = std::getenv("MUTWO_SERVER");
-  return env != nullptr && *env != 0 ? env : kDefaultServer;
+  return ResolveServerAddress(absl::GetFlag(FLAGS_server));
 }
 
 std::string ServerFlagsText() {

@@ -7,15 +7,15 @@
 #include <memory>
 #include <string>
 
+#include "common/server_address.h"
 #include "grpcpp/grpcpp.h"
 #include "mutwo/v1/planner.grpc.pb.h"
 
 namespace mutwo {
 
-inline constexpr char kDefaultServer[] = "127.0.0.1:50051";
-
 // The server every command talks to: --server, else the environment
-// variable MUTWO_SERVER, else kDefaultServer.
+// variable MUTWO_SERVER, else kDefaultServer (common/server_address.h, as
+// mutwo-worker serve resolves it).
 std::string ServerAddress();
 // The connection flags given on the command line (" --server=H:P
 // --tls_ca=..."; "" when none), for a command line printed as a hint that

@@ -1,6 +1,7 @@
 #include "planner/pareto.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace mutwo::planner {
@@ -40,8 +41,13 @@ std::vector<ParetoPoint> NonDominated(std::vector<ParetoPoint> points) {
   return out;
 }
 
-int KneeIndex(const std::vector<ParetoPoint>& curve) {
-  if (curve.empty()) return -1;
+namespace {
+
+// Each point's Kneedle score (KneeIndex): its peak and time, each scaled to
+// [0, 1] over the curve, summed.
+std::vector<double> KneeScores(const std::vector<ParetoPoint>& curve) {
+  std::vector<double> score;
+  if (curve.empty()) return score;
   int64_t peak_min = curve.front().predicted_peak_bytes, peak_max = peak_min;
   double ms_min = curve.front().predicted_iteration_ms, ms_max = ms_min;
   for (const ParetoPoint& p : curve) {
@@ -52,13 +58,7 @@ int KneeIndex(const std::vector<ParetoPoint>& curve) {
   }
   const double peak_range = static_cast<double>(peak_max - peak_min);
   const double ms_range = ms_max - ms_min;
-  // Relative tolerance for "the same sum": a straight curve's points differ
-  // only by rounding and must keep the lowest peak.
-  constexpr double kTie = 1e-9;
-  int best = -1;
-  double best_sum = 0;
-  for (size_t i = 0; i < curve.size(); ++i) {
-    const ParetoPoint& p = curve[i];
+  for (const ParetoPoint& p : curve) {
     const double peak =
         peak_range > 0
             ? static_cast<double>(p.predicted_peak_bytes - peak_min) /
@@ -66,16 +66,52 @@ int KneeIndex(const std::vector<ParetoPoint>& curve) {
             : 0;
     const double ms =
         ms_range > 0 ? (p.predicted_iteration_ms - ms_min) / ms_range : 0;
-    const double sum = peak + ms;
-    const bool lower_peak =
-        best < 0 || p.predicted_peak_bytes < curve[best].predicted_peak_bytes;
-    if (best < 0 || sum < best_sum - kTie ||
-        (sum <= best_sum + kTie && lower_peak)) {
+    score.push_back(peak + ms);
+  }
+  return score;
+}
+
+}  // namespace
+
+int KneeIndex(const std::vector<ParetoPoint>& curve) {
+  const std::vector<double> score = KneeScores(curve);
+  // Relative tolerance for "the same sum": a straight curve's points differ
+  // only by rounding and must keep the lowest peak.
+  constexpr double kTie = 1e-9;
+  int best = -1;
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const bool lower_peak = best < 0 || curve[i].predicted_peak_bytes <
+                                            curve[best].predicted_peak_bytes;
+    if (best < 0 || score[i] < score[best] - kTie ||
+        (score[i] <= score[best] + kTie && lower_peak)) {
       best = static_cast<int>(i);
-      best_sum = sum;
     }
   }
   return best;
+}
+
+int64_t KneeBudget(const std::vector<ParetoPoint>& curve) {
+  if (curve.empty()) return -1;
+  const std::vector<double> score = KneeScores(curve);
+  const double best = *std::min_element(score.begin(), score.end());
+  long double weighted = 0, total = 0;
+  for (size_t i = 0; i < curve.size(); ++i) {
+    const long double w = std::exp(-(score[i] - best) / kKneeSmoothing);
+    weighted += w * static_cast<long double>(curve[i].budget_bytes);
+    total += w;
+  }
+  // The curve's budget nearest the average: a budget the Pareto table
+  // lists, the same one as long as the average stays nearer it than its
+  // neighbours.
+  const long double average = weighted / total;
+  int64_t nearest = curve.front().budget_bytes;
+  for (const ParetoPoint& p : curve) {
+    if (std::abs(static_cast<long double>(p.budget_bytes) - average) <
+        std::abs(static_cast<long double>(nearest) - average)) {
+      nearest = p.budget_bytes;
+    }
+  }
+  return nearest;
 }
 
 }  // namespace mutwo::planner

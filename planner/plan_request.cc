@@ -169,13 +169,16 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
           "even at the baseline peak)");
     }
     const ParetoPoint& k = curve[knee];
-    budget_bytes = with_reserve
-                       ? LowestBudgetAbove(profile, k.predicted_peak_bytes)
-                       : k.predicted_peak_bytes;
+    const int64_t knee_budget = KneeBudget(curve);
+    budget_bytes =
+        with_reserve ? LowestBudgetAbove(profile, knee_budget) : knee_budget;
     resolved_note = absl::StrCat(
-        "auto: the knee of the Pareto curve (point ", knee + 1, " of ",
-        curve.size(), ", predicted peak ", FormatBytes(k.predicted_peak_bytes),
-        ", ", absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
+        "auto: the knee of the Pareto curve (", FormatBytes(knee_budget),
+        ", the budgets near its best point weighted by how close they come, "
+        "so that a few % of timing noise moves it little; best point ",
+        knee + 1, " of ", curve.size(), ": predicted peak ",
+        FormatBytes(k.predicted_peak_bytes), ", ",
+        absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
   } else if (request.budget.kind_case() == v1::MemoryBudget::kFloor) {
     // `floor`: the lowest budget the plan fits with the reserve, never
     // above the baseline peak (the unmodified step fits that). The same

@@ -270,4 +270,22 @@ TEST(WorkerServe, DefaultWorkDirIsTheUserCache) {
   fs::remove_all(dir);
 }
 
+// `serve` without --server connects where $MUTWO_SERVER says, as the CLI
+// does: one environment variable points the worker and the CLI at one
+// server.
+TEST(WorkerServe, ConnectsToMutwoServer) {
+  MUTWO_SKIP_WITHOUT_WORKER();
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / absl::StrCat("mutwo_env_", getpid());
+  fs::create_directories(dir);
+  // No server listens on port 9: serve keeps retrying, naming the address.
+  CommandResult r = RunCommand(absl::StrCat(
+      "MUTWO_SERVER=127.0.0.1:9 timeout -s TERM 5 ", BinPath("mutwo-worker"),
+      " serve --device=cpu --work_dir=", dir.string()));
+  EXPECT_THAT(r.output, HasSubstr("register with 127.0.0.1:9")) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("127.0.0.1:50051"))) << r.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace

@@ -21,6 +21,7 @@
 #include "common/metrics_exposer.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
+#include "common/server_address.h"
 #include "mutwo/v1/worker_hub.pb.h"
 #include "worker/daemon/child_process.h"
 #include "worker/daemon/daemon.h"
@@ -29,8 +30,9 @@
 #include "worker/profile_command.h"
 #include "worker/profiler.h"
 
-ABSL_FLAG(std::string, server, "127.0.0.1:50051",
-          "serve: mutwo-server address");
+ABSL_FLAG(std::string, server, "",
+          "serve: mutwo-server address (default: $MUTWO_SERVER, else "
+          "127.0.0.1:50051)");
 ABSL_FLAG(std::string, token_file, "",
           "serve: file whose first line is the worker's bearer token (else "
           "MUTWO_TOKEN_FILE, else MUTWO_TOKEN)");
@@ -255,7 +257,7 @@ int RunServeCommand(const ParsedArgs& args, const char* argv0) {
   const std::string self_exe =
       n > 0 ? std::string(self, n) : std::string(argv0);
   WorkerDaemon::Options options;
-  options.server = absl::GetFlag(FLAGS_server);
+  options.server = ResolveServerAddress(absl::GetFlag(FLAGS_server));
   options.credentials.token_file = absl::GetFlag(FLAGS_token_file);
   options.credentials.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
   options.credentials.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);

@@ -6,9 +6,17 @@ benchmark's report (bench/gpu/report.py) imports it.
     mutwo_plot.py DATA.json OUT.svg|OUT.png|OUT.pdf
     mutwo_plot.py DATA.json OUT.pickle [--timeline planned|baseline|measured]
 
-The last form writes a timeline in the pickle format of
+The pickle form writes a timeline in the pickle format of
 torch.cuda.memory._dump_snapshot ({"segments", "device_traces"}), for
-https://pytorch.org/memory_viz and torch.cuda._memory_viz.
+https://pytorch.org/memory_viz and torch.cuda._memory_viz, and beside it
+OUT.html: the same snapshot as one self-contained page (allocated memory
+over the step, the largest blocks with when they were allocated and freed)
+that opens offline in any browser (torch 1.13's own viewer fails on such
+pickles with "string indices must be integers").
+
+    mutwo_plot.py SNAPSHOT.pickle OUT.html
+
+writes that page for an existing snapshot pickle.
 
 Plot data kinds (every byte figure is in bytes, every time in ms):
 
@@ -211,6 +219,9 @@ def timeline_figure(data):
                                           else key[0])))
                 backward_marks.append(x)
 
+    if planned_curve is not None:
+        _mark_decisions(ax, data, planned_curve[0], timed, max(tops) / div)
+
     if budget > 0:
         text = data.get("budget_text")
         ax.axhline(budget / div, color=BUDGET_COLOR, linestyle="-.",
@@ -244,6 +255,51 @@ def timeline_figure(data):
                       "the server sent no times)")
     _legend_outside(ax)
     return _finish(fig)
+
+
+_DECISION_STYLES = {
+    "RECOMPUTE": ("recomputed", "^", "#d62728"),
+    "SWAP": ("swapped", "s", "#1f77b4"),
+}
+
+
+def _mark_decisions(ax, data, edges, timed, top):
+    """What the schedule recomputed or swapped, and when: for each such
+    activation, a bar in a lane under the curves from when the planned step
+    frees it (after its last forward use, or its offload) to when it is
+    rebuilt (its replay, or its prefetch), ending in a marker. One legend
+    entry per action with the count; the lanes stack, largest first."""
+    def start(position):
+        # Position p runs over [edges[p], edges[p + 1]].
+        return edges[max(0, min(position, len(edges) - 1))]
+
+    def end(position):
+        return edges[max(0, min(position + 1, len(edges) - 1))]
+
+    marked = [a for a in data.get("activations", [])
+              if a.get("action") in _DECISION_STYLES
+              and len(a.get("planned", [])) >= 2]
+    if not marked:
+        return
+    marked.sort(key=lambda a: -a.get("size", 0))
+    lane = top * 0.035
+    counts = {}
+    for i, a in enumerate(marked):
+        word, marker, color = _DECISION_STYLES[a["action"]]
+        counts[a["action"]] = counts.get(a["action"], 0) + 1
+        freed = end(a["planned"][0][1])
+        rebuilt = start(a["planned"][1][0])
+        y = lane * (1 + i % 8)
+        first = counts[a["action"]] == 1
+        n = sum(1 for b in marked if b["action"] == a["action"])
+        ax.plot([freed, rebuilt], [y, y], color=color, linewidth=2.0,
+                alpha=0.7, solid_capstyle="butt",
+                label=("%s (%d): freed -> %s" % (
+                    word, n, "replayed" if a["action"] == "RECOMPUTE"
+                    else "fetched back")) if first else "_nolegend_")
+        ax.plot([rebuilt], [y], linestyle="none", marker=marker,
+                markersize=6, color=color, markeredgecolor="black",
+                label="_nolegend_", gid="rebuilt:%s" % a.get("name", "?"))
 
 
 def _batch_ticks(ax, batches):
@@ -678,6 +734,99 @@ def replay(snap):
     return start, out
 
 
+def _escape(text):
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;")
+            .replace(">", "&gt;").replace('"', "&quot;"))
+
+
+def snapshot_html(snap, title="memory snapshot", max_rows=300):
+    """One self-contained HTML page for a snapshot (as snapshot() writes it,
+    or a torch.cuda.memory._snapshot() with device_traces): allocated bytes
+    over the trace as an inline SVG, and the largest allocations with their
+    name, size and alloc/free times. No script, no network: it opens
+    offline."""
+    if not isinstance(snap, dict) or "device_traces" not in snap:
+        raise PlotDataError("not a memory snapshot with device_traces "
+                            "(torch.cuda.memory._dump_snapshot's pickle)")
+    start, points = replay(snap)
+    if not points:
+        raise PlotDataError("the snapshot's trace has no allocation")
+    peak = max([start] + [now for _, now, _ in points])
+    peak_t = next(t for t, now, _ in points if now == peak) if any(
+        now == peak for _, now, _ in points) else 0
+    t_end = max(t for t, _, _ in points) or 1
+    w, h, pad = 900, 300, 60
+    x = lambda t: pad + (w - 2 * pad) * t / t_end
+    y = lambda b: h - pad + (-(h - 2 * pad) * b / peak if peak else 0)
+    path, now = ["M%.1f,%.1f" % (x(0), y(start))], start
+    for t, after, _ in points:
+        path.append("L%.1f,%.1f" % (x(t), y(now)))
+        path.append("L%.1f,%.1f" % (x(t), y(after)))
+        now = after
+    # Blocks: alloc/free pairs by address, in trace order.
+    open_at, blocks = {}, []
+    for e in snap["device_traces"][0]:
+        frame = (e.get("frames") or [{}])[0]
+        name = frame.get("name", "?")
+        if e["action"] == "alloc":
+            open_at[e["addr"]] = (name, e["size"], e["time_us"])
+        elif e["action"] == "free_completed" and e["addr"] in open_at:
+            n, size, t0 = open_at.pop(e["addr"])
+            blocks.append((n, size, t0, e["time_us"]))
+    for n, size, t0 in open_at.values():
+        blocks.append((n, size, t0, None))
+    blocks.sort(key=lambda b: (-b[1], b[2]))
+    rows = []
+    for n, size, t0, t1 in blocks[:max_rows]:
+        mark = (" class=\"recompute\"" if "[recompute]" in n else
+                " class=\"swap\"" if "[swap" in n else "")
+        rows.append("<tr%s><td>%s</td><td>%s</td><td>%.3f</td><td>%s</td>"
+                    "</tr>" % (mark, _escape(n), format_bytes(size),
+                               t0 / 1000.0, "held at the end" if t1 is None
+                               else "%.3f" % (t1 / 1000.0)))
+    ticks = []
+    for i in range(5):
+        b = peak * i / 4
+        ticks.append('<text x="%d" y="%.1f" text-anchor="end">%s</text>'
+                     % (pad - 4, y(b) + 4, _escape(format_bytes(int(b)))))
+    return """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>%(title)s</title>
+<style>body{font-family:sans-serif;margin:1em}td,th{padding:2px 8px;
+text-align:right}td:first-child{text-align:left}tr.recompute{background:#fde}
+tr.swap{background:#def}svg text{font-size:11px}</style></head><body>
+<h1>%(title)s</h1>
+<p>Allocated memory over the step: starts at %(start)s (held before the
+trace: parameters, gradients, optimizer state, inputs), peaks at
+<b>%(peak)s</b> at %(peak_ms).3f ms; the trace ends at %(end_ms).3f ms.
+%(count)d allocations.</p>
+<svg width="%(w)d" height="%(h)d" xmlns="http://www.w3.org/2000/svg">
+<path d="%(path)s" fill="none" stroke="#1f77b4"/>
+<line x1="%(pad)d" y1="%(py).1f" x2="%(xr)d" y2="%(py).1f" stroke="#d62728"
+ stroke-dasharray="4"/>%(ticks)s
+<text x="%(xm)d" y="%(yb)d" text-anchor="middle">time (ms)</text></svg>
+<h2>Largest blocks</h2>
+<p>Rows in red are recomputed activations, in blue swapped ones (allocated
+again before their backward use).</p>
+<table><tr><th>allocated by</th><th>size</th><th>allocated at (ms)</th>
+<th>freed at (ms)</th></tr>
+%(rows)s
+</table></body></html>
+""" % {"title": _escape(title), "start": format_bytes(start),
+       "peak": format_bytes(peak), "peak_ms": peak_t / 1000.0,
+       "end_ms": t_end / 1000.0, "count": len(blocks), "w": w, "h": h,
+       "pad": pad, "path": " ".join(path), "py": y(peak), "xr": w - pad,
+       "ticks": "".join(ticks), "xm": w // 2, "yb": h - pad // 3,
+       "rows": "\n".join(rows)}
+
+
+def _write(path, text_or_bytes):
+    tmp = path + ".tmp"
+    mode = "wb" if isinstance(text_or_bytes, bytes) else "w"
+    with open(tmp, mode) as f:
+        f.write(text_or_bytes)
+    os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------
@@ -685,11 +834,30 @@ def replay(snap):
 def main(argv):
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("data", help="plot data JSON (- for stdin)")
-    parser.add_argument("out", help=".svg, .png, .pdf, or .pickle (timeline)")
+    parser.add_argument("data", help="plot data JSON (- for stdin), or a "
+                        "snapshot .pickle to convert to .html")
+    parser.add_argument("out", help=".svg, .png, .pdf, .pickle (timeline; "
+                        "writes .html beside it) or .html (from a .pickle)")
     parser.add_argument("--timeline", default="planned",
                         help="for .pickle: planned, baseline or measured")
     args = parser.parse_args(argv)
+    if args.data.endswith(".pickle"):
+        if not args.out.endswith(".html"):
+            print("mutwo_plot: a snapshot pickle converts to .html only",
+                  file=sys.stderr)
+            return 2
+        try:
+            with open(args.data, "rb") as f:
+                snap = pickle.load(f)
+            _write(args.out, snapshot_html(
+                snap, os.path.basename(args.data)))
+        except PlotDataError as e:
+            print("mutwo_plot: %s: %s" % (args.data, e), file=sys.stderr)
+            return 2
+        except (OSError, pickle.UnpicklingError, EOFError) as e:
+            print("mutwo_plot: %s" % e, file=sys.stderr)
+            return 2
+        return 0
     try:
         if args.data == "-":
             data = json.load(sys.stdin)
@@ -702,10 +870,11 @@ def main(argv):
     try:
         if args.out.endswith(".pickle"):
             snap = snapshot(data, args.timeline)
-            tmp = args.out + ".tmp"
-            with open(tmp, "wb") as f:
-                pickle.dump(snap, f)
-            os.replace(tmp, args.out)
+            _write(args.out, pickle.dumps(snap))
+            # Beside it, the page that opens offline.
+            _write(args.out[:-len(".pickle")] + ".html", snapshot_html(
+                snap, "%s: %s timeline" % (os.path.basename(args.out),
+                                           args.timeline)))
             return 0
         try:
             _pyplot()

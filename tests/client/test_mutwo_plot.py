@@ -187,6 +187,28 @@ class TimelineTest(unittest.TestCase, FigureChecks):
         self.check_round_ticks(ax.get_yticks())
         self.assertFalse(any("INFEASIBLE" in t.get_text() for t in ax.texts))
 
+    def test_recomputed_activation_is_marked_when(self):
+        # relu is freed after position 2 (ends at 3 ms) and replayed for
+        # position 4 (starts at 5 ms): a bar from 3 to 5 ms ending in a
+        # marker, and a legend entry with the count.
+        fig = mp.timeline_figure(timeline_data())
+        ax = fig.axes[0]
+        names = labels(ax)
+        self.assertIn("recomputed (1): freed -> replayed", names)
+        bar = [l for l in ax.lines
+               if l.get_label() == "recomputed (1): freed -> replayed"][0]
+        self.assertEqual(list(bar.get_xdata()), [3.0, 5.0])
+        mark = [l for l in ax.lines
+                if l.get_gid() == "rebuilt:relu (aten::relu)"]
+        self.assertEqual(len(mark), 1)
+        self.assertEqual(list(mark[0].get_xdata()), [5.0])
+        self.check_legend_outside(fig)
+        # A swapped one is marked as swapped.
+        data = timeline_data()
+        data["activations"][1]["action"] = "SWAP"
+        self.assertIn("swapped (1): freed -> fetched back",
+                      labels(mp.timeline_figure(data).axes[0]))
+
     def test_infeasible_schedule_is_marked(self):
         fig = mp.timeline_figure(timeline_data(feasible=False))
         ax = fig.axes[0]
@@ -440,6 +462,48 @@ class SnapshotTest(unittest.TestCase):
         self.assertIn("active_allocated", lines)
         if hasattr(mv, "trace"):
             mv.trace(snap)
+
+    def test_html_beside_the_pickle_opens_offline(self):
+        # torch 1.13's viewer fails on these pickles and the web viewer
+        # needs the network: the page beside the pickle carries the data
+        # itself (the peak, the blocks by name, recomputed ones marked) and
+        # loads nothing.
+        data = timeline_data()
+        snap = mp.snapshot(data, "planned")
+        _, points = mp.replay(snap)
+        peak = max(now for _, now, _ in points)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "data.json")
+            with open(path, "w") as f:
+                json.dump(data, f)
+            out = os.path.join(d, "timeline_b32.pickle")
+            r = subprocess.run([sys.executable, SCRIPT, path, out],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(os.path.join(d, "timeline_b32.html")) as f:
+                page = f.read()
+            # An existing pickle converts the same way.
+            again = os.path.join(d, "again.html")
+            r = subprocess.run([sys.executable, SCRIPT, out, again],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(again) as f:
+                converted = f.read()
+            bad = os.path.join(d, "bad.pickle")
+            with open(bad, "wb") as f:
+                pickle.dump({"segments": []}, f)
+            r = subprocess.run([sys.executable, SCRIPT, bad, again],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("device_traces", r.stderr)
+        for html in (page, converted):
+            self.assertIn("<b>%s</b>" % mp.format_bytes(peak), html)
+            self.assertIn("relu (aten::relu) [recompute]", html)
+            self.assertIn('class="recompute"', html)
+            self.assertIn("<svg", html)
+            self.assertNotIn("<script", html)
+            self.assertNotIn("https://", html)
+            self.assertNotIn("src=", html)
 
     def test_needs_a_timeline(self):
         with self.assertRaises(mp.PlotDataError):

@@ -7,6 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "planner/pareto.h"
@@ -17,6 +22,8 @@ namespace mutwo::planner {
 namespace {
 
 using testing::DiamondProto;
+using testing::ProfileProto;
+using testing::RandomProfile;
 
 // `auto` resolves to the knee of the Pareto curve: a budget between the
 // floor and the baseline peak at which the plan is the knee's point.
@@ -37,8 +44,8 @@ TEST(PlanRequestTest, AutoBudgetPlansAtTheKnee) {
   }
   const int knee = KneeIndex(curve);
   ASSERT_GE(knee, 0);
-  EXPECT_EQ(s->budget_bytes(), curve[knee].predicted_peak_bytes);
-  EXPECT_EQ(s->predicted_peak_bytes(), curve[knee].predicted_peak_bytes);
+  EXPECT_EQ(s->budget_bytes(), KneeBudget(curve));
+  EXPECT_LE(s->predicted_peak_bytes(), s->budget_bytes());
   EXPECT_GE(s->budget_bytes(), s->floor_bytes());
   EXPECT_LE(s->budget_bytes(), s->baseline_peak_bytes());
   EXPECT_NE(s->reason().find("knee"), std::string::npos) << s->reason();
@@ -54,6 +61,69 @@ TEST(PlanRequestTest, AutoBudgetPlansAtTheKnee) {
   EXPECT_EQ(a->budget_bytes(), b->budget_bytes());
   EXPECT_LE(a->predicted_peak_bytes(),
             a->budget_bytes() - AllocatorReserveBytes(big, a->budget_bytes()));
+}
+
+// The profile of `p` again with every op, backward step, recompute and
+// inactive time scaled by its own factor in [1 - noise, 1 + noise]: the same
+// model profiled twice.
+PlanProfile WithTimingNoise(PlanProfile p, double noise, std::mt19937& rng) {
+  std::uniform_real_distribution<double> factor(1 - noise, 1 + noise);
+  for (PlanNode& n : p.nodes) n.forward_ms *= factor(rng);
+  for (PlanBackwardStep& s : p.backward_steps) s.ms *= factor(rng);
+  for (PlanActivation& a : p.activations) {
+    a.recompute_ms *= factor(rng);
+    a.inactive_ms *= factor(rng);
+  }
+  p.measured_iteration_ms *= factor(rng);
+  return p;
+}
+
+// `auto` recommends a budget for the model, not for one run's timings: op
+// times off by up to 3% each (two profiles of the same model differ so)
+// leave it where it was in all but a few of 36 noisy profiles, and move it
+// by under 1% on average and by under 6% at most. The arg-min of the knee
+// score moved in 8 of them, by 1.9% on average and by up to 19% (as the
+// ViT of issue 30 moved by 10%). Random models of 40 ops, 6 noise draws
+// each; the same with and without the device reserve.
+TEST(PlanRequestTest, AutoBudgetIsStableUnderTimingNoise) {
+  for (const bool reserve : {false, true}) {
+    ScheduleRequest request;
+    request.device_reserve = reserve;
+    request.budget = *ParseBudget("auto");
+    double worst = 0, sum = 0;
+    int runs = 0, moves = 0;
+    for (int model = 0; model < 6; ++model) {
+      std::mt19937 rng(model);
+      const PlanProfile base = RandomProfile(rng, 40);
+      auto reference =
+          PlanSchedule(ProfileProto(base, int64_t{1} << 30), request);
+      ASSERT_TRUE(reference.ok()) << reference.status();
+      for (int seed = 0; seed < 6; ++seed) {
+        std::mt19937 noise(1000 + seed);
+        auto s = PlanSchedule(
+            ProfileProto(WithTimingNoise(base, 0.03, noise), int64_t{1} << 30),
+            request);
+        ASSERT_TRUE(s.ok()) << s.status();
+        const double moved =
+            std::abs(static_cast<double>(s->budget_bytes()) /
+                         static_cast<double>(reference->budget_bytes()) -
+                     1);
+        EXPECT_LT(moved, 0.06)
+            << "model " << model << ", noise seed " << seed << ", reserve "
+            << reserve << ": " << s->reason() << "\nvs " << reference->reason();
+        worst = std::max(worst, moved);
+        sum += moved;
+        moves += moved > 0;
+        ++runs;
+      }
+    }
+    EXPECT_LT(sum / runs, 0.01) << "reserve " << reserve;
+    EXPECT_LE(moves, 3) << "reserve " << reserve;
+    std::cout << "auto moved in " << moves << " of " << runs << ", by "
+              << 100 * sum / runs << "% on average, " << 100 * worst
+              << "% at most, over " << runs << " noisy profiles (reserve "
+              << reserve << ")\n";
+  }
 }
 
 // A recurrent layer is named in the reason with the bytes it keeps, as one

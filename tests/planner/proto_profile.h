@@ -8,16 +8,17 @@
 
 namespace mutwo::planner::testing {
 
-// Value ids are 100 + index, so that ids and indices differ.
-inline v1::Profile DiamondProto() {
-  const PlanProfile p = Diamond();
+// `p` as the worker reports it (CPU device of `device_total_bytes`). Value
+// ids are 100 + index, so that ids and indices differ.
+inline v1::Profile ProfileProto(const PlanProfile& p,
+                                int64_t device_total_bytes) {
   v1::Profile out;
-  out.set_graph_fingerprint("fp-diamond");
-  out.set_model_sha256("abc123");
-  out.set_batch_size(8);
   out.mutable_device()->set_kind("cpu");
-  out.mutable_device()->set_total_bytes(4000);
-  out.mutable_fixed()->set_parameter_bytes(0);
+  out.mutable_device()->set_total_bytes(device_total_bytes);
+  out.mutable_fixed()->set_parameter_bytes(p.fixed_bytes);
+  if (p.measured_iteration_ms > 0) {
+    out.mutable_measured()->set_iteration_ms(p.measured_iteration_ms);
+  }
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     v1::ProfileNode* n = out.add_nodes();
     n->set_id(static_cast<int>(i));
@@ -40,10 +41,19 @@ inline v1::Profile DiamondProto() {
     o->set_last_forward_use(a.last_forward_use);
     o->set_first_backward_use(a.first_backward_use);
     o->set_last_backward_use(a.last_backward_use);
+    o->set_inactive_ms(a.inactive_ms);
     o->set_recompute_ms(a.recompute_ms);
     for (int s : a.recompute_sources) o->add_recompute_sources(100 + s);
     for (int n : a.recompute_nodes) o->add_recompute_nodes(n);
   }
+  return out;
+}
+
+inline v1::Profile DiamondProto() {
+  v1::Profile out = ProfileProto(Diamond(), /*device_total_bytes=*/4000);
+  out.set_graph_fingerprint("fp-diamond");
+  out.set_model_sha256("abc123");
+  out.set_batch_size(8);
   return out;
 }
 

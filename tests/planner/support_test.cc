@@ -97,6 +97,39 @@ TEST(ParetoTest, KneeIsFarthestBelowTheChord) {
   EXPECT_EQ(KneeIndex(scaled), 2);
 }
 
+// The budget `auto` resolves to, always one of the curve's budgets: at a
+// sharp knee the knee's; where three points score nearly the same, the
+// middle one, whichever of them noise makes a hair better.
+TEST(ParetoTest, KneeBudgetIsTheMiddleOfThePointsNearTheBest) {
+  EXPECT_EQ(KneeBudget({}), -1);
+  EXPECT_EQ(KneeBudget({{1000, 900, 5.0, 0, 0}}), 1000);
+  const int64_t mib = int64_t{1} << 20;
+  const std::vector<ParetoPoint> bent = {{20 * mib, 20 * mib, 31.0, 0, 0},
+                                         {40 * mib, 40 * mib, 20.0, 0, 0},
+                                         {60 * mib, 60 * mib, 11.0, 0, 0},
+                                         {80 * mib, 80 * mib, 10.5, 0, 0},
+                                         {100 * mib, 100 * mib, 10.0, 0, 0}};
+  EXPECT_EQ(KneeBudget(bent), 60 * mib);
+  // Scores 1, 0.9, 0.9, 0.9, 1 (peaks 0.4, 0.5, 0.6 plus times 0.5, 0.4,
+  // 0.3): the 50 MiB point, also with either neighbour a hair better.
+  std::vector<ParetoPoint> flat = {{0, 0, 30.0, 0, 0},
+                                   {40 * mib, 40 * mib, 15.0, 0, 0},
+                                   {50 * mib, 50 * mib, 12.0, 0, 0},
+                                   {60 * mib, 60 * mib, 9.0, 0, 0},
+                                   {100 * mib, 100 * mib, 0.0, 0, 0}};
+  EXPECT_EQ(KneeIndex(flat), 1);  // the arg-min: the lowest peak of a tie
+  EXPECT_EQ(KneeBudget(flat), 50 * mib);
+  for (const double ms : {14.8, 15.2}) {
+    flat[1].predicted_iteration_ms = ms;
+    EXPECT_EQ(KneeBudget(flat), 50 * mib) << ms;
+  }
+  flat[1].predicted_iteration_ms = 15.0;
+  for (const double ms : {8.8, 9.2}) {
+    flat[3].predicted_iteration_ms = ms;
+    EXPECT_EQ(KneeBudget(flat), 50 * mib) << ms;
+  }
+}
+
 TEST(OracleTest, FindsTheCheapestFittingSubset) {
   // Chain: only A can be freed at the peak.
   const PlanProfile p = testing::Chain();
