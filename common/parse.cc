@@ -1,5 +1,6 @@
 #include "common/parse.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -146,9 +147,9 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
     budget.set_floor(true);
     return budget;
   }
-  const bool of_device = absl::ConsumeSuffix(&s, "%dev") ||
-                         absl::ConsumeSuffix(&s, "%DEV") ||
-                         absl::ConsumeSuffix(&s, "%Dev");
+  // Any case, as auto and floor: `80%DEV` is what a user shouting means.
+  const bool of_device = absl::EndsWithIgnoreCase(s, "%dev");
+  if (of_device) s.remove_suffix(4);
   const bool of_baseline = !of_device && absl::ConsumeSuffix(&s, "%");
   if (of_device || of_baseline) {
     double percent = 0;
@@ -182,6 +183,38 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
   }
   budget.set_bytes(*bytes);
   return budget;
+}
+
+absl::Status ValidateBudget(const v1::MemoryBudget& b) {
+  switch (b.kind_case()) {
+    case v1::MemoryBudget::kBytes:
+      if (b.bytes() > 0) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::kFractionOfBaseline:
+      if (b.fraction_of_baseline() > 0 && b.fraction_of_baseline() <= 1) {
+        return absl::OkStatus();
+      }
+      break;
+    case v1::MemoryBudget::kFractionOfDevice:
+      if (b.fraction_of_device() > 0 && b.fraction_of_device() <= 1) {
+        return absl::OkStatus();
+      }
+      break;
+    case v1::MemoryBudget::kKnee:
+      if (b.knee()) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::kFloor:
+      if (b.floor()) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "a budget has no kind: set bytes, fraction_of_baseline, "
+          "fraction_of_device, knee or floor");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("budget ", Quote(FormatBudget(b)),
+                   ": bytes must be positive, fractions in (0, 1] and "
+                   "knee or floor true"));
 }
 
 std::string FormatBudget(const v1::MemoryBudget& budget) {
@@ -276,8 +309,10 @@ absl::StatusOr<v1::TensorSpec> ParseTensorSpec(absl::string_view text) {
         spec.add_dims(kBatchDim);
         continue;
       }
+      // Digits only: SimpleAtoi takes `+3`, which the Python client refuses.
       int64_t size = 0;
-      if (!absl::SimpleAtoi(d, &size) || size <= 0) {
+      if (d.empty() || !std::all_of(d.begin(), d.end(), absl::ascii_isdigit) ||
+          !absl::SimpleAtoi(d, &size) || size <= 0) {
         return fail(absl::StrCat("dimension ", Quote(d),
                                  " must be a positive integer or B"));
       }
