@@ -110,7 +110,7 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
                      "; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"));
   }
   double bytes = value * factor;
-  if (bytes > static_cast<double>(std::numeric_limits<int64_t>::max() / 2)) {
+  if (bytes > static_cast<double>(std::numeric_limits<int64_t>::max()) / 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("size ", Quote(text), ": too large"));
   }
@@ -127,8 +127,9 @@ std::string FormatBytes(int64_t bytes) {
   if (ab >= 1024.0 * 1024 * 1024) {
     return absl::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
   }
-  if (ab >= 1024.0 * 1024)
+  if (ab >= 1024.0 * 1024) {
     return absl::StrFormat("%.2f MiB", b / (1024.0 * 1024));
+  }
   if (ab >= 1024.0) return absl::StrFormat("%.2f KiB", b / 1024.0);
   return absl::StrCat(bytes, " B");
 }
@@ -275,8 +276,9 @@ absl::StatusOr<v1::TensorSpec> ParseTensorSpec(absl::string_view text) {
   };
   absl::string_view s = absl::StripAsciiWhitespace(text);
   const size_t colon = s.find(':');
-  if (colon == absl::string_view::npos)
+  if (colon == absl::string_view::npos) {
     return fail("missing ':' after the name");
+  }
   v1::TensorSpec spec;
   absl::string_view name = s.substr(0, colon);
   if (name.empty()) return fail("empty name");
@@ -289,15 +291,17 @@ absl::StatusOr<v1::TensorSpec> ParseTensorSpec(absl::string_view text) {
   spec.set_name(std::string(name));
   s.remove_prefix(colon + 1);
   const size_t open = s.find('[');
-  if (open == absl::string_view::npos)
+  if (open == absl::string_view::npos) {
     return fail("missing '[' before the dims");
+  }
   auto dtype = ParseDType(s.substr(0, open));
   if (!dtype.ok()) return fail(dtype.status().message());
   spec.set_dtype(*dtype);
   s.remove_prefix(open + 1);
   const size_t close = s.find(']');
-  if (close == absl::string_view::npos)
+  if (close == absl::string_view::npos) {
     return fail("missing ']' after the dims");
+  }
   absl::string_view dims = s.substr(0, close);
   s.remove_prefix(close + 1);
   if (absl::StripAsciiWhitespace(dims).empty()) {
@@ -588,6 +592,7 @@ absl::Status CheckBatchDims(const std::vector<v1::TensorSpec>& inputs,
                             const v1::LossSpec* loss,
                             const std::vector<std::string>& unbatched) {
   std::vector<const v1::TensorSpec*> specs;
+  specs.reserve(inputs.size() + 1);
   for (const v1::TensorSpec& in : inputs) specs.push_back(&in);
   if (loss != nullptr && loss->has_target()) specs.push_back(&loss->target());
   const std::set<std::string> declared(unbatched.begin(), unbatched.end());

@@ -36,7 +36,7 @@ absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
 }
 
 MutwoPolicy::MutwoPolicy(const Simulator* simulator, Options options)
-    : sim_(simulator), options_(options) {
+    : sim_(simulator), options_(std::move(options)) {
   incremental_ = options_.incremental && !options_.refine &&
                  !options_.time_each_step && sim_->monotone_time();
   Reset();
