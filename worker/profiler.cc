@@ -27,7 +27,6 @@ namespace mutwo::worker {
 namespace {
 
 using torch::autograd::Node;
-using torch::autograd::variable_list;
 
 // Every autograd node reachable from `root`, in discovery order.
 std::vector<Node*> ReachableFrom(Node* root) {
@@ -66,6 +65,15 @@ int64_t OwnedOutputBytes(const Graph& graph, int id,
   return owned;
 }
 
+// The median over the iterations of one of their figures.
+double MedianOf(const std::vector<IterationRecord>& records,
+                double IterationRecord::*field) {
+  std::vector<double> values;
+  values.reserve(records.size());
+  for (const auto& r : records) values.push_back(r.*field);
+  return Median(values);
+}
+
 // Autograd node -> the IR node that created it, held weakly (see
 // InterpretedStep).
 using NodeOwners =
@@ -98,9 +106,8 @@ struct Profiler::State : TrainingState {
   // the executor runs without a schedule), after its own warm-up.
   absl::StatusOr<double> CleanStepMs();
   void Fill(const std::vector<IterationRecord>& records, v1::Profile* profile);
-  // Fill's parts. Per node, what the activation analysis needs: its edges
-  // and, in `reads_mutated`, the list or dict it reads that some node
-  // writes in place (empty: none).
+  // Fill's parts. Per node, its edges for the activation analysis and, in
+  // `reads_mutated`, a list or dict it reads that a node writes in place.
   std::vector<LineageNode> LineageNodes(
       std::vector<std::string>* reads_mutated);
   // The profile's measured step and its other fixed bytes.
@@ -218,8 +225,9 @@ namespace {
 void ScaleTimes(double clean_ms, v1::Profile* profile) {
   v1::MeasuredStep* m = profile->mutable_measured();
   double parts = m->loss_ms() + m->optimizer_ms();
-  for (const v1::ProfileNode& node : profile->nodes())
+  for (const v1::ProfileNode& node : profile->nodes()) {
     parts += node.forward_ms();
+  }
   for (const v1::BackwardStep& step : profile->backward_steps()) {
     parts += step.ms();
   }
@@ -418,18 +426,6 @@ void Profiler::State::HookBackwardSteps(const std::vector<Node*>& functions,
   }
 }
 
-namespace {
-
-// The median over the iterations of one of their figures.
-double MedianOf(const std::vector<IterationRecord>& records,
-                double IterationRecord::*field) {
-  std::vector<double> values;
-  for (const auto& r : records) values.push_back(r.*field);
-  return Median(values);
-}
-
-}  // namespace
-
 std::vector<LineageNode> Profiler::State::LineageNodes(
     std::vector<std::string>* reads_mutated) {
   const int n = graph->num_nodes();
@@ -496,6 +492,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   std::vector<double> node_ms(n);
   for (int id = 0; id < n; ++id) {
     std::vector<double> values;
+    values.reserve(records.size());
     for (const auto& r : records) values.push_back(r.node_ms[id]);
     node_ms[id] = Median(values);
   }
@@ -516,8 +513,9 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   std::vector<double> node_backward_ms(n, 0);
   for (int k = 0; k < num_steps; ++k) {
     const StepRecord& step = last.steps[k];
-    if (step.forward_node >= 0)
+    if (step.forward_node >= 0) {
       node_backward_ms[step.forward_node] += step_ms[k];
+    }
     v1::BackwardStep* out = profile->add_backward_steps();
     out->set_index(k);
     out->set_name(step.name);
@@ -597,8 +595,9 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
                        ", which reads the list or dict %", reads_mutated[id],
                        " that the graph writes in place"));
     }
-    for (int source : record.recompute_sources)
+    for (int source : record.recompute_sources) {
       a->add_recompute_sources(source);
+    }
     a->set_recompute_ms(ms);
   }
 
