@@ -4,8 +4,9 @@
 include(CMakePackageConfigHelpers)
 include(GNUInstallDirs)
 
-install(TARGETS mutwo_train mutwo_worker mutwo_worker_analysis
-                mutwo_worker_daemon mutwo_common mutwo_common_base mutwo_proto
+install(TARGETS mutwo_train mutwo_worker_runtime mutwo_worker mutwo_worker_analysis
+                mutwo_worker_daemon mutwo_common mutwo_common_base
+                mutwo_common_logging mutwo_proto
                 mutwo_proto_messages
   EXPORT mutwoTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

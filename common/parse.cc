@@ -1,5 +1,6 @@
 #include "common/parse.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -109,7 +110,7 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
                      "; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"));
   }
   double bytes = value * factor;
-  if (bytes > static_cast<double>(std::numeric_limits<int64_t>::max() / 2)) {
+  if (bytes > static_cast<double>(std::numeric_limits<int64_t>::max()) / 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("size ", Quote(text), ": too large"));
   }
@@ -126,8 +127,9 @@ std::string FormatBytes(int64_t bytes) {
   if (ab >= 1024.0 * 1024 * 1024) {
     return absl::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
   }
-  if (ab >= 1024.0 * 1024)
+  if (ab >= 1024.0 * 1024) {
     return absl::StrFormat("%.2f MiB", b / (1024.0 * 1024));
+  }
   if (ab >= 1024.0) return absl::StrFormat("%.2f KiB", b / 1024.0);
   return absl::StrCat(bytes, " B");
 }
@@ -146,9 +148,9 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
     budget.set_floor(true);
     return budget;
   }
-  const bool of_device = absl::ConsumeSuffix(&s, "%dev") ||
-                         absl::ConsumeSuffix(&s, "%DEV") ||
-                         absl::ConsumeSuffix(&s, "%Dev");
+  // Any case, as auto and floor: `80%DEV` is what a user shouting means.
+  const bool of_device = absl::EndsWithIgnoreCase(s, "%dev");
+  if (of_device) s.remove_suffix(4);
   const bool of_baseline = !of_device && absl::ConsumeSuffix(&s, "%");
   if (of_device || of_baseline) {
     double percent = 0;
@@ -182,6 +184,38 @@ absl::StatusOr<v1::MemoryBudget> ParseBudget(absl::string_view text) {
   }
   budget.set_bytes(*bytes);
   return budget;
+}
+
+absl::Status ValidateBudget(const v1::MemoryBudget& b) {
+  switch (b.kind_case()) {
+    case v1::MemoryBudget::kBytes:
+      if (b.bytes() > 0) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::kFractionOfBaseline:
+      if (b.fraction_of_baseline() > 0 && b.fraction_of_baseline() <= 1) {
+        return absl::OkStatus();
+      }
+      break;
+    case v1::MemoryBudget::kFractionOfDevice:
+      if (b.fraction_of_device() > 0 && b.fraction_of_device() <= 1) {
+        return absl::OkStatus();
+      }
+      break;
+    case v1::MemoryBudget::kKnee:
+      if (b.knee()) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::kFloor:
+      if (b.floor()) return absl::OkStatus();
+      break;
+    case v1::MemoryBudget::KIND_NOT_SET:
+      return absl::InvalidArgumentError(
+          "a budget has no kind: set bytes, fraction_of_baseline, "
+          "fraction_of_device, knee or floor");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("budget ", Quote(FormatBudget(b)),
+                   ": bytes must be positive, fractions in (0, 1] and "
+                   "knee or floor true"));
 }
 
 std::string FormatBudget(const v1::MemoryBudget& budget) {
@@ -242,8 +276,9 @@ absl::StatusOr<v1::TensorSpec> ParseTensorSpec(absl::string_view text) {
   };
   absl::string_view s = absl::StripAsciiWhitespace(text);
   const size_t colon = s.find(':');
-  if (colon == absl::string_view::npos)
+  if (colon == absl::string_view::npos) {
     return fail("missing ':' after the name");
+  }
   v1::TensorSpec spec;
   absl::string_view name = s.substr(0, colon);
   if (name.empty()) return fail("empty name");
@@ -256,15 +291,17 @@ absl::StatusOr<v1::TensorSpec> ParseTensorSpec(absl::string_view text) {
   spec.set_name(std::string(name));
   s.remove_prefix(colon + 1);
   const size_t open = s.find('[');
-  if (open == absl::string_view::npos)
+  if (open == absl::string_view::npos) {
     return fail("missing '[' before the dims");
+  }
   auto dtype = ParseDType(s.substr(0, open));
   if (!dtype.ok()) return fail(dtype.status().message());
   spec.set_dtype(*dtype);
   s.remove_prefix(open + 1);
   const size_t close = s.find(']');
-  if (close == absl::string_view::npos)
+  if (close == absl::string_view::npos) {
     return fail("missing ']' after the dims");
+  }
   absl::string_view dims = s.substr(0, close);
   s.remove_prefix(close + 1);
   if (absl::StripAsciiWhitespace(dims).empty()) {
@@ -276,8 +313,10 @@ absl::StatusOr<v1::TensorSpec> ParseTensorSpec(absl::string_view text) {
         spec.add_dims(kBatchDim);
         continue;
       }
+      // Digits only: SimpleAtoi takes `+3`, which the Python client refuses.
       int64_t size = 0;
-      if (!absl::SimpleAtoi(d, &size) || size <= 0) {
+      if (d.empty() || !std::all_of(d.begin(), d.end(), absl::ascii_isdigit) ||
+          !absl::SimpleAtoi(d, &size) || size <= 0) {
         return fail(absl::StrCat("dimension ", Quote(d),
                                  " must be a positive integer or B"));
       }
@@ -553,6 +592,7 @@ absl::Status CheckBatchDims(const std::vector<v1::TensorSpec>& inputs,
                             const v1::LossSpec* loss,
                             const std::vector<std::string>& unbatched) {
   std::vector<const v1::TensorSpec*> specs;
+  specs.reserve(inputs.size() + 1);
   for (const v1::TensorSpec& in : inputs) specs.push_back(&in);
   if (loss != nullptr && loss->has_target()) specs.push_back(&loss->target());
   const std::set<std::string> declared(unbatched.begin(), unbatched.end());

@@ -31,6 +31,11 @@ std::string FormatBytes(int64_t bytes);
 [[nodiscard]] absl::StatusOr<v1::MemoryBudget> ParseBudget(
     absl::string_view text);
 std::string FormatBudget(const v1::MemoryBudget& budget);
+// The one rule for a budget however it arrived (text, RPC, file): bytes
+// positive, a fraction of the baseline or the device in (0, 1], knee and
+// floor true when set. ParseBudget's results always pass; the server checks
+// what clients send and the planner what it is asked to resolve.
+[[nodiscard]] absl::Status ValidateBudget(const v1::MemoryBudget& budget);
 
 // `NAME:DTYPE[D0,D1,...]` with an optional `{LOW,HIGH}` value range; a
 // dimension is a positive integer or `B` (the batch size).

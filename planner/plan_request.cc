@@ -33,36 +33,25 @@ int64_t AllocatorReserveBytes(const v1::Profile& profile,
 absl::StatusOr<int64_t> ResolveBudget(const v1::MemoryBudget& budget,
                                       int64_t baseline_peak_bytes,
                                       int64_t device_total_bytes) {
+  if (budget.kind_case() != v1::MemoryBudget::KIND_NOT_SET) {
+    MUTWO_RETURN_IF_ERROR(ValidateBudget(budget));
+  }
   switch (budget.kind_case()) {
     case v1::MemoryBudget::kBytes:
-      if (budget.bytes() <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "budget.bytes = ", budget.bytes(), ": must be positive"));
-      }
       return budget.bytes();
-    case v1::MemoryBudget::kFractionOfBaseline: {
-      const double f = budget.fraction_of_baseline();
-      if (!(f > 0 && f <= 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "budget.fraction_of_baseline = ", f, ": must be in (0, 1]"));
-      }
+    case v1::MemoryBudget::kFractionOfBaseline:
       return static_cast<int64_t>(
-          std::floor(f * static_cast<double>(baseline_peak_bytes)));
-    }
-    case v1::MemoryBudget::kFractionOfDevice: {
-      const double f = budget.fraction_of_device();
-      if (!(f > 0 && f <= 1)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "budget.fraction_of_device = ", f, ": must be in (0, 1]"));
-      }
+          std::floor(budget.fraction_of_baseline() *
+                     static_cast<double>(baseline_peak_bytes)));
+    case v1::MemoryBudget::kFractionOfDevice:
       if (device_total_bytes <= 0) {
         return absl::InvalidArgumentError(
             "budget is a fraction of the device, but the profile's "
             "device.total_bytes is not set");
       }
       return static_cast<int64_t>(
-          std::floor(f * static_cast<double>(device_total_bytes)));
-    }
+          std::floor(budget.fraction_of_device() *
+                     static_cast<double>(device_total_bytes)));
     case v1::MemoryBudget::kKnee:
       return absl::InvalidArgumentError(
           "budget \"auto\" (the knee of the Pareto curve) is resolved by "

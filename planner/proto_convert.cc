@@ -182,9 +182,11 @@ absl::Status ValidateProfile(const v1::Profile& profile) {
   return ProfileFromProto(profile).status();
 }
 
-absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
-  MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
-  PlanProfile out;
+namespace {
+
+// ProfileFromProto's phases, in order: each checks its part of the
+// profile and fills its part of `out`.
+absl::Status NodesFromProto(const v1::Profile& profile, PlanProfile& out) {
   const int n = profile.nodes_size();
   out.nodes.resize(n);
   for (int i = 0; i < n; ++i) {
@@ -213,6 +215,11 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     pn.is_op = node.is_op();
     pn.scope = node.scope();
   }
+  return absl::OkStatus();
+}
+
+absl::Status BackwardStepsFromProto(const v1::Profile& profile,
+                                    PlanProfile& out) {
   out.backward_steps.resize(profile.backward_steps_size());
   for (int k = 0; k < profile.backward_steps_size(); ++k) {
     const v1::BackwardStep& s = profile.backward_steps(k);
@@ -230,6 +237,11 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
         PlanBackwardStep{s.ms(), s.forward_node(), s.allocated_bytes_after(),
                          s.peak_bytes_during()};
   }
+  return absl::OkStatus();
+}
+
+absl::Status ActivationsFromProto(const v1::Profile& profile,
+                                  PlanProfile& out) {
   absl::flat_hash_map<int, int> index_of;
   for (int i = 0; i < profile.activations_size(); ++i) {
     const int id = profile.activations(i).value_id();
@@ -280,6 +292,10 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     pa.recompute_nodes.assign(a.recompute_nodes().begin(),
                               a.recompute_nodes().end());
   }
+  return absl::OkStatus();
+}
+
+absl::Status TimeModelFromProto(const v1::Profile& profile, PlanProfile& out) {
   const v1::FixedMemory& fixed = profile.fixed();
   out.fixed_bytes = fixed.parameter_bytes() + fixed.gradient_bytes() +
                     fixed.optimizer_state_bytes() + fixed.input_bytes();
@@ -295,27 +311,29 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
   // slower than the synchronised interpreted one is TorchScript's graph
   // executor still profiling and compiling (a Transformer on an H200: 389
   // vs 50 ms), not the step the executor runs.
-  {
-    const double interpreted_ms = profile.measured().iteration_ms();
-    const double module_ms = profile.measured().module_iteration_ms();
-    if (!std::isfinite(interpreted_ms) || !std::isfinite(module_ms) ||
-        interpreted_ms < 0 || module_ms < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("measured.iteration_ms = ", interpreted_ms,
-                       ", measured.module_iteration_ms = ", module_ms,
-                       ": must be finite times >= 0"));
-    }
-    const double scale = TimeScale(profile.measured());
-    if (scale != 1) {
-      for (PlanNode& node : out.nodes) node.forward_ms *= scale;
-      for (PlanBackwardStep& step : out.backward_steps) step.ms *= scale;
-      for (PlanActivation& a : out.activations) {
-        a.inactive_ms *= scale;
-        a.recompute_ms *= scale;
-      }
-      out.measured_iteration_ms = module_ms;
-    }
+  const double interpreted_ms = profile.measured().iteration_ms();
+  const double module_ms = profile.measured().module_iteration_ms();
+  if (!std::isfinite(interpreted_ms) || !std::isfinite(module_ms) ||
+      interpreted_ms < 0 || module_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("measured.iteration_ms = ", interpreted_ms,
+                     ", measured.module_iteration_ms = ", module_ms,
+                     ": must be finite times >= 0"));
   }
+  const double scale = TimeScale(profile.measured());
+  if (scale != 1) {
+    for (PlanNode& node : out.nodes) node.forward_ms *= scale;
+    for (PlanBackwardStep& step : out.backward_steps) step.ms *= scale;
+    for (PlanActivation& a : out.activations) {
+      a.inactive_ms *= scale;
+      a.recompute_ms *= scale;
+    }
+    out.measured_iteration_ms = module_ms;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceFromProto(const v1::Profile& profile, PlanProfile& out) {
   out.device_total_bytes = profile.device().total_bytes();
   if (profile.device().host_to_device_bytes_per_second() < 0 ||
       profile.device().device_to_host_bytes_per_second() < 0) {
@@ -327,11 +345,10 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
       profile.device().host_to_device_bytes_per_second();
   out.device_to_host_bytes_per_second =
       profile.device().device_to_host_bytes_per_second();
-  // The structural invariants (positions in range and ordered, ids that
-  // exist) are the simulator's, checked once for every way a profile
-  // reaches the planner; here on the profile's own positions, before the
-  // optimizer step below adds one.
-  MUTWO_RETURN_IF_ERROR(ValidatePlanProfile(&out));
+  return absl::OkStatus();
+}
+
+absl::Status StepPeaksFromProto(const v1::Profile& profile, PlanProfile& out) {
   // Two allocator peaks of the training step lie outside the IR timeline.
   // The loss runs right after the last forward node, with that node's
   // activations held: its peak belongs to that position (a schedule that
@@ -357,6 +374,25 @@ absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
     out.backward_steps.push_back(
         PlanBackwardStep{optimizer_ms, -1, after, m.optimizer_peak_bytes()});
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PlanProfile> ProfileFromProto(const v1::Profile& profile) {
+  MUTWO_RETURN_IF_ERROR(CheckProfileMagnitudes(profile));
+  PlanProfile out;
+  MUTWO_RETURN_IF_ERROR(NodesFromProto(profile, out));
+  MUTWO_RETURN_IF_ERROR(BackwardStepsFromProto(profile, out));
+  MUTWO_RETURN_IF_ERROR(ActivationsFromProto(profile, out));
+  MUTWO_RETURN_IF_ERROR(TimeModelFromProto(profile, out));
+  MUTWO_RETURN_IF_ERROR(DeviceFromProto(profile, out));
+  // The structural invariants (positions in range and ordered, ids that
+  // exist) are the simulator's, checked once for every way a profile
+  // reaches the planner; here on the profile's own positions, before the
+  // optimizer step below adds one.
+  MUTWO_RETURN_IF_ERROR(ValidatePlanProfile(&out));
+  MUTWO_RETURN_IF_ERROR(StepPeaksFromProto(profile, out));
   return out;
 }
 

@@ -294,9 +294,7 @@ SimResult Simulator::Run(const Decisions& decisions, Options options) const {
 
 void Simulator::Run(const Decisions& decisions, Options options,
                     SimResult* out) const {
-  const PlanProfile& prof = *profile_;
-  const int a_count = static_cast<int>(prof.activations.size());
-  const int p = positions_;
+  const int a_count = static_cast<int>(profile_->activations.size());
   MUTWO_DCHECK(static_cast<int>(decisions.size()) == a_count)
       << decisions.size() << " decisions for " << a_count << " activations";
   SimResult& r = *out;
@@ -311,6 +309,21 @@ void Simulator::Run(const Decisions& decisions, Options options,
   r.stall_ms_of.assign(a_count, 0);
   r.segment_ms_of.assign(a_count, 0);
 
+  BuildSegments(decisions, r);
+  HoldSegmentInputs(r);
+  QueueSwaps(decisions, r);
+  SimulateMemory(decisions, options, r);
+  r.timed = options.time_model;
+  if (options.time_model && !scratch_swaps_.empty()) WalkTime(r);
+  r.iteration_ms = baseline_iteration_ms_ + r.recompute_ms + r.stall_ms;
+  r.baseline_during_bytes.clear();
+  r.baseline_end_ms.clear();
+  r.planned_end_ms.clear();
+  if (options.record_curve) RecordTimeline(r);
+}
+
+void Simulator::BuildSegments(const Decisions& decisions, SimResult& r) const {
+  const PlanProfile& prof = *profile_;
   // Recompute segments: maximal runs of op nodes whose activations are
   // recomputed; op nodes that produced no activation neither join nor split.
   std::vector<Segment>& segments = scratch_segments_;
@@ -364,7 +377,12 @@ void Simulator::Run(const Decisions& decisions, Options options,
     seg.ms = ReplayMs(seg.nodes);
     r.replays.emplace_back(seg.replay_at, seg.ms);
   }
+}
 
+void Simulator::HoldSegmentInputs(SimResult& r) const {
+  const PlanProfile& prof = *profile_;
+  const int a_count = static_cast<int>(prof.activations.size());
+  const std::vector<Segment>& segments = scratch_segments_;
   // Segment inputs stay resident until the segment is replayed.
   std::vector<int>& hold = scratch_hold_until_;
   hold.assign(a_count, -1);
@@ -382,7 +400,13 @@ void Simulator::Run(const Decisions& decisions, Options options,
     }
   }
   for (const Segment& seg : segments) r.recompute_ms += seg.ms;
+}
 
+void Simulator::QueueSwaps(const Decisions& decisions, SimResult& r) const {
+  const PlanProfile& prof = *profile_;
+  const int a_count = static_cast<int>(prof.activations.size());
+  const int p = positions_;
+  const std::vector<int>& first_need = scratch_first_need_;
   // Swaps: offloads queue on one device->host stream in forward order.
   std::vector<int>& swaps = scratch_swaps_;
   swaps.clear();
@@ -415,7 +439,16 @@ void Simulator::Run(const Decisions& decisions, Options options,
       prefetch_at[a] = pa;
     }
   }
+}
 
+void Simulator::SimulateMemory(const Decisions& decisions, Options options,
+                               SimResult& r) const {
+  const PlanProfile& prof = *profile_;
+  const int a_count = static_cast<int>(prof.activations.size());
+  const int p = positions_;
+  std::vector<Segment>& segments = scratch_segments_;
+  const std::vector<int>& hold = scratch_hold_until_;
+  const std::vector<int>& prefetch_at = scratch_prefetch_at_;
   // Memory: replace each changed activation's baseline interval by the
   // plan's residency intervals.
   std::vector<int64_t>& da = scratch_delta_after_;
@@ -487,71 +520,74 @@ void Simulator::Run(const Decisions& decisions, Options options,
       r.planned_after_bytes[t] = base_after_[t] + delta_after;
     }
   }
+}
 
-  // Time: walk the timeline with one host->device stream for prefetches.
-  r.timed = options.time_model;
-  if (options.time_model && !swaps.empty()) {
-    std::vector<int> by_issue = swaps, by_need = swaps;
-    std::sort(by_issue.begin(), by_issue.end(), [&](int x, int y) {
-      return prefetch_at[x] != prefetch_at[y] ? prefetch_at[x] < prefetch_at[y]
-                                              : r.needed_at[x] < r.needed_at[y];
-    });
-    std::sort(by_need.begin(), by_need.end(),
-              [&](int x, int y) { return r.needed_at[x] < r.needed_at[y]; });
-    std::vector<std::pair<int, double>> replays = r.replays;
-    std::sort(replays.begin(), replays.end());
-    std::vector<double> ready_ms(a_count, 0);
-    double now = 0, h2d_free = 0;
-    size_t i_issue = 0, i_need = 0, i_replay = 0;
-    for (int t = 0; t < p && i_need < by_need.size(); ++t) {
-      for (; i_issue < by_issue.size() && prefetch_at[by_issue[i_issue]] == t;
-           ++i_issue) {
-        const int a = by_issue[i_issue];
-        const double start = std::max({now, h2d_free, offload_done_ms[a]});
-        h2d_free = start + transfer_in_ms(prof.activations[a]);
-        ready_ms[a] = h2d_free;
+void Simulator::WalkTime(SimResult& r) const {
+  const PlanProfile& prof = *profile_;
+  const int a_count = static_cast<int>(prof.activations.size());
+  const int p = positions_;
+  const std::vector<int>& swaps = scratch_swaps_;
+  const std::vector<int>& prefetch_at = scratch_prefetch_at_;
+  const std::vector<double>& offload_done_ms = scratch_offload_done_ms_;
+  std::vector<int> by_issue = swaps, by_need = swaps;
+  std::sort(by_issue.begin(), by_issue.end(), [&](int x, int y) {
+    return prefetch_at[x] != prefetch_at[y] ? prefetch_at[x] < prefetch_at[y]
+                                            : r.needed_at[x] < r.needed_at[y];
+  });
+  std::sort(by_need.begin(), by_need.end(),
+            [&](int x, int y) { return r.needed_at[x] < r.needed_at[y]; });
+  std::vector<std::pair<int, double>> replays = r.replays;
+  std::sort(replays.begin(), replays.end());
+  std::vector<double> ready_ms(a_count, 0);
+  double now = 0, h2d_free = 0;
+  size_t i_issue = 0, i_need = 0, i_replay = 0;
+  for (int t = 0; t < p && i_need < by_need.size(); ++t) {
+    for (; i_issue < by_issue.size() && prefetch_at[by_issue[i_issue]] == t;
+         ++i_issue) {
+      const int a = by_issue[i_issue];
+      const double start = std::max({now, h2d_free, offload_done_ms[a]});
+      h2d_free = start + transfer_in_ms(prof.activations[a]);
+      ready_ms[a] = h2d_free;
+    }
+    for (; i_need < by_need.size() && r.needed_at[by_need[i_need]] == t;
+         ++i_need) {
+      const int a = by_need[i_need];
+      if (ready_ms[a] > now) {
+        r.stall_ms_of[a] = ready_ms[a] - now;
+        r.stall_ms += ready_ms[a] - now;
+        now = ready_ms[a];
       }
-      for (; i_need < by_need.size() && r.needed_at[by_need[i_need]] == t;
-           ++i_need) {
-        const int a = by_need[i_need];
-        if (ready_ms[a] > now) {
-          r.stall_ms_of[a] = ready_ms[a] - now;
-          r.stall_ms += ready_ms[a] - now;
-          now = ready_ms[a];
-        }
-      }
-      for (; i_replay < replays.size() && replays[i_replay].first == t;
-           ++i_replay) {
-        now += replays[i_replay].second;
-      }
-      now += step_ms_[t];
+    }
+    for (; i_replay < replays.size() && replays[i_replay].first == t;
+         ++i_replay) {
+      now += replays[i_replay].second;
+    }
+    now += step_ms_[t];
+  }
+}
+
+void Simulator::RecordTimeline(SimResult& r) const {
+  const int a_count = static_cast<int>(profile_->activations.size());
+  const int p = positions_;
+  r.baseline_during_bytes = base_during_;
+  r.baseline_end_ms = end_ms_;
+  // What the time walk adds before each position's step: stalls (at the
+  // position an activation is needed) and segment replays.
+  std::vector<double> extra_ms(p, 0);
+  for (const auto& [position, ms] : r.replays) {
+    if (position >= 0 && position < p) extra_ms[position] += ms;
+  }
+  for (int a = 0; a < a_count; ++a) {
+    const int t = r.needed_at[a];
+    if (r.stall_ms_of[a] > 0 && t >= 0 && t < p) {
+      extra_ms[t] += r.stall_ms_of[a];
     }
   }
-  r.iteration_ms = baseline_iteration_ms_ + r.recompute_ms + r.stall_ms;
-  r.baseline_during_bytes.clear();
-  r.baseline_end_ms.clear();
-  r.planned_end_ms.clear();
-  if (options.record_curve) {
-    r.baseline_during_bytes = base_during_;
-    r.baseline_end_ms = end_ms_;
-    // What the time walk adds before each position's step: stalls (at the
-    // position an activation is needed) and segment replays.
-    std::vector<double> extra_ms(p, 0);
-    for (const auto& [position, ms] : r.replays) {
-      if (position >= 0 && position < p) extra_ms[position] += ms;
-    }
-    for (int a = 0; a < a_count; ++a) {
-      const int t = r.needed_at[a];
-      if (r.stall_ms_of[a] > 0 && t >= 0 && t < p) {
-        extra_ms[t] += r.stall_ms_of[a];
-      }
-    }
-    r.planned_end_ms.resize(p);
-    double now = 0;
-    for (int t = 0; t < p; ++t) {
-      now += extra_ms[t] + step_ms_[t];
-      r.planned_end_ms[t] = now;
-    }
+  r.planned_end_ms.resize(p);
+  double now = 0;
+  for (int t = 0; t < p; ++t) {
+    now += extra_ms[t] + step_ms_[t];
+    r.planned_end_ms[t] = now;
   }
 }
 

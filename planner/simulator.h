@@ -186,6 +186,23 @@ class Simulator {
   double baseline_iteration_ms_ = 0;
   bool monotone_time_ = true;
 
+  // Run's phases, in order. Each reads what the ones before it left in the
+  // scratch vectors below and in `r`.
+  // Recompute segments (maximal runs of recomputed op nodes) and their
+  // replay positions and times.
+  void BuildSegments(const Decisions& decisions, SimResult& r) const;
+  // How long each segment's inputs stay resident (until its replay).
+  void HoldSegmentInputs(SimResult& r) const;
+  // Offloads queued on the one device->host stream; prefetch positions.
+  void QueueSwaps(const Decisions& decisions, SimResult& r) const;
+  // The memory curve with the plan's residency intervals; the peak.
+  void SimulateMemory(const Decisions& decisions, Options options,
+                      SimResult& r) const;
+  // Stalls: the timeline walked with one host->device stream (swaps only).
+  void WalkTime(SimResult& r) const;
+  // The baseline and planned end times per position (record_curve).
+  void RecordTimeline(SimResult& r) const;
+
   // Scratch, reused by Run.
   mutable std::vector<int64_t> scratch_delta_after_;
   mutable std::vector<int64_t> scratch_delta_during_;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README): bootstrap (install + build), check formatting,
-# then run every test with ctest. GPU-only tests carry the label `gpu` and are
-# excluded when no NVIDIA GPU is visible. The image test (label `images`:
+# clang-tidy on the library files changed since TIDY_BASE (main; see
+# scripts/clang-tidy.sh), then run every test with ctest. GPU-only tests
+# carry the label `gpu` and are excluded when no NVIDIA GPU is visible. The image test (label `images`:
 # builds the container images and runs them, tens of minutes, root) runs only
 # when asked for by label, `scripts/test.sh -L images`, and only where buildah
 # is installed. Other arguments go to ctest.
@@ -10,6 +11,7 @@ cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 scripts/check-format.sh
 BUILD_DIR=${BUILD_DIR:-build}
+BUILD_DIR=$BUILD_DIR scripts/clang-tidy.sh
 
 excluded=()
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

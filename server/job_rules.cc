@@ -14,38 +14,6 @@ bool IsFinal(v1::Job::State s) {
          s == v1::Job::CANCELLED;
 }
 
-absl::Status ValidateBudget(const v1::MemoryBudget& b) {
-  switch (b.kind_case()) {
-    case v1::MemoryBudget::kBytes:
-      if (b.bytes() > 0) return absl::OkStatus();
-      break;
-    case v1::MemoryBudget::kFractionOfBaseline:
-      if (b.fraction_of_baseline() > 0 && b.fraction_of_baseline() <= 1) {
-        return absl::OkStatus();
-      }
-      break;
-    case v1::MemoryBudget::kFractionOfDevice:
-      if (b.fraction_of_device() > 0 && b.fraction_of_device() <= 1) {
-        return absl::OkStatus();
-      }
-      break;
-    case v1::MemoryBudget::kKnee:
-      if (b.knee()) return absl::OkStatus();
-      break;
-    case v1::MemoryBudget::kFloor:
-      if (b.floor()) return absl::OkStatus();
-      break;
-    case v1::MemoryBudget::KIND_NOT_SET:
-      return absl::InvalidArgumentError(
-          "a budget has no kind: set bytes, fraction_of_baseline, "
-          "fraction_of_device, knee or floor");
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("budget \"", FormatBudget(b),
-                   "\": bytes must be positive, fractions in (0, 1] and "
-                   "knee or floor true"));
-}
-
 absl::Status ValidateSpec(const v1::JobSpec& spec) {
   std::vector<v1::TensorSpec> inputs(spec.inputs().begin(),
                                      spec.inputs().end());

@@ -10,16 +10,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/parse.h"  // ValidateBudget: the budget rule
 #include "mutwo/v1/types.pb.h"
 
 namespace mutwo {
 
 // SUCCEEDED, FAILED or CANCELLED: nothing changes a job's state any more.
 bool IsFinal(v1::Job::State state);
-
-// A budget with its kind set and in range: bytes positive, fractions in
-// (0, 1], knee or floor true.
-[[nodiscard]] absl::Status ValidateBudget(const v1::MemoryBudget& budget);
 
 // A job spec the service can run: inputs, 1 to 64 positive batch sizes, at
 // most 32 valid budgets, a loss target when the loss needs one, a capacity

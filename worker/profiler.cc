@@ -20,13 +20,13 @@
 #include "worker/interpreter.h"
 #include "worker/memory.h"
 #include "worker/model_loader.h"
+#include "worker/profiler_records.h"
 #include "worker/training_setup.h"
 
 namespace mutwo::worker {
 namespace {
 
 using torch::autograd::Node;
-using torch::autograd::variable_list;
 
 // Every autograd node reachable from `root`, in discovery order.
 std::vector<Node*> ReachableFrom(Node* root) {
@@ -46,66 +46,38 @@ std::vector<Node*> ReachableFrom(Node* root) {
   return order;
 }
 
-// Tracks contiguous peak windows: each window's high-water mark goes to its
-// sink; the step peak is the maximum over all windows.
-class PeakWindows {
- public:
-  explicit PeakWindows(DeviceBackend* backend) : backend_(backend) {}
-  void Open(std::function<void(int64_t)> sink) {
-    Close();
-    backend_->ResetPeak();
-    sink_ = std::move(sink);
-    open_ = true;
+// Bytes of the storages a node's outputs own (an output aliasing an input
+// owns none).
+int64_t OwnedOutputBytes(const Graph& graph, int id,
+                         const std::vector<c10::IValue>& outputs) {
+  int64_t owned = 0;
+  absl::flat_hash_set<const void*> seen;
+  const auto& values = graph.nodes()[id].node->outputs();
+  for (size_t i = 0; i < outputs.size() && i < values.size(); ++i) {
+    if (AliasRoot(values[i]) != values[i]) continue;
+    for (const torch::Tensor& t : FlattenTensors(outputs[i])) {
+      if (t.defined() && t.has_storage() &&
+          seen.insert(t.storage().data()).second) {
+        owned += static_cast<int64_t>(t.storage().nbytes());
+      }
+    }
   }
-  void Close() {
-    if (!open_) return;
-    const int64_t peak = backend_->PeakBytes();
-    step_peak_ = std::max(step_peak_, peak);
-    if (sink_) sink_(peak);
-    open_ = false;
-    sink_ = nullptr;
-  }
-  int64_t step_peak() const { return step_peak_; }
+  return owned;
+}
 
- private:
-  DeviceBackend* backend_;
-  std::function<void(int64_t)> sink_;
-  bool open_ = false;
-  int64_t step_peak_ = 0;
-};
+// The median over the iterations of one of their figures.
+double MedianOf(const std::vector<IterationRecord>& records,
+                double IterationRecord::*field) {
+  std::vector<double> values;
+  values.reserve(records.size());
+  for (const auto& r : records) values.push_back(r.*field);
+  return Median(values);
+}
 
-struct StepRecord {
-  std::string name;
-  int forward_node = -1;
-  int start_mark = 0;
-  int end_mark = 0;
-  double ms = 0;
-  int64_t allocated_after = 0;
-  int64_t peak = 0;
-};
-
-// What one interpreted training step measured.
-struct IterationRecord {
-  std::vector<double> node_ms;
-  std::vector<int64_t> node_allocated_after;
-  std::vector<int64_t> node_peak;
-  std::vector<int64_t> node_before, node_transient;
-  std::vector<StepRecord> steps;
-  double forward_ms = 0, loss_ms = 0, backward_ms = 0, optimizer_ms = 0,
-         iteration_ms = 0;
-  int64_t peak_bytes = 0;
-  int64_t loss_peak_bytes = 0;       // high-water mark while the loss ran
-  int64_t optimizer_peak_bytes = 0;  // high-water mark of the optimizer step
-  int64_t end_of_forward_bytes = 0;
-  int64_t start_bytes = 0;  // allocated when the step began (fixed memory)
-  std::vector<LiveBlock> live_at_end_of_forward;
-  std::vector<FreeEvent> frees;
-  // Per node: addresses of the storages of its tensor outputs, and whether
-  // every one of them was alive at the end of forward.
-  std::vector<std::vector<uintptr_t>> output_storages;
-  std::vector<std::vector<int>> output_indices;  // parallel to the above
-  std::vector<bool> outputs_alive;
-};
+// Autograd node -> the IR node that created it, held weakly (see
+// InterpretedStep).
+using NodeOwners =
+    absl::flat_hash_map<Node*, std::pair<std::weak_ptr<Node>, int>>;
 
 }  // namespace
 
@@ -125,10 +97,22 @@ struct Profiler::State : TrainingState {
       int64_t* peak);
   absl::Status MeasureModuleStep(v1::Profile* profile);
   absl::Status InterpretedStep(IterationRecord* record);
+  // One hook pair per autograd node of `functions`: a StepRecord per
+  // backward step, named and tied to the forward node that made it.
+  void HookBackwardSteps(const std::vector<Node*>& functions,
+                         const NodeOwners& owner, PeakWindows& windows,
+                         IterationRecord* record);
   // Median time of the interpreted step with no instrumentation (the step
   // the executor runs without a schedule), after its own warm-up.
   absl::StatusOr<double> CleanStepMs();
   void Fill(const std::vector<IterationRecord>& records, v1::Profile* profile);
+  // Fill's parts. Per node, its edges for the activation analysis and, in
+  // `reads_mutated`, a list or dict it reads that a node writes in place.
+  std::vector<LineageNode> LineageNodes(
+      std::vector<std::string>* reads_mutated);
+  // The profile's measured step and its other fixed bytes.
+  void FillMeasured(const std::vector<IterationRecord>& records,
+                    const ActivationAnalysis& analysis, v1::Profile* profile);
 };
 
 absl::Status Profiler::State::CheckCorrectness(v1::Profile* profile) {
@@ -241,8 +225,9 @@ namespace {
 void ScaleTimes(double clean_ms, v1::Profile* profile) {
   v1::MeasuredStep* m = profile->mutable_measured();
   double parts = m->loss_ms() + m->optimizer_ms();
-  for (const v1::ProfileNode& node : profile->nodes())
+  for (const v1::ProfileNode& node : profile->nodes()) {
     parts += node.forward_ms();
+  }
   for (const v1::BackwardStep& step : profile->backward_steps()) {
     parts += step.ms();
   }
@@ -286,7 +271,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   // the later one its owner (which IR node made a backward step then
   // depended on the allocator: lstm_lm's first_backward_use was 81 in
   // one profile and 90 in another).
-  absl::flat_hash_map<Node*, std::pair<std::weak_ptr<Node>, int>> owner;
+  NodeOwners owner;
   auto claim = [&owner](Node* fn, int id) {
     auto [it, added] = owner.try_emplace(fn, fn->shared_from_this(), id);
     if (!added && it->second.first.expired()) {
@@ -314,24 +299,10 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   hooks.after_node = [&](int id, std::vector<c10::IValue>& outputs) {
     node_end[id] = backend->Mark();
     record->node_allocated_after[id] = backend->AllocatedBytes();
-    {
-      // Storages the outputs own (an output aliasing an input owns none).
-      int64_t owned = 0;
-      absl::flat_hash_set<const void*> seen;
-      const auto& values = graph->nodes()[id].node->outputs();
-      for (size_t i = 0; i < outputs.size() && i < values.size(); ++i) {
-        if (AliasRoot(values[i]) != values[i]) continue;
-        for (const torch::Tensor& t : FlattenTensors(outputs[i])) {
-          if (t.defined() && t.has_storage() &&
-              seen.insert(t.storage().data()).second) {
-            owned += static_cast<int64_t>(t.storage().nbytes());
-          }
-        }
-      }
-      record->node_transient[id] = std::max<int64_t>(
-          0, backend->PeakBytes() - std::max(record->node_before[id] + owned,
-                                             record->node_allocated_after[id]));
-    }
+    const int64_t owned = OwnedOutputBytes(*graph, id, outputs);
+    record->node_transient[id] = std::max<int64_t>(
+        0, backend->PeakBytes() - std::max(record->node_before[id] + owned,
+                                           record->node_allocated_after[id]));
     for (size_t index = 0; index < outputs.size(); ++index) {
       for (const torch::Tensor& t : FlattenTensors(outputs[index])) {
         if (!t.defined() || !t.has_storage() || t.storage().nbytes() == 0) {
@@ -378,29 +349,7 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
 
   // Backward, one hook pair per autograd node.
   std::vector<Node*> functions = ReachableFrom(loss.grad_fn().get());
-  record->steps.reserve(functions.size());
-  for (Node* fn : functions) {
-    auto it = owner.find(fn);
-    const int forward_node = it == owner.end() || it->second.first.expired()
-                                 ? -1
-                                 : it->second.second;
-    fn->add_pre_hook(std::make_unique<CallbackPreHook>([&, fn, forward_node]() {
-      const int k = static_cast<int>(record->steps.size());
-      windows.Open([record, k](int64_t peak) { record->steps[k].peak = peak; });
-      backend->SetTag(n + k);
-      StepRecord step;
-      step.name = fn->name();
-      step.forward_node = forward_node;
-      current_step = absl::StrCat("backward step ", k, " (", step.name, ")");
-      step.start_mark = backend->Mark();
-      record->steps.push_back(std::move(step));
-    }));
-    fn->add_post_hook(std::make_unique<CallbackPostHook>([&]() {
-      StepRecord& step = record->steps.back();
-      step.end_mark = backend->Mark();
-      step.allocated_after = backend->AllocatedBytes();
-    }));
-  }
+  HookBackwardSteps(functions, owner, windows, record);
   backend->StartFreeLog();
   current_step = "backward";
   const int backward_start = backend->Mark();
@@ -446,6 +395,92 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   return absl::OkStatus();
 }
 
+void Profiler::State::HookBackwardSteps(const std::vector<Node*>& functions,
+                                        const NodeOwners& owner,
+                                        PeakWindows& windows,
+                                        IterationRecord* record) {
+  const int n = graph->num_nodes();
+  record->steps.reserve(functions.size());
+  for (Node* fn : functions) {
+    auto it = owner.find(fn);
+    const int forward_node = it == owner.end() || it->second.first.expired()
+                                 ? -1
+                                 : it->second.second;
+    fn->add_pre_hook(std::make_unique<CallbackPreHook>([this, record, &windows,
+                                                        n, fn, forward_node]() {
+      const int k = static_cast<int>(record->steps.size());
+      windows.Open([record, k](int64_t peak) { record->steps[k].peak = peak; });
+      backend->SetTag(n + k);
+      StepRecord step;
+      step.name = fn->name();
+      step.forward_node = forward_node;
+      current_step = absl::StrCat("backward step ", k, " (", step.name, ")");
+      step.start_mark = backend->Mark();
+      record->steps.push_back(std::move(step));
+    }));
+    fn->add_post_hook(std::make_unique<CallbackPostHook>([this, record]() {
+      StepRecord& step = record->steps.back();
+      step.end_mark = backend->Mark();
+      step.allocated_after = backend->AllocatedBytes();
+    }));
+  }
+}
+
+std::vector<LineageNode> Profiler::State::LineageNodes(
+    std::vector<std::string>* reads_mutated) {
+  const int n = graph->num_nodes();
+  reads_mutated->assign(n, "");
+  std::vector<LineageNode> lineage_nodes(n);
+  const auto mutated = MutatedContainers(*graph);
+  for (const IrNode& ir : graph->nodes()) {
+    ForEachRead(ir.node, [&](const torch::jit::Value* v) {
+      const torch::jit::Value* root = AliasRoot(v);
+      if ((*reads_mutated)[ir.id].empty() && mutated.count(root) != 0 &&
+          !DefinedWithin(root, ir.node)) {
+        (*reads_mutated)[ir.id] = v->debugName();
+      }
+    });
+    LineageNode& node = lineage_nodes[ir.id];
+    node.input_nodes = ir.input_nodes;
+    node.consumers = ir.consumers;
+    node.last_use = ir.last_use;
+    node.writes_in_place = WritesInPlace(ir.node);
+    node.reads_mutated_container = !(*reads_mutated)[ir.id].empty();
+  }
+  return lineage_nodes;
+}
+
+void Profiler::State::FillMeasured(const std::vector<IterationRecord>& records,
+                                   const ActivationAnalysis& analysis,
+                                   v1::Profile* profile) {
+  const IterationRecord& last = records.back();
+  v1::MeasuredStep* measured = profile->mutable_measured();
+  int64_t peak = 0;
+  for (const auto& r : records) peak = std::max(peak, r.peak_bytes);
+  measured->set_peak_bytes(peak);
+  int64_t loss_peak = 0, optimizer_peak = 0;
+  for (const auto& r : records) {
+    loss_peak = std::max(loss_peak, r.loss_peak_bytes);
+    optimizer_peak = std::max(optimizer_peak, r.optimizer_peak_bytes);
+  }
+  measured->set_loss_peak_bytes(loss_peak);
+  measured->set_optimizer_peak_bytes(optimizer_peak);
+  measured->set_iteration_ms(MedianOf(records, &IterationRecord::iteration_ms));
+  measured->set_forward_ms(MedianOf(records, &IterationRecord::forward_ms));
+  measured->set_loss_ms(MedianOf(records, &IterationRecord::loss_ms));
+  measured->set_backward_ms(MedianOf(records, &IterationRecord::backward_ms));
+  measured->set_optimizer_ms(MedianOf(records, &IterationRecord::optimizer_ms));
+  measured->set_tracked_activation_bytes(analysis.tracked_bytes);
+  measured->set_end_of_forward_bytes(last.end_of_forward_bytes);
+  measured->set_loss_bytes(analysis.loss_bytes);
+  // What the process held when the step began beyond the named categories
+  // (e.g. archive records LibTorch keeps for the loaded model's code).
+  v1::FixedMemory* fixed = profile->mutable_fixed();
+  const int64_t named = fixed->parameter_bytes() + fixed->buffer_bytes() +
+                        fixed->optimizer_state_bytes() + fixed->input_bytes();
+  fixed->set_other_bytes(std::max<int64_t>(0, last.start_bytes - named));
+}
+
 void Profiler::State::Fill(const std::vector<IterationRecord>& records,
                            v1::Profile* profile) {
   const IterationRecord& last = records.back();
@@ -457,6 +492,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   std::vector<double> node_ms(n);
   for (int id = 0; id < n; ++id) {
     std::vector<double> values;
+    values.reserve(records.size());
     for (const auto& r : records) values.push_back(r.node_ms[id]);
     node_ms[id] = Median(values);
   }
@@ -473,17 +509,13 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
     }
     step_ms[k] = Median(values);
   }
-  auto median_of = [&](double IterationRecord::*field) {
-    std::vector<double> values;
-    for (const auto& r : records) values.push_back(r.*field);
-    return Median(values);
-  };
 
   std::vector<double> node_backward_ms(n, 0);
   for (int k = 0; k < num_steps; ++k) {
     const StepRecord& step = last.steps[k];
-    if (step.forward_node >= 0)
+    if (step.forward_node >= 0) {
       node_backward_ms[step.forward_node] += step_ms[k];
+    }
     v1::BackwardStep* out = profile->add_backward_steps();
     out->set_index(k);
     out->set_name(step.name);
@@ -507,7 +539,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   for (int id = n - 1; id >= 0; --id) {
     forward_after[id] = forward_after[id + 1] + node_ms[id];
   }
-  const double loss_ms = median_of(&IterationRecord::loss_ms);
+  const double loss_ms = MedianOf(records, &IterationRecord::loss_ms);
   std::vector<double> backward_before(num_steps + 1, 0);
   for (int k = 0; k < num_steps; ++k) {
     backward_before[k + 1] = backward_before[k] + step_ms[k];
@@ -522,26 +554,8 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   // not as it was in forward. A container the node makes itself, in its
   // own blocks (the bool list of nn.TransformerEncoderLayer's fast-path
   // check), is made again by the replay: not a reason.
-  std::vector<std::string> reads_mutated(n);
-  std::vector<LineageNode> lineage_nodes(n);
-  {
-    const auto mutated = MutatedContainers(*graph);
-    for (const IrNode& ir : graph->nodes()) {
-      ForEachRead(ir.node, [&](const torch::jit::Value* v) {
-        const torch::jit::Value* root = AliasRoot(v);
-        if (reads_mutated[ir.id].empty() && mutated.count(root) != 0 &&
-            !DefinedWithin(root, ir.node)) {
-          reads_mutated[ir.id] = v->debugName();
-        }
-      });
-      LineageNode& node = lineage_nodes[ir.id];
-      node.input_nodes = ir.input_nodes;
-      node.consumers = ir.consumers;
-      node.last_use = ir.last_use;
-      node.writes_in_place = WritesInPlace(ir.node);
-      node.reads_mutated_container = !reads_mutated[ir.id].empty();
-    }
-  }
+  std::vector<std::string> reads_mutated;
+  const std::vector<LineageNode> lineage_nodes = LineageNodes(&reads_mutated);
   StepMemoryRecord memory;
   memory.live_at_end_of_forward = last.live_at_end_of_forward;
   memory.frees = last.frees;
@@ -581,36 +595,13 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
                        ", which reads the list or dict %", reads_mutated[id],
                        " that the graph writes in place"));
     }
-    for (int source : record.recompute_sources)
+    for (int source : record.recompute_sources) {
       a->add_recompute_sources(source);
+    }
     a->set_recompute_ms(ms);
   }
 
-  v1::MeasuredStep* measured = profile->mutable_measured();
-  int64_t peak = 0;
-  for (const auto& r : records) peak = std::max(peak, r.peak_bytes);
-  measured->set_peak_bytes(peak);
-  int64_t loss_peak = 0, optimizer_peak = 0;
-  for (const auto& r : records) {
-    loss_peak = std::max(loss_peak, r.loss_peak_bytes);
-    optimizer_peak = std::max(optimizer_peak, r.optimizer_peak_bytes);
-  }
-  measured->set_loss_peak_bytes(loss_peak);
-  measured->set_optimizer_peak_bytes(optimizer_peak);
-  measured->set_iteration_ms(median_of(&IterationRecord::iteration_ms));
-  measured->set_forward_ms(median_of(&IterationRecord::forward_ms));
-  measured->set_loss_ms(loss_ms);
-  measured->set_backward_ms(median_of(&IterationRecord::backward_ms));
-  measured->set_optimizer_ms(median_of(&IterationRecord::optimizer_ms));
-  measured->set_tracked_activation_bytes(analysis.tracked_bytes);
-  measured->set_end_of_forward_bytes(last.end_of_forward_bytes);
-  measured->set_loss_bytes(analysis.loss_bytes);
-  // What the process held when the step began beyond the named categories
-  // (e.g. archive records LibTorch keeps for the loaded model's code).
-  v1::FixedMemory* fixed = profile->mutable_fixed();
-  const int64_t named = fixed->parameter_bytes() + fixed->buffer_bytes() +
-                        fixed->optimizer_state_bytes() + fixed->input_bytes();
-  fixed->set_other_bytes(std::max<int64_t>(0, last.start_bytes - named));
+  FillMeasured(records, analysis, profile);
 }
 
 Profiler::Profiler(std::unique_ptr<State> state) : state_(std::move(state)) {}

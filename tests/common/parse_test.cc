@@ -54,6 +54,29 @@ TEST(ParseBudget, Errors) {
               HasSubstr("budget \"big\": expected bytes"));
 }
 
+TEST(ValidateBudget, RefusesWhatNoTextParsesTo) {
+  v1::MemoryBudget b;
+  EXPECT_THAT(std::string(ValidateBudget(b).message()), HasSubstr("no kind"));
+  b.set_bytes(0);
+  EXPECT_EQ(ValidateBudget(b).message(),
+            "budget \"0 B\": bytes must be positive, fractions in (0, 1] and "
+            "knee or floor true");
+  b.set_bytes(1);
+  EXPECT_TRUE(ValidateBudget(b).ok());
+  for (double f : {0.0, -0.5, 1.5}) {
+    b.set_fraction_of_baseline(f);
+    EXPECT_FALSE(ValidateBudget(b).ok()) << f;
+    b.set_fraction_of_device(f);
+    EXPECT_FALSE(ValidateBudget(b).ok()) << f;
+  }
+  b.set_fraction_of_device(1.0);
+  EXPECT_TRUE(ValidateBudget(b).ok());
+  b.set_knee(false);
+  EXPECT_FALSE(ValidateBudget(b).ok());
+  b.set_floor(true);
+  EXPECT_TRUE(ValidateBudget(b).ok());
+}
+
 TEST(ParseBudget, BareNumbersAreRefusedAsAmbiguous) {
   for (const char* text : {"60", "60.5", "4000000"}) {
     auto budget = ParseBudget(text);

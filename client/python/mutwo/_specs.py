@@ -42,6 +42,7 @@ _OPTIMIZERS = {
 _FINAL_STATES = {types_pb2.Job.SUCCEEDED, types_pb2.Job.FAILED,
                  types_pb2.Job.CANCELLED}
 BATCH_DIM = -1  # a TensorSpec dimension that stands for the batch size B
+_MAX_BYTES = (2**63 - 1) // 2  # the largest size common/parse.cc accepts
 
 
 def is_final(state: int) -> bool:
@@ -61,9 +62,19 @@ def parse_bytes(text: Union[str, int]) -> int:
     except ValueError:
         raise ValueError('size "%s": "%s" is not a number'
                          % (text, m.group(1))) from None
+    if value > _MAX_BYTES:
+        raise ValueError('size "%s": too large' % text)
     if value < 1:
         raise ValueError('size "%s": must be at least 1 byte' % text)
     return int(round(value))
+
+
+def _number(text: str) -> float:
+    """A number as common/parse.cc reads one (absl::SimpleAtod): Python's
+    float() also takes `1_000`, which the CLI and the server refuse."""
+    if "_" in text:
+        raise ValueError("not a number: %r" % text)
+    return float(text)
 
 
 def format_bytes(n: float) -> str:
@@ -90,9 +101,9 @@ def parse_budget(text: str) -> types_pb2.MemoryBudget:
                          "or %sMiB or %sB" % (text, s, s, s))
     for suffix, field in (("%dev", "fraction_of_device"),
                           ("%", "fraction_of_baseline")):
-        if s.endswith(suffix):
+        if s.lower().endswith(suffix):  # any case, as auto and floor
             try:
-                percent = float(s[:-len(suffix)])
+                percent = _number(s[:-len(suffix)])
             except ValueError:
                 percent = float("nan")
             if not 0 < percent <= 100:
@@ -114,13 +125,14 @@ def parse_budget(text: str) -> types_pb2.MemoryBudget:
 def parse_tensor_spec(text: str) -> types_pb2.TensorSpec:
     """`x:float32[B,3,224,224]`, `tokens:int64[B,128]{0,30000}`."""
     m = re.fullmatch(
-        r"\s*([A-Za-z0-9_.]+):([a-z0-9]+)\[([^\]]*)\](?:\{([^}]*)\})?\s*",
+        r"\s*([A-Za-z0-9_.]+):([A-Za-z0-9]+)\[([^\]]*)\](?:\{([^}]*)\})?\s*",
         str(text))
     hint = ("expected NAME:DTYPE[DIMS]{LOW,HIGH}, like x:float32[B,3,224,224] "
             "or tokens:int64[B,128]{0,30000}")
     if not m:
         raise ValueError('input spec "%s": %s' % (text, hint))
     name, dtype, dims, value_range = m.groups()
+    dtype = dtype.lower()
     if dtype not in _DTYPES:
         raise ValueError('input spec "%s": unknown dtype "%s"; use one of %s'
                          % (text, dtype, ", ".join(_DTYPES)))
@@ -136,7 +148,7 @@ def parse_tensor_spec(text: str) -> types_pb2.TensorSpec:
     if value_range is not None:
         parts = value_range.split(",")
         try:
-            low, high = (float(p) for p in parts)
+            low, high = (_number(p) for p in parts)
         except ValueError:
             raise ValueError('input spec "%s": value range must be two '
                              "numbers, {LOW,HIGH}" % text) from None
