@@ -44,6 +44,7 @@ absl::Status ValidateOptions(const JobCore::Options& options) {
     return absl::InvalidArgumentError(
         "--max_profile_nodes and --max_profile_edges must be positive");
   }
+  MUTWO_RETURN_IF_ERROR(ValidateProfileTrustOptions(options.profile_trust));
   return absl::OkStatus();
 }
 

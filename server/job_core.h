@@ -54,6 +54,7 @@
 #include "server/leasing.h"
 #include "server/metrics.h"
 #include "server/profile_limits.h"
+#include "server/profile_trust.h"
 #include "server/schedule_cache.h"
 #include "server/task_reports.h"
 #include "server/upload_sessions.h"
@@ -123,6 +124,8 @@ class JobCore {
     int64_t waiter_retry_after_ms = 1000;
     // The largest profile a report may carry (profile_limits.h).
     ProfileLimits profile_limits;
+    // When a schedule is shared across tenants (profile_trust.h).
+    ProfileTrustOptions profile_trust;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -245,12 +248,28 @@ class JobCore {
     std::string job_id;
     v1::Schedule schedule;
   };
+  // Whose cache entries a job's planning reads and writes: the job's owner,
+  // the digest of the job's profile and the worker that measured it (all in
+  // the key: schedule_key.h), and whether shared entries may answer it or
+  // be written from it (profile_trust.h).
+  struct CacheOwner {
+    std::string tenant;
+    std::string profile_sha256;
+    std::string measured_by;  // `principal/worker_id`
+    bool use_shared = false;
+    bool share = false;
+  };
+  storage::ScheduleCacheKey OwnKey(const v1::JobSpec& spec, int64_t batch_size,
+                                   const v1::DeviceInfo& device,
+                                   const v1::MemoryBudget& budget,
+                                   v1::Policy policy, const CacheOwner& owner);
   // With `deferred`, a planned schedule is added there instead of cached.
-  // `tenant`: the job's owner (schedule_key.h: entries are per tenant).
+  // The job's own entry first; then, with owner.use_shared, a shared one
+  // (copied to the job's own key, so the closed loop marks the job's copy);
+  // else planned from the profile, and written shared too with owner.share.
   absl::StatusOr<v1::Schedule> PlanCached(
       const v1::JobSpec& spec, const std::string& job_id,
-      const std::string& tenant, int64_t batch_size,
-      const v1::DeviceInfo& device,
+      const CacheOwner& owner, int64_t batch_size, const v1::DeviceInfo& device,
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
       bool include_timeline, std::vector<CachePut>* deferred = nullptr,
@@ -276,18 +295,28 @@ class JobCore {
   // What a profile report plans before its transaction: the batch size's
   // result, the VALIDATE rounds to queue and the cache entries to write.
   struct ProfilePlans {
+    ProfileTrust trust;
     v1::BatchResult result;
     std::vector<v1::Schedule> to_validate;
     std::vector<CachePut> cache_puts;
   };
   ProfilePlans PlanBatchResult(const v1::Job& job, const v1::Task& task,
-                               const v1::Profile& profile);
+                               const v1::Profile& profile, ProfileTrust trust);
+  // Who measured the reported profile and whether the cache may share it
+  // (profile_trust.h), judged against the stored measurements of its key.
+  absl::StatusOr<ProfileTrust> JudgeReport(const v1::Job& job,
+                                           const v1::Task& task,
+                                           const std::string& worker_id,
+                                           const v1::Profile& profile);
   // The report's transaction, with the max batch prediction over every
   // profile (predicted again when another profile was stored meanwhile);
   // `job` is set to the job as settled.
+  // The profile's measurement row is judged again and stored inside it;
+  // `plans.trust` becomes that judgement (shared entries dropped when it no
+  // longer allows them).
   absl::Status StoreProfileReport(const ReportKey& key, const v1::Task& task,
                                   const v1::Profile& profile,
-                                  const ProfilePlans& plans, v1::Job& job,
+                                  ProfilePlans& plans, v1::Job& job,
                                   bool* retried);
   absl::Status WriteProfileResult(
       storage::Store::Writer& w, const v1::Task& task,
@@ -316,8 +345,9 @@ class JobCore {
                                          std::vector<CachePut>* cache_puts);
   // The floor, Pareto curve and knee of `profile` into `result` (the knee's
   // schedule planned through the cache, so `--budget auto` is served).
-  absl::Status AnswerMemory(const v1::Job& job, int64_t batch_size,
-                            const v1::Profile& profile, v1::BatchResult& result,
+  absl::Status AnswerMemory(const v1::Job& job, const CacheOwner& owner,
+                            int64_t batch_size, const v1::Profile& profile,
+                            v1::BatchResult& result,
                             std::vector<CachePut>* cache_puts);
   // A MAX_BATCH task's step: its check verified, failed, or stepped down
   // with the next step queued (max_batch_check.h).
@@ -357,6 +387,12 @@ class JobCore {
       const std::string& job_id);
   absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> ProfileDeviceOf(
       const std::string& job_id, int64_t batch_size);
+  // The cache owner of the job's stored profile at `batch_size` (its
+  // measurement row; for a profile stored before measurements were kept, its
+  // digest and no worker). Neither shares nor uses shared entries: only a
+  // profile report, which judges the profile, does.
+  absl::StatusOr<std::shared_ptr<const CacheOwner>> ProfileOwnerOf(
+      const std::string& job_id, const std::string& tenant, int64_t batch_size);
   static constexpr size_t kHotCacheEntries = 4096;
 
   Options options_;
@@ -381,6 +417,8 @@ class JobCore {
       ABSL_GUARDED_BY(hot_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::DeviceInfo>>
       hot_devices_ ABSL_GUARDED_BY(hot_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const CacheOwner>>
+      hot_owners_ ABSL_GUARDED_BY(hot_mu_);
 };
 
 }  // namespace mutwo

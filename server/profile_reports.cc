@@ -84,7 +84,32 @@ absl::Status JobCore::CheckProfileReport(const v1::Task& task,
   return planner::ValidateProfile(profile);
 }
 
-absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
+absl::StatusOr<ProfileTrust> JobCore::JudgeReport(const v1::Job& job,
+                                                  const v1::Task& task,
+                                                  const std::string& worker_id,
+                                                  const v1::Profile& profile) {
+  storage::ProfileMeasurement mine;
+  mine.job_id = task.job_id();
+  mine.batch_size = task.batch_size();
+  mine.measurement_key = storage::MeasurementKeyString(
+      job.spec(), task.batch_size(), profile.device());
+  mine.profile_sha256 = ProfileDigest(profile);
+  mine.worker_id = worker_id;
+  auto principal = store_->GetWorkerPrincipal(worker_id);
+  if (principal.ok()) {
+    mine.worker_principal = *std::move(principal);
+  } else if (!absl::IsNotFound(principal.status())) {
+    return principal.status();
+  }
+  mine.tenant = job.owner();
+  mine.peak_bytes = profile.measured().peak_bytes();
+  MUTWO_ASSIGN_OR_RETURN(std::vector<storage::ProfileMeasurement> others,
+                         store_->ListProfileMeasurements(mine.measurement_key));
+  return JudgeProfile(std::move(mine), others, options_.profile_trust);
+}
+
+absl::Status JobCore::AnswerMemory(const v1::Job& job, const CacheOwner& owner,
+                                   int64_t batch_size,
                                    const v1::Profile& profile,
                                    v1::BatchResult& result,
                                    std::vector<CachePut>* cache_puts) {
@@ -94,7 +119,7 @@ absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
   MUTWO_ASSIGN_OR_RETURN(
       v1::Schedule at_knee,
       PlanCached(
-          job.spec(), job.job_id(), job.owner(), batch_size, profile.device(),
+          job.spec(), job.job_id(), owner, batch_size, profile.device(),
           [&]() -> absl::StatusOr<v1::Profile> { return profile; }, knee,
           v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
           cache_puts));
@@ -130,8 +155,17 @@ absl::Status JobCore::ShowPlanning(const v1::Job& job, const v1::Task& task) {
 
 JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
                                                const v1::Task& task,
-                                               const v1::Profile& profile) {
+                                               const v1::Profile& profile,
+                                               ProfileTrust trust) {
   ProfilePlans plans;
+  CacheOwner owner;
+  owner.tenant = job.owner();
+  owner.profile_sha256 = trust.measurement.profile_sha256;
+  owner.measured_by = absl::StrCat(trust.measurement.worker_principal, "/",
+                                   trust.measurement.worker_id);
+  owner.use_shared = trust.use_shared;
+  owner.share = trust.share;
+  plans.trust = std::move(trust);
   v1::BatchResult& result = plans.result;
   result.set_batch_size(task.batch_size());
   result.set_baseline_peak_bytes(profile.measured().peak_bytes());
@@ -146,15 +180,14 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
   }
   if (IsFinal(job.state())) return plans;
   // The memory question first, whether or not budgets were given.
-  if (absl::Status s = AnswerMemory(job, task.batch_size(), profile, result,
-                                    &plans.cache_puts);
+  if (absl::Status s = AnswerMemory(job, owner, task.batch_size(), profile,
+                                    result, &plans.cache_puts);
       !s.ok()) {
     result.set_error(absl::StrCat("floor and Pareto curve: ", s.message()));
   }
   for (const v1::MemoryBudget& budget : job.spec().budgets()) {
     auto schedule = PlanCached(
-        job.spec(), job.job_id(), job.owner(), task.batch_size(),
-        profile.device(),
+        job.spec(), job.job_id(), owner, task.batch_size(), profile.device(),
         [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
         v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false,
         &plans.cache_puts);
@@ -184,13 +217,28 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   if (admission == TaskReports::Admission::kRetried) return absl::OkStatus();
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
   MUTWO_RETURN_IF_ERROR(ShowPlanning(job, task));
+  MUTWO_ASSIGN_OR_RETURN(ProfileTrust trust,
+                         JudgeReport(job, task, request.worker_id(), profile));
   // Everything that takes time (planning, the max batch prediction) is done
   // before the transaction; the transaction stores it all or nothing.
-  ProfilePlans plans = PlanBatchResult(job, task, profile);
+  ProfilePlans plans = PlanBatchResult(job, task, profile, std::move(trust));
   bool retried = false;
   MUTWO_RETURN_IF_ERROR(
       StoreProfileReport(key, task, profile, plans, job, &retried));
   if (retried) return absl::OkStatus();
+  const storage::ProfileMeasurement& stored = plans.trust.measurement;
+  if (!stored.flag.empty()) {
+    metrics_->CountProfileDisagreement();
+    MUTWO_LOG(warn,
+              "job {} batch {}: profile flagged, its schedules are not "
+              "shared across tenants: {}",
+              task.job_id(), task.batch_size(), stored.flag);
+  } else if (plans.trust.share) {
+    MUTWO_LOG(info,
+              "job {} batch {}: profile trusted ({}), its schedules are "
+              "shared across tenants",
+              task.job_id(), task.batch_size(), plans.trust.trusted_because);
+  }
   FinishReport(job, plans.cache_puts);
   return absl::OkStatus();
 }
@@ -198,8 +246,8 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
 absl::Status JobCore::StoreProfileReport(const ReportKey& key,
                                          const v1::Task& task,
                                          const v1::Profile& profile,
-                                         const ProfilePlans& plans,
-                                         v1::Job& job, bool* retried) {
+                                         ProfilePlans& plans, v1::Job& job,
+                                         bool* retried) {
   // The max batch size from every usable profile of the job with this one.
   // The profiles used are checked again inside the transaction: a profile
   // another report stored meanwhile means predicting again.
@@ -213,6 +261,25 @@ absl::Status JobCore::StoreProfileReport(const ReportKey& key,
         [&](storage::Store::Writer& w) -> absl::Status {
           MUTWO_RETURN_IF_ERROR(
               w.PutProfile(task.job_id(), task.batch_size(), profile));
+          // Judged again with the write lock held: a report of the same key
+          // stored since the first judgement may disagree with this one.
+          MUTWO_ASSIGN_OR_RETURN(
+              std::vector<storage::ProfileMeasurement> others,
+              w.ListProfileMeasurements(
+                  plans.trust.measurement.measurement_key));
+          ProfileTrust now = JudgeProfile(plans.trust.measurement, others,
+                                          options_.profile_trust);
+          MUTWO_RETURN_IF_ERROR(w.PutProfileMeasurement(now.measurement));
+          if (!now.share || !now.use_shared) {
+            // Judged trusted before the transaction but not inside it: the
+            // job keeps its own entries, nothing is shared.
+            std::vector<CachePut>& puts = plans.cache_puts;
+            puts.erase(std::remove_if(
+                           puts.begin(), puts.end(),
+                           [](const CachePut& put) { return put.key.shared; }),
+                       puts.end());
+          }
+          plans.trust = std::move(now);
           MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
                                  w.ListTasks(task.job_id()));
           if (DoneProfileBatches(now_tasks, task.task_id()) != max_batch.used &&
