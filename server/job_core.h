@@ -46,6 +46,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
@@ -122,6 +123,10 @@ class JobCore {
     int max_lease_waiters = 1000;
     int max_watchers = 1000;
     int64_t waiter_retry_after_ms = 1000;
+    // Time allowed to plan one profile report as a whole, the knee and
+    // every budget (--max_report_plan_ms); each plan is also bounded by
+    // max_plan_ms.
+    int64_t max_report_plan_ms = 30000;
     // The largest profile a report may carry (profile_limits.h).
     ProfileLimits profile_limits;
     // When a schedule is shared across tenants (profile_trust.h).
@@ -216,8 +221,14 @@ class JobCore {
       const v1::HeartbeatRequest& request) {
     return leasing_->Heartbeat(request);
   }
+  // Plans the knee and every budget within Options::max_report_plan_ms in
+  // all (past it the remaining plans are cut, the result says so); stops
+  // within a planner step once `cancelled` (may be empty: the worker's call
+  // ended or the server drains) turns true, returning Cancelled with
+  // nothing stored (the task stays leased; the worker may report again).
   [[nodiscard]] absl::Status ReportProfile(
-      const v1::ReportProfileRequest& request);
+      const v1::ReportProfileRequest& request,
+      const std::function<bool()>& cancelled = nullptr);
   [[nodiscard]] absl::Status ReportValidation(
       const v1::ReportValidationRequest& request);
   [[nodiscard]] absl::Status FailTask(const v1::FailTaskRequest& request);
@@ -233,10 +244,12 @@ class JobCore {
           PlanFn plan, MaxBatchFn max_batch);
   // Plans `profile` (the whole schedule, with the Pareto curve), timing the
   // planner. FailedPrecondition for a profile that ran out of memory.
+  // `deadline` bounds the plan besides max_plan_ms (a report's budget).
   absl::StatusOr<v1::Schedule> Plan(
       const v1::Profile& profile, const v1::MemoryBudget& budget,
       v1::Policy policy, int64_t correction_bytes,
-      const std::function<bool()>& cancelled = nullptr);
+      const std::function<bool()>& cancelled = nullptr,
+      absl::Time deadline = absl::InfiniteFuture());
   // The schedule for (job spec, batch, device, budget, policy) from the
   // cache, or planned from the profile `load_profile` returns (only called on
   // a miss) and cached.
@@ -273,7 +286,8 @@ class JobCore {
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
       bool include_timeline, std::vector<CachePut>* deferred = nullptr,
-      const std::function<bool()>& cancelled = nullptr);
+      const std::function<bool()>& cancelled = nullptr,
+      absl::Time deadline = absl::InfiniteFuture());
   void ApplyCachePuts(const std::vector<CachePut>& puts);
   // A report of `task` whose content was refused with `refusal`:
   // TaskReports::Refuse (the task failed at once when the reporter holds
@@ -300,8 +314,14 @@ class JobCore {
     std::vector<v1::Schedule> to_validate;
     std::vector<CachePut> cache_puts;
   };
+  // The report's bounds: its deadline and whether to stop.
+  struct ReportBounds {
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> cancelled;
+  };
   ProfilePlans PlanBatchResult(const v1::Job& job, const v1::Task& task,
-                               const v1::Profile& profile, ProfileTrust trust);
+                               const v1::Profile& profile, ProfileTrust trust,
+                               const ReportBounds& bounds);
   // Who measured the reported profile and whether the cache may share it
   // (profile_trust.h), judged against the stored measurements of its key.
   absl::StatusOr<ProfileTrust> JudgeReport(const v1::Job& job,
@@ -348,7 +368,8 @@ class JobCore {
   absl::Status AnswerMemory(const v1::Job& job, const CacheOwner& owner,
                             int64_t batch_size, const v1::Profile& profile,
                             v1::BatchResult& result,
-                            std::vector<CachePut>* cache_puts);
+                            std::vector<CachePut>* cache_puts,
+                            const ReportBounds& bounds);
   // A MAX_BATCH task's step: its check verified, failed, or stepped down
   // with the next step queued (max_batch_check.h).
   absl::Status ReportMaxBatchStep(const v1::ReportValidationRequest& request,

@@ -1,6 +1,7 @@
 // JobCore's planning: schedules planned through the schedule cache (for
 // GetSchedule and for what a report needs), and the real planner behind
 // PlanFn and MaxBatchFn.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -49,7 +50,7 @@ MaxBatchFn PlannerMaxBatchFn() {
 absl::StatusOr<v1::Schedule> JobCore::Plan(
     const v1::Profile& profile, const v1::MemoryBudget& budget,
     v1::Policy policy, int64_t correction_bytes,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, absl::Time deadline) {
   if (profile.oom()) {
     return absl::FailedPreconditionError(
         absl::StrCat("batch size ", profile.batch_size(),
@@ -64,7 +65,9 @@ absl::StatusOr<v1::Schedule> JobCore::Plan(
   request.include_pareto = true;
   request.correction_bytes = correction_bytes;
   planner::Interrupt interrupt(
-      absl::Now() + absl::Milliseconds(options_.max_plan_ms), cancelled);
+      std::min(deadline,
+               absl::Now() + absl::Milliseconds(options_.max_plan_ms)),
+      cancelled);
   request.interrupt = &interrupt;
   const auto start = std::chrono::steady_clock::now();
   auto schedule = plan_(profile, request);
@@ -91,7 +94,7 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
     const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
     const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
     bool include_timeline, std::vector<CachePut>* deferred,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, absl::Time deadline) {
   const storage::ScheduleCacheKey key =
       OwnKey(spec, batch_size, device, budget, policy, owner);
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
@@ -119,9 +122,9 @@ absl::StatusOr<v1::Schedule> JobCore::PlanCached(
   }
   // Only a miss needs the whole profile.
   MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Schedule schedule,
-      Plan(profile, budget, policy, /*correction_bytes=*/0, cancelled));
+  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
+                         Plan(profile, budget, policy, /*correction_bytes=*/0,
+                              cancelled, deadline));
   MUTWO_RETURN_IF_ERROR(put(key, schedule));
   if (owner.share) MUTWO_RETURN_IF_ERROR(put(shared_key, schedule));
   return ScheduleCache::Trim(std::move(schedule), include_pareto,

@@ -3,10 +3,13 @@
 // every profile) and stored with the VALIDATE and MAX_BATCH tasks it
 // queues, in one transaction.
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
@@ -57,6 +60,18 @@ absl::StatusOr<MaxBatchPlan> PredictMaxBatch(storage::Store& store,
   plan.to_verify =
       PrepareMaxBatchChecks(job.spec(), profiles, *plan.prediction);
   return plan;
+}
+
+// A plan's error as the report's result shows it: past the report's
+// deadline, the limit that cut it.
+std::string CutReason(const absl::Status& status, absl::Time deadline) {
+  if (absl::Now() >= deadline) {
+    return absl::StrCat(
+        "cut: the report's planning passed its time limit "
+        "(--max_report_plan_ms) before this plan was done (",
+        status.message(), ")");
+  }
+  return std::string(status.message());
 }
 
 }  // namespace
@@ -112,7 +127,8 @@ absl::Status JobCore::AnswerMemory(const v1::Job& job, const CacheOwner& owner,
                                    int64_t batch_size,
                                    const v1::Profile& profile,
                                    v1::BatchResult& result,
-                                   std::vector<CachePut>* cache_puts) {
+                                   std::vector<CachePut>* cache_puts,
+                                   const ReportBounds& bounds) {
   v1::MemoryBudget knee;
   knee.set_knee(true);
   knee.set_text("auto");
@@ -122,7 +138,7 @@ absl::Status JobCore::AnswerMemory(const v1::Job& job, const CacheOwner& owner,
           job.spec(), job.job_id(), owner, batch_size, profile.device(),
           [&]() -> absl::StatusOr<v1::Profile> { return profile; }, knee,
           v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
-          cache_puts));
+          cache_puts, bounds.cancelled, bounds.deadline));
   result.set_floor_bytes(at_knee.floor_bytes());
   result.set_plan_baseline_iteration_ms(at_knee.baseline_iteration_ms());
   *result.mutable_pareto() = at_knee.pareto();
@@ -156,7 +172,8 @@ absl::Status JobCore::ShowPlanning(const v1::Job& job, const v1::Task& task) {
 JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
                                                const v1::Task& task,
                                                const v1::Profile& profile,
-                                               ProfileTrust trust) {
+                                               ProfileTrust trust,
+                                               const ReportBounds& bounds) {
   ProfilePlans plans;
   CacheOwner owner;
   owner.tenant = job.owner();
@@ -181,20 +198,21 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
   if (IsFinal(job.state())) return plans;
   // The memory question first, whether or not budgets were given.
   if (absl::Status s = AnswerMemory(job, owner, task.batch_size(), profile,
-                                    result, &plans.cache_puts);
+                                    result, &plans.cache_puts, bounds);
       !s.ok()) {
-    result.set_error(absl::StrCat("floor and Pareto curve: ", s.message()));
+    result.set_error(absl::StrCat("floor and Pareto curve: ",
+                                  CutReason(s, bounds.deadline)));
   }
   for (const v1::MemoryBudget& budget : job.spec().budgets()) {
     auto schedule = PlanCached(
         job.spec(), job.job_id(), owner, task.batch_size(), profile.device(),
         [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
         v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false,
-        &plans.cache_puts);
+        &plans.cache_puts, bounds.cancelled, bounds.deadline);
     if (!schedule.ok()) {
-      result.set_error(absl::StrCat("planning for budget ",
-                                    FormatBudget(budget), ": ",
-                                    schedule.status().message()));
+      result.set_error(
+          absl::StrCat("planning for budget ", FormatBudget(budget), ": ",
+                       CutReason(schedule.status(), bounds.deadline)));
       break;
     }
     // Feasible is a prediction: only a validation round makes it fit.
@@ -205,7 +223,8 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
   return plans;
 }
 
-absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
+absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request,
+                                    const std::function<bool()>& cancelled) {
   const ReportKey key = ReportKey::Of(request);
   MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
   const v1::Profile& profile = request.profile();
@@ -221,7 +240,25 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
                          JudgeReport(job, task, request.worker_id(), profile));
   // Everything that takes time (planning, the max batch prediction) is done
   // before the transaction; the transaction stores it all or nothing.
-  ProfilePlans plans = PlanBatchResult(job, task, profile, std::move(trust));
+  ReportBounds bounds;
+  bounds.deadline =
+      absl::Now() + absl::Milliseconds(options_.max_report_plan_ms);
+  bounds.cancelled = cancelled;
+  const auto start = std::chrono::steady_clock::now();
+  ProfilePlans plans =
+      PlanBatchResult(job, task, profile, std::move(trust), bounds);
+  if (cancelled && cancelled()) {
+    // Nothing stored: the task stays leased and is reported again (or
+    // leased again when its lease expires).
+    return absl::CancelledError(absl::StrCat(
+        "planning of the profile report for task ", task.task_id(),
+        " stopped after ",
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start)
+            .count(),
+        " ms: the worker's call ended or the server is shutting down; "
+        "nothing was stored"));
+  }
   bool retried = false;
   MUTWO_RETURN_IF_ERROR(
       StoreProfileReport(key, task, profile, plans, job, &retried));
