@@ -1,8 +1,13 @@
 #include "server/planning_pool.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace mutwo {
 
@@ -64,6 +69,15 @@ void PlanningPool::Join() {
 }
 
 void PlanningPool::Run() {
+  if (options_.nice != 0) {
+    // Linux applies PRIO_PROCESS with a thread id to that thread alone.
+    const int tid = static_cast<int>(syscall(SYS_gettid));
+    const int now = getpriority(PRIO_PROCESS, tid);
+    if (setpriority(PRIO_PROCESS, tid, now + options_.nice) != 0) {
+      MUTWO_LOG(warn, "planning thread: cannot lower its priority by {}",
+                options_.nice);
+    }
+  }
   const std::function<bool()> stop = [this] { return stopped(); };
   for (;;) {
     Work work;

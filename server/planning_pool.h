@@ -11,6 +11,8 @@
 // gets a `stop` callback that turns true once Stop() is called (the server
 // drains): its planning polls it and ends within one planner step.
 //
+// The threads run at a lower CPU priority than the process (Options::nice).
+//
 // Owns its threads: Stop() then Join() (the destructor does both). Work
 // queued when Stop() is called still runs, with `stop` already true, so
 // every accepted call is answered. Thread-safe.
@@ -35,6 +37,10 @@ class PlanningPool {
   struct Options {
     int threads = 2;     // --planning_threads
     int max_queued = 8;  // --max_queued_reports
+    // Added to the threads' nice value (Linux: per thread), so that on a
+    // busy machine the RPC threads, which answer cheap reads, win the CPU
+    // over planning. 0: as the process.
+    int nice = 10;
   };
   using Work = std::function<void(const std::function<bool()>& stop)>;
 

@@ -249,7 +249,11 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request,
       PlanBatchResult(job, task, profile, std::move(trust), bounds);
   if (cancelled && cancelled()) {
     // Nothing stored: the task stays leased and is reported again (or
-    // leased again when its lease expires).
+    // leased again when its lease expires). The job no longer shows
+    // PLANNING for it.
+    if (absl::Status s = Settle(task.job_id()); !s.ok()) {
+      MUTWO_LOG(warn, "job {}: {}", task.job_id(), s.ToString());
+    }
     return absl::CancelledError(absl::StrCat(
         "planning of the profile report for task ", task.task_id(),
         " stopped after ",

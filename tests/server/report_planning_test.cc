@@ -8,6 +8,8 @@
 //   - the server drains (what SIGTERM runs) with that planning in flight:
 //     it ends within the drain limit, the report is answered UNAVAILABLE
 //     and nothing of it is stored;
+//   - the worker's call ends while its report is planned: planning stops,
+//     nothing is stored, the worker's next report of the task is taken;
 //   - more reports than --planning_threads + --max_queued_reports: the
 //     extra one is refused at once, naming both flags.
 #include <algorithm>
@@ -118,9 +120,9 @@ class ReportPlanningTest : public testing::InProcessServerTest {
   }
 
   grpc::Status Report(const std::string& worker_id, const v1::Task& task,
-                      const v1::Profile& profile) {
+                      const v1::Profile& profile, int deadline_ms = 120000) {
     grpc::ClientContext context;
-    context.set_deadline(In(120000));
+    context.set_deadline(In(deadline_ms));
     v1::ReportProfileRequest request;
     request.set_worker_id(worker_id);
     request.set_task_id(task.task_id());
@@ -240,6 +242,45 @@ TEST_F(ReportPlanningTest, DrainDuringPlanningEndsWithinTheLimit) {
   std::cout << "{\"test\":\"drain_during_planning\",\"drain_limit_ms\":"
             << kDrainMs << ",\"shutdown_ms\":" << shutdown_ms
             << ",\"report_code\":" << reported.error_code() << "}\n";
+}
+
+// The worker's call ends (its deadline passes) while its report is being
+// planned: the planning stops, nothing is stored, the job shows PROFILING
+// again and the task, still the worker's, takes its next report.
+TEST_F(ReportPlanningTest, WorkerLeavingStopsItsPlanning) {
+  MutwoServer::Options options = Options(/*max_report_plan_ms=*/120000);
+  options.planning_threads = 1;
+  StartServer(std::move(options));
+  const std::string job_id = SubmitJob("dense model");
+  const std::string worker = RegisterWorker();
+  const v1::Task task = Lease(worker);
+  const auto start = Clock::now();
+  grpc::Status left =
+      Report(worker, task, Dense(4096, 32, task.batch_size()), 1500);
+  EXPECT_EQ(left.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  auto planner = Planner();
+  double stopped_ms = 0;
+  for (;;) {
+    auto job = GetJob(*planner, job_id);
+    ASSERT_TRUE(job.ok());
+    if (job->state() == v1::Job::PROFILING) {
+      stopped_ms = MsSince(start);
+      break;
+    }
+    ASSERT_LT(MsSince(start), 10000) << "planning went on after the call";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // The one planning thread is free again (the dense plans left would take
+  // ~15 s more) and nothing was stored: the worker's next report of the
+  // task is taken.
+  const auto again = Clock::now();
+  grpc::Status s = Report(worker, task, Dense(64, 4, task.batch_size()));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  const double again_ms = MsSince(again);
+  EXPECT_LT(again_ms, 10000);
+  std::cout << "{\"test\":\"worker_left_during_planning\","
+            << "\"call_deadline_ms\":1500,\"job_profiling_again_ms\":"
+            << stopped_ms << ",\"next_report_ms\":" << again_ms << "}\n";
 }
 
 TEST_F(ReportPlanningTest, FullPlanningPoolRefusesAtOnceNamingTheFlags) {
