@@ -250,6 +250,7 @@ TEST_F(ReportPlanningTest, DrainDuringPlanningEndsWithinTheLimit) {
 TEST_F(ReportPlanningTest, WorkerLeavingStopsItsPlanning) {
   MutwoServer::Options options = Options(/*max_report_plan_ms=*/120000);
   options.planning_threads = 1;
+  options.max_queued_reports = 0;  // a busy thread refuses the next report
   StartServer(std::move(options));
   const std::string job_id = SubmitJob("dense model");
   const std::string worker = RegisterWorker();
@@ -270,14 +271,17 @@ TEST_F(ReportPlanningTest, WorkerLeavingStopsItsPlanning) {
     ASSERT_LT(MsSince(start), 10000) << "planning went on after the call";
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  // The one planning thread is free again (the dense plans left would take
-  // ~15 s more) and nothing was stored: the worker's next report of the
-  // task is taken.
+  // The one planning thread is free again (a busy one refuses at once, and
+  // the dense plans left would hold it ~15 s more) and nothing was stored:
+  // the worker's next report of the task is taken.
   const auto again = Clock::now();
-  grpc::Status s = Report(worker, task, Dense(64, 4, task.batch_size()));
+  grpc::Status s;
+  do {
+    s = Report(worker, task, Dense(64, 4, task.batch_size()));
+  } while (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+           MsSince(again) < 1000);
   EXPECT_TRUE(s.ok()) << s.error_message();
   const double again_ms = MsSince(again);
-  EXPECT_LT(again_ms, 10000);
   std::cout << "{\"test\":\"worker_left_during_planning\","
             << "\"call_deadline_ms\":1500,\"job_profiling_again_ms\":"
             << stopped_ms << ",\"next_report_ms\":" << again_ms << "}\n";
