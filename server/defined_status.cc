@@ -34,6 +34,7 @@ grpc::Status DefinedStatus(const grpc::Status& status,
   // The methods on the callback API (server/services.h): gRPC fails their
   // unparsable requests with UNIMPLEMENTED before any handler runs.
   const bool callback_method = method == "/mutwo.v1.WorkerHub/LeaseTask" ||
+                               method == "/mutwo.v1.WorkerHub/ReportProfile" ||
                                method == "/mutwo.v1.Planner/WatchJob";
   const bool unparsed =
       status.error_code() == grpc::StatusCode::INTERNAL ||

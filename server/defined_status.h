@@ -4,9 +4,9 @@
 // a fuzzer saw that for ~40% of its requests. This server interceptor turns
 // exactly that reply into INVALID_ARGUMENT naming the method, so a client
 // can tell its own malformed input from a server fault. The callback-API
-// methods (LeaseTask, WatchJob) answer the same unparsable request with
-// UNIMPLEMENTED and an empty message instead; that, for those methods
-// only, is turned into the same INVALID_ARGUMENT.
+// methods (LeaseTask, ReportProfile, WatchJob) answer the same unparsable
+// request with UNIMPLEMENTED and an empty message instead; that, for those
+// methods only, is turned into the same INVALID_ARGUMENT.
 //
 // Thread safety: one interceptor per call, as gRPC creates them.
 #ifndef MUTWO_SERVER_DEFINED_STATUS_H_

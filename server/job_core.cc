@@ -39,11 +39,17 @@ absl::Status ValidateOptions(const JobCore::Options& options) {
   if (options.max_plan_ms <= 0) {
     return absl::InvalidArgumentError("max_plan_ms must be positive");
   }
+  if (options.max_report_plan_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_report_plan_ms must be positive, got ",
+                     options.max_report_plan_ms));
+  }
   if (options.profile_limits.max_nodes < 1 ||
       options.profile_limits.max_edges < 1) {
     return absl::InvalidArgumentError(
         "--max_profile_nodes and --max_profile_edges must be positive");
   }
+  MUTWO_RETURN_IF_ERROR(ValidateProfileTrustOptions(options.profile_trust));
   return absl::OkStatus();
 }
 

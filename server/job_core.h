@@ -46,6 +46,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "mutwo/v1/planner.pb.h"
 #include "mutwo/v1/types.pb.h"
 #include "mutwo/v1/worker_hub.pb.h"
@@ -54,6 +55,7 @@
 #include "server/leasing.h"
 #include "server/metrics.h"
 #include "server/profile_limits.h"
+#include "server/profile_trust.h"
 #include "server/schedule_cache.h"
 #include "server/task_reports.h"
 #include "server/upload_sessions.h"
@@ -121,8 +123,14 @@ class JobCore {
     int max_lease_waiters = 1000;
     int max_watchers = 1000;
     int64_t waiter_retry_after_ms = 1000;
+    // Time allowed to plan one profile report as a whole, the knee and
+    // every budget (--max_report_plan_ms); each plan is also bounded by
+    // max_plan_ms.
+    int64_t max_report_plan_ms = 30000;
     // The largest profile a report may carry (profile_limits.h).
     ProfileLimits profile_limits;
+    // When a schedule is shared across tenants (profile_trust.h).
+    ProfileTrustOptions profile_trust;
   };
 
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<JobCore>> Create(
@@ -213,8 +221,14 @@ class JobCore {
       const v1::HeartbeatRequest& request) {
     return leasing_->Heartbeat(request);
   }
+  // Plans the knee and every budget within Options::max_report_plan_ms in
+  // all (past it the remaining plans are cut, the result says so); stops
+  // within a planner step once `cancelled` (may be empty: the worker's call
+  // ended or the server drains) turns true, returning Cancelled with
+  // nothing stored (the task stays leased; the worker may report again).
   [[nodiscard]] absl::Status ReportProfile(
-      const v1::ReportProfileRequest& request);
+      const v1::ReportProfileRequest& request,
+      const std::function<bool()>& cancelled = nullptr);
   [[nodiscard]] absl::Status ReportValidation(
       const v1::ReportValidationRequest& request);
   [[nodiscard]] absl::Status FailTask(const v1::FailTaskRequest& request);
@@ -230,10 +244,12 @@ class JobCore {
           PlanFn plan, MaxBatchFn max_batch);
   // Plans `profile` (the whole schedule, with the Pareto curve), timing the
   // planner. FailedPrecondition for a profile that ran out of memory.
+  // `deadline` bounds the plan besides max_plan_ms (a report's budget).
   absl::StatusOr<v1::Schedule> Plan(
       const v1::Profile& profile, const v1::MemoryBudget& budget,
       v1::Policy policy, int64_t correction_bytes,
-      const std::function<bool()>& cancelled = nullptr);
+      const std::function<bool()>& cancelled = nullptr,
+      absl::Time deadline = absl::InfiniteFuture());
   // The schedule for (job spec, batch, device, budget, policy) from the
   // cache, or planned from the profile `load_profile` returns (only called on
   // a miss) and cached.
@@ -245,16 +261,33 @@ class JobCore {
     std::string job_id;
     v1::Schedule schedule;
   };
+  // Whose cache entries a job's planning reads and writes: the job's owner,
+  // the digest of the job's profile and the worker that measured it (all in
+  // the key: schedule_key.h), and whether shared entries may answer it or
+  // be written from it (profile_trust.h).
+  struct CacheOwner {
+    std::string tenant;
+    std::string profile_sha256;
+    std::string measured_by;  // `principal/worker_id`
+    bool use_shared = false;
+    bool share = false;
+  };
+  storage::ScheduleCacheKey OwnKey(const v1::JobSpec& spec, int64_t batch_size,
+                                   const v1::DeviceInfo& device,
+                                   const v1::MemoryBudget& budget,
+                                   v1::Policy policy, const CacheOwner& owner);
   // With `deferred`, a planned schedule is added there instead of cached.
-  // `tenant`: the job's owner (schedule_key.h: entries are per tenant).
+  // The job's own entry first; then, with owner.use_shared, a shared one
+  // (copied to the job's own key, so the closed loop marks the job's copy);
+  // else planned from the profile, and written shared too with owner.share.
   absl::StatusOr<v1::Schedule> PlanCached(
       const v1::JobSpec& spec, const std::string& job_id,
-      const std::string& tenant, int64_t batch_size,
-      const v1::DeviceInfo& device,
+      const CacheOwner& owner, int64_t batch_size, const v1::DeviceInfo& device,
       const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
       const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
       bool include_timeline, std::vector<CachePut>* deferred = nullptr,
-      const std::function<bool()>& cancelled = nullptr);
+      const std::function<bool()>& cancelled = nullptr,
+      absl::Time deadline = absl::InfiniteFuture());
   void ApplyCachePuts(const std::vector<CachePut>& puts);
   // A report of `task` whose content was refused with `refusal`:
   // TaskReports::Refuse (the task failed at once when the reporter holds
@@ -276,18 +309,34 @@ class JobCore {
   // What a profile report plans before its transaction: the batch size's
   // result, the VALIDATE rounds to queue and the cache entries to write.
   struct ProfilePlans {
+    ProfileTrust trust;
     v1::BatchResult result;
     std::vector<v1::Schedule> to_validate;
     std::vector<CachePut> cache_puts;
   };
+  // The report's bounds: its deadline and whether to stop.
+  struct ReportBounds {
+    absl::Time deadline = absl::InfiniteFuture();
+    std::function<bool()> cancelled;
+  };
   ProfilePlans PlanBatchResult(const v1::Job& job, const v1::Task& task,
-                               const v1::Profile& profile);
+                               const v1::Profile& profile, ProfileTrust trust,
+                               const ReportBounds& bounds);
+  // Who measured the reported profile and whether the cache may share it
+  // (profile_trust.h), judged against the stored measurements of its key.
+  absl::StatusOr<ProfileTrust> JudgeReport(const v1::Job& job,
+                                           const v1::Task& task,
+                                           const std::string& worker_id,
+                                           const v1::Profile& profile);
   // The report's transaction, with the max batch prediction over every
   // profile (predicted again when another profile was stored meanwhile);
   // `job` is set to the job as settled.
+  // The profile's measurement row is judged again and stored inside it;
+  // `plans.trust` becomes that judgement (shared entries dropped when it no
+  // longer allows them).
   absl::Status StoreProfileReport(const ReportKey& key, const v1::Task& task,
                                   const v1::Profile& profile,
-                                  const ProfilePlans& plans, v1::Job& job,
+                                  ProfilePlans& plans, v1::Job& job,
                                   bool* retried);
   absl::Status WriteProfileResult(
       storage::Store::Writer& w, const v1::Task& task,
@@ -316,9 +365,11 @@ class JobCore {
                                          std::vector<CachePut>* cache_puts);
   // The floor, Pareto curve and knee of `profile` into `result` (the knee's
   // schedule planned through the cache, so `--budget auto` is served).
-  absl::Status AnswerMemory(const v1::Job& job, int64_t batch_size,
-                            const v1::Profile& profile, v1::BatchResult& result,
-                            std::vector<CachePut>* cache_puts);
+  absl::Status AnswerMemory(const v1::Job& job, const CacheOwner& owner,
+                            int64_t batch_size, const v1::Profile& profile,
+                            v1::BatchResult& result,
+                            std::vector<CachePut>* cache_puts,
+                            const ReportBounds& bounds);
   // A MAX_BATCH task's step: its check verified, failed, or stepped down
   // with the next step queued (max_batch_check.h).
   absl::Status ReportMaxBatchStep(const v1::ReportValidationRequest& request,
@@ -357,6 +408,12 @@ class JobCore {
       const std::string& job_id);
   absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> ProfileDeviceOf(
       const std::string& job_id, int64_t batch_size);
+  // The cache owner of the job's stored profile at `batch_size` (its
+  // measurement row; for a profile stored before measurements were kept, its
+  // digest and no worker). Neither shares nor uses shared entries: only a
+  // profile report, which judges the profile, does.
+  absl::StatusOr<std::shared_ptr<const CacheOwner>> ProfileOwnerOf(
+      const std::string& job_id, const std::string& tenant, int64_t batch_size);
   static constexpr size_t kHotCacheEntries = 4096;
 
   Options options_;
@@ -381,6 +438,8 @@ class JobCore {
       ABSL_GUARDED_BY(hot_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const v1::DeviceInfo>>
       hot_devices_ ABSL_GUARDED_BY(hot_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const CacheOwner>>
+      hot_owners_ ABSL_GUARDED_BY(hot_mu_);
 };
 
 }  // namespace mutwo

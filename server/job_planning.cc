@@ -1,6 +1,7 @@
 // JobCore's planning: schedules planned through the schedule cache (for
 // GetSchedule and for what a report needs), and the real planner behind
 // PlanFn and MaxBatchFn.
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -49,7 +50,7 @@ MaxBatchFn PlannerMaxBatchFn() {
 absl::StatusOr<v1::Schedule> JobCore::Plan(
     const v1::Profile& profile, const v1::MemoryBudget& budget,
     v1::Policy policy, int64_t correction_bytes,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, absl::Time deadline) {
   if (profile.oom()) {
     return absl::FailedPreconditionError(
         absl::StrCat("batch size ", profile.batch_size(),
@@ -64,7 +65,9 @@ absl::StatusOr<v1::Schedule> JobCore::Plan(
   request.include_pareto = true;
   request.correction_bytes = correction_bytes;
   planner::Interrupt interrupt(
-      absl::Now() + absl::Milliseconds(options_.max_plan_ms), cancelled);
+      std::min(deadline,
+               absl::Now() + absl::Milliseconds(options_.max_plan_ms)),
+      cancelled);
   request.interrupt = &interrupt;
   const auto start = std::chrono::steady_clock::now();
   auto schedule = plan_(profile, request);
@@ -72,28 +75,58 @@ absl::StatusOr<v1::Schedule> JobCore::Plan(
   return schedule;
 }
 
+storage::ScheduleCacheKey JobCore::OwnKey(const v1::JobSpec& spec,
+                                          int64_t batch_size,
+                                          const v1::DeviceInfo& device,
+                                          const v1::MemoryBudget& budget,
+                                          v1::Policy policy,
+                                          const CacheOwner& owner) {
+  storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
+      spec, batch_size, device, budget, policy, owner.tenant);
+  key.profile_sha256 = owner.profile_sha256;
+  key.measured_by = owner.measured_by;
+  return key;
+}
+
 absl::StatusOr<v1::Schedule> JobCore::PlanCached(
-    const v1::JobSpec& spec, const std::string& job_id,
-    const std::string& tenant, int64_t batch_size, const v1::DeviceInfo& device,
+    const v1::JobSpec& spec, const std::string& job_id, const CacheOwner& owner,
+    int64_t batch_size, const v1::DeviceInfo& device,
     const std::function<absl::StatusOr<v1::Profile>()>& load_profile,
     const v1::MemoryBudget& budget, v1::Policy policy, bool include_pareto,
     bool include_timeline, std::vector<CachePut>* deferred,
-    const std::function<bool()>& cancelled) {
-  const storage::ScheduleCacheKey key = storage::MakeScheduleCacheKey(
-      spec, batch_size, device, budget, policy, tenant);
+    const std::function<bool()>& cancelled, absl::Time deadline) {
+  const storage::ScheduleCacheKey key =
+      OwnKey(spec, batch_size, device, budget, policy, owner);
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> cached,
                          cache_.Get(key, include_pareto, include_timeline));
   if (cached.has_value()) return *std::move(cached);
+  auto put = [&](const storage::ScheduleCacheKey& k,
+                 const v1::Schedule& schedule) -> absl::Status {
+    if (deferred != nullptr) {
+      deferred->push_back(CachePut{k, job_id, schedule});
+      return absl::OkStatus();
+    }
+    return cache_.Put(k, job_id, schedule);
+  };
+  storage::ScheduleCacheKey shared_key = key;
+  shared_key.shared = true;
+  if (owner.use_shared) {
+    MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> trusted,
+                           cache_.Peek(shared_key));
+    if (trusted.has_value()) {
+      metrics_->CountSharedCacheHit();
+      MUTWO_RETURN_IF_ERROR(put(key, *trusted));
+      return ScheduleCache::Trim(*std::move(trusted), include_pareto,
+                                 include_timeline);
+    }
+  }
   // Only a miss needs the whole profile.
   MUTWO_ASSIGN_OR_RETURN(v1::Profile profile, load_profile());
-  MUTWO_ASSIGN_OR_RETURN(
-      v1::Schedule schedule,
-      Plan(profile, budget, policy, /*correction_bytes=*/0, cancelled));
-  if (deferred != nullptr) {
-    deferred->push_back(CachePut{key, job_id, schedule});
-  } else {
-    MUTWO_RETURN_IF_ERROR(cache_.Put(key, job_id, schedule));
-  }
+  MUTWO_ASSIGN_OR_RETURN(v1::Schedule schedule,
+                         Plan(profile, budget, policy, /*correction_bytes=*/0,
+                              cancelled, deadline));
+  MUTWO_RETURN_IF_ERROR(put(key, schedule));
+  if (owner.share) MUTWO_RETURN_IF_ERROR(put(shared_key, schedule));
   return ScheduleCache::Trim(std::move(schedule), include_pareto,
                              include_timeline);
 }
@@ -141,6 +174,43 @@ absl::StatusOr<std::shared_ptr<const v1::DeviceInfo>> JobCore::ProfileDeviceOf(
   return shared;
 }
 
+absl::StatusOr<std::shared_ptr<const JobCore::CacheOwner>>
+JobCore::ProfileOwnerOf(const std::string& job_id, const std::string& tenant,
+                        int64_t batch_size) {
+  const std::string key = absl::StrCat(job_id, "/", batch_size);
+  {
+    absl::MutexLock lock(&hot_mu_);
+    auto it = hot_owners_.find(key);
+    if (it != hot_owners_.end()) return it->second;
+  }
+  auto owner = std::make_shared<CacheOwner>();
+  owner->tenant = tenant;
+  MUTWO_ASSIGN_OR_RETURN(std::optional<storage::ProfileMeasurement> measurement,
+                         store_->GetProfileMeasurement(job_id, batch_size));
+  if (measurement.has_value()) {
+    owner->profile_sha256 = measurement->profile_sha256;
+    owner->measured_by = absl::StrCat(measurement->worker_principal, "/",
+                                      measurement->worker_id);
+  } else {
+    // Stored before measurements were kept (schema version 4): bound to
+    // its own digest all the same.
+    auto profile = store_->GetProfile(job_id, batch_size);
+    if (absl::IsNotFound(profile.status())) {
+      return absl::NotFoundError(absl::StrCat("job ", job_id,
+                                              " has no profile for batch size ",
+                                              batch_size, " (yet)"));
+    }
+    MUTWO_RETURN_IF_ERROR(profile.status());
+    owner->profile_sha256 = ProfileDigest(*profile);
+  }
+  // One profile per (job, batch), the first completed report's: its
+  // owner never changes.
+  absl::MutexLock lock(&hot_mu_);
+  if (hot_owners_.size() >= kHotCacheEntries) hot_owners_.clear();
+  hot_owners_[key] = owner;
+  return std::shared_ptr<const CacheOwner>(owner);
+}
+
 absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
     const v1::GetScheduleRequest& request, std::function<bool()> cancelled) {
   if (request.budget().kind_case() == v1::MemoryBudget::KIND_NOT_SET) {
@@ -153,11 +223,13 @@ absl::StatusOr<v1::Schedule> JobCore::GetSchedule(
   MUTWO_ASSIGN_OR_RETURN(
       std::shared_ptr<const v1::DeviceInfo> device,
       ProfileDeviceOf(request.job_id(), request.batch_size()));
+  MUTWO_ASSIGN_OR_RETURN(
+      std::shared_ptr<const CacheOwner> owner,
+      ProfileOwnerOf(request.job_id(), job->owner(), request.batch_size()));
   const v1::Policy policy =
       request.policy() == v1::POLICY_UNSPECIFIED ? v1::MUTWO : request.policy();
   return PlanCached(
-      job->spec(), request.job_id(), job->owner(), request.batch_size(),
-      *device,
+      job->spec(), request.job_id(), *owner, request.batch_size(), *device,
       [&] {
         return store_->GetProfile(request.job_id(), request.batch_size());
       },

@@ -5,7 +5,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/args.h"
 #include "common/logging.h"
 #include "common/parse.h"
@@ -57,6 +59,26 @@ ABSL_FLAG(int32_t, max_profile_nodes, 8192,
 ABSL_FLAG(int64_t, max_profile_edges, 65536,
           "largest profile a worker may report, in edges (IR data edges "
           "plus recompute lineages); larger ones are refused the same way");
+ABSL_FLAG(int64_t, max_report_plan_ms, 30000,
+          "time allowed to plan one profile report as a whole (the knee and "
+          "every budget of its job); past it the remaining plans are cut and "
+          "the batch size's result says so");
+ABSL_FLAG(int32_t, planning_threads, 2,
+          "threads that plan profile reports, off the RPC threads");
+ABSL_FLAG(int32_t, max_queued_reports, 8,
+          "profile reports waiting for a planning thread; more are refused "
+          "with RESOURCE_EXHAUSTED (the worker reports again)");
+ABSL_FLAG(std::string, trusted_worker_principals, "",
+          "comma-separated worker principals (token names) whose profiles "
+          "are trusted without a second measurement: schedules planned from "
+          "them are served to jobs of every tenant whose own profile agrees "
+          "(docs/service.md, \"Cache entries are bound to what produced "
+          "them\")");
+ABSL_FLAG(double, profile_agreement_tolerance, 0.05,
+          "two profiles of one model, spec, batch size and device agree when "
+          "their measured peaks differ by at most this fraction of the "
+          "larger; a profile that disagrees is flagged and its key's "
+          "schedules are no longer shared across tenants");
 ABSL_FLAG(std::string, max_stored_model_bytes_per_client, "4GiB",
           "bytes of models one principal may keep in the model store (each "
           "model it uploaded, once); past it uploads are refused with "
@@ -155,6 +177,17 @@ absl::StatusOr<mutwo::MutwoServer::Options> OptionsFromFlags() {
   core.waiter_retry_after_ms = absl::GetFlag(FLAGS_waiter_retry_after_ms);
   core.profile_limits.max_nodes = absl::GetFlag(FLAGS_max_profile_nodes);
   core.profile_limits.max_edges = absl::GetFlag(FLAGS_max_profile_edges);
+  core.max_report_plan_ms = absl::GetFlag(FLAGS_max_report_plan_ms);
+  options.planning_threads = absl::GetFlag(FLAGS_planning_threads);
+  options.max_queued_reports = absl::GetFlag(FLAGS_max_queued_reports);
+  core.profile_trust.agreement_tolerance =
+      absl::GetFlag(FLAGS_profile_agreement_tolerance);
+  for (absl::string_view principal :
+       absl::StrSplit(absl::GetFlag(FLAGS_trusted_worker_principals), ',',
+                      absl::SkipWhitespace())) {
+    core.profile_trust.trusted_worker_principals.emplace_back(
+        absl::StripAsciiWhitespace(principal));
+  }
   core.max_uploads_per_client = absl::GetFlag(FLAGS_max_uploads_per_client);
   // Empty: twice --max_model_bytes (JobCore::Options).
   MUTWO_ASSIGN_OR_RETURN(

@@ -134,6 +134,16 @@ ServerMetrics::ServerMetrics()
                               .Help("Workers put in quarantine")
                               .Register(*registry_)
                               .Add({})),
+      profile_disagreements_(
+          BuildCounter()
+              .Name("mutwo_profile_disagreements_total")
+              .Help("Profiles whose measured peak disagrees with another "
+                    "measurement of the same model, spec, batch size and "
+                    "device by more than --profile_agreement_tolerance; "
+                    "schedules of that key are no longer shared across "
+                    "tenants")
+              .Register(*registry_)
+              .Add({})),
       model_peak_bytes_(BuildGauge()
                             .Name("mutwo_model_peak_bytes")
                             .Help("Peak training-step memory per model, "
@@ -160,6 +170,7 @@ ServerMetrics::ServerMetrics()
       .Set(1);
   cache_.Add({{"result", "hit"}});
   cache_.Add({{"result", "miss"}});
+  cache_.Add({{"result", "shared_hit"}});
   for (const char* result : {"fits", "over_budget", "failed"}) {
     validations_.Add({{"result", result}});
   }
@@ -279,6 +290,14 @@ void ServerMetrics::SetWorkersQuarantined(int n) {
 
 void ServerMetrics::CountWorkerQuarantined() {
   worker_quarantines_.Increment();
+}
+
+void ServerMetrics::CountSharedCacheHit() {
+  cache_.Add({{"result", "shared_hit"}}).Increment();
+}
+
+void ServerMetrics::CountProfileDisagreement() {
+  profile_disagreements_.Increment();
 }
 
 void ServerMetrics::CountLimitRefusal(const std::string& limit) {

@@ -55,6 +55,12 @@ class ServerMetrics {
                   double seconds);
   void ObservePlanner(double seconds);
   void CountCache(bool hit);
+  // A job's own entry missed and a shared entry (planned from a trusted
+  // profile of another job) answered it: result="shared_hit".
+  void CountSharedCacheHit();
+  // A profile whose measured peak disagrees with another measurement of the
+  // same model, spec, batch size and device (server/profile_trust.h).
+  void CountProfileDisagreement();
   // One validation round: "fits", "over_budget" or "failed".
   void CountValidation(const std::string& result);
   void CountUpload(bool stored);
@@ -112,6 +118,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>& limit_refusals_;
   prometheus::Gauge& workers_quarantined_;
   prometheus::Counter& worker_quarantines_;
+  prometheus::Counter& profile_disagreements_;
   prometheus::Family<prometheus::Gauge>& model_peak_bytes_;
   prometheus::Family<prometheus::Gauge>& model_iteration_seconds_;
   prometheus::Family<prometheus::Gauge>& model_max_batch_;

@@ -3,10 +3,13 @@
 // every profile) and stored with the VALIDATE and MAX_BATCH tasks it
 // queues, in one transaction.
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
@@ -59,6 +62,18 @@ absl::StatusOr<MaxBatchPlan> PredictMaxBatch(storage::Store& store,
   return plan;
 }
 
+// A plan's error as the report's result shows it: past the report's
+// deadline, the limit that cut it.
+std::string CutReason(const absl::Status& status, absl::Time deadline) {
+  if (absl::Now() >= deadline) {
+    return absl::StrCat(
+        "cut: the report's planning passed its time limit "
+        "(--max_report_plan_ms) before this plan was done (",
+        status.message(), ")");
+  }
+  return std::string(status.message());
+}
+
 }  // namespace
 
 absl::Status JobCore::CheckProfileReport(const v1::Task& task,
@@ -84,20 +99,46 @@ absl::Status JobCore::CheckProfileReport(const v1::Task& task,
   return planner::ValidateProfile(profile);
 }
 
-absl::Status JobCore::AnswerMemory(const v1::Job& job, int64_t batch_size,
+absl::StatusOr<ProfileTrust> JobCore::JudgeReport(const v1::Job& job,
+                                                  const v1::Task& task,
+                                                  const std::string& worker_id,
+                                                  const v1::Profile& profile) {
+  storage::ProfileMeasurement mine;
+  mine.job_id = task.job_id();
+  mine.batch_size = task.batch_size();
+  mine.measurement_key = storage::MeasurementKeyString(
+      job.spec(), task.batch_size(), profile.device());
+  mine.profile_sha256 = ProfileDigest(profile);
+  mine.worker_id = worker_id;
+  auto principal = store_->GetWorkerPrincipal(worker_id);
+  if (principal.ok()) {
+    mine.worker_principal = *std::move(principal);
+  } else if (!absl::IsNotFound(principal.status())) {
+    return principal.status();
+  }
+  mine.tenant = job.owner();
+  mine.peak_bytes = profile.measured().peak_bytes();
+  MUTWO_ASSIGN_OR_RETURN(std::vector<storage::ProfileMeasurement> others,
+                         store_->ListProfileMeasurements(mine.measurement_key));
+  return JudgeProfile(std::move(mine), others, options_.profile_trust);
+}
+
+absl::Status JobCore::AnswerMemory(const v1::Job& job, const CacheOwner& owner,
+                                   int64_t batch_size,
                                    const v1::Profile& profile,
                                    v1::BatchResult& result,
-                                   std::vector<CachePut>* cache_puts) {
+                                   std::vector<CachePut>* cache_puts,
+                                   const ReportBounds& bounds) {
   v1::MemoryBudget knee;
   knee.set_knee(true);
   knee.set_text("auto");
   MUTWO_ASSIGN_OR_RETURN(
       v1::Schedule at_knee,
       PlanCached(
-          job.spec(), job.job_id(), job.owner(), batch_size, profile.device(),
+          job.spec(), job.job_id(), owner, batch_size, profile.device(),
           [&]() -> absl::StatusOr<v1::Profile> { return profile; }, knee,
           v1::MUTWO, /*include_pareto=*/true, /*include_timeline=*/false,
-          cache_puts));
+          cache_puts, bounds.cancelled, bounds.deadline));
   result.set_floor_bytes(at_knee.floor_bytes());
   result.set_plan_baseline_iteration_ms(at_knee.baseline_iteration_ms());
   *result.mutable_pareto() = at_knee.pareto();
@@ -130,8 +171,18 @@ absl::Status JobCore::ShowPlanning(const v1::Job& job, const v1::Task& task) {
 
 JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
                                                const v1::Task& task,
-                                               const v1::Profile& profile) {
+                                               const v1::Profile& profile,
+                                               ProfileTrust trust,
+                                               const ReportBounds& bounds) {
   ProfilePlans plans;
+  CacheOwner owner;
+  owner.tenant = job.owner();
+  owner.profile_sha256 = trust.measurement.profile_sha256;
+  owner.measured_by = absl::StrCat(trust.measurement.worker_principal, "/",
+                                   trust.measurement.worker_id);
+  owner.use_shared = trust.use_shared;
+  owner.share = trust.share;
+  plans.trust = std::move(trust);
   v1::BatchResult& result = plans.result;
   result.set_batch_size(task.batch_size());
   result.set_baseline_peak_bytes(profile.measured().peak_bytes());
@@ -146,22 +197,22 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
   }
   if (IsFinal(job.state())) return plans;
   // The memory question first, whether or not budgets were given.
-  if (absl::Status s = AnswerMemory(job, task.batch_size(), profile, result,
-                                    &plans.cache_puts);
+  if (absl::Status s = AnswerMemory(job, owner, task.batch_size(), profile,
+                                    result, &plans.cache_puts, bounds);
       !s.ok()) {
-    result.set_error(absl::StrCat("floor and Pareto curve: ", s.message()));
+    result.set_error(absl::StrCat("floor and Pareto curve: ",
+                                  CutReason(s, bounds.deadline)));
   }
   for (const v1::MemoryBudget& budget : job.spec().budgets()) {
     auto schedule = PlanCached(
-        job.spec(), job.job_id(), job.owner(), task.batch_size(),
-        profile.device(),
+        job.spec(), job.job_id(), owner, task.batch_size(), profile.device(),
         [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
         v1::MUTWO, /*include_pareto=*/false, /*include_timeline=*/false,
-        &plans.cache_puts);
+        &plans.cache_puts, bounds.cancelled, bounds.deadline);
     if (!schedule.ok()) {
-      result.set_error(absl::StrCat("planning for budget ",
-                                    FormatBudget(budget), ": ",
-                                    schedule.status().message()));
+      result.set_error(
+          absl::StrCat("planning for budget ", FormatBudget(budget), ": ",
+                       CutReason(schedule.status(), bounds.deadline)));
       break;
     }
     // Feasible is a prediction: only a validation round makes it fit.
@@ -172,7 +223,8 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
   return plans;
 }
 
-absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
+absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request,
+                                    const std::function<bool()>& cancelled) {
   const ReportKey key = ReportKey::Of(request);
   MUTWO_ASSIGN_OR_RETURN(v1::Task task, store_->GetTask(request.task_id()));
   const v1::Profile& profile = request.profile();
@@ -184,13 +236,50 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
   if (admission == TaskReports::Admission::kRetried) return absl::OkStatus();
   MUTWO_ASSIGN_OR_RETURN(v1::Job job, store_->GetJob(task.job_id()));
   MUTWO_RETURN_IF_ERROR(ShowPlanning(job, task));
+  MUTWO_ASSIGN_OR_RETURN(ProfileTrust trust,
+                         JudgeReport(job, task, request.worker_id(), profile));
   // Everything that takes time (planning, the max batch prediction) is done
   // before the transaction; the transaction stores it all or nothing.
-  ProfilePlans plans = PlanBatchResult(job, task, profile);
+  ReportBounds bounds;
+  bounds.deadline =
+      absl::Now() + absl::Milliseconds(options_.max_report_plan_ms);
+  bounds.cancelled = cancelled;
+  const auto start = std::chrono::steady_clock::now();
+  ProfilePlans plans =
+      PlanBatchResult(job, task, profile, std::move(trust), bounds);
+  if (cancelled && cancelled()) {
+    // Nothing stored: the task stays leased and is reported again (or
+    // leased again when its lease expires). The job no longer shows
+    // PLANNING for it.
+    if (absl::Status s = Settle(task.job_id()); !s.ok()) {
+      MUTWO_LOG(warn, "job {}: {}", task.job_id(), s.ToString());
+    }
+    return absl::CancelledError(absl::StrCat(
+        "planning of the profile report for task ", task.task_id(),
+        " stopped after ",
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start)
+            .count(),
+        " ms: the worker's call ended or the server is shutting down; "
+        "nothing was stored"));
+  }
   bool retried = false;
   MUTWO_RETURN_IF_ERROR(
       StoreProfileReport(key, task, profile, plans, job, &retried));
   if (retried) return absl::OkStatus();
+  const storage::ProfileMeasurement& stored = plans.trust.measurement;
+  if (!stored.flag.empty()) {
+    metrics_->CountProfileDisagreement();
+    MUTWO_LOG(warn,
+              "job {} batch {}: profile flagged, its schedules are not "
+              "shared across tenants: {}",
+              task.job_id(), task.batch_size(), stored.flag);
+  } else if (plans.trust.share) {
+    MUTWO_LOG(info,
+              "job {} batch {}: profile trusted ({}), its schedules are "
+              "shared across tenants",
+              task.job_id(), task.batch_size(), plans.trust.trusted_because);
+  }
   FinishReport(job, plans.cache_puts);
   return absl::OkStatus();
 }
@@ -198,8 +287,8 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request) {
 absl::Status JobCore::StoreProfileReport(const ReportKey& key,
                                          const v1::Task& task,
                                          const v1::Profile& profile,
-                                         const ProfilePlans& plans,
-                                         v1::Job& job, bool* retried) {
+                                         ProfilePlans& plans, v1::Job& job,
+                                         bool* retried) {
   // The max batch size from every usable profile of the job with this one.
   // The profiles used are checked again inside the transaction: a profile
   // another report stored meanwhile means predicting again.
@@ -213,6 +302,25 @@ absl::Status JobCore::StoreProfileReport(const ReportKey& key,
         [&](storage::Store::Writer& w) -> absl::Status {
           MUTWO_RETURN_IF_ERROR(
               w.PutProfile(task.job_id(), task.batch_size(), profile));
+          // Judged again with the write lock held: a report of the same key
+          // stored since the first judgement may disagree with this one.
+          MUTWO_ASSIGN_OR_RETURN(
+              std::vector<storage::ProfileMeasurement> others,
+              w.ListProfileMeasurements(
+                  plans.trust.measurement.measurement_key));
+          ProfileTrust now = JudgeProfile(plans.trust.measurement, others,
+                                          options_.profile_trust);
+          MUTWO_RETURN_IF_ERROR(w.PutProfileMeasurement(now.measurement));
+          if (!now.share || !now.use_shared) {
+            // Judged trusted before the transaction but not inside it: the
+            // job keeps its own entries, nothing is shared.
+            std::vector<CachePut>& puts = plans.cache_puts;
+            puts.erase(std::remove_if(
+                           puts.begin(), puts.end(),
+                           [](const CachePut& put) { return put.key.shared; }),
+                       puts.end());
+          }
+          plans.trust = std::move(now);
           MUTWO_ASSIGN_OR_RETURN(std::vector<v1::Task> now_tasks,
                                  w.ListTasks(task.job_id()));
           if (DoneProfileBatches(now_tasks, task.task_id()) != max_batch.used &&

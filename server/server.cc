@@ -176,9 +176,12 @@ absl::Status MutwoServer::Start() {
   core_->leasing().SetLeaseCheck([this](const std::string& worker_id) {
     return quarantine_->CheckLease(worker_id);
   });
+  MUTWO_ASSIGN_OR_RETURN(
+      planning_, PlanningPool::Create(
+                     {options_.planning_threads, options_.max_queued_reports}));
   hub_service_ = std::make_unique<WorkerHubService>(
       core_.get(), authorizer_.get(), &server_metrics_,
-      lease_polls_per_worker_.get(), quarantine_.get());
+      lease_polls_per_worker_.get(), quarantine_.get(), planning_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -235,13 +238,20 @@ void MutwoServer::Shutdown(absl::Duration drain_timeout) {
   }
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
-    // Wakes long polls so they return before the drain deadline.
+    // Wakes long polls so they return before the drain deadline, and stops
+    // the planning of profile reports in flight (within a planner step):
+    // their calls are answered UNAVAILABLE, nothing of them stored.
     if (core_ != nullptr) core_->Shutdown();
+    if (planning_ != nullptr) planning_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() +
                       absl::ToChronoMilliseconds(drain_timeout));
     server_->Wait();
   }
   if (core_ != nullptr) core_->Shutdown();
+  if (planning_ != nullptr) {
+    planning_->Stop();
+    planning_->Join();
+  }
   if (metrics_ != nullptr) metrics_->Shutdown();
   metrics_.reset();
   server_.reset();

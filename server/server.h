@@ -24,6 +24,7 @@
 #include "server/auth/server_security.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
+#include "server/planning_pool.h"
 #include "server/principal_limits.h"
 #include "server/services.h"
 #include "server/upload_quota.h"
@@ -59,6 +60,10 @@ class MutwoServer {
     int worker_quarantine_failures = 10;
     int64_t worker_quarantine_window_ms = 10 * 60 * 1000;
     int64_t worker_quarantine_ms = 60 * 60 * 1000;
+    // Profile reports planned at once and waiting (planning_pool.h:
+    // --planning_threads, --max_queued_reports).
+    int planning_threads = 2;
+    int max_queued_reports = 8;
     PlanFn plan;
     MaxBatchFn max_batch;
   };
@@ -100,6 +105,7 @@ class MutwoServer {
   std::unique_ptr<UploadQuota> stored_models_;
   std::unique_ptr<UploadWatchdog> idle_uploads_;
   std::unique_ptr<WorkerQuarantine> quarantine_;
+  std::unique_ptr<PlanningPool> planning_;
   std::unique_ptr<PlannerService> planner_service_;
   std::unique_ptr<WorkerHubService> hub_service_;
   std::unique_ptr<grpc::Server> server_;

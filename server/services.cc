@@ -89,6 +89,47 @@ void AddRetryHint(grpc::ServerContextBase* context, const absl::Status& s) {
   }
 }
 
+// ReportProfile off gRPC's threads: authorize, hand the planning to the
+// PlanningPool and return; the pool's thread answers when the report is
+// stored, refused, or stopped (the worker's call ended, the server drains).
+// A full pool answers RESOURCE_EXHAUSTED at once (not counted against the
+// worker by the quarantine: the server is busy, the worker did no wrong).
+class ReportProfileReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ReportProfileReactor(grpc::CallbackServerContext* context,
+                       const v1::ReportProfileRequest* request,
+                       v1::ReportResponse* response, JobCore* core,
+                       const auth::Authorizer* auth, ServerMetrics* metrics,
+                       WorkerQuarantine* quarantine, PlanningPool* pool)
+      : timer_(metrics, "ReportProfile") {
+    auto caller =
+        auth->ForWorker(*context, "ReportProfile", request->worker_id());
+    if (!caller.ok()) {
+      Finish(timer_.Done(caller.status()));
+      return;
+    }
+    absl::Status queued =
+        pool->Submit([this, context, request, response, core,
+                      quarantine](const std::function<bool()>& stop) {
+          absl::Status s = core->ReportProfile(
+              *request, [&] { return stop() || context->IsCancelled(); });
+          if (absl::IsCancelled(s) && stop()) {
+            s = absl::UnavailableError(
+                absl::StrCat("the server is shutting down: ", s.message(),
+                             "; report again to the next server"));
+          }
+          quarantine->ReportAnswered(request->worker_id(), s);
+          response->set_accepted(s.ok());
+          Finish(timer_.Done(s));
+        });
+    if (!queued.ok()) Finish(timer_.Done(queued));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  RpcTimer timer_;
+};
+
 // LeaseTask without a thread: authorize, register a LeasePoll, answer from
 // whichever thread ends the poll. gRPC calls OnCancel and OnDone only after
 // this constructor (the handler) returned.
@@ -424,19 +465,11 @@ grpc::Status WorkerHubService::Heartbeat(grpc::ServerContext* context,
   return timer.Done(Assign(core_->Heartbeat(*request), response));
 }
 
-grpc::Status WorkerHubService::ReportProfile(
-    grpc::ServerContext* context, const v1::ReportProfileRequest* request,
-    v1::ReportResponse* response) {
-  RpcTimer timer(metrics_, "ReportProfile");
-  if (auto caller =
-          auth_->ForWorker(*context, "ReportProfile", request->worker_id());
-      !caller.ok()) {
-    return timer.Done(caller.status());
-  }
-  absl::Status s = core_->ReportProfile(*request);
-  quarantine_->ReportAnswered(request->worker_id(), s);
-  response->set_accepted(s.ok());
-  return timer.Done(s);
+grpc::ServerUnaryReactor* WorkerHubService::ReportProfile(
+    grpc::CallbackServerContext* context,
+    const v1::ReportProfileRequest* request, v1::ReportResponse* response) {
+  return new ReportProfileReactor(context, request, response, core_, auth_,
+                                  metrics_, quarantine_, planning_);
 }
 
 grpc::Status WorkerHubService::ReportValidation(

@@ -23,6 +23,7 @@
 #include "server/auth/authorizer.h"
 #include "server/job_core.h"
 #include "server/metrics.h"
+#include "server/planning_pool.h"
 #include "server/principal_limits.h"
 #include "server/upload_quota.h"
 #include "server/upload_watchdog.h"
@@ -90,19 +91,23 @@ class PlannerService final
 
 class WorkerHubService final
     : public v1::WorkerHub::WithCallbackMethod_LeaseTask<
-          v1::WorkerHub::Service> {
+          v1::WorkerHub::WithCallbackMethod_ReportProfile<
+              v1::WorkerHub::Service>> {
  public:
   // `lease_polls` (not owned) limits the open polls of each principal;
   // `quarantine` (not owned) counts each worker's failures and refuses
   // leases to the quarantined.
+  // `planning` (not owned) runs ReportProfile's planning off gRPC's
+  // threads (planning_pool.h).
   WorkerHubService(JobCore* core, const auth::Authorizer* auth,
                    ServerMetrics* metrics, PrincipalLimits* lease_polls,
-                   WorkerQuarantine* quarantine)
+                   WorkerQuarantine* quarantine, PlanningPool* planning)
       : core_(core),
         auth_(auth),
         metrics_(metrics),
         lease_polls_(lease_polls),
-        quarantine_(quarantine) {}
+        quarantine_(quarantine),
+        planning_(planning) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const v1::RegisterWorkerRequest* request,
@@ -116,9 +121,10 @@ class WorkerHubService final
   grpc::Status Heartbeat(grpc::ServerContext* context,
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
-  grpc::Status ReportProfile(grpc::ServerContext* context,
-                             const v1::ReportProfileRequest* request,
-                             v1::ReportResponse* response) override;
+  grpc::ServerUnaryReactor* ReportProfile(
+      grpc::CallbackServerContext* context,
+      const v1::ReportProfileRequest* request,
+      v1::ReportResponse* response) override;
   grpc::Status ReportValidation(grpc::ServerContext* context,
                                 const v1::ReportValidationRequest* request,
                                 v1::ReportResponse* response) override;
@@ -132,6 +138,7 @@ class WorkerHubService final
   ServerMetrics* metrics_;
   PrincipalLimits* lease_polls_;
   WorkerQuarantine* quarantine_;
+  PlanningPool* planning_;
 };
 
 }  // namespace mutwo

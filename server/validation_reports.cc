@@ -243,11 +243,13 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
       if (replanned.feasible()) {
         // The corrected plan replaces the one that overshot, for this job's
         // next round and for every later job with the same key.
-        cache_puts->push_back(CachePut{
-            storage::MakeScheduleCacheKey(job.spec(), task.batch_size(),
-                                          profile.device(), ran.budget(),
-                                          ran.policy(), job.owner()),
-            job.job_id(), replanned});
+        MUTWO_ASSIGN_OR_RETURN(
+            std::shared_ptr<const CacheOwner> owner,
+            ProfileOwnerOf(job.job_id(), job.owner(), task.batch_size()));
+        cache_puts->push_back(
+            CachePut{OwnKey(job.spec(), task.batch_size(), profile.device(),
+                            ran.budget(), ran.policy(), *owner),
+                     job.job_id(), replanned});
         result.schedule = ScheduleCache::Trim(std::move(replanned),
                                               /*include_pareto=*/false,
                                               /*include_timeline=*/false);
@@ -286,9 +288,25 @@ absl::Status JobCore::RecordMeasurement(const v1::Job& job,
   const v1::Schedule& ran = task.schedule();
   MUTWO_ASSIGN_OR_RETURN(std::shared_ptr<const v1::DeviceInfo> device,
                          ProfileDeviceOf(job.job_id(), task.batch_size()));
+  MUTWO_ASSIGN_OR_RETURN(
+      std::shared_ptr<const CacheOwner> owner,
+      ProfileOwnerOf(job.job_id(), job.owner(), task.batch_size()));
   const storage::ScheduleCacheKey key =
-      storage::MakeScheduleCacheKey(job.spec(), task.batch_size(), *device,
-                                    ran.budget(), ran.policy(), job.owner());
+      OwnKey(job.spec(), task.batch_size(), *device, ran.budget(), ran.policy(),
+             *owner);
+  // A shared entry this job was answered with, measured over its budget:
+  // no job of any tenant is served it as fitting again. (Only over: a
+  // measurement that fits raises nothing another job relies on.)
+  storage::ScheduleCacheKey shared_key = key;
+  shared_key.shared = true;
+  MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> shared,
+                         cache_.Peek(shared_key));
+  if (shared.has_value() && SamePlan(*shared, ran) &&
+      measured_bytes > ran.budget_bytes()) {
+    cache_puts->push_back(
+        CachePut{shared_key, job.job_id(),
+                 MarkMeasured(*std::move(shared), measured_bytes, reason)});
+  }
   MUTWO_ASSIGN_OR_RETURN(std::optional<v1::Schedule> entry, cache_.Peek(key));
   if (entry.has_value() && !SamePlan(*entry, ran)) {
     return absl::OkStatus();  // re-planned or marked since this round began

@@ -96,6 +96,22 @@ std::string CanonicalOptimizer(const v1::OptimizerSpec& optimizer) {
   return out;
 }
 
+// The parts of a key that say whose entry it is: each only when set, so the
+// keys of a server without authentication, and those stored before entries
+// were bound to their profile, stay what they were.
+std::string OwnerParts(const ScheduleCacheKey& key) {
+  std::string out;
+  if (!key.tenant.empty())
+    absl::StrAppend(&out, "|tenant=", Escape(key.tenant));
+  if (!key.profile_sha256.empty()) {
+    absl::StrAppend(&out, "|profile=", Escape(key.profile_sha256));
+  }
+  if (!key.measured_by.empty()) {
+    absl::StrAppend(&out, "|worker=", Escape(key.measured_by));
+  }
+  return out;
+}
+
 }  // namespace
 
 ScheduleCacheKey MakeScheduleCacheKey(const v1::JobSpec& spec,
@@ -200,9 +216,19 @@ std::string CanonicalKeyString(const ScheduleCacheKey& key) {
       "|budget=", CanonicalBudgetString(key.budget, key.device_total_bytes),
       "|policy=", v1::Policy_Name(policy),
       "|planner=", Escape(key.planner_version),
-      // Only when set, so the keys of a server without authentication
-      // stay what they were.
-      key.tenant.empty() ? "" : absl::StrCat("|tenant=", Escape(key.tenant)));
+      key.shared ? "|trust=shared" : OwnerParts(key));
+}
+
+std::string MeasurementKeyString(const v1::JobSpec& spec, int64_t batch_size,
+                                 const v1::DeviceInfo& device) {
+  const std::vector<v1::TensorSpec> inputs(spec.inputs().begin(),
+                                           spec.inputs().end());
+  return absl::StrCat(
+      "v1|model=", Escape(absl::AsciiStrToLower(spec.model_sha256())), "|",
+      CanonicalSpecString(inputs, spec.loss(), spec.optimizer()),
+      "|batch=", batch_size,
+      "|device=", Escape(absl::AsciiStrToLower(device.kind())), ",",
+      Escape(device.name()), "|libtorch=", Escape(device.libtorch_version()));
 }
 
 }  // namespace mutwo::storage

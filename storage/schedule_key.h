@@ -39,6 +39,19 @@ struct ScheduleCacheKey {
   // of the same tenant: a profile forged for one tenant's job never reaches
   // another tenant's results.
   std::string tenant;
+  // What produced the entry: the digest of the profile it was planned from
+  // (server/profile_trust.h, ProfileDigest) and the worker that measured it
+  // (`principal/worker_id`). Both are part of the key, so an entry is served
+  // only to a job whose own profile is that same measurement: a profile forged
+  // for one job never answers another job, of any tenant.
+  std::string profile_sha256;
+  std::string measured_by;
+  // A shared entry: planned from a profile the server trusts (confirmed by
+  // another worker principal within the agreement tolerance, or measured by
+  // an admin-trusted worker), served across tenants to jobs whose own profile
+  // agrees with it (server/profile_trust.h). Its key text leaves out the
+  // tenant, the digest and the worker; the row still records the last two.
+  bool shared = false;
 };
 
 // Builds the key for one budget of a job of `tenant` (its owner) at one batch
@@ -50,6 +63,12 @@ ScheduleCacheKey MakeScheduleCacheKey(const v1::JobSpec& spec,
                                       const v1::MemoryBudget& budget,
                                       v1::Policy policy,
                                       const std::string& tenant = "");
+
+// The key of what a profile measures: model, spec, batch size, device and
+// LibTorch. Two jobs whose profiles have the same measurement key measured
+// the same thing, so their peaks should agree (server/profile_trust.h).
+std::string MeasurementKeyString(const v1::JobSpec& spec, int64_t batch_size,
+                                 const v1::DeviceInfo& device);
 
 // InvalidArgument naming the first missing or malformed part.
 [[nodiscard]] absl::Status ValidateScheduleCacheKey(

@@ -158,6 +158,35 @@ CREATE TABLE model_uploads (
 ALTER TABLE workers ADD COLUMN principal TEXT NOT NULL DEFAULT '';
 )sql";
 
+// Version 5: schedule cache entries bound to what produced them. Each stored
+// profile gets a measurement row (who measured it, its digest, its peak, and
+// whether it disagrees with another measurement of the same model, spec,
+// batch size and device), and each cache entry records the digest of the
+// profile it was planned from and the worker that measured it. Profiles and
+// entries of version 4 stay as they were: they have no measurement row (a
+// job's entries are then keyed by the digest of its stored profile, computed
+// when needed) and their entries keep '' here.
+constexpr char kSchemaV5[] = R"sql(
+CREATE TABLE profile_measurements (
+  job_id TEXT NOT NULL REFERENCES jobs (job_id),
+  batch_size INTEGER NOT NULL,
+  measurement_key TEXT NOT NULL,
+  profile_sha256 TEXT NOT NULL,
+  worker_id TEXT NOT NULL,
+  worker_principal TEXT NOT NULL,
+  tenant TEXT NOT NULL,
+  peak_bytes INTEGER NOT NULL,
+  flag TEXT NOT NULL DEFAULT '',
+  created_unix_ms INTEGER NOT NULL,
+  PRIMARY KEY (job_id, batch_size)
+);
+CREATE INDEX profile_measurements_by_key
+  ON profile_measurements (measurement_key);
+
+ALTER TABLE schedules ADD COLUMN profile_sha256 TEXT NOT NULL DEFAULT '';
+ALTER TABLE schedules ADD COLUMN measured_by TEXT NOT NULL DEFAULT '';
+)sql";
+
 }  // namespace
 
 static absl::Status NewerSchemaError(const Db& db, int64_t version) {
@@ -170,8 +199,11 @@ static absl::Status NewerSchemaError(const Db& db, int64_t version) {
 
 const std::vector<Migration>& Migrations() {
   static const std::vector<Migration>* const kMigrations =
-      new std::vector<Migration>{
-          {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}, {4, kSchemaV4}};
+      new std::vector<Migration>{{1, kSchemaV1},
+                                 {2, kSchemaV2},
+                                 {3, kSchemaV3},
+                                 {4, kSchemaV4},
+                                 {5, kSchemaV5}};
   return *kMigrations;
 }
 

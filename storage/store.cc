@@ -247,6 +247,20 @@ absl::Status StoreWrites::PutProfile(absl::string_view job_id,
   });
 }
 
+absl::Status StoreWrites::PutProfileMeasurement(
+    const ProfileMeasurement& measurement) {
+  return RunWrite("PutProfileMeasurement", [&] {
+    return store_->PutProfileMeasurementLocked(measurement);
+  });
+}
+
+absl::StatusOr<std::vector<ProfileMeasurement>>
+StoreWrites::ListProfileMeasurements(absl::string_view measurement_key) {
+  return Read<std::vector<ProfileMeasurement>>([&] {
+    return store_->ListProfileMeasurementsLocked(measurement_key, "", 0);
+  });
+}
+
 absl::Status StoreWrites::PutValidation(absl::string_view job_id,
                                         int64_t batch_size,
                                         absl::string_view budget_text,

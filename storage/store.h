@@ -81,6 +81,28 @@ struct ValidationRecord {
   v1::Validation validation;
 };
 
+// Who measured a stored profile and what it agreed with: one row per (job,
+// batch size), written in the profile report's transaction. The schedule
+// cache (server/profile_trust.h) serves a schedule across tenants only from
+// a profile these rows show it can trust.
+struct ProfileMeasurement {
+  std::string job_id;
+  int64_t batch_size = 0;
+  // MeasurementKeyString (schedule_key.h): model, spec, batch size, device,
+  // LibTorch; the same for every job that measures the same thing.
+  std::string measurement_key;
+  std::string profile_sha256;  // ProfileDigest
+  std::string worker_id;
+  std::string worker_principal;  // '' when authentication is off
+  std::string tenant;            // the job's owner
+  int64_t peak_bytes = 0;        // Profile.measured.peak_bytes
+  // Why this profile disagrees with another measurement of the same key
+  // ('' when it agrees with every one). A key with a flagged row is served
+  // no schedule across tenants.
+  std::string flag;
+  int64_t created_unix_ms = 0;
+};
+
 class Store;
 
 // The store's writes (and the reads a write needs), declared once for both
@@ -154,6 +176,12 @@ class StoreWrites {
   [[nodiscard]] absl::Status PutProfile(absl::string_view job_id,
                                         int64_t batch_size,
                                         const v1::Profile& profile);
+  // Stores (or replaces) the measurement row of (job, batch size).
+  [[nodiscard]] absl::Status PutProfileMeasurement(
+      const ProfileMeasurement& measurement);
+  // Every measurement of `measurement_key`, oldest first.
+  [[nodiscard]] absl::StatusOr<std::vector<ProfileMeasurement>>
+  ListProfileMeasurements(absl::string_view measurement_key);
   // Replaces any validation stored for (job, batch size, budget text,
   // round); each round of the closed loop (round >= 1) keeps its own.
   [[nodiscard]] absl::Status PutValidation(absl::string_view job_id,
@@ -324,6 +352,11 @@ class Store : public StoreWrites {
   [[nodiscard]] absl::StatusOr<v1::DeviceInfo> GetProfileDevice(
       absl::string_view job_id, int64_t batch_size);
 
+  // The measurement row of (job, batch size); nullopt for a profile stored
+  // before schema version 5 (no row) or none.
+  [[nodiscard]] absl::StatusOr<std::optional<ProfileMeasurement>>
+  GetProfileMeasurement(absl::string_view job_id, int64_t batch_size);
+
   // ---- Schedule cache ----
   // nullopt on a miss.
   [[nodiscard]] absl::StatusOr<std::optional<v1::Schedule>> GetCachedSchedule(
@@ -413,6 +446,11 @@ class Store : public StoreWrites {
   absl::Status PutProfileLocked(absl::string_view job_id, int64_t batch_size,
                                 const v1::Profile& profile)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::Status PutProfileMeasurementLocked(const ProfileMeasurement& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  absl::StatusOr<std::vector<ProfileMeasurement>> ListProfileMeasurementsLocked(
+      absl::string_view measurement_key, absl::string_view job_id,
+      int64_t batch_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   absl::Status PutValidationLocked(absl::string_view job_id, int64_t batch_size,
                                    absl::string_view budget_text, int round,
                                    const v1::Validation& validation)

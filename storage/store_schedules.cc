@@ -36,18 +36,23 @@ absl::Status Store::PutSchedule(const ScheduleCacheKey& key,
   absl::MutexLock lock(&mutex_);
   MUTWO_ASSIGN_OR_RETURN(
       Stmt * upsert,
-      db_->Prepare("INSERT INTO schedules (cache_key, model_sha256, "
-                   "batch_size, job_id, schedule, created_unix_ms) "
-                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
-                   "ON CONFLICT (cache_key) DO UPDATE SET "
-                   "job_id = excluded.job_id, schedule = excluded.schedule, "
-                   "created_unix_ms = excluded.created_unix_ms"));
+      db_->Prepare(
+          "INSERT INTO schedules (cache_key, model_sha256, "
+          "batch_size, job_id, schedule, created_unix_ms, profile_sha256, "
+          "measured_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) "
+          "ON CONFLICT (cache_key) DO UPDATE SET "
+          "job_id = excluded.job_id, schedule = excluded.schedule, "
+          "created_unix_ms = excluded.created_unix_ms, "
+          "profile_sha256 = excluded.profile_sha256, "
+          "measured_by = excluded.measured_by"));
   upsert->BindText(1, cache_key);
   upsert->BindText(2, key.model_sha256);
   upsert->BindInt(3, key.batch_size);
   upsert->BindText(4, job_id);
   upsert->BindBlob(5, schedule.SerializeAsString());
   upsert->BindInt(6, NowMs());
+  upsert->BindText(7, key.profile_sha256);
+  upsert->BindText(8, key.measured_by);
   return upsert->Run();  // one statement: atomic without BEGIN
 }
 

@@ -10,7 +10,13 @@
 //     sends a header and then nothing is dropped and its place freed;
 //   - a rogue worker forges a profile for one tenant's job: another
 //     tenant's job on the same model and spec is planned from its own
-//     profile, never served the forged schedule from the cache;
+//     profile, never served the forged schedule from the cache; nor is the
+//     same tenant's next job (entries are bound to the profile's digest and
+//     the measuring worker), and the honest profile that disagrees with the
+//     forged one is flagged (metric, stored flag);
+//   - a profile measured by an admin-trusted worker is served across
+//     tenants to jobs whose own profile agrees; once a rogue's profile of
+//     the same key disagrees, nothing of that key is shared;
 //   - a rogue worker fails every task it leases: after
 //     --worker_quarantine_failures it leases nothing, an honest worker
 //     takes the tasks;
@@ -26,6 +32,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -41,6 +48,7 @@
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "server/auth/token_table.h"
 #include "server/server.h"
+#include "storage/store.h"
 #include "tests/testing/adversarial_profile.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_fixture.h"
@@ -51,7 +59,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum Who { kAlice, kBob, kWorker1, kWorker2 };
+enum Who { kAlice, kBob, kWorker1, kWorker2, kWorker3 };
 
 // ROLE PRINCIPAL and the token of each identity.
 const testing::Identities& Identities() {
@@ -60,6 +68,7 @@ const testing::Identities& Identities() {
       {kBob, {"client bob", "tok-bob-7a6b5c4d3e2f1a0b9c"}},
       {kWorker1, {"worker w1", "tok-w1-0f1e2d3c4b5a69788796"}},
       {kWorker2, {"worker w2", "tok-w2-1122334455667788aa"}},
+      {kWorker3, {"worker w3", "tok-w3-99aabbccddeeff0011"}},
   };
   return *ids;
 }
@@ -238,6 +247,31 @@ class TenantIsolationTest : public testing::InProcessServerTest {
     v1::ReportResponse response;
     return v1::WorkerHub::NewStub(Channel(who))
         ->ReportProfile(&context, request, &response);
+  }
+
+  // Leases tasks as `who` until one of `job_id`'s (the others stay leased).
+  v1::Task LeaseTaskOf(Who who, const std::string& worker_id,
+                       const std::string& job_id) {
+    v1::Task task;
+    for (int i = 0; i < 16 && task.job_id() != job_id; ++i) {
+      task = LeaseOne(who, worker_id);
+    }
+    EXPECT_EQ(task.job_id(), job_id);
+    return task;
+  }
+
+  // The measurement row the server stored with a job's profile, read from
+  // its data dir by a second Store (as another process would).
+  std::optional<storage::ProfileMeasurement> StoredMeasurement(
+      const std::string& job_id, int64_t batch_size) {
+    storage::Store::Options options;
+    options.data_dir = InProcessServerTest::ServerOptions().data_dir;
+    auto store = storage::Store::Open(options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return std::nullopt;
+    auto m = (*store)->GetProfileMeasurement(job_id, batch_size);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *m : std::nullopt;
   }
 
   std::string Metrics() {
@@ -686,6 +720,174 @@ TEST_F(TenantIsolationTest, RogueWorkerThatFailsEveryTaskIsQuarantined) {
   std::cout << "{\"test\":\"rogue_worker_quarantine\",\"failed\":3,"
             << "\"rogue_next_lease\":\"" << refused.error_code()
             << "\",\"honest_leased\":" << leased << "}\n";
+}
+
+}  // namespace
+}  // namespace mutwo
+
+namespace mutwo {
+namespace {
+
+// An honest re-measurement of ChainProfile: the same peak, another step
+// time (so another digest).
+v1::Profile Remeasured(int64_t batch_size, double iteration_ms) {
+  v1::Profile p = testing::ChainProfile(batch_size);
+  p.mutable_measured()->set_iteration_ms(iteration_ms);
+  return p;
+}
+
+// The issue's attack within one tenant: a rogue worker forges the profile
+// of alice's first job; her second job, on the same model and spec, is
+// profiled honestly by another worker. With entries keyed by tenant alone,
+// the second job was answered from the cache with the forged figures. Now
+// the entry carries the profile's digest and the worker: the second job is
+// planned from its own profile, and its profile, which disagrees with the
+// forged one, is flagged (stored with the profile, counted, logged).
+TEST_F(TenantIsolationTest, ForgedProfileNeverReachesTheSameTenantsNextJob) {
+  StartServer(ServerOptions());
+  const std::string model = "alice's model";
+  const std::string first = SubmitOpenJob(kAlice, model, "cpu");
+  const std::string rogue = RegisterCpuWorker(kWorker1);
+  const v1::Task forged_task = LeaseTaskOf(kWorker1, rogue, first);
+  const v1::Profile forged =
+      testing::ChainProfile(forged_task.batch_size(), 8, 1 << 10, 4 << 10);
+  ASSERT_TRUE(ReportProfile(kWorker1, rogue, forged_task, forged).ok());
+
+  const std::string second = SubmitOpenJob(kAlice, model, "cpu");
+  const std::string honest = RegisterCpuWorker(kWorker2);
+  const v1::Task task = LeaseTaskOf(kWorker2, honest, second);
+  ASSERT_EQ(task.kind(), v1::Task::PROFILE);
+  ASSERT_TRUE(ReportProfile(kWorker2, honest, task,
+                            testing::ChainProfile(task.batch_size()))
+                  .ok());
+
+  const v1::Job a = GetJob(kAlice, first);
+  const v1::Job b = GetJob(kAlice, second);
+  ASSERT_EQ(a.results_size(), 1);
+  ASSERT_EQ(b.results_size(), 1);
+  ASSERT_EQ(b.results(0).schedules_size(), 1);
+  const v1::Schedule& got = b.results(0).schedules(0);
+  EXPECT_EQ(got.baseline_peak_bytes(), b.results(0).baseline_peak_bytes());
+  EXPECT_GT(got.budget_bytes(), 100 * a.results(0).schedules(0).budget_bytes());
+  EXPECT_GT(b.results(0).floor_bytes(), 100 * a.results(0).floor_bytes());
+
+  // GetSchedule for the second job at a new budget: its own profile too.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(30000));
+    v1::GetScheduleRequest request;
+    request.set_job_id(second);
+    request.set_batch_size(task.batch_size());
+    *request.mutable_budget() = *ParseBudget("60%");
+    v1::Schedule schedule;
+    grpc::Status s = v1::Planner::NewStub(Channel(kAlice))
+                         ->GetSchedule(&context, request, &schedule);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(schedule.budget_bytes(), got.budget_bytes());
+  }
+
+  const auto forged_row = StoredMeasurement(first, forged_task.batch_size());
+  const auto honest_row = StoredMeasurement(second, task.batch_size());
+  ASSERT_TRUE(forged_row.has_value());
+  ASSERT_TRUE(honest_row.has_value());
+  EXPECT_EQ(forged_row->worker_principal, "w1");
+  EXPECT_EQ(forged_row->worker_id, rogue);
+  EXPECT_TRUE(forged_row->flag.empty()) << forged_row->flag;
+  EXPECT_EQ(honest_row->worker_principal, "w2");
+  EXPECT_NE(honest_row->profile_sha256, forged_row->profile_sha256);
+  EXPECT_TRUE(absl::StrContains(honest_row->flag, "disagrees"))
+      << honest_row->flag;
+  EXPECT_TRUE(absl::StrContains(honest_row->flag, first)) << honest_row->flag;
+  const std::string metrics = Metrics();
+  EXPECT_TRUE(absl::StrContains(metrics, "mutwo_profile_disagreements_total 1"))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "mutwo_schedule_cache_requests_total{result=\"shared_hit\"} 0"))
+      << metrics;
+  std::cout << "{\"test\":\"same_tenant_poisoning\",\"forged_budget_bytes\":"
+            << a.results(0).schedules(0).budget_bytes()
+            << ",\"second_job_budget_bytes\":" << got.budget_bytes()
+            << ",\"second_job_floor\":" << b.results(0).floor_bytes()
+            << ",\"flag\":\"" << honest_row->flag << "\"}\n";
+}
+
+// Sharing across tenants, only from a profile the server trusts: alice's
+// job is profiled by w2, an operator-trusted worker principal; bob's job,
+// profiled by w3 with a profile that agrees (the same peak, another step
+// time), is answered with alice's schedules from the shared entry. Then a
+// rogue (w1) forges bob's next job's profile: it disagrees, is flagged and
+// is never shared, and from then on no job of that key is answered from a
+// shared entry (alice's next job, trusted worker and all, is planned from
+// its own profile).
+TEST_F(TenantIsolationTest, OnlyTrustedAgreeingProfilesAreSharedAcrossTenants) {
+  MutwoServer::Options options = ServerOptions();
+  options.core.profile_trust.trusted_worker_principals = {"w2"};
+  StartServer(std::move(options));
+  const std::string model = "the same model bytes";
+  const std::string trusted = RegisterCpuWorker(kWorker2);
+  const std::string other = RegisterCpuWorker(kWorker3);
+  const std::string rogue = RegisterCpuWorker(kWorker1);
+
+  const std::string alice_job = SubmitOpenJob(kAlice, model, "cpu");
+  const v1::Task alice_task = LeaseTaskOf(kWorker2, trusted, alice_job);
+  ASSERT_TRUE(ReportProfile(kWorker2, trusted, alice_task,
+                            Remeasured(alice_task.batch_size(), 24.0))
+                  .ok());
+  const std::string bob_job = SubmitOpenJob(kBob, model, "cpu");
+  const v1::Task bob_task = LeaseTaskOf(kWorker3, other, bob_job);
+  ASSERT_TRUE(ReportProfile(kWorker3, other, bob_task,
+                            Remeasured(bob_task.batch_size(), 25.0))
+                  .ok());
+  const v1::Job alice = GetJob(kAlice, alice_job);
+  const v1::Job bob = GetJob(kBob, bob_job);
+  ASSERT_EQ(alice.results_size(), 1);
+  ASSERT_EQ(bob.results_size(), 1);
+  ASSERT_EQ(bob.results(0).schedules_size(), 1);
+  // Served alice's (trusted) schedule: the same plan, step times scaled
+  // from alice's profile, not bob's.
+  EXPECT_EQ(bob.results(0).schedules(0).budget_bytes(),
+            alice.results(0).schedules(0).budget_bytes());
+  EXPECT_EQ(bob.results(0).schedules(0).baseline_iteration_ms(),
+            alice.results(0).schedules(0).baseline_iteration_ms());
+  std::string metrics = Metrics();
+  // The knee and the one budget.
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "mutwo_schedule_cache_requests_total{result=\"shared_hit\"} 2"))
+      << metrics;
+
+  const std::string bob_next = SubmitOpenJob(kBob, model, "cpu");
+  const v1::Task forged_task = LeaseTaskOf(kWorker1, rogue, bob_next);
+  const v1::Profile forged =
+      testing::ChainProfile(forged_task.batch_size(), 8, 1 << 10, 4 << 10);
+  ASSERT_TRUE(ReportProfile(kWorker1, rogue, forged_task, forged).ok());
+  const auto forged_row = StoredMeasurement(bob_next, forged_task.batch_size());
+  ASSERT_TRUE(forged_row.has_value());
+  EXPECT_TRUE(absl::StrContains(forged_row->flag, "disagrees"))
+      << forged_row->flag;
+
+  const std::string alice_next = SubmitOpenJob(kAlice, model, "cpu");
+  const v1::Task next_task = LeaseTaskOf(kWorker2, trusted, alice_next);
+  ASSERT_TRUE(ReportProfile(kWorker2, trusted, next_task,
+                            Remeasured(next_task.batch_size(), 30.0))
+                  .ok());
+  const v1::Job next = GetJob(kAlice, alice_next);
+  ASSERT_EQ(next.results_size(), 1);
+  ASSERT_EQ(next.results(0).schedules_size(), 1);
+  // Planned from its own profile (30 ms steps), not alice's first (24 ms).
+  EXPECT_NE(next.results(0).schedules(0).baseline_iteration_ms(),
+            alice.results(0).schedules(0).baseline_iteration_ms());
+  metrics = Metrics();
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "mutwo_schedule_cache_requests_total{result=\"shared_hit\"} 2"))
+      << metrics;
+  // The rogue's profile and alice's next one each disagree with the other.
+  EXPECT_TRUE(absl::StrContains(metrics, "mutwo_profile_disagreements_total 2"))
+      << metrics;
+  std::cout << "{\"test\":\"trusted_sharing\",\"alice_budget_bytes\":"
+            << alice.results(0).schedules(0).budget_bytes()
+            << ",\"bob_budget_bytes\":"
+            << bob.results(0).schedules(0).budget_bytes()
+            << ",\"forged_flag\":\"" << forged_row->flag << "\"}\n";
 }
 
 }  // namespace

@@ -1062,3 +1062,85 @@ TEST_F(StoreTest, HoldsLeaseOnModelOnlyForTheLeasingPrincipal) {
 
 }  // namespace
 }  // namespace mutwo::storage
+
+namespace mutwo::storage {
+namespace {
+
+// A database written by schema version 4 (profiles and cache entries
+// without measurements) opens at version 5 with nothing lost: the old
+// entry and profile are still there, the entry records no digest or worker,
+// the profile has no measurement row.
+TEST_F(StoreTest, Version4DatabaseMigratesKeepingProfilesAndCacheEntries) {
+  std::filesystem::create_directories(DataDir());
+  {
+    auto db = RawDb();
+    for (const Migration& m : Migrations()) {
+      if (m.version > 4) break;
+      ASSERT_TRUE(db->Exec(m.sql).ok()) << m.version;
+    }
+    ASSERT_TRUE(db->Exec("PRAGMA user_version = 4").ok());
+    ASSERT_TRUE(db->Exec("INSERT INTO jobs (job_id, state, model_sha256, "
+                         "client_request_id, created_unix_ms, "
+                         "updated_unix_ms, job) VALUES ('job-old', 1, 'm', "
+                         "'', 0, 0, x'')")
+                    .ok());
+    ASSERT_TRUE(db->Exec("INSERT INTO profiles (job_id, batch_size, "
+                         "graph_fingerprint, profile, updated_unix_ms) "
+                         "VALUES ('job-old', 8, 'fp', x'', 0)")
+                    .ok());
+    ASSERT_TRUE(db->Exec("INSERT INTO schedules (cache_key, model_sha256, "
+                         "batch_size, job_id, schedule, created_unix_ms) "
+                         "VALUES ('old-key', 'm', 8, 'job-old', x'', 0)")
+                    .ok());
+  }
+  std::unique_ptr<Store> store = OpenStore();
+  auto db = RawDb();
+  EXPECT_EQ(*db->QueryInt("PRAGMA user_version"), LatestSchemaVersion());
+  EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM schedules WHERE cache_key = "
+                          "'old-key' AND profile_sha256 = '' AND "
+                          "measured_by = ''"),
+            1);
+  EXPECT_EQ(*db->QueryInt("SELECT COUNT(*) FROM profiles"), 1);
+  auto measurement = store->GetProfileMeasurement("job-old", 8);
+  ASSERT_TRUE(measurement.ok()) << measurement.status();
+  EXPECT_FALSE(measurement->has_value());
+}
+
+TEST_F(StoreTest, ProfileMeasurementsAreListedByKey) {
+  std::unique_ptr<Store> store = OpenStore();
+  PutModel(*store);
+  auto a = store->CreateJob(Spec(), "", "alice");
+  auto b = store->CreateJob(Spec(), "", "bob");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ProfileMeasurement m;
+  m.batch_size = 8;
+  m.measurement_key = "key-1";
+  m.profile_sha256 = std::string(64, 'a');
+  m.worker_id = "worker-1";
+  m.worker_principal = "w1";
+  m.peak_bytes = 1000;
+  m.job_id = a->job.job_id();
+  m.tenant = "alice";
+  ASSERT_TRUE(store->PutProfileMeasurement(m).ok());
+  m.job_id = b->job.job_id();
+  m.tenant = "bob";
+  m.flag = "disagrees";
+  m.peak_bytes = 10;
+  ASSERT_TRUE(store->PutProfileMeasurement(m).ok());
+  m.profile_sha256 = "not a digest";
+  EXPECT_EQ(store->PutProfileMeasurement(m).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto rows = store->ListProfileMeasurements("key-1");
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].tenant, "alice");
+  EXPECT_EQ((*rows)[0].peak_bytes, 1000);
+  EXPECT_EQ((*rows)[1].flag, "disagrees");
+  EXPECT_TRUE(store->ListProfileMeasurements("key-2")->empty());
+  auto one = store->GetProfileMeasurement(b->job.job_id(), 8);
+  ASSERT_TRUE(one.ok() && one->has_value());
+  EXPECT_EQ((*one)->worker_principal, "w1");
+}
+
+}  // namespace
+}  // namespace mutwo::storage

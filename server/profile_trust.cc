@@ -1,0 +1,101 @@
+#include "server/profile_trust.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/sha256.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+
+namespace mutwo {
+namespace {
+
+bool Agree(int64_t a, int64_t b, double tolerance) {
+  const double larger = static_cast<double>(std::max(a, b));
+  return std::abs(static_cast<double>(a) - static_cast<double>(b)) <=
+         tolerance * larger;
+}
+
+bool Trusted(const std::string& principal, const ProfileTrustOptions& options) {
+  return !principal.empty() &&
+         std::find(options.trusted_worker_principals.begin(),
+                   options.trusted_worker_principals.end(),
+                   principal) != options.trusted_worker_principals.end();
+}
+
+}  // namespace
+
+absl::Status ValidateProfileTrustOptions(const ProfileTrustOptions& options) {
+  if (!(options.agreement_tolerance >= 0 && options.agreement_tolerance < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_agreement_tolerance must be in [0, 1) (a fraction of the "
+        "larger peak), got ",
+        options.agreement_tolerance));
+  }
+  return absl::OkStatus();
+}
+
+std::string ProfileDigest(const v1::Profile& profile) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    profile.SerializeToCodedStream(&out);
+  }
+  return Sha256Hex(bytes);
+}
+
+ProfileTrust JudgeProfile(
+    storage::ProfileMeasurement mine,
+    const std::vector<storage::ProfileMeasurement>& others,
+    const ProfileTrustOptions& options) {
+  ProfileTrust trust;
+  bool disputed = false;
+  std::string confirmed_by;
+  mine.flag.clear();
+  for (const storage::ProfileMeasurement& other : others) {
+    if (other.job_id == mine.job_id && other.batch_size == mine.batch_size) {
+      continue;
+    }
+    if (!other.flag.empty()) disputed = true;
+    if (!Agree(mine.peak_bytes, other.peak_bytes,
+               options.agreement_tolerance)) {
+      if (mine.flag.empty()) {
+        mine.flag = absl::StrFormat(
+            "measured peak %d B by worker %s (principal \"%s\") disagrees "
+            "with %d B measured for job %s by worker %s (principal \"%s\"): "
+            "more than %g%% apart (--profile_agreement_tolerance)",
+            mine.peak_bytes, mine.worker_id, mine.worker_principal,
+            other.peak_bytes, other.job_id, other.worker_id,
+            other.worker_principal, 100 * options.agreement_tolerance);
+      }
+      continue;
+    }
+    if (confirmed_by.empty() && other.flag.empty() &&
+        other.worker_principal != mine.worker_principal &&
+        !other.worker_principal.empty() && !mine.worker_principal.empty()) {
+      confirmed_by = absl::StrCat("confirmed by worker ", other.worker_id,
+                                  " (principal \"", other.worker_principal,
+                                  "\") for job ", other.job_id);
+    }
+  }
+  disputed = disputed || !mine.flag.empty();
+  trust.use_shared = !disputed;
+  if (!disputed) {
+    if (Trusted(mine.worker_principal, options)) {
+      trust.trusted_because = absl::StrCat("measured by trusted principal \"",
+                                           mine.worker_principal,
+                                           "\" (--trusted_worker_principals)");
+    } else {
+      trust.trusted_because = confirmed_by;
+    }
+    trust.share = !trust.trusted_because.empty();
+  }
+  trust.measurement = std::move(mine);
+  return trust;
+}
+
+}  // namespace mutwo
