@@ -2,8 +2,10 @@
 // function that keeps only the segment's inputs and replays the segment
 // before its activations are needed in backward. What a segment covers (its
 // node range, inputs, outputs, tail) is compiled once per schedule
-// (execution_plan.h, SegmentPlan); this file runs it, once per step. The
-// memory of the gradients its backward receives is gradient_memory.h's.
+// (execution_plan.h, SegmentPlan); this class runs it, once per step
+// (checkpoint.cc: the forward run and what it frees; segment_replay.cc: the
+// replay and the backward). The memory of the gradients its backward
+// receives is gradient_memory.h's.
 //
 // Forward: the range runs under NoGradGuard (nothing inside is saved); its
 // tensor inputs (values defined before the range and read in it, graph
