@@ -94,6 +94,8 @@ void AddRetryHint(grpc::ServerContextBase* context, const absl::Status& s) {
 // stored, refused, or stopped (the worker's call ended, the server drains).
 // A full pool answers RESOURCE_EXHAUSTED at once (not counted against the
 // worker by the quarantine: the server is busy, the worker did no wrong).
+constexpr int64_t kPlanningPoolRetryMs = 1000;  // a report plans for seconds
+
 class ReportProfileReactor final : public grpc::ServerUnaryReactor {
  public:
   ReportProfileReactor(grpc::CallbackServerContext* context,
@@ -122,7 +124,13 @@ class ReportProfileReactor final : public grpc::ServerUnaryReactor {
           response->set_accepted(s.ok());
           Finish(timer_.Done(s));
         });
-    if (!queued.ok()) Finish(timer_.Done(queued));
+    if (!queued.ok()) {
+      // The worker keeps the profile and reports again after this long
+      // (the daemon reads the hint, as for lease polls).
+      context->AddTrailingMetadata("grpc-retry-pushback-ms",
+                                   absl::StrCat(kPlanningPoolRetryMs));
+      Finish(timer_.Done(queued));
+    }
   }
   void OnDone() override { delete this; }
 

@@ -120,7 +120,8 @@ class ReportPlanningTest : public testing::InProcessServerTest {
   }
 
   grpc::Status Report(const std::string& worker_id, const v1::Task& task,
-                      const v1::Profile& profile, int deadline_ms = 120000) {
+                      const v1::Profile& profile, int deadline_ms = 120000,
+                      std::string* retry_pushback_ms = nullptr) {
     grpc::ClientContext context;
     context.set_deadline(In(deadline_ms));
     v1::ReportProfileRequest request;
@@ -129,7 +130,16 @@ class ReportPlanningTest : public testing::InProcessServerTest {
     request.set_fence_token(task.fence_token());
     *request.mutable_profile() = profile;
     v1::ReportResponse response;
-    return Hub()->ReportProfile(&context, request, &response);
+    grpc::Status s = Hub()->ReportProfile(&context, request, &response);
+    if (retry_pushback_ms != nullptr) {
+      auto hint =
+          context.GetServerTrailingMetadata().find("grpc-retry-pushback-ms");
+      if (hint != context.GetServerTrailingMetadata().end()) {
+        *retry_pushback_ms =
+            std::string(hint->second.data(), hint->second.size());
+      }
+    }
+    return s;
   }
 
   absl::StatusOr<v1::Job> GetJob(v1::Planner::Stub& planner,
@@ -312,9 +322,15 @@ TEST_F(ReportPlanningTest, FullPlanningPoolRefusesAtOnceNamingTheFlags) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   const auto start = Clock::now();
-  grpc::Status refused = Report(worker, b, Dense(64, 4, b.batch_size()));
+  std::string retry_hint;
+  grpc::Status refused =
+      Report(worker, b, Dense(64, 4, b.batch_size()), 120000, &retry_hint);
   const double refused_ms = MsSince(start);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // When to report again, which the worker daemon waits for before it
+  // reports the profile again (else the profile is lost and the task waits
+  // for its lease to expire).
+  EXPECT_EQ(retry_hint, "1000");
   EXPECT_TRUE(absl::StrContains(refused.error_message(), "--planning_threads"))
       << refused.error_message();
   EXPECT_TRUE(

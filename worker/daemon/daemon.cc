@@ -347,6 +347,15 @@ absl::Status WorkerDaemon::RunOneTask(const v1::LeaseTaskResponse& lease) {
                 child->wall_ms);
       return absl::OkStatus();
     }
+    // A server whose planning is busy says when to report again.
+    if (std::optional<int64_t> hint = RetryPushbackMs(context);
+        s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        hint.has_value() && attempt < 8) {
+      MUTWO_LOG(info, "task {}: {}; reporting again in {} ms", task.task_id(),
+                s.error_message(), *hint);
+      Pause(*hint);
+      continue;
+    }
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       MUTWO_LOG(warn, "task {}: report rejected: {}", task.task_id(),
