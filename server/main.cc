@@ -67,7 +67,8 @@ ABSL_FLAG(int32_t, planning_threads, 2,
           "threads that plan profile reports, off the RPC threads");
 ABSL_FLAG(int32_t, max_queued_reports, 8,
           "profile reports waiting for a planning thread; more are refused "
-          "with RESOURCE_EXHAUSTED (the worker reports again)");
+          "with RESOURCE_EXHAUSTED and a retry hint the worker waits "
+          "before it reports again");
 ABSL_FLAG(std::string, trusted_worker_principals, "",
           "comma-separated worker principals (token names) whose profiles "
           "are trusted without a second measurement: schedules planned from "

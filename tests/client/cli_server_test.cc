@@ -259,11 +259,14 @@ TEST_F(CliServerTest, SubmitWaitPrintsOneProgressLinePerStep) {
   EXPECT_EQ(steps.back(), "SUCCEEDED 3/3 6/6") << r.output;
 }
 
-// A job whose plans come from the schedule cache (planned from an earlier
-// job's profile, whose step took longer) shows each plan beside the
-// baseline it was planned against, and says so, instead of a planned time
-// beside this job's own, faster baseline.
-TEST_F(CliServerTest, JobShowsPlansBesideTheBaselineTheyWerePlannedAgainst) {
+// A job is answered from its own measurement: the schedule cache binds each
+// entry to the profile it was planned from (its digest and worker are in the
+// key), so a second job whose profile measured the step 2x faster is planned
+// from that profile, and its table shows each plan beside this job's own
+// baseline, not an earlier job's (the cache shares an entry between jobs
+// only from a trusted profile that the job's own agrees with:
+// tenant_isolation_test).
+TEST_F(CliServerTest, AJobIsPlannedFromItsOwnProfileNotAnEarlierOne) {
   StartFakeWorker(0);
   CommandResult first = WaitFinal(Submit());
   ASSERT_THAT(first.output, HasSubstr("SUCCEEDED"));
@@ -272,31 +275,20 @@ TEST_F(CliServerTest, JobShowsPlansBesideTheBaselineTheyWerePlannedAgainst) {
   const std::string id = Submit();
   CommandResult again = WaitFinal(id);
   ASSERT_THAT(again.output, HasSubstr("SUCCEEDED"));
-  // The first job's rows: "2  80%  20.00 MiB  24.0  ..." (base ms 24.0);
-  // the second measured 12.0 ms, but its plan was made against 24.0 ms.
+  // "2  80%  20.00 MiB  24.0  14.00 MiB  27.0  +12.5%": base ms, plan ms,
+  // overhead (the fake worker scales the step's time, not each op's).
   static const std::regex row(
       "\\n +2 +80% +[0-9.]+ MiB +([0-9.]+) +[0-9.]+ MiB +([0-9.]+) "
       "+([-+0-9.]+)%");
   std::smatch a, b;
   ASSERT_TRUE(std::regex_search(first.output, a, row)) << first.output;
   ASSERT_TRUE(std::regex_search(again.output, b, row)) << again.output;
-  EXPECT_EQ(b[1].str(), a[1].str()) << again.output;  // the plan's baseline
-  EXPECT_EQ(b[2].str(), a[2].str());                  // the same plan
-  EXPECT_EQ(b[3].str(), a[3].str());                  // the same overhead
-  EXPECT_THAT(again.output,
-              HasSubstr("batch 2: planned from an earlier profile of this "
-                        "model (the schedule cache), whose baseline step took "
-                        "24.0 ms; this job measured 12.0 ms"));
+  EXPECT_EQ(a[1].str(), "24.0") << first.output;
+  EXPECT_EQ(b[1].str(), "12.0") << again.output;  // its own baseline
+  // Its plan is made from its own, faster op times.
+  EXPECT_LT(std::stod(b[2].str()), std::stod(a[2].str())) << again.output;
+  EXPECT_THAT(again.output, Not(HasSubstr("earlier profile")));
   EXPECT_THAT(first.output, Not(HasSubstr("earlier profile")));
-  // The memory table's knee overhead is against that baseline too.
-  static const std::regex knee(
-      "\\n +2 +[0-9.]+ MiB +([0-9.]+) .* ([-+0-9.]+)% "
-      "+[0-9]+ points");
-  ASSERT_TRUE(std::regex_search(first.output, a, knee)) << first.output;
-  ASSERT_TRUE(std::regex_search(again.output, b, knee)) << again.output;
-  EXPECT_EQ(a[1].str(), "24.0");
-  EXPECT_EQ(b[1].str(), "12.0");  // this job's measurement
-  EXPECT_EQ(b[2].str(), a[2].str()) << again.output;
 }
 
 // Waits until `process`'s log holds `text`; false after 10 s.
