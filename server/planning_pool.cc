@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/waiters.h"
 
 namespace mutwo {
 
@@ -43,10 +44,12 @@ absl::Status PlanningPool::Submit(Work work) {
   }
   const int waiting = static_cast<int>(queue_.size());
   if (running_ + waiting >= options_.threads + options_.max_queued) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server is planning ", running_, " profile reports and ", waiting,
-        " wait (--planning_threads=", options_.threads,
-        ", --max_queued_reports=", options_.max_queued, "); report again"));
+    return WaiterSet::RetryLater(
+        absl::StrCat(
+            "the server is planning ", running_, " profile reports and ",
+            waiting, " wait (--planning_threads=", options_.threads,
+            ", --max_queued_reports=", options_.max_queued, "); report again"),
+        options_.retry_after_ms);
   }
   queue_.push_back(std::move(work));
   return absl::OkStatus();

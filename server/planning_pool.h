@@ -41,6 +41,9 @@ class PlanningPool {
     // busy machine the RPC threads, which answer cheap reads, win the CPU
     // over planning. 0: as the process.
     int nice = 10;
+    // The retry hint of a refusal (WaiterSet::RetryAfterMs reads it): a
+    // report plans for seconds.
+    int64_t retry_after_ms = 1000;
   };
   using Work = std::function<void(const std::function<bool()>& stop)>;
 
@@ -51,8 +54,9 @@ class PlanningPool {
   PlanningPool(const PlanningPool&) = delete;
   PlanningPool& operator=(const PlanningPool&) = delete;
 
-  // Queues `work`. ResourceExhausted when threads are busy and max_queued
-  // wait; Unavailable once stopped. Nothing runs on refusal.
+  // Queues `work`. ResourceExhausted with a retry hint when threads are
+  // busy and max_queued wait; Unavailable once stopped. Nothing runs on
+  // refusal.
   [[nodiscard]] absl::Status Submit(Work work);
   // Running and queued work sees `stop` true from now on.
   void Stop();

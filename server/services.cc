@@ -94,8 +94,6 @@ void AddRetryHint(grpc::ServerContextBase* context, const absl::Status& s) {
 // stored, refused, or stopped (the worker's call ended, the server drains).
 // A full pool answers RESOURCE_EXHAUSTED at once (not counted against the
 // worker by the quarantine: the server is busy, the worker did no wrong).
-constexpr int64_t kPlanningPoolRetryMs = 1000;  // a report plans for seconds
-
 class ReportProfileReactor final : public grpc::ServerUnaryReactor {
  public:
   ReportProfileReactor(grpc::CallbackServerContext* context,
@@ -125,10 +123,9 @@ class ReportProfileReactor final : public grpc::ServerUnaryReactor {
           Finish(timer_.Done(s));
         });
     if (!queued.ok()) {
-      // The worker keeps the profile and reports again after this long
-      // (the daemon reads the hint, as for lease polls).
-      context->AddTrailingMetadata("grpc-retry-pushback-ms",
-                                   absl::StrCat(kPlanningPoolRetryMs));
+      // The worker keeps the profile and reports again after the hint (the
+      // daemon reads it, as for lease polls).
+      AddRetryHint(context, queued);
       Finish(timer_.Done(queued));
     }
   }

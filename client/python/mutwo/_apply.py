@@ -317,8 +317,6 @@ class _Frame:
     def _unstash(value: Any) -> Any:
         if isinstance(value, _Deferred):
             return _LazyInput(value)
-        if isinstance(value, (_DroppedOutput, _SwappedInput, _CallOutput)):
-            return value.get(consume=False)
         if isinstance(value, tuple):
             return tuple(_Frame._unstash(v) for v in value)
         if isinstance(value, list):
