@@ -17,6 +17,25 @@ namespace mutwo {
 
 }  // namespace mutwo
 
-#define MUTWO_LOG(level, ...) ::spdlog::level(__VA_ARGS__)
+namespace mutwo::logging_internal {
+// Whether MUTWO_LOG(level, ...) writes: its arguments are evaluated only
+// then (a trace line per forward node once read the allocator's statistics
+// twice per node with tracing off).
+inline bool On_trace() { return spdlog::should_log(spdlog::level::trace); }
+inline bool On_debug() { return spdlog::should_log(spdlog::level::debug); }
+inline bool On_info() { return spdlog::should_log(spdlog::level::info); }
+inline bool On_warn() { return spdlog::should_log(spdlog::level::warn); }
+inline bool On_error() { return spdlog::should_log(spdlog::level::err); }
+inline bool On_critical() {
+  return spdlog::should_log(spdlog::level::critical);
+}
+}  // namespace mutwo::logging_internal
+
+#define MUTWO_LOG(level, ...)                      \
+  do {                                             \
+    if (::mutwo::logging_internal::On_##level()) { \
+      ::spdlog::level(__VA_ARGS__);                \
+    }                                              \
+  } while (false)
 
 #endif  // MUTWO_COMMON_LOGGING_H_

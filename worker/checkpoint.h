@@ -83,6 +83,10 @@ class SegmentRun {
   // observed); call after the forward.
   std::set<int> readers(
       const std::function<bool(int, const c10::StorageImpl*)>& may_read) const;
+  // Identities of the output tensors' storages (after Forward).
+  const std::vector<const c10::StorageImpl*>& output_storages() const {
+    return tensor_impl_;
+  }
   // Bytes freed by FreeAfter and not yet given back.
   int64_t freed_bytes() const { return freed_bytes_; }
   // Replays the range (once) and gives the freed storages their memory back.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/foreach_optimizer.h"
 #include "worker/model_loader.h"
 
 namespace mutwo::worker {
@@ -319,29 +320,29 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
     return absl::InvalidArgumentError(
         "optimizer: learning rate, momentum and weight decay must be >= 0");
   }
+  // Multi-tensor updates with LibTorch's arithmetic (foreach_optimizer.h).
+  ForeachOptions options;
+  options.lr = lr;
+  options.weight_decay = spec.weight_decay();
   switch (spec.kind()) {
     case v1::OptimizerSpec::NONE:
       return std::unique_ptr<torch::optim::Optimizer>();
     case v1::OptimizerSpec::SGD_MOMENTUM:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
-          parameters, torch::optim::SGDOptions(lr)
-                          .momentum(spec.momentum() > 0 ? spec.momentum() : 0.9)
-                          .weight_decay(spec.weight_decay())));
+      options.momentum = spec.momentum() > 0 ? spec.momentum() : 0.9;
+      break;
     case v1::OptimizerSpec::ADAM:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::Adam(
-          parameters,
-          torch::optim::AdamOptions(lr).weight_decay(spec.weight_decay())));
+      options.kind = ForeachOptions::Kind::kAdam;
+      break;
     case v1::OptimizerSpec::ADAMW:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
-          parameters,
-          torch::optim::AdamWOptions(lr).weight_decay(spec.weight_decay())));
+      options.kind = ForeachOptions::Kind::kAdamW;
+      break;
     case v1::OptimizerSpec::SGD:
     case v1::OptimizerSpec::KIND_UNSPECIFIED:
     default:
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
-          parameters,
-          torch::optim::SGDOptions(lr).weight_decay(spec.weight_decay())));
+      break;
   }
+  return std::unique_ptr<torch::optim::Optimizer>(
+      new ForeachOptimizer(parameters, options));
 }
 
 int64_t StorageBytes(const std::vector<torch::Tensor>& tensors) {

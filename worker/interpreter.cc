@@ -33,12 +33,8 @@ bool IsOutOfMemory(const std::exception& e) {
   return IsOutOfMemoryMessage(e.what());
 }
 
-const torch::jit::Operation& Interpreter::OperationOf(Node* node) {
-  auto it = operations_.find(node);
-  if (it == operations_.end()) {
-    it = operations_.emplace(node, node->getOperation()).first;
-  }
-  return it->second;
+Interpreter::Cached& Interpreter::CacheOf(const Node* node) {
+  return cache_[node];
 }
 
 void Interpreter::RunBlock(Block* block, Env& env) {
@@ -70,11 +66,22 @@ void Interpreter::RunNode(Node* node, Env& env) {
   const c10::Symbol kind = node->kind();
   running_ = node;
   if (kind == c10::prim::Constant) {
-    auto value = torch::jit::toIValue(node->output());
-    env[node->output()] = value.has_value() ? *value : IValue();
+    // The same value each run, as TorchScript's constant table gives.
+    Cached& cached = CacheOf(node);
+    if (!cached.has_constant) {
+      auto value = torch::jit::toIValue(node->output());
+      cached.constant = value.has_value() ? *value : IValue();
+      cached.has_constant = true;
+    }
+    env[node->output()] = cached.constant;
   } else if (kind == c10::prim::GetAttr) {
-    const IValue& object = get(node->input(0));
-    env[node->output()] = object.toObject()->getAttr(node->s(c10::attr::name));
+    const auto& object = get(node->input(0)).toObject();
+    Cached& cached = CacheOf(node);
+    if (cached.attribute_type != object->type()) {
+      cached.attribute_type = object->type();
+      cached.slot = object->type()->getAttributeSlot(node->s(c10::attr::name));
+    }
+    env[node->output()] = object->getSlot(cached.slot);
   } else if (kind == c10::prim::SetAttr) {
     get(node->input(0))
         .toObject()
@@ -198,9 +205,9 @@ void Interpreter::RunNode(Node* node, Env& env) {
     if (schema != nullptr && schema->is_vararg()) {
       stack.emplace_back(static_cast<int64_t>(node->inputs().size()));
     }
-    torch::jit::Operation& op =
-        const_cast<torch::jit::Operation&>(OperationOf(node));
-    op(stack);
+    Cached& cached = CacheOf(node);
+    if (!cached.op.has_value()) cached.op.emplace(node->getOperation());
+    (*cached.op)(stack);
     if (stack.size() < node->outputs().size()) {
       throw InterpreterError(absl::StrCat(kind.toQualString(), " returned ",
                                           stack.size(), " values, expected ",

@@ -14,6 +14,7 @@
 #include <torch/script.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,13 +78,23 @@ class Interpreter {
  private:
   using Env = InterpreterEnv;
 
+  // What a node needs at each run, looked up once: its operator, its
+  // constant, the slot its attribute read takes.
+  struct Cached {
+    std::optional<torch::jit::Operation> op;
+    c10::IValue constant;
+    bool has_constant = false;
+    c10::ClassTypePtr attribute_type;  // the object type `slot` is of
+    size_t slot = 0;
+  };
+
   void RunNode(torch::jit::Node* node, Env& env);
   void RunBlock(torch::jit::Block* block, Env& env);
-  const torch::jit::Operation& OperationOf(torch::jit::Node* node);
+  Cached& CacheOf(const torch::jit::Node* node);
 
   const Graph* graph_;
-  absl::flat_hash_map<const torch::jit::Node*, torch::jit::Operation>
-      operations_;
+  // A node map: an entry stays where it is while nested blocks add others.
+  absl::node_hash_map<const torch::jit::Node*, Cached> cache_;
   absl::flat_hash_set<const torch::jit::Node*> warned_;  // aten::warn, once
   int failed_node_ = -1;
   const torch::jit::Node* running_ = nullptr;  // innermost node running

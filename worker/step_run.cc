@@ -56,10 +56,23 @@ StepRun::StepRun(const StepContext& context, bool tracing)
   stashes_.resize(compiled_.swaps.size());
   offloaded_.assign(compiled_.swaps.size(), false);
   swap_readers_.resize(compiled_.swaps.size());
-  for (const SwapPlan& swap : compiled_.swaps) {
+  reader_.assign(ctx_.graph->num_nodes(), false);
+  auto mark_readers = [this](const std::vector<int>& readers) {
+    for (int r : readers) {
+      if (r >= 0 && r < static_cast<int>(reader_.size())) reader_[r] = true;
+    }
+  };
+  for (const SegmentPlan& plan : compiled_.segments) {
+    for (const std::vector<int>& readers : plan.output_readers) {
+      mark_readers(readers);
+    }
+  }
+  for (size_t i = 0; i < compiled_.swaps.size(); ++i) {
+    const SwapPlan& swap = compiled_.swaps[i];
     swap_free_after_.push_back(swap.offload_after);
-    swap_readers_[swap_free_after_.size() - 1].insert(swap.readers.begin(),
-                                                      swap.readers.end());
+    swap_readers_[i].insert(swap.readers.begin(), swap.readers.end());
+    mark_readers(swap.readers);
+    swaps_of_producer_[swap.producer].push_back(i);
   }
   WireReplays();
   for (auto& segment : segments_) {
@@ -109,6 +122,12 @@ void StepRun::WireReplays() {
 
 InterpreterHooks StepRun::ForwardHooks() {
   InterpreterHooks hooks;
+  // Nothing to run differently, free or hook (TraceBackward hooks every
+  // node: it needs what Discover finds).
+  if (segments_.empty() && compiled_.swaps.empty() &&
+      !spdlog::should_log(spdlog::level::trace)) {
+    return hooks;
+  }
   hooks.take_over = [this](int id, InterpreterEnv& env) {
     return TakeOver(id, env);
   };
@@ -173,14 +192,15 @@ void StepRun::OffloadUnheld(int id, const InterpreterEnv& env) {
   }
 }
 
-void StepRun::RegisterSwaps(int first, int last, const InterpreterEnv& env) {
+void StepRun::RegisterSwaps(
+    int first, int last,
+    const std::function<const c10::IValue*(const Value*)>& find) {
   for (size_t i = 0; i < compiled_.swaps.size(); ++i) {
     const int p = compiled_.swaps[i].producer;
     if (p < first || p > last) continue;
     std::vector<c10::IValue> values;
     for (const Value* out : compiled_.swaps[i].values) {
-      auto it = env.find(out);
-      if (it != env.end()) values.push_back(it->second);
+      if (const c10::IValue* value = find(out)) values.push_back(*value);
     }
     Storages seen;
     for (const torch::Tensor& t : TensorsOf(values)) {
@@ -189,8 +209,19 @@ void StepRun::RegisterSwaps(int first, int last, const InterpreterEnv& env) {
       }
       if (!seen.insert(t.storage().unsafeGetStorageImpl()).second) continue;
       stashes_[i].push_back(MakeHostStash(t.storage(), ctx_.device));
+      watched_.insert(stashes_[i].back()->storage());
     }
   }
+}
+
+bool StepRun::Watched(const std::vector<torch::Tensor>& tensors) const {
+  for (const torch::Tensor& t : tensors) {
+    if (t.defined() && t.has_storage() &&
+        watched_.contains(t.storage().unsafeGetStorageImpl())) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // Any later value sharing a storage the schedule frees keeps it alive until
@@ -209,6 +240,8 @@ void StepRun::Observe(int first, int last,
     }
   }
   const std::vector<int> readers(consumers.begin(), consumers.end());
+  // Their backward may need a replay or a copy back: record what they read.
+  for (int r : readers) reader_[r] = true;
   for (size_t s = 0; s < segments_.size(); ++s) {
     if (compiled_.segments[s].last_node < first) {
       segments_[s]->Observe(tensors, last_use, readers);
@@ -230,6 +263,7 @@ void StepRun::Observe(int first, int last,
 // What each node reads in forward (top-level nodes here, a segment's nodes
 // in its forward run).
 void StepRun::RecordReads(int id, const InterpreterEnv& env) {
+  if (!reader_[id]) return;  // no hook asks MayRead about it
   Storages& read = reads_[id];
   ForEachRead(ctx_.graph->nodes()[id].node, [&](const Value* v) {
     auto it = env.find(v);
@@ -246,20 +280,29 @@ void StepRun::Discover(int first, int last,
                        const std::vector<torch::Tensor>& tensors) {
   std::vector<std::weak_ptr<Node>> found;
   std::vector<std::shared_ptr<Node>> stack;
+  // First seen now (or the node seen at its address died).
+  auto fresh = [this](const std::shared_ptr<Node>& fn) {
+    auto [it, inserted] = seen_.try_emplace(fn.get(), fn);
+    if (inserted) return true;
+    if (!it->second.expired()) return false;
+    it->second = fn;
+    return true;
+  };
   for (const torch::Tensor& t : tensors) {
     if (!t.defined() || t.grad_fn() == nullptr) continue;
-    if (seen_.insert(t.grad_fn()).second) stack.push_back(t.grad_fn());
+    if (fresh(t.grad_fn())) stack.push_back(t.grad_fn());
   }
   while (!stack.empty()) {
     std::shared_ptr<Node> fn = std::move(stack.back());
     stack.pop_back();
     found.push_back(fn);
     for (const auto& edge : fn->next_edges()) {
-      if (edge.function != nullptr && seen_.insert(edge.function).second) {
+      if (edge.function != nullptr && fresh(edge.function)) {
         stack.push_back(edge.function);
       }
     }
   }
+  if (found.empty()) return;
   for (int id = first; id <= last; ++id) {
     made_by_[id].insert(made_by_[id].end(), found.begin(), found.end());
   }
@@ -293,11 +336,19 @@ int StepRun::TakeOver(int id, InterpreterEnv& env) {
   }
   if (tracing_) ctx_.backend->SetTag(plan.first_node);
   seg->Forward(env);
+  *ctx_.current_step = "forward";
+  for (const c10::StorageImpl* storage : seg->output_storages()) {
+    if (storage != nullptr) watched_.insert(storage);
+  }
   std::vector<c10::IValue> outputs;
   for (const Value* v : plan.outputs) outputs.push_back(env.at(v));
   const std::vector<torch::Tensor> tensors = TensorsOf(outputs);
   Discover(plan.first_node, plan.last_node, tensors);
-  RegisterSwaps(plan.first_node, plan.last_node, env);
+  RegisterSwaps(plan.first_node, plan.last_node,
+                [&env](const Value* v) -> const c10::IValue* {
+                  auto it = env.find(v);
+                  return it == env.end() ? nullptr : &it->second;
+                });
   Observe(plan.first_node, plan.last_node, tensors);
   FreeAfter(plan.last_node);
   MUTWO_LOG(trace, "forward node {}: {} B after (segment {}; peak {} B)",
@@ -306,21 +357,24 @@ int StepRun::TakeOver(int id, InterpreterEnv& env) {
   return plan.last_node;
 }
 
+// (The interpreter's errors name the node: no per-node description here.)
 void StepRun::BeforeNode(int id) {
-  *ctx_.current_step = absl::StrCat("forward node ", ctx_.graph->Describe(id));
   if (tracing_) ctx_.backend->SetTag(id);
 }
 
 void StepRun::AfterNode(int id, std::vector<c10::IValue>& outputs) {
   const std::vector<torch::Tensor> tensors = TensorsOf(outputs);
   Discover(id, id, tensors);
-  InterpreterEnv env;
-  const auto& values = ctx_.graph->nodes()[id].node->outputs();
-  for (size_t i = 0; i < values.size() && i < outputs.size(); ++i) {
-    env[values[i]] = outputs[i];
+  if (swaps_of_producer_.contains(id)) {
+    const auto& values = ctx_.graph->nodes()[id].node->outputs();
+    RegisterSwaps(id, id, [&](const Value* v) -> const c10::IValue* {
+      for (size_t i = 0; i < values.size() && i < outputs.size(); ++i) {
+        if (values[i] == v) return &outputs[i];
+      }
+      return nullptr;
+    });
   }
-  RegisterSwaps(id, id, env);
-  Observe(id, id, tensors);
+  if (Watched(tensors)) Observe(id, id, tensors);
   FreeAfter(id);
   MUTWO_LOG(trace, "forward node {}: {} B after (peak {} B)", id,
             ctx_.backend->AllocatedBytes(), ctx_.backend->PeakBytes());

@@ -19,6 +19,7 @@
 
 #include <torch/script.h>
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -54,7 +55,9 @@ class StepRun {
   StepRun(const StepRun&) = delete;
   StepRun& operator=(const StepRun&) = delete;
 
-  // Hooks for Interpreter::Run; they point into this StepRun.
+  // Hooks for Interpreter::Run; they point into this StepRun. None for a
+  // schedule with no segment and no swap (unless tracing): that step is the
+  // unscheduled one and pays nothing per node.
   InterpreterHooks ForwardHooks();
   // After the loss, before backward: replay and restore hooks.
   void HookBackward();
@@ -77,8 +80,14 @@ class StepRun {
   void FreeAfter(int last);
   // Swaps past their planned offload point that nothing in `env` holds.
   void OffloadUnheld(int id, const InterpreterEnv& env);
-  // Stashes for the swaps whose producer is in `first`..`last`.
-  void RegisterSwaps(int first, int last, const InterpreterEnv& env);
+  // Stashes for the swaps whose producer is in `first`..`last`; `find`
+  // gives a value's IValue (nullptr: not held).
+  void RegisterSwaps(
+      int first, int last,
+      const std::function<const c10::IValue*(const torch::jit::Value*)>& find);
+  // Whether a storage of `tensors` is one Observe may match (a segment's
+  // output or a swap's stash): most nodes' outputs are not.
+  bool Watched(const std::vector<torch::Tensor>& tensors) const;
   // Later values sharing a storage the schedule frees keep it alive.
   void Observe(int first, int last, const std::vector<torch::Tensor>& tensors);
   void RecordReads(int id, const InterpreterEnv& env);
@@ -104,9 +113,21 @@ class StepRun {
   // read (GoogLeNet's auxiliary heads) is freed when the outputs are
   // dropped, before backward; hooks go on the nodes still alive.
   std::vector<std::vector<std::weak_ptr<torch::autograd::Node>>> made_by_;
-  std::set<std::weak_ptr<torch::autograd::Node>,
-           std::owner_less<std::weak_ptr<torch::autograd::Node>>>
+  // Autograd nodes Discover attributed, by address; the weak pointer tells
+  // a node that died (an output nothing differentiable read) from a new one
+  // at its address.
+  absl::flat_hash_map<const torch::autograd::Node*,
+                      std::weak_ptr<torch::autograd::Node>>
       seen_;
+  // Per node: whether the backward hooks may ask MayRead about it (a static
+  // reader of a segment's output or of a swap, or a consumer Observe found):
+  // only those record their reads.
+  std::vector<bool> reader_;
+  // Swaps by producer node.
+  absl::flat_hash_map<int, std::vector<size_t>> swaps_of_producer_;
+  // Storages Observe may match: segments' outputs and swaps' stashes
+  // (identity only; entries stay after a free, which costs one Observe).
+  Storages watched_;
   std::vector<std::vector<std::unique_ptr<HostStash>>> stashes_;  // per swap
   std::vector<bool> offloaded_;
   std::vector<int> swap_free_after_;         // per swap, observed at run time

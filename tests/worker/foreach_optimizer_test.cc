@@ -1,0 +1,108 @@
+// ForeachOptimizer updates parameters as LibTorch's optimizers do, over
+// several steps, chunks of mixed shapes and parameters without a gradient.
+#include "worker/foreach_optimizer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+namespace mutwo::worker {
+namespace {
+
+// Parameters of mixed sizes; one over the chunk size so a chunk boundary
+// falls inside the list.
+std::vector<torch::Tensor> MakeParameters() {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> out;
+  const std::vector<int64_t> sizes = {
+      7, 64 * 33, 1, ForeachOptimizer::kChunkBytes / 4 + 5, 3};
+  for (int64_t n : sizes) {
+    out.push_back(torch::randn({n}).requires_grad_());
+  }
+  return out;
+}
+
+// Runs `steps` updates with the same gradients on two copies of the
+// parameters; the gradient of the third parameter is missing at step 1.
+void ExpectSameUpdates(torch::optim::Optimizer& reference,
+                       std::vector<torch::Tensor>& ref_params,
+                       ForeachOptimizer& foreach_opt,
+                       std::vector<torch::Tensor>& params, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (step == 1 && i == 2) {
+        params[i].mutable_grad() = torch::Tensor();
+        ref_params[i].mutable_grad() = torch::Tensor();
+        continue;
+      }
+      torch::Tensor g = torch::randn_like(params[i]);
+      params[i].mutable_grad() = g.clone();
+      ref_params[i].mutable_grad() = g.clone();
+    }
+    reference.step();
+    foreach_opt.step();
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(params[i], ref_params[i], 1e-6, 1e-7))
+        << "parameter " << i << " differs by "
+        << (params[i] - ref_params[i]).abs().max().item<double>();
+  }
+}
+
+std::vector<torch::Tensor> Copy(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> out;
+  for (const torch::Tensor& p : params) {
+    out.push_back(p.detach().clone().requires_grad_());
+  }
+  return out;
+}
+
+TEST(ForeachOptimizerTest, SgdWithWeightDecayMatchesLibTorch) {
+  std::vector<torch::Tensor> params = MakeParameters();
+  std::vector<torch::Tensor> ref = Copy(params);
+  torch::optim::SGD reference(ref,
+                              torch::optim::SGDOptions(0.1).weight_decay(0.01));
+  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kSgd,
+                                .lr = 0.1,
+                                .weight_decay = 0.01});
+  ExpectSameUpdates(reference, ref, opt, params, 3);
+}
+
+TEST(ForeachOptimizerTest, SgdMomentumMatchesLibTorch) {
+  std::vector<torch::Tensor> params = MakeParameters();
+  std::vector<torch::Tensor> ref = Copy(params);
+  torch::optim::SGD reference(
+      ref, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.001));
+  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kSgd,
+                                .lr = 0.05,
+                                .momentum = 0.9,
+                                .weight_decay = 0.001});
+  ExpectSameUpdates(reference, ref, opt, params, 4);
+}
+
+TEST(ForeachOptimizerTest, AdamMatchesLibTorch) {
+  std::vector<torch::Tensor> params = MakeParameters();
+  std::vector<torch::Tensor> ref = Copy(params);
+  torch::optim::Adam reference(
+      ref, torch::optim::AdamOptions(1e-2).weight_decay(0.01));
+  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kAdam,
+                                .lr = 1e-2,
+                                .weight_decay = 0.01});
+  ExpectSameUpdates(reference, ref, opt, params, 4);
+}
+
+TEST(ForeachOptimizerTest, AdamWMatchesLibTorch) {
+  std::vector<torch::Tensor> params = MakeParameters();
+  std::vector<torch::Tensor> ref = Copy(params);
+  torch::optim::AdamW reference(
+      ref, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
+  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kAdamW,
+                                .lr = 1e-2,
+                                .weight_decay = 0.05});
+  ExpectSameUpdates(reference, ref, opt, params, 4);
+}
+
+}  // namespace
+}  // namespace mutwo::worker

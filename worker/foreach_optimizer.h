@@ -1,0 +1,68 @@
+// The training step's optimizers (SGD, SGD with momentum, Adam, AdamW) with
+// the arithmetic of LibTorch's torch::optim classes, run as multi-tensor
+// (`_foreach_*`) kernels over chunks of the parameters: a handful of kernel
+// launches per chunk instead of six to ten per parameter. PyTorch's Python
+// optimizers do the same by default on CUDA (`foreach`), so a mutwo step and
+// an eager one pay the same for the update; LibTorch's per-parameter loop
+// added about 20 ms to ResNet-152's step on an H200 (465 parameters).
+//
+// A chunk holds parameters of one device and dtype up to kChunkBytes, which
+// bounds the update's temporaries (Adam's denominators) as the per-parameter
+// loop bounded them by the largest parameter.
+//
+// Internal to the worker (includes LibTorch). Not thread-safe.
+#ifndef MUTWO_WORKER_FOREACH_OPTIMIZER_H_
+#define MUTWO_WORKER_FOREACH_OPTIMIZER_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace mutwo::worker {
+
+struct ForeachOptions {
+  enum class Kind { kSgd, kAdam, kAdamW };
+  Kind kind = Kind::kSgd;
+  double lr = 1e-3;
+  double momentum = 0;  // SGD; 0: none
+  double weight_decay = 0;
+  double beta1 = 0.9;  // Adam, AdamW
+  double beta2 = 0.999;
+  double eps = 1e-8;
+};
+
+class ForeachOptimizer final : public torch::optim::Optimizer {
+ public:
+  // Parameters' bytes per multi-tensor call (at most).
+  static constexpr int64_t kChunkBytes = int64_t{64} << 20;
+
+  ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
+                   const ForeachOptions& options);
+
+  // One update of the parameters that have a gradient (others are skipped,
+  // their state untouched, as LibTorch's optimizers do). Returns an
+  // undefined tensor (`closure` must be null).
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+ private:
+  struct Chunk {
+    std::vector<size_t> members;  // indices into params_
+  };
+  void StepSgd(const std::vector<size_t>& members);
+  void StepAdam(const std::vector<size_t>& members);
+
+  ForeachOptions options_;
+  std::vector<torch::Tensor> params_;
+  std::vector<Chunk> chunks_;
+  // Per parameter: SGD's momentum buffer; Adam's moments and step count.
+  std::vector<torch::Tensor> momentum_;
+  std::vector<torch::Tensor> exp_avg_;
+  std::vector<torch::Tensor> exp_avg_sq_;
+  std::vector<int64_t> steps_;
+};
+
+}  // namespace mutwo::worker
+
+#endif  // MUTWO_WORKER_FOREACH_OPTIMIZER_H_
