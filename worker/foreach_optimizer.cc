@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -30,15 +31,31 @@ std::vector<torch::Tensor> Pick(const std::vector<torch::Tensor>& all,
 
 }  // namespace
 
+namespace {
+
+// Each tensor once: a tied weight (a GPT's embedding and head) is listed
+// under both modules' names; it gets one state and one update per step, as
+// in Python, where module.parameters() lists it once.
+std::vector<torch::Tensor> Distinct(const std::vector<torch::Tensor>& all) {
+  std::vector<torch::Tensor> out;
+  std::set<const c10::TensorImpl*> seen;
+  for (const torch::Tensor& p : all) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
 ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
                                    const ForeachOptions& options)
-    : torch::optim::Optimizer(parameters, DefaultsOf(options)),
+    : torch::optim::Optimizer(Distinct(parameters), DefaultsOf(options)),
       options_(options),
-      params_(parameters),
-      momentum_(parameters.size()),
-      exp_avg_(parameters.size()),
-      exp_avg_sq_(parameters.size()),
-      steps_(parameters.size(), 0) {
+      params_(Distinct(parameters)),
+      momentum_(params_.size()),
+      exp_avg_(params_.size()),
+      exp_avg_sq_(params_.size()),
+      steps_(params_.size(), 0) {
   // Chunks of one device and dtype, in parameter order.
   std::map<std::pair<std::string, int>, std::vector<size_t>> open;
   std::map<std::pair<std::string, int>, int64_t> open_bytes;

@@ -38,6 +38,7 @@ class ForeachOptimizer final : public torch::optim::Optimizer {
   // Parameters' bytes per multi-tensor call (at most).
   static constexpr int64_t kChunkBytes = int64_t{64} << 20;
 
+  // A tensor listed twice (a tied weight) is one parameter.
   ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
                    const ForeachOptions& options);
 

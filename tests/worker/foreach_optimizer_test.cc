@@ -104,5 +104,25 @@ TEST(ForeachOptimizerTest, AdamWMatchesLibTorch) {
   ExpectSameUpdates(reference, ref, opt, params, 4);
 }
 
+// A tied weight listed twice (under the embedding's and the head's names)
+// is updated once and has one state, as Python's optimizers treat it.
+TEST(ForeachOptimizerTest, ATiedWeightListedTwiceIsUpdatedOnce) {
+  torch::manual_seed(5);
+  torch::Tensor tied = torch::randn({16}).requires_grad_();
+  torch::Tensor ref = tied.detach().clone().requires_grad_();
+  ForeachOptimizer opt({tied, tied}, {.kind = ForeachOptions::Kind::kAdam,
+                                      .lr = 1e-2});
+  torch::optim::Adam reference({ref}, torch::optim::AdamOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor g = torch::randn_like(tied);
+    tied.mutable_grad() = g.clone();
+    ref.mutable_grad() = g.clone();
+    opt.step();
+    reference.step();
+  }
+  EXPECT_TRUE(torch::allclose(tied, ref, 1e-6, 1e-7))
+      << (tied - ref).abs().max().item<double>();
+}
+
 }  // namespace
 }  // namespace mutwo::worker
