@@ -14,8 +14,9 @@ std::unique_ptr<torch::optim::OptimizerOptions> DefaultsOf(
     const ForeachOptions& o) {
   if (o.kind == ForeachOptions::Kind::kSgd) {
     return std::make_unique<torch::optim::SGDOptions>(
-        torch::optim::SGDOptions(o.lr).momentum(o.momentum).weight_decay(
-            o.weight_decay));
+        torch::optim::SGDOptions(o.lr)
+            .momentum(o.momentum)
+            .weight_decay(o.weight_decay));
   }
   return std::make_unique<torch::optim::AdamOptions>(
       torch::optim::AdamOptions(o.lr).weight_decay(o.weight_decay));
@@ -61,8 +62,8 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
   std::map<std::pair<std::string, int>, int64_t> open_bytes;
   for (size_t i = 0; i < params_.size(); ++i) {
     const torch::Tensor& p = params_[i];
-    const auto key = std::make_pair(p.device().str(),
-                                    static_cast<int>(p.scalar_type()));
+    const auto key =
+        std::make_pair(p.device().str(), static_cast<int>(p.scalar_type()));
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
     if (!open[key].empty() && open_bytes[key] + bytes > kChunkBytes) {
       chunks_.push_back({std::move(open[key])});

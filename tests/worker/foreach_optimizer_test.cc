@@ -16,8 +16,8 @@ namespace {
 std::vector<torch::Tensor> MakeParameters() {
   torch::manual_seed(3);
   std::vector<torch::Tensor> out;
-  const std::vector<int64_t> sizes = {
-      7, 64 * 33, 1, ForeachOptimizer::kChunkBytes / 4 + 5, 3};
+  const std::vector<int64_t> sizes = {7, 64 * 33, 1,
+                                      ForeachOptimizer::kChunkBytes / 4 + 5, 3};
   for (int64_t n : sizes) {
     out.push_back(torch::randn({n}).requires_grad_());
   }
@@ -64,9 +64,9 @@ TEST(ForeachOptimizerTest, SgdWithWeightDecayMatchesLibTorch) {
   std::vector<torch::Tensor> ref = Copy(params);
   torch::optim::SGD reference(ref,
                               torch::optim::SGDOptions(0.1).weight_decay(0.01));
-  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kSgd,
-                                .lr = 0.1,
-                                .weight_decay = 0.01});
+  ForeachOptimizer opt(
+      params,
+      {.kind = ForeachOptions::Kind::kSgd, .lr = 0.1, .weight_decay = 0.01});
   ExpectSameUpdates(reference, ref, opt, params, 3);
 }
 
@@ -87,9 +87,9 @@ TEST(ForeachOptimizerTest, AdamMatchesLibTorch) {
   std::vector<torch::Tensor> ref = Copy(params);
   torch::optim::Adam reference(
       ref, torch::optim::AdamOptions(1e-2).weight_decay(0.01));
-  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kAdam,
-                                .lr = 1e-2,
-                                .weight_decay = 0.01});
+  ForeachOptimizer opt(
+      params,
+      {.kind = ForeachOptions::Kind::kAdam, .lr = 1e-2, .weight_decay = 0.01});
   ExpectSameUpdates(reference, ref, opt, params, 4);
 }
 
@@ -98,9 +98,9 @@ TEST(ForeachOptimizerTest, AdamWMatchesLibTorch) {
   std::vector<torch::Tensor> ref = Copy(params);
   torch::optim::AdamW reference(
       ref, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
-  ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kAdamW,
-                                .lr = 1e-2,
-                                .weight_decay = 0.05});
+  ForeachOptimizer opt(
+      params,
+      {.kind = ForeachOptions::Kind::kAdamW, .lr = 1e-2, .weight_decay = 0.05});
   ExpectSameUpdates(reference, ref, opt, params, 4);
 }
 
@@ -110,8 +110,8 @@ TEST(ForeachOptimizerTest, ATiedWeightListedTwiceIsUpdatedOnce) {
   torch::manual_seed(5);
   torch::Tensor tied = torch::randn({16}).requires_grad_();
   torch::Tensor ref = tied.detach().clone().requires_grad_();
-  ForeachOptimizer opt({tied, tied}, {.kind = ForeachOptions::Kind::kAdam,
-                                      .lr = 1e-2});
+  ForeachOptimizer opt({tied, tied},
+                       {.kind = ForeachOptions::Kind::kAdam, .lr = 1e-2});
   torch::optim::Adam reference({ref}, torch::optim::AdamOptions(1e-2));
   for (int step = 0; step < 3; ++step) {
     torch::Tensor g = torch::randn_like(tied);
