@@ -99,12 +99,10 @@ class ReportPlanningTest : public testing::InProcessServerTest {
       *r.mutable_spec()->add_budgets() =
           *ParseBudget(absl::StrCat(percent, "%"));
     }
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::SubmitJobResponse response;
-    grpc::Status s = planner->SubmitJob(&context, r, &response);
+    std::string job_id;
+    grpc::Status s = testing::SubmitJob(*planner, r, &job_id);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.job().job_id();
+    return job_id;
   }
 
   v1::Task Lease(const std::string& worker_id) {

@@ -121,13 +121,11 @@ class TenantIsolationTest : public testing::InProcessServerTest {
       grpc::Status s = Upload(who, bytes);
       EXPECT_TRUE(s.ok()) << s.error_message();
     }
-    const v1::SubmitJobRequest r = testing::ChainJobRequest(bytes, device_kind);
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::SubmitJobResponse response;
-    grpc::Status s = planner->SubmitJob(&context, r, &response);
+    std::string job_id;
+    grpc::Status s = testing::SubmitJob(
+        *planner, testing::ChainJobRequest(bytes, device_kind), &job_id);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.job().job_id();
+    return job_id;
   }
 
   std::string RegisterCpuWorker(Who who) {
