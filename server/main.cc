@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "server/profile_trust.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
@@ -75,6 +76,12 @@ ABSL_FLAG(std::string, trusted_worker_principals, "",
           "them are served to jobs of every tenant whose own profile agrees "
           "(docs/service.md, \"Cache entries are bound to what produced "
           "them\")");
+ABSL_FLAG(std::string, worker_trust_domains, "",
+          "comma-separated PRINCIPAL=DOMAIN: the organisation or pool that "
+          "holds each worker token; a profile is confirmed for sharing "
+          "across tenants only by an agreeing profile from a worker of "
+          "another declared domain (or a trusted principal); principals of "
+          "no declared domain confirm nothing");
 ABSL_FLAG(double, profile_agreement_tolerance, 0.05,
           "two profiles of one model, spec, batch size and device agree when "
           "their measured peaks differ by at most this fraction of the "
@@ -189,6 +196,9 @@ absl::StatusOr<mutwo::MutwoServer::Options> OptionsFromFlags() {
     core.profile_trust.trusted_worker_principals.emplace_back(
         absl::StripAsciiWhitespace(principal));
   }
+  MUTWO_ASSIGN_OR_RETURN(core.profile_trust.worker_trust_domains,
+                         mutwo::ParseWorkerTrustDomains(
+                             absl::GetFlag(FLAGS_worker_trust_domains)));
   core.max_uploads_per_client = absl::GetFlag(FLAGS_max_uploads_per_client);
   // Empty: twice --max_model_bytes (JobCore::Options).
   MUTWO_ASSIGN_OR_RETURN(
