@@ -64,6 +64,16 @@ ABSL_FLAG(int64_t, max_report_plan_ms, 30000,
           "time allowed to plan one profile report as a whole (the knee and "
           "every budget of its job); past it the remaining plans are cut and "
           "the batch size's result says so");
+ABSL_FLAG(std::string, max_report_plan_bytes, "256MiB",
+          "memory one profile report's planning may hold (the planner's "
+          "working set, estimated at 192 B per node, backward step, "
+          "activation and edge, plus the schedules kept until the report is "
+          "stored): a profile that needs more for one plan is refused, a "
+          "report whose schedules would pass it is cut");
+ABSL_FLAG(std::string, max_job_result_bytes, "16MiB",
+          "serialized size of a job's results, every batch size together "
+          "(what GetJob answers): a report whose schedules would pass it is "
+          "cut and its result says so");
 ABSL_FLAG(int32_t, planning_threads, 2,
           "threads that plan profile reports, off the RPC threads");
 ABSL_FLAG(int32_t, max_queued_reports, 8,
@@ -186,6 +196,12 @@ absl::StatusOr<mutwo::MutwoServer::Options> OptionsFromFlags() {
   core.profile_limits.max_nodes = absl::GetFlag(FLAGS_max_profile_nodes);
   core.profile_limits.max_edges = absl::GetFlag(FLAGS_max_profile_edges);
   core.max_report_plan_ms = absl::GetFlag(FLAGS_max_report_plan_ms);
+  MUTWO_ASSIGN_OR_RETURN(core.profile_limits.max_report_plan_bytes,
+                         BytesFlag("max_report_plan_bytes",
+                                   absl::GetFlag(FLAGS_max_report_plan_bytes)));
+  MUTWO_ASSIGN_OR_RETURN(core.max_job_result_bytes,
+                         BytesFlag("max_job_result_bytes",
+                                   absl::GetFlag(FLAGS_max_job_result_bytes)));
   options.planning_threads = absl::GetFlag(FLAGS_planning_threads);
   options.max_queued_reports = absl::GetFlag(FLAGS_max_queued_reports);
   core.profile_trust.agreement_tolerance =
