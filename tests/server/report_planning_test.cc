@@ -46,17 +46,20 @@ double MsSince(Clock::time_point start) {
       .count();
 }
 
-// VmHWM of this process (the in-process server's peak), in MiB.
-double PeakRssMiB() {
+// A memory figure of this process (the in-process server and this test's
+// client) from /proc/self/status, e.g. "VmHWM" (the peak) or "VmRSS", in MiB.
+double StatusMiB(const std::string& key) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (absl::StartsWith(line, "VmHWM:")) {
-      return std::stod(line.substr(6)) / 1024.0;
+    if (absl::StartsWith(line, key + ":")) {
+      return std::stod(line.substr(key.size() + 1)) / 1024.0;
     }
   }
   return 0;
 }
+double PeakRssMiB() { return StatusMiB("VmHWM"); }
+double RssMiB() { return StatusMiB("VmRSS"); }
 
 // The dense profile of planner_test's BoundedPlanningTest, measured on a
 // CPU with a LibTorch version (what the schedule cache key needs).
@@ -156,6 +159,25 @@ class ReportPlanningTest : public testing::InProcessServerTest {
 
   void DrainDuringPlanning(int nodes);
 
+  // Starts the server with `options`, submits the 32-budget job, reports
+  // `profile` (batch size 8) for its task and reads the job back into
+  // `*job`, which has one result.
+  void ReportDense(MutwoServer::Options options, const v1::Profile& profile,
+                   v1::Job* job) {
+    StartServer(std::move(options));
+    const std::string job_id = SubmitJob("dense model");
+    const std::string worker = RegisterWorker();
+    const v1::Task task = Lease(worker);
+    ASSERT_EQ(task.batch_size(), profile.batch_size());
+    grpc::Status s = Report(worker, task, profile);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    auto planner = Planner();
+    auto read = GetJob(*planner, job_id);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_EQ(read->results_size(), 1);
+    *job = *std::move(read);
+  }
+
   std::string RegisterWorker() {
     std::string worker_id;
     EXPECT_TRUE(testing::RegisterCpuWorker(*Hub(), "", &worker_id).ok());
@@ -211,19 +233,6 @@ TEST_F(ReportPlanningTest, LargeReportIsCutAtItsLimitWhileGetJobStaysFast) {
             << ",\"get_job_p99_ms\":" << p99
             << ",\"get_job_max_ms\":" << get_job_ms.back()
             << ",\"process_peak_rss_mib\":" << PeakRssMiB() << "}\n";
-}
-
-// VmRSS of this process (the in-process server and this test's client), in
-// MiB.
-double RssMiB() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (absl::StartsWith(line, "VmRSS:")) {
-      return std::stod(line.substr(6)) / 1024.0;
-    }
-  }
-  return 0;
 }
 
 // The bar: a dense 16,384-node report (32 recompute sources each,
@@ -332,18 +341,9 @@ TEST_F(ReportPlanningTest, ReportIsCutAtItsMemoryLimit) {
   const int64_t limit = PlanningWorkingBytes(profile) + (int64_t{8} << 20);
   MutwoServer::Options options = Options(/*max_report_plan_ms=*/120000);
   options.core.profile_limits.max_report_plan_bytes = limit;
-  StartServer(std::move(options));
-  const std::string job_id = SubmitJob("dense model");
-  const std::string worker = RegisterWorker();
-  const v1::Task task = Lease(worker);
-  ASSERT_EQ(task.batch_size(), 8);
-  grpc::Status s = Report(worker, task, profile);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  auto planner = Planner();
-  auto job = GetJob(*planner, job_id);
-  ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(job->results_size(), 1);
-  const v1::BatchResult& result = job->results(0);
+  v1::Job job;
+  ASSERT_NO_FATAL_FAILURE(ReportDense(std::move(options), profile, &job));
+  const v1::BatchResult& result = job.results(0);
   EXPECT_GE(result.schedules_size(), 1);
   EXPECT_LT(result.schedules_size(), 8);
   EXPECT_TRUE(absl::StrContains(result.error(),
@@ -358,17 +358,10 @@ TEST_F(ReportPlanningTest, ReportIsCutAtItsMemoryLimit) {
 TEST_F(ReportPlanningTest, JobResultsAreCutAtTheirSizeLimit) {
   MutwoServer::Options options = Options(/*max_report_plan_ms=*/120000);
   options.core.max_job_result_bytes = int64_t{1} << 20;
-  StartServer(std::move(options));
-  const std::string job_id = SubmitJob("dense model");
-  const std::string worker = RegisterWorker();
-  const v1::Task task = Lease(worker);
-  grpc::Status s = Report(worker, task, Dense(4096, 32, task.batch_size()));
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  auto planner = Planner();
-  auto job = GetJob(*planner, job_id);
-  ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(job->results_size(), 1);
-  const v1::BatchResult& result = job->results(0);
+  v1::Job job;
+  ASSERT_NO_FATAL_FAILURE(
+      ReportDense(std::move(options), Dense(4096, 32, 8), &job));
+  const v1::BatchResult& result = job.results(0);
   EXPECT_GE(result.schedules_size(), 1);
   EXPECT_LT(result.schedules_size(), 8);
   EXPECT_LE(result.ByteSizeLong(), size_t{1} << 20);
@@ -377,7 +370,7 @@ TEST_F(ReportPlanningTest, JobResultsAreCutAtTheirSizeLimit) {
                                 "1.00 MiB)"))
       << result.error();
   std::cout << "{\"test\":\"job_result_cut\",\"job_bytes\":"
-            << job->ByteSizeLong()
+            << job.ByteSizeLong()
             << ",\"schedules_planned\":" << result.schedules_size()
             << ",\"error\":\"" << result.error() << "\"}\n";
 }
