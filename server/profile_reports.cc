@@ -221,9 +221,10 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
     }
   }
   for (const v1::MemoryBudget& budget : job.spec().budgets()) {
-    // Stopped (the worker left, the server drains): no next plan. Each plan
-    // converts and checks the profile before its first poll (0.7 s at
-    // 16,384 dense nodes), so a drain waited for one more of those.
+    // Stopped (the worker left, the server drains): no next plan. A plan
+    // builds its planner (the checkpointing seeds applied to the lineages)
+    // before its first poll, 0.7-1.2 s at 16,384 dense nodes, so a drain
+    // waited for one more of those.
     if (bounds.cancelled && bounds.cancelled()) break;
     // Held until the report is stored: the schedules in the result and
     // their cache entries. The next plan is taken to be as large as the
