@@ -70,7 +70,7 @@ ABSL_FLAG(std::string, max_report_plan_bytes, "256MiB",
           "activation and edge, plus the schedules kept until the report is "
           "stored): a profile that needs more for one plan is refused, a "
           "report whose schedules would pass it is cut");
-ABSL_FLAG(std::string, max_job_result_bytes, "16MiB",
+ABSL_FLAG(std::string, max_job_result_bytes, "4MiB",
           "serialized size of a job's results, every batch size together "
           "(what GetJob answers): a report whose schedules would pass it is "
           "cut and its result says so");
