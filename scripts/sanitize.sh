@@ -6,6 +6,8 @@
 #
 # What it builds and runs, and why only this:
 #   - planner_test (the whole planner, pure C++: seconds);
+#   - storage_test (the SQLite store, its schema migrations, durable files
+#     and cache keys: every byte the server keeps goes through it);
 #   - worker_test and executor_test, the graph/interpreter/profiler/executor
 #     cases (CLI and metrics cases start processes and servers: their
 #     code is the service's, covered by the Release suite);
@@ -28,7 +30,7 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
 cmake --preset asan >&2
 cmake --build build-asan -j"$JOBS" --target mutwo-worker mutwo planner_test \
-  worker_test executor_test worker_test_models >&2
+  worker_test executor_test worker_test_models storage_test >&2
 export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:detect_container_overflow=0:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TEST_TMPDIR=$PWD/build-asan/test_tmp
@@ -51,6 +53,7 @@ check() {  # check NAME COMMAND...
   fi
 }
 check planner_test "$BIN/planner_test"
+check storage_test "$BIN/storage_test"
 check worker_test "$BIN/worker_test" \
   --gtest_filter='Graph*:Interpreter*:Profiler*:Alias*:Specialize*:SpecializedControlFlow*:MakeInputs*:ComputeLoss*:CountingCpuAllocator*:StorageBytes*:ModelLoader*'
 check executor_test "$BIN/executor_test"

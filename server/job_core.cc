@@ -49,6 +49,16 @@ absl::Status ValidateOptions(const JobCore::Options& options) {
     return absl::InvalidArgumentError(
         "--max_profile_nodes and --max_profile_edges must be positive");
   }
+  if (options.profile_limits.max_report_plan_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_report_plan_bytes must be positive, got ",
+                     options.profile_limits.max_report_plan_bytes));
+  }
+  if (options.max_job_result_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_job_result_bytes must be positive, got ",
+                     options.max_job_result_bytes));
+  }
   MUTWO_RETURN_IF_ERROR(ValidateProfileTrustOptions(options.profile_trust));
   return absl::OkStatus();
 }

@@ -127,6 +127,12 @@ class JobCore {
     // every budget (--max_report_plan_ms); each plan is also bounded by
     // max_plan_ms.
     int64_t max_report_plan_ms = 30000;
+    // The serialized size of a job's results, every batch size's together
+    // (--max_job_result_bytes): what GetJob answers and every write of the
+    // job copies. A report whose schedules would pass it is cut. 4 MiB is
+    // what a gRPC client receives by default; at 16 MiB the dense
+    // 16,384-node report's process peaked at 1,048 MiB.
+    int64_t max_job_result_bytes = int64_t{4} << 20;
     // The largest profile a report may carry (profile_limits.h).
     ProfileLimits profile_limits;
     // When a schedule is shared across tenants (profile_trust.h).
@@ -310,14 +316,19 @@ class JobCore {
   // result, the VALIDATE rounds to queue and the cache entries to write.
   struct ProfilePlans {
     ProfileTrust trust;
+    // Its schedules (each feasible one is validated) and the cache entries
+    // written once the report is stored.
     v1::BatchResult result;
-    std::vector<v1::Schedule> to_validate;
     std::vector<CachePut> cache_puts;
   };
   // The report's bounds: its deadline and whether to stop.
   struct ReportBounds {
     absl::Time deadline = absl::InfiniteFuture();
     std::function<bool()> cancelled;
+    // What the planning may hold (ProfileLimits::max_report_plan_bytes) and
+    // what one plan needs while it runs (PlanningWorkingBytes).
+    int64_t max_plan_bytes = 0;
+    int64_t working_bytes = 0;
   };
   ProfilePlans PlanBatchResult(const v1::Job& job, const v1::Task& task,
                                const v1::Profile& profile, ProfileTrust trust,

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "server/profile_trust.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051", "gRPC listen address");
@@ -63,6 +64,16 @@ ABSL_FLAG(int64_t, max_report_plan_ms, 30000,
           "time allowed to plan one profile report as a whole (the knee and "
           "every budget of its job); past it the remaining plans are cut and "
           "the batch size's result says so");
+ABSL_FLAG(std::string, max_report_plan_bytes, "256MiB",
+          "memory one profile report's planning may hold (the planner's "
+          "working set, estimated at 192 B per node, backward step, "
+          "activation and edge, plus the schedules kept until the report is "
+          "stored): a profile that needs more for one plan is refused, a "
+          "report whose schedules would pass it is cut");
+ABSL_FLAG(std::string, max_job_result_bytes, "4MiB",
+          "serialized size of a job's results, every batch size together "
+          "(what GetJob answers): a report whose schedules would pass it is "
+          "cut and its result says so");
 ABSL_FLAG(int32_t, planning_threads, 2,
           "threads that plan profile reports, off the RPC threads");
 ABSL_FLAG(int32_t, max_queued_reports, 8,
@@ -75,6 +86,12 @@ ABSL_FLAG(std::string, trusted_worker_principals, "",
           "them are served to jobs of every tenant whose own profile agrees "
           "(docs/service.md, \"Cache entries are bound to what produced "
           "them\")");
+ABSL_FLAG(std::string, worker_trust_domains, "",
+          "comma-separated PRINCIPAL=DOMAIN: the organisation or pool that "
+          "holds each worker token; a profile is confirmed for sharing "
+          "across tenants only by an agreeing profile from a worker of "
+          "another declared domain (or a trusted principal); principals of "
+          "no declared domain confirm nothing");
 ABSL_FLAG(double, profile_agreement_tolerance, 0.05,
           "two profiles of one model, spec, batch size and device agree when "
           "their measured peaks differ by at most this fraction of the "
@@ -179,6 +196,12 @@ absl::StatusOr<mutwo::MutwoServer::Options> OptionsFromFlags() {
   core.profile_limits.max_nodes = absl::GetFlag(FLAGS_max_profile_nodes);
   core.profile_limits.max_edges = absl::GetFlag(FLAGS_max_profile_edges);
   core.max_report_plan_ms = absl::GetFlag(FLAGS_max_report_plan_ms);
+  MUTWO_ASSIGN_OR_RETURN(core.profile_limits.max_report_plan_bytes,
+                         BytesFlag("max_report_plan_bytes",
+                                   absl::GetFlag(FLAGS_max_report_plan_bytes)));
+  MUTWO_ASSIGN_OR_RETURN(core.max_job_result_bytes,
+                         BytesFlag("max_job_result_bytes",
+                                   absl::GetFlag(FLAGS_max_job_result_bytes)));
   options.planning_threads = absl::GetFlag(FLAGS_planning_threads);
   options.max_queued_reports = absl::GetFlag(FLAGS_max_queued_reports);
   core.profile_trust.agreement_tolerance =
@@ -189,6 +212,9 @@ absl::StatusOr<mutwo::MutwoServer::Options> OptionsFromFlags() {
     core.profile_trust.trusted_worker_principals.emplace_back(
         absl::StripAsciiWhitespace(principal));
   }
+  MUTWO_ASSIGN_OR_RETURN(core.profile_trust.worker_trust_domains,
+                         mutwo::ParseWorkerTrustDomains(
+                             absl::GetFlag(FLAGS_worker_trust_domains)));
   core.max_uploads_per_client = absl::GetFlag(FLAGS_max_uploads_per_client);
   // Empty: twice --max_model_bytes (JobCore::Options).
   MUTWO_ASSIGN_OR_RETURN(

@@ -279,6 +279,7 @@ const std::vector<std::string>& ServerMetrics::LimitNames() {
                                    "max_watchers_per_client",
                                    "max_profile_nodes",
                                    "max_profile_edges",
+                                   "max_report_plan_bytes",
                                    "max_stored_model_bytes_per_client",
                                    "upload_idle_timeout_ms"};
   return *kNames;

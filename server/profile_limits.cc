@@ -1,6 +1,7 @@
 #include "server/profile_limits.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/parse.h"
 
 namespace mutwo {
 
@@ -13,6 +14,12 @@ int64_t ProfileEdges(const v1::Profile& profile) {
     edges += a.recompute_sources_size() + a.recompute_nodes_size();
   }
   return edges;
+}
+
+int64_t PlanningWorkingBytes(const v1::Profile& profile) {
+  return kPlannerBytesPerElement *
+         (profile.nodes_size() + profile.backward_steps_size() +
+          profile.activations_size() + ProfileEdges(profile));
 }
 
 absl::Status CheckProfileSize(const v1::Profile& profile,
@@ -42,6 +49,18 @@ absl::Status CheckProfileSize(const v1::Profile& profile,
                                " edges (data edges and recompute "
                                "lineages), more than ",
                                limits.max_edges));
+  }
+  if (const int64_t bytes = PlanningWorkingBytes(profile);
+      bytes > limits.max_report_plan_bytes) {
+    if (limit != nullptr) *limit = "max_report_plan_bytes";
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "profile of batch size ", profile.batch_size(), " needs about ",
+        FormatBytes(bytes), " to plan (", kPlannerBytesPerElement,
+        " B per node, backward step, activation and "
+        "edge), more than the ",
+        FormatBytes(limits.max_report_plan_bytes),
+        " a report's planning may hold (--max_report_plan_bytes); raise it to "
+        "take this model"));
   }
   return absl::OkStatus();
 }

@@ -203,7 +203,46 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
     result.set_error(absl::StrCat("floor and Pareto curve: ",
                                   CutReason(s, bounds.deadline)));
   }
+  // What the plans hold in memory until they are stored: the result's
+  // schedules and the cache entries planned with them.
+  auto held_bytes = [&plans] {
+    int64_t bytes = static_cast<int64_t>(plans.result.SpaceUsedLong());
+    for (const CachePut& put : plans.cache_puts) {
+      bytes += static_cast<int64_t>(put.schedule.SpaceUsedLong());
+    }
+    return bytes;
+  };
+  // The job's results of other batch sizes, which GetJob answers with this
+  // one's.
+  int64_t other_results_bytes = 0;
+  for (const v1::BatchResult& other : job.results()) {
+    if (other.batch_size() != task.batch_size()) {
+      other_results_bytes += other.ByteSizeLong();
+    }
+  }
   for (const v1::MemoryBudget& budget : job.spec().budgets()) {
+    // Stopped (the worker left, the server drains): no next plan. A plan
+    // builds its planner (the checkpointing seeds applied to the lineages)
+    // before its first poll, 0.7-1.2 s at 16,384 dense nodes, so a drain
+    // waited for one more of those.
+    if (bounds.cancelled && bounds.cancelled()) break;
+    // Held until the report is stored: the schedules in the result and
+    // their cache entries. The next plan is taken to be as large as the
+    // last one.
+    const int64_t held = held_bytes();
+    const int64_t next =
+        result.schedules_size() > 0 ? held / result.schedules_size() : 0;
+    if (bounds.working_bytes + held + next > bounds.max_plan_bytes) {
+      result.set_error(absl::StrCat(
+          "cut: the report's planning reached its memory limit "
+          "(--max_report_plan_bytes, ",
+          FormatBytes(bounds.max_plan_bytes), ") before budget ",
+          FormatBudget(budget), ": ", result.schedules_size(),
+          " schedules hold ", FormatBytes(held), ", the planner needs about ",
+          FormatBytes(bounds.working_bytes), " and the next schedule ",
+          FormatBytes(next)));
+      break;
+    }
     auto schedule = PlanCached(
         job.spec(), job.job_id(), owner, task.batch_size(), profile.device(),
         [&]() -> absl::StatusOr<v1::Profile> { return profile; }, budget,
@@ -215,9 +254,20 @@ JobCore::ProfilePlans JobCore::PlanBatchResult(const v1::Job& job,
                        CutReason(schedule.status(), bounds.deadline)));
       break;
     }
+    const int64_t job_bytes = other_results_bytes + result.ByteSizeLong() +
+                              schedule->ByteSizeLong() +
+                              PlannedOutcome(*schedule).ByteSizeLong();
+    if (job_bytes > options_.max_job_result_bytes) {
+      result.set_error(absl::StrCat(
+          "cut: the job's results reached their size limit "
+          "(--max_job_result_bytes, ",
+          FormatBytes(options_.max_job_result_bytes), ") at budget ",
+          FormatBudget(budget), ": with its schedule they would take ",
+          FormatBytes(job_bytes)));
+      break;
+    }
     // Feasible is a prediction: only a validation round makes it fit.
     *result.add_outcomes() = PlannedOutcome(*schedule);
-    if (schedule->feasible()) plans.to_validate.push_back(*schedule);
     *result.add_schedules() = *std::move(schedule);
   }
   return plans;
@@ -244,6 +294,8 @@ absl::Status JobCore::ReportProfile(const v1::ReportProfileRequest& request,
   bounds.deadline =
       absl::Now() + absl::Milliseconds(options_.max_report_plan_ms);
   bounds.cancelled = cancelled;
+  bounds.max_plan_bytes = options_.profile_limits.max_report_plan_bytes;
+  bounds.working_bytes = PlanningWorkingBytes(profile);
   const auto start = std::chrono::steady_clock::now();
   ProfilePlans plans =
       PlanBatchResult(job, task, profile, std::move(trust), bounds);
@@ -357,7 +409,8 @@ absl::Status JobCore::WriteProfileResult(
                            return absl::OkStatus();
                          }).status());
   if (!final) {
-    for (const v1::Schedule& schedule : plans.to_validate) {
+    for (const v1::Schedule& schedule : plans.result.schedules()) {
+      if (!schedule.feasible()) continue;
       MUTWO_RETURN_IF_ERROR(w.AddTask(task.job_id(), v1::Task::VALIDATE,
                                       task.batch_size(), schedule)
                                 .status());

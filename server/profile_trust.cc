@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/sha256.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -25,7 +28,52 @@ bool Trusted(const std::string& principal, const ProfileTrustOptions& options) {
                    principal) != options.trusted_worker_principals.end();
 }
 
+// The trust domain of `principal`: "trusted" for an operator-trusted one,
+// its declared domain, or '' (none: confirms nothing).
+std::string DomainOf(const std::string& principal,
+                     const ProfileTrustOptions& options) {
+  if (Trusted(principal, options)) return "trusted";
+  auto it = options.worker_trust_domains.find(principal);
+  return it == options.worker_trust_domains.end() ? "" : it->second;
+}
+
+// Whether `other`'s measurement may confirm `mine`'s: of another principal,
+// and either trusted by the operator or of another declared domain.
+bool Independent(const std::string& mine, const std::string& other,
+                 const ProfileTrustOptions& options) {
+  if (mine.empty() || other.empty() || mine == other) return false;
+  if (Trusted(other, options)) return true;
+  const std::string mine_domain = DomainOf(mine, options);
+  const std::string other_domain = DomainOf(other, options);
+  return !mine_domain.empty() && !other_domain.empty() &&
+         mine_domain != other_domain;
+}
+
 }  // namespace
+
+absl::StatusOr<std::map<std::string, std::string>> ParseWorkerTrustDomains(
+    absl::string_view text) {
+  std::map<std::string, std::string> domains;
+  for (absl::string_view entry :
+       absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    std::pair<absl::string_view, absl::string_view> parts =
+        absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    const std::string principal(absl::StripAsciiWhitespace(parts.first));
+    const std::string domain(absl::StripAsciiWhitespace(parts.second));
+    if (!absl::StrContains(entry, '=') || principal.empty() || domain.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker_trust_domains: \"", entry,
+                       "\" is not PRINCIPAL=DOMAIN (e.g. w1=org-a,w2=org-b)"));
+    }
+    if (!domains.emplace(principal, domain).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker_trust_domains: principal \"", principal,
+                       "\" is given twice"));
+    }
+  }
+  return domains;
+}
 
 absl::Status ValidateProfileTrustOptions(const ProfileTrustOptions& options) {
   if (!(options.agreement_tolerance >= 0 && options.agreement_tolerance < 1)) {
@@ -75,10 +123,11 @@ ProfileTrust JudgeProfile(
       continue;
     }
     if (confirmed_by.empty() && other.flag.empty() &&
-        other.worker_principal != mine.worker_principal &&
-        !other.worker_principal.empty() && !mine.worker_principal.empty()) {
+        Independent(mine.worker_principal, other.worker_principal, options)) {
       confirmed_by = absl::StrCat("confirmed by worker ", other.worker_id,
                                   " (principal \"", other.worker_principal,
+                                  "\", trust domain \"",
+                                  DomainOf(other.worker_principal, options),
                                   "\") for job ", other.job_id);
     }
   }

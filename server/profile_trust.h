@@ -8,9 +8,13 @@
 //  - measured by a worker whose principal an operator trusts
 //    (--trusted_worker_principals), or
 //  - confirmed: another job's profile of the same measurement key (model,
-//    spec, batch size, device, LibTorch), measured by a worker of another
-//    principal, agrees with it (peaks within --profile_agreement_tolerance
-//    of the larger);
+//    spec, batch size, device, LibTorch) agrees with it (peaks within
+//    --profile_agreement_tolerance of the larger), measured by a worker of
+//    another trust domain: a principal the operator trusts, or a principal
+//    whose domain (--worker_trust_domains) is declared and differs from
+//    this one's. Two principals of one domain, or principals of no declared
+//    domain, never confirm each other: one party may hold several worker
+//    tokens, and only the operator knows which tokens are independent;
 //
 // and no measurement of that key disagrees with another (a disagreement is
 // flagged on the profile that revealed it, counted and logged, and from then
@@ -23,10 +27,13 @@
 #ifndef MUTWO_SERVER_PROFILE_TRUST_H_
 #define MUTWO_SERVER_PROFILE_TRUST_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "mutwo/v1/types.pb.h"
 #include "storage/store.h"
 
@@ -41,7 +48,19 @@ struct ProfileTrustOptions {
   // Worker principals whose profiles are trusted without a second
   // measurement (--trusted_worker_principals): an operator's own pool.
   std::vector<std::string> trusted_worker_principals;
+  // Worker principal -> the trust domain it belongs to (an organisation or
+  // pool that holds its token; --worker_trust_domains). A profile is
+  // confirmed only by a measurement from another declared domain (or by a
+  // trusted principal); undeclared principals confirm nothing.
+  std::map<std::string, std::string> worker_trust_domains;
 };
+
+// Parses --worker_trust_domains: comma-separated PRINCIPAL=DOMAIN entries
+// (white space around each ignored; empty text: none). InvalidArgument naming
+// the flag and the entry for one without '=', with an empty side, or a
+// principal given twice.
+[[nodiscard]] absl::StatusOr<std::map<std::string, std::string>>
+ParseWorkerTrustDomains(absl::string_view text);
 
 // InvalidArgument naming the flag when the tolerance is outside [0, 1).
 [[nodiscard]] absl::Status ValidateProfileTrustOptions(

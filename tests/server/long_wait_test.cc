@@ -67,13 +67,11 @@ class LongWaitTest : public testing::InProcessServerTest {
   std::string SubmitCudaJob() {
     const std::string model = "model bytes";
     EXPECT_TRUE(testing::UploadModel(*planner_, model).ok());
-    const v1::SubmitJobRequest r = testing::ChainJobRequest(model, "cuda");
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::SubmitJobResponse response;
-    grpc::Status s = planner_->SubmitJob(&context, r, &response);
+    std::string job_id;
+    grpc::Status s = testing::SubmitJob(
+        *planner_, testing::ChainJobRequest(model, "cuda"), &job_id);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.job().job_id();
+    return job_id;
   }
 
   std::string RegisterCpuWorker() {

@@ -121,13 +121,11 @@ class TenantIsolationTest : public testing::InProcessServerTest {
       grpc::Status s = Upload(who, bytes);
       EXPECT_TRUE(s.ok()) << s.error_message();
     }
-    const v1::SubmitJobRequest r = testing::ChainJobRequest(bytes, device_kind);
-    grpc::ClientContext context;
-    context.set_deadline(In(10000));
-    v1::SubmitJobResponse response;
-    grpc::Status s = planner->SubmitJob(&context, r, &response);
+    std::string job_id;
+    grpc::Status s = testing::SubmitJob(
+        *planner, testing::ChainJobRequest(bytes, device_kind), &job_id);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.job().job_id();
+    return job_id;
   }
 
   std::string RegisterCpuWorker(Who who) {
@@ -888,6 +886,97 @@ TEST_F(TenantIsolationTest, OnlyTrustedAgreeingProfilesAreSharedAcrossTenants) {
             << ",\"bob_budget_bytes\":"
             << bob.results(0).schedules(0).budget_bytes()
             << ",\"forged_flag\":\"" << forged_row->flag << "\"}\n";
+}
+
+// A rogue holding tokens of two worker principals (w1 and w3, which the
+// operator knows to be one organisation's) forges the same profile (the
+// honest peak, a 999 ms step instead of ~24 ms) for alice's job and for
+// bob's. With "another principal agrees" as the rule, bob's forged profile
+// was confirmed by alice's and its schedules were shared: alice's next job,
+// profiled honestly by w2, was answered with the forged 999 ms schedule.
+// Now a confirmation must come from another declared trust domain.
+TEST_F(TenantIsolationTest, RogueWithTwoWorkerTokensCannotConfirmItsForgery) {
+  MutwoServer::Options options = ServerOptions();
+  options.core.profile_trust.worker_trust_domains = {
+      {"w1", "rogue-org"}, {"w3", "rogue-org"}, {"w2", "org-b"}};
+  StartServer(std::move(options));
+  const std::string model = "the same model bytes";
+  const std::string rogue_a = RegisterCpuWorker(kWorker1);
+  const std::string rogue_b = RegisterCpuWorker(kWorker3);
+  const std::string honest = RegisterCpuWorker(kWorker2);
+
+  const std::string alice_job = SubmitOpenJob(kAlice, model, "cpu");
+  const v1::Task alice_task = LeaseTaskOf(kWorker1, rogue_a, alice_job);
+  ASSERT_TRUE(ReportProfile(kWorker1, rogue_a, alice_task,
+                            Remeasured(alice_task.batch_size(), 999.0))
+                  .ok());
+  const std::string bob_job = SubmitOpenJob(kBob, model, "cpu");
+  const v1::Task bob_task = LeaseTaskOf(kWorker3, rogue_b, bob_job);
+  ASSERT_TRUE(ReportProfile(kWorker3, rogue_b, bob_task,
+                            Remeasured(bob_task.batch_size(), 999.0))
+                  .ok());
+  const v1::Job bob = GetJob(kBob, bob_job);
+  ASSERT_EQ(bob.results_size(), 1);
+  ASSERT_EQ(bob.results(0).schedules_size(), 1);
+  const double forged_ms = bob.results(0).schedules(0).baseline_iteration_ms();
+
+  const std::string alice_next = SubmitOpenJob(kAlice, model, "cpu");
+  const v1::Task next_task = LeaseTaskOf(kWorker2, honest, alice_next);
+  ASSERT_TRUE(ReportProfile(kWorker2, honest, next_task,
+                            Remeasured(next_task.batch_size(), 24.0))
+                  .ok());
+  const v1::Job next = GetJob(kAlice, alice_next);
+  ASSERT_EQ(next.results_size(), 1);
+  ASSERT_EQ(next.results(0).schedules_size(), 1);
+  const double next_ms = next.results(0).schedules(0).baseline_iteration_ms();
+  // Planned from its own 24 ms profile, not the rogue's 999 ms one.
+  EXPECT_LT(next_ms, forged_ms / 10);
+  const std::string metrics = Metrics();
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "mutwo_schedule_cache_requests_total{result=\"shared_hit\"} 0"))
+      << metrics;
+  std::cout << "{\"test\":\"rogue_two_tokens\",\"forged_step_ms\":" << forged_ms
+            << ",\"victim_step_ms\":" << next_ms << "}\n";
+}
+
+// The rule still shares what independent workers agree on: alice's job
+// profiled by w2 (org-a), bob's by w3 (org-b) with the same peak: bob's
+// profile is confirmed and shared, and alice's next job, profiled by w1 (of
+// no declared domain) with an agreeing profile, is answered from it.
+TEST_F(TenantIsolationTest, WorkersOfTwoDeclaredDomainsConfirmEachOther) {
+  MutwoServer::Options options = ServerOptions();
+  options.core.profile_trust.worker_trust_domains = {{"w2", "org-a"},
+                                                     {"w3", "org-b"}};
+  StartServer(std::move(options));
+  const std::string model = "the same model bytes";
+  const std::string a = RegisterCpuWorker(kWorker2);
+  const std::string b = RegisterCpuWorker(kWorker3);
+  const std::string c = RegisterCpuWorker(kWorker1);
+  const std::string alice_job = SubmitOpenJob(kAlice, model, "cpu");
+  const v1::Task alice_task = LeaseTaskOf(kWorker2, a, alice_job);
+  ASSERT_TRUE(ReportProfile(kWorker2, a, alice_task,
+                            Remeasured(alice_task.batch_size(), 24.0))
+                  .ok());
+  const std::string bob_job = SubmitOpenJob(kBob, model, "cpu");
+  const v1::Task bob_task = LeaseTaskOf(kWorker3, b, bob_job);
+  ASSERT_TRUE(ReportProfile(kWorker3, b, bob_task,
+                            Remeasured(bob_task.batch_size(), 25.0))
+                  .ok());
+  const std::string alice_next = SubmitOpenJob(kAlice, model, "cpu");
+  const v1::Task next_task = LeaseTaskOf(kWorker1, c, alice_next);
+  ASSERT_TRUE(ReportProfile(kWorker1, c, next_task,
+                            Remeasured(next_task.batch_size(), 30.0))
+                  .ok());
+  const v1::Job bob = GetJob(kBob, bob_job);
+  const v1::Job next = GetJob(kAlice, alice_next);
+  ASSERT_EQ(next.results_size(), 1);
+  ASSERT_EQ(next.results(0).schedules_size(), 1);
+  // Bob's confirmed schedule (25 ms steps), not one of its own (30 ms).
+  EXPECT_EQ(next.results(0).schedules(0).baseline_iteration_ms(),
+            bob.results(0).schedules(0).baseline_iteration_ms());
+  EXPECT_TRUE(absl::StrContains(
+      Metrics(),
+      "mutwo_schedule_cache_requests_total{result=\"shared_hit\"} 2"));
 }
 
 }  // namespace

@@ -61,6 +61,18 @@ inline v1::SubmitJobRequest ChainJobRequest(const std::string& model_bytes,
   return r;
 }
 
+// Submits `request`; `*job_id` (when not null) gets the job's id.
+inline grpc::Status SubmitJob(v1::Planner::Stub& planner,
+                              const v1::SubmitJobRequest& request,
+                              std::string* job_id = nullptr) {
+  grpc::ClientContext context;
+  context.set_deadline(In(10000));
+  v1::SubmitJobResponse response;
+  grpc::Status s = planner.SubmitJob(&context, request, &response);
+  if (job_id != nullptr) *job_id = response.job().job_id();
+  return s;
+}
+
 // Registers a CPU worker (worker id `worker_id`, empty: the server picks
 // one) and returns the status; `*out` gets the id.
 inline grpc::Status RegisterCpuWorker(v1::WorkerHub::Stub& hub,
