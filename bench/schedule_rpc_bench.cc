@@ -26,6 +26,7 @@
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "server/server.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/synthetic_profile.h"
 
 ABSL_FLAG(int32_t, threads, 4, "client threads (one channel each)");
@@ -59,7 +60,8 @@ int Run() {
   auto hub = v1::WorkerHub::NewStub(channel);
 
   // Upload a model, submit a job, and report its profile as a worker would.
-  const std::string model = "bench model bytes";
+  // A model archive the check at submit accepts (no worker loads it here).
+  const std::string model = testing::UncheckedModelArchive("bench model bytes");
   {
     grpc::ClientContext ctx;
     v1::UploadModelResponse resp;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/model_archive.h"
 #include "common/parse.h"
 #include "common/sha256.h"
 #include "common/status_macros.h"
@@ -99,6 +100,36 @@ WaiterSet::Options WatchOptions(const JobCore::Options& options,
     metrics->CountLongWaitRefused("watch");
   };
   return watch_options;
+}
+
+// Whether the stored model at `path` can take the job's inputs, read from
+// the archive's code without loading it (common/model_archive.h): a job the
+// worker would fail at once (a pickle, a corrupt file, an input missing or
+// naming no argument) is refused before it is queued, with the message the
+// worker would give. What the check cannot read (unusual code, a file it
+// cannot map) does not refuse the job: the worker decides.
+absl::Status CheckModelTakesInputs(const std::string& path,
+                                   const v1::JobSpec& spec) {
+  // The worker names the model so (worker/task_commands.cc).
+  const std::string what = spec.model_name().empty()
+                               ? spec.model_sha256()
+                               : absl::StrCat(spec.model_name(), ".pt");
+  ForwardSchema schema;
+  const absl::Status checked = CheckModelFileInputs(
+      path, what,
+      std::vector<v1::TensorSpec>(spec.inputs().begin(), spec.inputs().end()),
+      &schema);
+  if (checked.code() == absl::StatusCode::kInvalidArgument) return checked;
+  if (!checked.ok()) {
+    MUTWO_LOG(warn, "model {}: not checked before queueing: {}", what,
+              std::string(checked.message()));
+  } else if (!schema.known) {
+    MUTWO_LOG(info,
+              "model {}: forward's arguments not read from its code ({}); "
+              "the worker checks the inputs",
+              what, schema.unknown_reason);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -273,6 +304,9 @@ absl::StatusOr<v1::SubmitJobResponse> JobCore::SubmitJob(
                      " is not uploaded; upload it first (mutwo submit does)"));
   }
   MUTWO_RETURN_IF_ERROR(ValidateSpec(spec));
+  MUTWO_ASSIGN_OR_RETURN(const std::string model_path,
+                         store_->ModelPath(spec.model_sha256()));
+  MUTWO_RETURN_IF_ERROR(CheckModelTakesInputs(model_path, spec));
   // The job, its PROFILE tasks and its first state in one transaction: a
   // submit either stored all of it or nothing, so a retried submit never
   // finds a job without tasks. The concurrency limit is checked inside it

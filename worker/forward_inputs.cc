@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <sstream>
 
-#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "common/forward_binding.h"
+#include "common/status_macros.h"
 
 namespace mutwo::worker {
 namespace {
@@ -21,83 +22,51 @@ std::vector<c10::Argument> ForwardArguments(const torch::jit::Module& module) {
   return std::vector<c10::Argument>(arguments.begin() + 1, arguments.end());
 }
 
-bool CanBeLeftOut(const c10::Argument& argument) {
-  return argument.default_value().has_value() ||
-         argument.type()->kind() == c10::TypeKind::OptionalType;
-}
-
-std::string ArgumentText(const c10::Argument& argument) {
-  std::ostringstream out;
-  out << argument.name() << ": " << argument.type()->annotation_str();
-  if (argument.default_value().has_value()) {
-    out << " = " << *argument.default_value();
+// The arguments as common/forward_binding.h reads them (from the archive's
+// code at submit): the binding and its messages are that one
+// implementation's.
+std::vector<ForwardArgument> PlainArguments(
+    const std::vector<c10::Argument>& arguments) {
+  std::vector<ForwardArgument> plain;
+  for (const c10::Argument& argument : arguments) {
+    ForwardArgument a;
+    a.name = argument.name();
+    a.type = argument.type()->annotation_str();
+    if (argument.default_value().has_value()) {
+      std::ostringstream text;
+      text << *argument.default_value();
+      a.default_value = text.str();
+    } else if (argument.type()->kind() == c10::TypeKind::OptionalType &&
+               !absl::StartsWith(a.type, "Optional[")) {
+      // Spelled otherwise (`Tensor?`): still Optional, None when left out.
+      a.type = absl::StrCat("Optional[", a.type, "]");
+    }
+    plain.push_back(std::move(a));
   }
-  return out.str();
+  return plain;
 }
 
 }  // namespace
 
 std::string ForwardSignature(const torch::jit::Module& module) {
-  std::vector<std::string> parts;
-  for (const c10::Argument& argument : ForwardArguments(module)) {
-    parts.push_back(ArgumentText(argument));
-  }
-  return absl::StrCat("forward(", absl::StrJoin(parts, ", "), ")");
+  return mutwo::ForwardSignature(PlainArguments(ForwardArguments(module)));
 }
 
 absl::StatusOr<ForwardBinding> BindForwardInputs(
     const torch::jit::Module& module,
     const std::vector<v1::TensorSpec>& specs) {
   const std::vector<c10::Argument> arguments = ForwardArguments(module);
-  const int n = static_cast<int>(arguments.size());
-  if (static_cast<int>(specs.size()) > n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("forward takes ", n, " inputs, got ", specs.size(),
-                     " --input specs: ", ForwardSignature(module)));
-  }
-  absl::flat_hash_map<std::string, int> position_of;
-  for (int i = 0; i < n; ++i) position_of[arguments[i].name()] = i;
-  int named = 0;
-  for (const v1::TensorSpec& spec : specs) {
-    named += position_of.contains(spec.name()) ? 1 : 0;
-  }
-  // The spec of each argument position (-1: none).
-  std::vector<int> spec_at(n, -1);
-  if (named == 0) {
-    // No spec names an argument: by position.
-    for (int i = 0; i < static_cast<int>(specs.size()); ++i) spec_at[i] = i;
-  } else {
-    for (int s = 0; s < static_cast<int>(specs.size()); ++s) {
-      auto it = position_of.find(specs[s].name());
-      if (it == position_of.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--input ", specs[s].name(), " names no argument of ",
-            ForwardSignature(module),
-            " (specs are matched by name when any names an argument)"));
-      }
-      if (spec_at[it->second] >= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "two --input specs for forward's argument ", specs[s].name()));
-      }
-      spec_at[it->second] = s;
-    }
-  }
+  MUTWO_ASSIGN_OR_RETURN(
+      const std::vector<int> spec_at,
+      BindSpecsToArguments(PlainArguments(arguments), specs));
   ForwardBinding binding;
-  for (int i = 0; i < n; ++i) {
+  for (size_t i = 0; i < arguments.size(); ++i) {
     if (spec_at[i] >= 0) {
       binding.inputs.push_back(specs[spec_at[i]]);
       continue;
     }
-    if (!CanBeLeftOut(arguments[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("forward's argument ", arguments[i].name(), " (",
-                       arguments[i].type()->annotation_str(),
-                       ") has no --input spec and no default: give --input ",
-                       arguments[i].name(), ":DTYPE[DIMS] (",
-                       ForwardSignature(module), ")"));
-    }
     binding.omitted.push_back(
-        {i, arguments[i].name(),
+        {static_cast<int>(i), arguments[i].name(),
          arguments[i].default_value().value_or(c10::IValue())});
   }
   return binding;

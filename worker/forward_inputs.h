@@ -3,7 +3,9 @@
 // when none of them is; an argument without a spec is left out when it has
 // a default (its default) or is Optional (None), and is then a constant of
 // the graph, its branches on `is None` folded. Errors name the argument.
-// Internal to the worker (includes LibTorch); pure functions, no state.
+// The binding itself is common/forward_binding.h's, which mutwo-server
+// also runs at submit over the archive's code: the same refusals, the same
+// messages. Internal to the worker (includes LibTorch); pure functions.
 #ifndef MUTWO_WORKER_FORWARD_INPUTS_H_
 #define MUTWO_WORKER_FORWARD_INPUTS_H_
 

@@ -1,8 +1,9 @@
 // Loads a TorchScript module from bytes, refusing bad files with a clear
 // error instead of crashing: empty or oversized input, not a zip archive,
 // a truncated or corrupt archive, an archive that inflates far beyond its
-// size (a zip bomb), or a module without `forward`. Internal to
-// the worker (includes LibTorch).
+// size (a zip bomb), or a module without `forward`. The archive checks are
+// common/model_archive.h's (mutwo-server makes them at submit too). Internal
+// to the worker (includes LibTorch).
 #ifndef MUTWO_WORKER_MODEL_LOADER_H_
 #define MUTWO_WORKER_MODEL_LOADER_H_
 
@@ -16,11 +17,6 @@
 namespace mutwo::worker {
 
 inline constexpr int64_t kMaxModelBytes = int64_t{16} << 30;  // 16 GiB
-// An archive may inflate (records' uncompressed sizes, what loading
-// allocates) to this many times its size, or to the allowance, whichever is
-// more; more is refused as a zip bomb before loading.
-inline constexpr int64_t kMaxInflationRatio = 8;
-inline constexpr int64_t kMinInflationAllowanceBytes = int64_t{64} << 20;
 
 // `what` names the model in errors (a file path or a sha256). The module is
 // put in training mode on `device`, its code's device constants retargeted

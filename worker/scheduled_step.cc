@@ -4,11 +4,14 @@
 // caller's own module object with the caller's inputs and loss.
 #include "mutwo/scheduled_step.h"
 
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
@@ -58,6 +61,72 @@ v1::TensorSpec SpecOf(const torch::IValue& input, size_t index) {
   return spec;
 }
 
+std::string DimsText(const std::vector<int64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+// The step a call makes, against the step the schedule was planned for:
+// each input's dtype and shape as `planned` gives them at `batch_size`.
+// A schedule's peak is the planned step's: at another batch or shape its
+// budget says nothing, so a mismatch is refused rather than run.
+absl::Status CheckPlannedInputs(const std::vector<v1::TensorSpec>& planned,
+                                int64_t batch_size,
+                                const std::vector<torch::IValue>& inputs) {
+  auto planned_text = [&]() {
+    std::vector<std::string> texts;
+    for (const v1::TensorSpec& spec : planned) {
+      texts.push_back(FormatTensorSpec(spec));
+    }
+    return absl::StrJoin(texts, " ");
+  };
+  if (inputs.size() != planned.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        inputs.size(), " inputs given; the schedule was planned for ",
+        planned.size(), " at batch ", batch_size, ": ", planned_text()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const v1::TensorSpec& spec = planned[i];
+    const std::vector<int64_t> want = ConcreteDims(spec, batch_size);
+    const std::string want_text =
+        absl::StrCat(DTypeName(spec.dtype()), DimsText(want));
+    const std::string which =
+        absl::StrCat("input ", i, " (\"", spec.name(), "\")");
+    if (!inputs[i].isTensor()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " is a ", inputs[i].tagKind(),
+                       ", the schedule was planned for a tensor ", want_text));
+    }
+    const torch::Tensor& t = inputs[i].toTensor();
+    const std::optional<v1::DType> dtype = worker::DTypeOf(t.scalar_type());
+    const std::vector<int64_t> got(t.sizes().begin(), t.sizes().end());
+    const std::string got_text = absl::StrCat(
+        dtype.has_value() ? DTypeName(*dtype)
+                          : std::string(c10::toString(t.scalar_type())),
+        DimsText(got));
+    if (got_text == want_text) continue;
+    std::string hint;
+    const bool only_batch =
+        got.size() == want.size() && !got.empty() && dtype == spec.dtype() &&
+        std::equal(got.begin() + 1, got.end(), want.begin() + 1) &&
+        !spec.dims().empty() && spec.dims(0) == kBatchDim;
+    if (only_batch) {
+      hint = absl::StrCat(
+          ": batch ", got[0], " is not the planned batch ", batch_size,
+          ", and the schedule's budget holds only for the step it was "
+          "planned for; plan one at batch ",
+          got[0], " (mutwo submit/plan) or pass batches of ", batch_size);
+    } else {
+      hint =
+          ": the schedule's budget holds only for the step it was planned "
+          "for; plan one for these inputs";
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " is ", got_text, ", the schedule was planned for ",
+                     want_text, " (batch ", batch_size, ")", hint));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct ScheduledStep::Impl {
@@ -68,6 +137,12 @@ struct ScheduledStep::Impl {
   // step takes (worker/specialize.h) on inputs shaped as the caller's, as
   // the profile's were by its input specs.
   std::unique_ptr<worker::Executor> executor;
+  // The step every Run must make: the schedule's recorded inputs (forward's
+  // order, arguments left out omitted) at its batch size; for a schedule
+  // that records none, the first Run's inputs (the executor's IR is
+  // specialised to them).
+  std::vector<v1::TensorSpec> planned_inputs;
+  int64_t planned_batch = 0;
 };
 
 ScheduledStep::ScheduledStep(const torch::jit::Module& model,
@@ -89,6 +164,8 @@ ScheduledStep::ScheduledStep(const torch::jit::Module& model,
   }
   impl_->model = model;
   impl_->options = std::move(options);
+  impl_->planned_inputs.assign(s.inputs().begin(), s.inputs().end());
+  impl_->planned_batch = s.batch_size();
 }
 
 ScheduledStep::~ScheduledStep() = default;
@@ -96,18 +173,26 @@ ScheduledStep::~ScheduledStep() = default;
 torch::Tensor ScheduledStep::Run(
     const std::vector<torch::IValue>& inputs,
     const std::function<torch::Tensor(const torch::IValue&)>& loss) {
+  if (impl_->planned_inputs.empty()) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      impl_->planned_inputs.push_back(SpecOf(inputs[i], i));
+    }
+  }
+  if (impl_->planned_batch <= 0) {
+    impl_->planned_batch = !inputs.empty() && inputs[0].isTensor() &&
+                                   inputs[0].toTensor().dim() > 0
+                               ? inputs[0].toTensor().size(0)
+                               : 1;
+  }
+  ThrowIfError(
+      CheckPlannedInputs(impl_->planned_inputs, impl_->planned_batch, inputs),
+      "the step's inputs");
   if (impl_->executor == nullptr) {
     const v1::Schedule& s = impl_->schedule;
     worker::ExecutorOptions o;
     o.model_name = "the training loop's module";
     o.device = impl_->options.device;
-    o.batch_size = s.batch_size();
-    if (o.batch_size <= 0) {
-      o.batch_size = !inputs.empty() && inputs[0].isTensor() &&
-                             inputs[0].toTensor().dim() > 0
-                         ? inputs[0].toTensor().size(0)
-                         : 1;
-    }
+    o.batch_size = impl_->planned_batch;
     for (size_t i = 0; i < inputs.size(); ++i) {
       o.inputs.push_back(SpecOf(inputs[i], i));
     }

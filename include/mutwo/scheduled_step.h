@@ -70,7 +70,11 @@ class ScheduledStep {
   // One training step's forward (schedule applied) on `inputs` (forward's
   // arguments), `loss` on forward's output, and backward. Returns the loss
   // (detached). Gradients accumulate in the parameters' .grad. Throws
-  // std::runtime_error.
+  // std::runtime_error, before running anything when `inputs` are not the
+  // step the schedule was planned for (its recorded inputs at its batch
+  // size: the budget holds for that step only), naming the input, its dtype
+  // and shape and the planned ones. A schedule that records no inputs
+  // holds every call to the first call's.
   torch::Tensor Run(
       const std::vector<torch::IValue>& inputs,
       const std::function<torch::Tensor(const torch::IValue&)>& loss);

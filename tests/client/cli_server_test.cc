@@ -18,12 +18,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/proto_io.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "mutwo/v1/planner.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_process.h"
 
@@ -55,7 +58,8 @@ class CliServerTest : public ::testing::Test {
                                            std::chrono::seconds(10)))
         << "server did not start: " << server_->Log();
     model_ = (dir_ / "model.pt").string();
-    std::ofstream(model_) << "model bytes the fake worker never reads";
+    std::ofstream(model_, std::ios::binary)
+        << testing::UncheckedModelArchive("the fake worker never reads it");
   }
   void TearDown() override {
     stop_worker_ = true;
@@ -121,6 +125,87 @@ class CliServerTest : public ::testing::Test {
   std::atomic<bool> stop_worker_{false};
   std::thread worker_;
 };
+
+// A job that cannot run is refused at submit, before it is queued, with the
+// message the worker would give (mutwo-server reads forward's arguments
+// from the archive's code without loading it): an input missing or naming
+// no argument, a torch.save pickle, a truncated file. Exit 2, no job, and
+// what was stored before (a job, the uploaded model) is still there.
+TEST_F(CliServerTest, SubmitRefusesAJobThatCannotRunBeforeQueueingIt) {
+  const std::string script = (dir_ / "make.py").string();
+  std::ofstream(script) << R"(import sys, torch
+from typing import Optional
+class TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, image, text, mask: Optional[torch.Tensor] = None):
+        return self.conv(image).mean(dim=(2, 3)) + self.fc(text)
+out = sys.argv[1]
+torch.jit.script(TwoInputs()).save(out + "/two_inputs.pt")
+torch.save(TwoInputs(), out + "/pickle.pt")
+data = open(out + "/two_inputs.pt", "rb").read()
+open(out + "/truncated.pt", "wb").write(data[: len(data) * 2 // 3])
+)";
+  const CommandResult made =
+      RunCommand("/usr/bin/python3 " + script + " " + dir_.string());
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string before = Submit();
+  ASSERT_FALSE(before.empty());
+  const std::string two_inputs = (dir_ / "two_inputs.pt").string();
+  const std::string spec = " --batch 2 --budget 80%";
+
+  CommandResult missing =
+      Cli("submit " + two_inputs + " --input image:float32[B,3,8,8]" + spec);
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_THAT(missing.output,
+              HasSubstr("model two_inputs.pt: forward's argument text "
+                        "(Tensor) has no --input spec and no default: give "
+                        "--input text:DTYPE[DIMS]"));
+  EXPECT_THAT(missing.output, Not(HasSubstr("submitted")));
+
+  CommandResult misnamed = Cli("submit " + two_inputs +
+                               " --input image:float32[B,3,8,8]"
+                               " --input txt:float32[B,8]" +
+                               spec);
+  EXPECT_EQ(misnamed.exit_code, 2) << misnamed.output;
+  EXPECT_THAT(misnamed.output, HasSubstr("--input txt names no argument of "
+                                         "forward(image: Tensor, text: "
+                                         "Tensor, mask: Optional[Tensor] = "
+                                         "None)"));
+
+  CommandResult pickle = Cli("submit " + (dir_ / "pickle.pt").string() +
+                             " --input x:float32[B,8]" + spec);
+  EXPECT_EQ(pickle.exit_code, 2) << pickle.output;
+  EXPECT_THAT(pickle.output, HasSubstr("this is a torch.save pickle"));
+  EXPECT_THAT(pickle.output, HasSubstr("torch.jit.script(model).save(path)"));
+
+  CommandResult truncated = Cli("submit " + (dir_ / "truncated.pt").string() +
+                                " --input x:float32[B,8]" + spec);
+  EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
+  EXPECT_THAT(truncated.output,
+              HasSubstr("cannot load the TorchScript archive (truncated or "
+                        "corrupt?)"));
+
+  // Nothing queued by the refusals; the job before is still there.
+  CommandResult jobs = Cli("jobs --output=json");
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.output;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(ProtoFromJson(jobs.output, "jobs", &list).ok()) << jobs.output;
+  ASSERT_EQ(list.jobs_size(), 1) << jobs.output;
+  EXPECT_EQ(list.jobs(0).job_id(), before);
+
+  // The same model with its inputs given out of order by name and the
+  // Optional one left out is queued; its upload was kept from the refusal.
+  CommandResult good = Cli("submit " + two_inputs +
+                           " --input text:float32[B,8]"
+                           " --input image:float32[B,3,8,8]" +
+                           spec);
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  EXPECT_THAT(good.output, HasSubstr("already stored"));
+  EXPECT_THAT(good.output, HasSubstr("submitted"));
+}
 
 // Every command that talks to the server reaches the one MUTWO_SERVER
 // names; --server still wins over it.

@@ -49,11 +49,30 @@ done
 grep -q '"RECOMPUTE"' "$tmp/model.schedule.json" ||
   { echo "no recomputation planned at 85%"; exit 1; }
 
+# The training loop's libraries need no gRPC (nor prometheus-cpp or
+# OpenSSL): the example is configured with them made unfindable.
 cmake -S "$src/examples/libtorch_train" -B "$tmp/example" -G Ninja \
   -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_DISABLE_FIND_PACKAGE_gRPC=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_prometheus-cpp=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=ON \
   ${CMAKE_CXX_COMPILER_LAUNCHER:+-DCMAKE_CXX_COMPILER_LAUNCHER=$CMAKE_CXX_COMPILER_LAUNCHER} \
   >"$tmp/configure.log" || { cat "$tmp/configure.log"; exit 1; }
 cmake --build "$tmp/example" >"$tmp/build.log" || { cat "$tmp/build.log"; exit 1; }
+
+# The worker's command-line library is the component `worker`, with gRPC.
+mkdir -p "$tmp/worker_component"
+cat >"$tmp/worker_component/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.20)
+project(mutwo_worker_component LANGUAGES CXX)
+find_package(mutwo REQUIRED COMPONENTS worker)
+if(NOT TARGET mutwo::mutwo_worker OR NOT TARGET mutwo::mutwo_train)
+  message(FATAL_ERROR "find_package(mutwo COMPONENTS worker): no mutwo::mutwo_worker")
+endif()
+CMAKE
+cmake -S "$tmp/worker_component" -B "$tmp/worker_component/build" \
+  -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/component.log" 2>&1 ||
+  { cat "$tmp/component.log"; exit 1; }
 
 "$tmp/example/train" "$tmp/model.pt" "$tmp/model.schedule.json" 3 | tee "$tmp/train.log"
 grep -q "gradients equal" "$tmp/train.log"

@@ -30,6 +30,7 @@
 #include "planner/plan_request.h"
 #include "server/job_core.h"
 #include "storage/sqlite.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
@@ -78,7 +79,8 @@ class Env {
 
   // The model stored and a worker registered (what every scenario needs).
   void Seed() {
-    const std::string model = "bytes the core never loads";
+    const std::string model =
+        testing::UncheckedModelArchive("bytes the core never loads");
     sha_ = Sha256Hex(model);
     ASSERT_TRUE(store_->PutModel(sha_, "chain", model.size(), model).ok());
     v1::RegisterWorkerRequest reg;

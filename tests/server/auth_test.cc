@@ -22,6 +22,7 @@
 #include "server/auth/token_table.h"
 #include "server/server.h"
 #include "tests/testing/command.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_fixture.h"
 #include "tests/testing/synthetic_profile.h"
@@ -94,14 +95,18 @@ class AuthTest : public testing::InProcessServerTest {
     context.set_deadline(testing::In(10000));
   }
 
-  grpc::Status Upload(Who who, const std::string& bytes,
+  // Models are named by a tag: their bytes are
+  // testing::UncheckedModelArchive(tag), which the check at submit accepts.
+  grpc::Status Upload(Who who, const std::string& tag,
                       v1::UploadModelResponse* out = nullptr) {
-    return testing::UploadModel(*Planner(who), bytes, out);
+    return testing::UploadModel(*Planner(who),
+                                testing::UncheckedModelArchive(tag), out);
   }
 
-  v1::SubmitJobRequest JobRequest(const std::string& model,
+  v1::SubmitJobRequest JobRequest(const std::string& tag,
                                   const std::string& device_kind = "") {
-    return testing::ChainJobRequest(model, device_kind);
+    return testing::ChainJobRequest(testing::UncheckedModelArchive(tag),
+                                    device_kind);
   }
 
   grpc::Status Submit(Who who, const v1::SubmitJobRequest& request,
@@ -132,7 +137,8 @@ class AuthTest : public testing::InProcessServerTest {
     return s;
   }
 
-  grpc::Status Fetch(Who who, const std::string& model) {
+  grpc::Status Fetch(Who who, const std::string& tag) {
+    const std::string model = testing::UncheckedModelArchive(tag);
     grpc::ClientContext context;
     Deadline(context);
     v1::FetchModelRequest request;

@@ -35,6 +35,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
 #include "tests/testing/grpc_calls.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
 
 namespace mutwo {
@@ -95,7 +96,8 @@ class CrashRestartTest : public ::testing::Test {
 
   void Upload() {
     auto stub = v1::Planner::NewStub(channel_);
-    const std::string model = "crash test model bytes";
+    const std::string model =
+        testing::UncheckedModelArchive("crash test model bytes");
     sha_ = Sha256Hex(model);
     const grpc::Status s =
         testing::UploadModel(*stub, model, /*out=*/nullptr, "chain");

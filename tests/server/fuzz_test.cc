@@ -37,6 +37,7 @@
 #include "planner/proto_convert.h"
 #include "server/server.h"
 #include "storage/sqlite.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
@@ -185,7 +186,8 @@ class FuzzTest : public ::testing::Test {
   void Seed() {
     auto planner = v1::Planner::NewStub(channel_);
     auto hub = v1::WorkerHub::NewStub(channel_);
-    const std::string model = "fuzz model bytes";
+    const std::string model =
+        testing::UncheckedModelArchive("fuzz model bytes");
     const std::string sha = Sha256Hex(model);
     {
       grpc::ClientContext ctx;

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "planner/plan_request.h"
 #include "server/job_progress.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/synthetic_profile.h"
 #include "tests/testing/training_loop_request.h"
 
@@ -70,7 +71,8 @@ class JobCoreTest : public ::testing::Test {
                                return planner::PredictMaxBatchProto(
                                    ps, capacity, overhead);
                              });
-    model_ = "not really torchscript, the core never loads it";
+    model_ = testing::UncheckedModelArchive(
+        "not really torchscript, the core never loads it");
     sha_ = Sha256Hex(model_);
     ASSERT_TRUE(store_->PutModel(sha_, "chain", model_.size(), model_).ok());
     v1::RegisterWorkerRequest reg;
@@ -873,6 +875,33 @@ TEST_F(JobCoreTest, SubmitErrorsNameTheBadInput) {
   r.mutable_spec()->mutable_loss()->set_kind(v1::LossSpec::CROSS_ENTROPY);
   EXPECT_THAT(std::string(core_->SubmitJob(r).status().message()),
               HasSubstr("cross_entropy needs a target"));
+}
+
+// A job whose model cannot take its inputs is refused at submit, naming the
+// argument, and nothing is stored for it: the jobs before it and the model
+// stay, and the same model with its inputs is queued.
+TEST_F(JobCoreTest, SubmitRefusesInputsTheModelsForwardCannotTake) {
+  ASSERT_TRUE(core_->SubmitJob(Request({2}, {"60%"})).ok());
+  const std::string model =
+      testing::ModelArchiveWithForward("x: Tensor,\n    y: Tensor");
+  const std::string sha = Sha256Hex(model);
+  ASSERT_TRUE(store_->PutModel(sha, "two", model.size(), model).ok());
+  auto r = Request({2}, {"60%"});
+  r.mutable_spec()->set_model_sha256(sha);
+  r.mutable_spec()->set_model_name("two");
+  const auto refused = core_->SubmitJob(r);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "model two.pt: forward's argument y (Tensor) has no --input spec "
+            "and no default: give --input y:DTYPE[DIMS] (forward(x: Tensor, "
+            "y: Tensor))");
+  auto jobs = store_->ListJobs({});
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->jobs.size(), 1u);
+  EXPECT_TRUE(*store_->HasModel(sha));
+
+  *r.mutable_spec()->add_inputs() = *ParseTensorSpec("y:float32[B,16]");
+  EXPECT_TRUE(core_->SubmitJob(r).ok());
 }
 
 TEST(UploadSessionTest, VerifiesSizeHashAndLimit) {

@@ -20,6 +20,7 @@
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "server/job_core.h"
 #include "server/server.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_fixture.h"
 #include "worker/daemon/daemon.h"
@@ -65,7 +66,7 @@ class LongWaitTest : public testing::InProcessServerTest {
   // A job no CPU worker can run (it asks for CUDA), so it stays open and
   // the polls of CPU workers stay empty.
   std::string SubmitCudaJob() {
-    const std::string model = "model bytes";
+    const std::string model = testing::UncheckedModelArchive("model bytes");
     EXPECT_TRUE(testing::UploadModel(*planner_, model).ok());
     std::string job_id;
     grpc::Status s = testing::SubmitJob(

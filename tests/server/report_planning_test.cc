@@ -33,6 +33,7 @@
 #include "storage/store.h"
 #include "tests/testing/adversarial_profile.h"
 #include "tests/testing/grpc_calls.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/server_fixture.h"
 
 namespace mutwo {
@@ -96,8 +97,10 @@ class ReportPlanningTest : public testing::InProcessServerTest {
     return v1::WorkerHub::NewStub(NewChannel(""));
   }
 
-  // A CPU job of `model` with 32 budgets (30% to 92% of the baseline).
-  std::string SubmitJob(const std::string& model) {
+  // A CPU job of the model `tag` (testing::UncheckedModelArchive) with 32
+  // budgets (30% to 92% of the baseline).
+  std::string SubmitJob(const std::string& tag) {
+    const std::string model = testing::UncheckedModelArchive(tag);
     auto planner = Planner();
     EXPECT_TRUE(testing::UploadModel(*planner, model).ok());
     v1::SubmitJobRequest r = testing::ChainJobRequest(model, "cpu");

@@ -26,6 +26,7 @@
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
 #include "tests/testing/grpc_calls.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
 
 namespace mutwo {
@@ -86,7 +87,8 @@ class RssSoakTest : public ::testing::Test {
 
   std::string Upload() {
     auto stub = v1::Planner::NewStub(channel_);
-    const std::string model = "rss soak model bytes";
+    const std::string model =
+        testing::UncheckedModelArchive("rss soak model bytes");
     const grpc::Status s =
         testing::UploadModel(*stub, model, /*out=*/nullptr, "chain");
     EXPECT_TRUE(s.ok()) << s.error_message();

@@ -50,6 +50,7 @@
 #include "server/server.h"
 #include "storage/store.h"
 #include "tests/testing/adversarial_profile.h"
+#include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_fixture.h"
 #include "tests/testing/synthetic_profile.h"
@@ -114,9 +115,11 @@ class TenantIsolationTest : public testing::InProcessServerTest {
 
   // Uploads `bytes` as `who` and submits a job for it that no CPU worker
   // can run (it asks for CUDA), so it stays open.
-  std::string SubmitOpenJob(Who who, const std::string& bytes,
+  // `tag` names the model (testing::UncheckedModelArchive).
+  std::string SubmitOpenJob(Who who, const std::string& tag,
                             const std::string& device_kind = "cuda") {
     auto planner = v1::Planner::NewStub(Channel(who));
+    const std::string bytes = testing::UncheckedModelArchive(tag);
     {
       grpc::Status s = Upload(who, bytes);
       EXPECT_TRUE(s.ok()) << s.error_message();

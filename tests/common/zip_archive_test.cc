@@ -2,7 +2,7 @@
 // are zip files): stored and deflated records, a comment,
 // zip64 sizes of a hand-made directory, a truncated directory, and bytes that
 // are no zip at all.
-#include "worker/zip_archive.h"
+#include "common/zip_archive.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/testing/command.h"
 
-namespace mutwo::worker {
+namespace mutwo {
 namespace {
 
 // Runs `body` (Python statements with `zipfile` imported and `z` an open
@@ -142,4 +142,4 @@ TEST(ZipArchiveTest, TruncatedOrForeignBytesAreRefusedByName) {
 }
 
 }  // namespace
-}  // namespace mutwo::worker
+}  // namespace mutwo

@@ -1,0 +1,146 @@
+// mutwo::ScheduledStep (include/mutwo/scheduled_step.h) holds every call to
+// the step its schedule was planned for: a schedule planned at batch 4 is
+// refused at batch 8 (its budget says nothing there), as are another dtype,
+// another shape and another number of inputs, each naming the input, its
+// shape and the planned one; the planned step runs, before and after a
+// refusal. A schedule that records no inputs holds calls to the first's.
+#include "mutwo/scheduled_step.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/proto_io.h"
+#include "mutwo/v1/types.pb.h"
+#include "tests/testing/command.h"
+
+namespace mutwo {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ScheduledStepTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string((std::filesystem::path(::testing::TempDir()) /
+                            absl::StrCat("scheduled_step_test_", getpid()))
+                               .string());
+    std::filesystem::create_directories(*dir_);
+    std::ofstream(*dir_ + "/make.py") << R"(import sys, torch
+class Cnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU())
+        self.fc = torch.nn.Linear(16, 10)
+    def forward(self, x):
+        return self.fc(self.features(x).mean(dim=(2, 3)))
+torch.manual_seed(0)
+torch.jit.script(Cnn()).save(sys.argv[1] + "/cnn.pt")
+)";
+    auto run = [](const std::string& command) {
+      const auto r = testing::RunCommand(command);
+      ASSERT_EQ(r.exit_code, 0) << command << "\n" << r.output;
+    };
+    run(absl::StrCat("/usr/bin/python3 ", *dir_, "/make.py ", *dir_));
+    run(absl::StrCat(testing::BinPath("mutwo-worker"), " profile ", *dir_,
+                     "/cnn.pt --input x:float32[B,3,16,16] --batch 4 "
+                     "--output json > ",
+                     *dir_, "/profile.json"));
+    run(absl::StrCat(testing::BinPath("mutwo"), " plan ", *dir_,
+                     "/profile.json --budget 95% --output json > ", *dir_,
+                     "/schedule.json"));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static torch::jit::Module Model() {
+    torch::jit::Module m = torch::jit::load(*dir_ + "/cnn.pt");
+    m.train();
+    return m;
+  }
+  static ScheduleJson Schedule() {
+    return ReadScheduleFile(*dir_ + "/schedule.json");
+  }
+  static torch::Tensor Loss(const torch::IValue& out) {
+    return out.toTensor().pow(2).mean();
+  }
+  // The message Run threw, or "" when it ran.
+  static std::string RunError(ScheduledStep& step,
+                              const std::vector<torch::IValue>& inputs) {
+    try {
+      step.Run(inputs, Loss);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  static std::string* dir_;
+};
+std::string* ScheduledStepTest::dir_ = nullptr;
+
+TEST_F(ScheduledStepTest, ThePlannedStepRunsAndAnotherBatchIsRefused) {
+  torch::jit::Module model = Model();
+  ScheduledStep step(model, Schedule());
+  EXPECT_EQ(RunError(step, {torch::randn({4, 3, 16, 16})}), "");
+  EXPECT_THAT(
+      RunError(step, {torch::randn({8, 3, 16, 16})}),
+      HasSubstr("input 0 (\"x\") is float32[8,3,16,16], the schedule was "
+                "planned for float32[4,3,16,16] (batch 4): batch 8 is not "
+                "the planned batch 4"));
+  // Refused before anything ran: the planned step still runs.
+  EXPECT_EQ(RunError(step, {torch::randn({4, 3, 16, 16})}), "");
+}
+
+TEST_F(ScheduledStepTest, ARefusalComesBeforeTheFirstStepToo) {
+  torch::jit::Module model = Model();
+  ScheduledStep step(model, Schedule());
+  EXPECT_THAT(RunError(step, {torch::randn({8, 3, 16, 16})}),
+              HasSubstr("planned for float32[4,3,16,16] (batch 4)"));
+  EXPECT_EQ(RunError(step, {torch::randn({4, 3, 16, 16})}), "");
+}
+
+TEST_F(ScheduledStepTest, AnotherDtypeShapeOrInputCountIsRefused) {
+  torch::jit::Module model = Model();
+  ScheduledStep step(model, Schedule());
+  EXPECT_THAT(
+      RunError(step, {torch::randn({4, 3, 16, 16}, torch::kFloat64)}),
+      HasSubstr("input 0 (\"x\") is float64[4,3,16,16], the schedule was "
+                "planned for float32[4,3,16,16]"));
+  EXPECT_THAT(RunError(step, {torch::randn({4, 3, 16, 32})}),
+              HasSubstr("input 0 (\"x\") is float32[4,3,16,32]"));
+  EXPECT_THAT(RunError(step, {torch::randn({4, 3, 16, 16}),
+                              torch::randn({4, 3, 16, 16})}),
+              HasSubstr("2 inputs given; the schedule was planned for 1 at "
+                        "batch 4: x:float32[B,3,16,16]"));
+}
+
+TEST_F(ScheduledStepTest, AScheduleWithoutRecordedInputsHoldsToTheFirstCall) {
+  v1::Schedule schedule;
+  ASSERT_TRUE(ProtoFromJson(Schedule().text, "schedule", &schedule).ok());
+  ASSERT_EQ(schedule.inputs_size(), 1);
+  schedule.clear_inputs();
+  schedule.set_batch_size(0);
+  torch::jit::Module model = Model();
+  ScheduledStep step(model, ScheduleJson{ProtoToJson(schedule)});
+  EXPECT_EQ(RunError(step, {torch::randn({4, 3, 16, 16})}), "");
+  EXPECT_THAT(RunError(step, {torch::randn({8, 3, 16, 16})}),
+              HasSubstr("is float32[8,3,16,16], the schedule was planned for "
+                        "float32[4,3,16,16] (batch 4)"));
+}
+
+}  // namespace
+}  // namespace mutwo
