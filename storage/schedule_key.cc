@@ -65,16 +65,27 @@ std::string CanonicalTensor(const v1::TensorSpec& spec) {
 }
 
 std::string CanonicalLoss(const v1::LossSpec& loss) {
+  std::string kind;
   switch (loss.kind()) {
     case v1::LossSpec::SUM:
-      return "sum";
+      kind = "sum";
+      break;
     case v1::LossSpec::MODEL:
-      return "model";
+      kind = "model";
+      break;
     case v1::LossSpec::CROSS_ENTROPY:
-      return absl::StrCat("cross_entropy:", CanonicalTensor(loss.target()));
+      kind = "cross_entropy";
+      break;
     default:  // KIND_UNSPECIFIED is treated as MEAN
-      return "mean";
+      kind = "mean";
   }
+  // The output the loss reads changes the step (a key without one is what
+  // it was before the selector counted).
+  if (!loss.output().empty()) absl::StrAppend(&kind, "@", loss.output());
+  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY) {
+    absl::StrAppend(&kind, ":", CanonicalTensor(loss.target()));
+  }
+  return kind;
 }
 
 std::string CanonicalOptimizer(const v1::OptimizerSpec& optimizer) {

@@ -72,6 +72,13 @@ TEST(ScheduleKeyTest, EveryPlanningInputChangesTheKey) {
   v1::JobSpec ce = Spec();
   *ce.mutable_loss() = *ParseLossSpec("cross_entropy:y:int64[B]{0,1000}");
   EXPECT_NE(Key(ce, "60%"), base);
+  // The output the loss reads: another step, another key.
+  v1::JobSpec ce_logits = ce;
+  ce_logits.mutable_loss()->set_output("logits");
+  v1::JobSpec ce_aux = ce;
+  ce_aux.mutable_loss()->set_output("aux");
+  EXPECT_NE(Key(ce_logits, "60%"), Key(ce, "60%"));
+  EXPECT_NE(Key(ce_logits, "60%"), Key(ce_aux, "60%"));
   EXPECT_NE(Key(Spec(), "61%"), base);
   EXPECT_NE(Key(Spec(), "60%dev"), base);
   EXPECT_NE(Key(Spec(), "60%", v1::SQRT_N), base);
