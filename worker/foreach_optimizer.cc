@@ -1,5 +1,6 @@
 #include "worker/foreach_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -57,7 +58,13 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
       exp_avg_(params_.size()),
       exp_avg_sq_(params_.size()),
       steps_(params_.size(), 0) {
-  // Chunks of one device and dtype, in parameter order.
+  // Chunks of one device and dtype, in parameter order, of at most the
+  // largest parameter's bytes.
+  int64_t chunk_bytes = 0;
+  for (const torch::Tensor& p : params_) {
+    chunk_bytes = std::max(chunk_bytes,
+                           p.numel() * static_cast<int64_t>(p.element_size()));
+  }
   std::map<std::pair<std::string, int>, std::vector<size_t>> open;
   std::map<std::pair<std::string, int>, int64_t> open_bytes;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -65,7 +72,7 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
     const auto key =
         std::make_pair(p.device().str(), static_cast<int>(p.scalar_type()));
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    if (!open[key].empty() && open_bytes[key] + bytes > kChunkBytes) {
+    if (!open[key].empty() && open_bytes[key] + bytes > chunk_bytes) {
       chunks_.push_back({std::move(open[key])});
       open[key].clear();
       open_bytes[key] = 0;
@@ -76,6 +83,15 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
   for (auto& [key, members] : open) {
     if (!members.empty()) chunks_.push_back({std::move(members)});
   }
+}
+
+int64_t ForeachOptimizer::state_tensors() const {
+  int64_t n = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    n += momentum_[i].defined() + exp_avg_[i].defined() +
+         exp_avg_sq_[i].defined();
+  }
+  return n;
 }
 
 torch::Tensor ForeachOptimizer::step(LossClosure closure) {

@@ -6,9 +6,11 @@
 // an eager one pay the same for the update; LibTorch's per-parameter loop
 // added about 20 ms to ResNet-152's step on an H200 (467 parameter tensors).
 //
-// A chunk holds parameters of one device and dtype up to kChunkBytes, which
-// bounds the update's temporaries (Adam's denominators) as the per-parameter
-// loop bounded them by the largest parameter.
+// A chunk holds parameters of one device and dtype up to the size of the
+// largest parameter, which bounds the update's temporaries (Adam's
+// denominators, weight decay's sums) by what LibTorch's per-parameter loop
+// held: the floor of a model whose optimizer step sets its peak stays where
+// it was.
 //
 // Internal to the worker (includes LibTorch). Not thread-safe.
 #ifndef MUTWO_WORKER_FOREACH_OPTIMIZER_H_
@@ -35,9 +37,6 @@ struct ForeachOptions {
 
 class ForeachOptimizer final : public torch::optim::Optimizer {
  public:
-  // Parameters' bytes per multi-tensor call (at most).
-  static constexpr int64_t kChunkBytes = int64_t{64} << 20;
-
   // A tensor listed twice (a tied weight) is one parameter.
   ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
                    const ForeachOptions& options);
@@ -46,6 +45,10 @@ class ForeachOptimizer final : public torch::optim::Optimizer {
   // their state untouched, as LibTorch's optimizers do). Returns an
   // undefined tensor (`closure` must be null).
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // State tensors held (momentum buffers, Adam's moments): what the
+  // planner accounts per parameter (inputs.h, OptimizerStatesPerParameter).
+  int64_t state_tensors() const;
 
  private:
   struct Chunk {

@@ -11,13 +11,12 @@
 namespace mutwo::worker {
 namespace {
 
-// Parameters of mixed sizes; one over the chunk size so a chunk boundary
-// falls inside the list.
+// Parameters of mixed sizes: chunks hold at most the largest parameter's
+// bytes, so boundaries fall inside the list.
 std::vector<torch::Tensor> MakeParameters() {
   torch::manual_seed(3);
   std::vector<torch::Tensor> out;
-  const std::vector<int64_t> sizes = {7, 64 * 33, 1,
-                                      ForeachOptimizer::kChunkBytes / 4 + 5, 3};
+  const std::vector<int64_t> sizes = {7, 64 * 33, 1, 5000, 3, 900, 4100};
   for (int64_t n : sizes) {
     out.push_back(torch::randn({n}).requires_grad_());
   }

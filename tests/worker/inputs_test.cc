@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/parse.h"
+#include "worker/foreach_optimizer.h"
 
 namespace mutwo::worker {
 namespace {
@@ -112,17 +113,10 @@ TEST(OptimizerTest, StatesPerParameterMatchTorchOptim) {
     ASSERT_TRUE(optimizer.ok()) << optimizer.status();
     w.sum().backward();
     (*optimizer)->step();
-    // The state torch::optim created holds as many tensors as we account.
-    int tensors = 0;
-    for (const auto& [key, state] : (*optimizer)->state()) {
-      if (dynamic_cast<torch::optim::AdamParamState*>(state.get()))
-        tensors += 2;
-      if (dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
-        tensors += 2;
-      if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
-        tensors += sgd->momentum_buffer().defined() ? 1 : 0;
-      }
-    }
+    // The optimizer's state holds as many tensors as the planner accounts.
+    auto* foreach_opt = dynamic_cast<ForeachOptimizer*>(optimizer->get());
+    ASSERT_NE(foreach_opt, nullptr) << text;
+    const int64_t tensors = foreach_opt->state_tensors();
     EXPECT_EQ(tensors, OptimizerStatesPerParameter(spec->kind())) << text;
   }
   auto none = MakeOptimizer(*ParseOptimizerSpec("none"), {});
