@@ -48,15 +48,25 @@ class CliServerTest : public ::testing::Test {
            absl::StrCat("cli_server_", ::getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    address_ = absl::StrCat("127.0.0.1:", FreePort());
-    server_ = std::make_unique<Subprocess>();
-    ASSERT_TRUE(testing::StartMutwoServer(*server_, address_, FreePort(), dir_,
-                                          {"--log_level=warn"}));
-    channel_ =
-        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-    ASSERT_TRUE(channel_->WaitForConnected(std::chrono::system_clock::now() +
-                                           std::chrono::seconds(10)))
-        << "server did not start: " << server_->Log();
+    // A port FreePort() found free may be taken by a test running beside
+    // this one before the server binds it (the server then exits 2 naming
+    // the port): such a start is tried again on other ports.
+    bool connected = false;
+    for (int attempt = 0; attempt < 3 && !connected; ++attempt) {
+      address_ = absl::StrCat("127.0.0.1:", FreePort());
+      server_ = std::make_unique<Subprocess>();
+      ASSERT_TRUE(testing::StartMutwoServer(*server_, address_, FreePort(),
+                                            dir_, {"--log_level=warn"}));
+      channel_ =
+          grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+      connected = channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                             std::chrono::seconds(10));
+      if (!connected &&
+          server_->Log().find("already in use") == std::string::npos) {
+        break;  // not a port race: report it
+      }
+    }
+    ASSERT_TRUE(connected) << "server did not start: " << server_->Log();
     model_ = (dir_ / "model.pt").string();
     std::ofstream(model_, std::ios::binary)
         << testing::UncheckedModelArchive("the fake worker never reads it");
