@@ -64,6 +64,37 @@ bool IsIdentifier(absl::string_view text) {
                      [](char c) { return absl::ascii_isalnum(c) || c == '_'; });
 }
 
+// Calls `visit(i, c, depth)` for each character of `text` from `from` on
+// that lies outside string literals, `depth` being the bracket depth before
+// it; returns the first position where `visit` returns true (npos: none).
+template <typename Visit>
+size_t ScanCode(absl::string_view text, size_t from, Visit visit) {
+  int depth = 0;
+  char quote = 0;
+  for (size_t i = from; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quote != 0) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == quote) {
+        quote = 0;
+      }
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      quote = c;
+      continue;
+    }
+    if (visit(i, c, depth)) return i;
+    if (c == '(' || c == '[' || c == '{') {
+      ++depth;
+    } else if (c == ')' || c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return absl::string_view::npos;
+}
+
 // The text between the parenthesis at `open` and its match, and the
 // top-level commas' positions in it; nullopt when it does not close.
 // Brackets inside string literals do not count.
@@ -73,63 +104,28 @@ struct Parenthesised {
 };
 std::optional<Parenthesised> SplitParenthesised(absl::string_view text,
                                                 size_t open) {
-  int depth = 0;
-  char quote = 0;
   size_t part_start = open + 1;
   Parenthesised out;
-  for (size_t i = open; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quote != 0) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == quote) {
-        quote = 0;
-      }
-      continue;
-    }
-    if (c == '"' || c == '\'') {
-      quote = c;
-    } else if (c == '(' || c == '[' || c == '{') {
-      ++depth;
-    } else if (c == ')' || c == ']' || c == '}') {
-      if (--depth == 0) {
-        out.parts.push_back(text.substr(part_start, i - part_start));
-        out.inside = text.substr(open + 1, i - open - 1);
-        return out;
-      }
-    } else if (c == ',' && depth == 1) {
+  const size_t close = ScanCode(text, open, [&](size_t i, char c, int depth) {
+    if (depth != 1) return false;
+    if (c == ')' || c == ']' || c == '}') return true;
+    if (c == ',') {
       out.parts.push_back(text.substr(part_start, i - part_start));
       part_start = i + 1;
     }
-  }
-  return std::nullopt;
+    return false;
+  });
+  if (close == absl::string_view::npos) return std::nullopt;
+  out.parts.push_back(text.substr(part_start, close - part_start));
+  out.inside = text.substr(open + 1, close - open - 1);
+  return out;
 }
 
 // The first `target` at bracket depth 0 outside string literals.
 size_t FindTopLevel(absl::string_view text, char target) {
-  int depth = 0;
-  char quote = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (quote != 0) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == quote) {
-        quote = 0;
-      }
-      continue;
-    }
-    if (c == '"' || c == '\'') {
-      quote = c;
-    } else if (c == '(' || c == '[' || c == '{') {
-      ++depth;
-    } else if (c == ')' || c == ']' || c == '}') {
-      --depth;
-    } else if (c == target && depth == 0) {
-      return i;
-    }
-  }
-  return absl::string_view::npos;
+  return ScanCode(text, 0, [target](size_t, char c, int depth) {
+    return c == target && depth == 0;
+  });
 }
 
 // forward's arguments in the code of class `name`: the class starts at a
