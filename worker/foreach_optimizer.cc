@@ -53,7 +53,7 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
                                    const ForeachOptions& options)
     : torch::optim::Optimizer(Distinct(parameters), DefaultsOf(options)),
       options_(options),
-      params_(Distinct(parameters)),
+      params_(param_groups().front().params()),
       momentum_(params_.size()),
       exp_avg_(params_.size()),
       exp_avg_sq_(params_.size()),
@@ -62,8 +62,7 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
   // largest parameter's bytes.
   int64_t chunk_bytes = 0;
   for (const torch::Tensor& p : params_) {
-    chunk_bytes = std::max(chunk_bytes,
-                           p.numel() * static_cast<int64_t>(p.element_size()));
+    chunk_bytes = std::max(chunk_bytes, static_cast<int64_t>(p.nbytes()));
   }
   std::map<std::pair<std::string, int>, std::vector<size_t>> open;
   std::map<std::pair<std::string, int>, int64_t> open_bytes;
@@ -71,7 +70,7 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
     const torch::Tensor& p = params_[i];
     const auto key =
         std::make_pair(p.device().str(), static_cast<int>(p.scalar_type()));
-    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    const int64_t bytes = static_cast<int64_t>(p.nbytes());
     if (!open[key].empty() && open_bytes[key] + bytes > chunk_bytes) {
       chunks_.push_back({std::move(open[key])});
       open[key].clear();
