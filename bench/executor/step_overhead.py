@@ -22,26 +22,13 @@ Usage (GPU machine):
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "gpu"))
 from make_models import SPECS  # noqa: E402
-
-
-def run(cmd, timeout=900):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout, p.stderr
-
-
-def step_args(spec, batch, device, optimizer):
-    args = []
-    for i in spec["inputs"]:
-        args += ["--input", i]
-    return args + ["--batch", str(batch), "--loss", spec["loss"],
-                   "--optimizer", optimizer, "--device", device]
+from run_benchmark import common_args, run  # noqa: E402
 
 
 def emit(record):
@@ -67,11 +54,11 @@ def main():
     spec = SPECS[args.model]
     batch = args.batch or spec["batch"]
     model = os.path.join(args.models_dir, args.model + ".pt")
-    common = step_args(spec, batch, args.device, args.optimizer)
+    common = common_args(spec, batch, args.device, args.optimizer)
     base = {"model": args.model, "batch": batch}
 
     if args.eager:
-        rc, out, err = run([sys.executable,
+        rc, out, err, _ = run([sys.executable,
                             os.path.join(HERE, "..", "anchors", "anchors.py"),
                             "--child", "--model", args.model, "--system",
                             "eager", "--device", args.device, "--iterations",
@@ -86,7 +73,7 @@ def main():
     worker0 = os.path.join(bins[0][1], "mutwo-worker")
     cli = os.path.join(bins[0][1], "mutwo")
     profile_path = os.path.join(args.out, f"{args.model}_b{batch}_profile.json")
-    rc, out, err = run([worker0, "profile", model] + common +
+    rc, out, err, _ = run([worker0, "profile", model] + common +
                        ["--output", "json"])
     if rc != 0:
         raise SystemExit(f"profile failed: {err.strip()[-400:]}")
@@ -98,14 +85,14 @@ def main():
           "peak_bytes": int(profile["measured"]["module_peak_bytes"]),
           "profiled_step_ms": profile["measured"]["iteration_ms"],
           "nodes": len(profile["nodes"])})
-    rc, out, err = run([cli, "plan", profile_path, "--budget", "1B",
+    rc, out, err, _ = run([cli, "plan", profile_path, "--budget", "1B",
                         "--output", "json"])
     floor = int(json.loads(out)["floor_bytes"])
     baseline = int(json.loads(out)["baseline_peak_bytes"])
     for position in [float(p) for p in args.positions.split(",")]:
         budget = int((floor + (baseline - floor) * position) * 1.0005) + 1
         sched = os.path.join(args.out, f"{args.model}_b{batch}_{budget}.json")
-        rc, out, err = run([cli, "plan", profile_path, "--budget",
+        rc, out, err, _ = run([cli, "plan", profile_path, "--budget",
                             f"{budget}B", "--output", "json"])
         if rc != 0:
             emit({**base, "position": position, "error": err.strip()[-300:]})
@@ -115,7 +102,7 @@ def main():
         planned = json.loads(out)
         for label, directory in bins:
             t0 = time.time()
-            rc, out, err = run(
+            rc, out, err, _ = run(
                 [os.path.join(directory, "mutwo-worker"), "execute", model,
                  "--schedule", sched] + common +
                 ["--iterations", str(args.iterations), "--output", "json"])
