@@ -1,6 +1,7 @@
 #include "worker/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
@@ -432,6 +433,7 @@ std::vector<torch::Tensor> SegmentRun::tail_tensors() const {
 
 variable_list SegmentRun::RunForward(AutogradContext* ctx,
                                      at::TensorList inputs) {
+  RECORD_USER_SCOPE(absl::StrCat("mutwo::forward segment ", plan_->segment));
   std::vector<torch::Tensor> tensors(inputs.begin(),
                                      inputs.begin() + num_input_tensors_);
   saved_inputs_.clear();

@@ -69,7 +69,7 @@ std::vector<CommandSpec> Commands(const char* argv0) {
        "the step\nran out of memory or gradients, loss or batch-norm "
        "statistics differ; exit 3\nfor a schedule marked infeasible (run it "
        "with --force).",
-       StepFlags({"schedule", "baseline", "force"}),
+       StepFlags({"schedule", "baseline", "force", "trace_dir"}),
        {{"batch", "the batch size substituted for B (default: the schedule's)"},
         {"output", "text or json (the Validation, for scripts)"}},
        worker::RunExecuteCommand},

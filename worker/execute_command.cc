@@ -19,6 +19,7 @@
 #include "common/validation_check.h"
 #include "worker/executor.h"
 #include "worker/profile_command.h"
+#include "worker/step_trace.h"
 
 // Shared with `profile` (defined in profile_command.cc).
 ABSL_DECLARE_FLAG(std::string, input);
@@ -38,6 +39,12 @@ ABSL_FLAG(bool, baseline, true,
           "also run the unmodified step and compare gradients, loss "
           "and batch-norm statistics with it; --baseline=false runs only the "
           "scheduled step (batch sizes where only a schedule fits)");
+ABSL_FLAG(std::string, trace_dir, "",
+          "after the timed steps, write a Chrome trace (PyTorch profiler) of "
+          "one unmodified step (unmodified.json) and one scheduled step "
+          "(scheduled.json) into this folder: ops, kernels and the "
+          "executor's replays and swaps (bench/executor/trace_summary.py "
+          "summarises them). Needs a LibTorch with the Kineto profiler");
 ABSL_FLAG(bool, force, false,
           "run a schedule the planner marked infeasible "
           "(\"feasible\": false) instead of refusing it with exit code 3");
@@ -196,6 +203,15 @@ int RunExecuteCommand(const ParsedArgs& args) {
         "--batch: a positive batch size is required"));
   }
   options.run_baseline = absl::GetFlag(FLAGS_baseline);
+  options.trace_dir = absl::GetFlag(FLAGS_trace_dir);
+  if (!options.trace_dir.empty()) {
+    // Before the model loads: a build without the profiler fails now, not
+    // after the timed steps.
+    if (absl::Status s = ProbeStepTrace(options.trace_dir); !s.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--trace_dir ", options.trace_dir, ": ", s.message())));
+    }
+  }
   auto output =
       ParseChoice("--output", absl::GetFlag(FLAGS_output), {"text", "json"});
   if (!output.ok()) return Fail(output.status());

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "worker/memory.h"
 #include "worker/model_loader.h"
 #include "worker/step_run.h"
+#include "worker/step_trace.h"
 #include "worker/swap.h"
 #include "worker/training_setup.h"
 
@@ -385,7 +387,28 @@ absl::Status Executor::State::Validate(v1::Validation* validation) {
   if (options.run_baseline) {
     MUTWO_RETURN_IF_ERROR(TimedSteps(false, validation->mutable_baseline()));
   }
-  return TimedSteps(true, validation->mutable_scheduled());
+  MUTWO_RETURN_IF_ERROR(TimedSteps(true, validation->mutable_scheduled()));
+  if (options.trace_dir.empty()) return absl::OkStatus();
+  for (const bool scheduled : {false, true}) {
+    if (!scheduled && !options.run_baseline) continue;
+    const std::string path =
+        (std::filesystem::path(options.trace_dir) /
+         (scheduled ? "scheduled.json" : "unmodified.json"))
+            .string();
+    MUTWO_RETURN_IF_ERROR(TraceStep(
+        path, device,
+        [&]() {
+          ZeroGrads();
+          backend->Synchronize();
+          MUTWO_RETURN_IF_ERROR(Step(scheduled).status());
+          return Guard("optimizer step", [&]() {
+            if (optimizer) optimizer->step();
+            return absl::OkStatus();
+          });
+        },
+        [&]() { backend->Synchronize(); }));
+  }
+  return absl::OkStatus();
 }
 
 Executor::Executor(std::unique_ptr<State> state) : state_(std::move(state)) {}

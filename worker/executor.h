@@ -71,6 +71,10 @@ struct ExecutorOptions : TrainingStepOptions {
   // false: run only the scheduled step (no baseline step, no comparisons),
   // for batch sizes where the unmodified step does not fit.
   bool run_baseline = true;
+  // Non-empty: after the timed steps, a Chrome trace of one unmodified step
+  // (when run_baseline) and one scheduled step is written there
+  // (unmodified.json, scheduled.json; step_trace.h).
+  std::string trace_dir;
 };
 
 class Executor {

@@ -1,6 +1,7 @@
 // SegmentRun's replay and backward (checkpoint.h): the range run again with
 // autograd on, the freed storages given back, and the backward through the
 // replay. The forward run is checkpoint.cc's.
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -73,6 +74,7 @@ void SegmentRun::RunRangeWithHooks(InterpreterEnv& env) {
 
 void SegmentRun::Replay() {
   if (replayed_) return;
+  RECORD_USER_SCOPE(absl::StrCat("mutwo::replay segment ", plan_->segment));
   replayed_ = true;
   if (before_replay_) before_replay_();
   // Inputs stay resident until the replay read them (pinned in earlier
@@ -243,6 +245,7 @@ void SegmentRun::Replay() {
 
 variable_list SegmentRun::Backward(const variable_list& grad_outputs) {
   Replay();
+  RECORD_USER_SCOPE(absl::StrCat("mutwo::backward segment ", plan_->segment));
   // The replay's backward runs on gradient edges, not on the replayed
   // outputs: Replay() dropped them, so each lives only as long as the
   // replay's graph needs it (as in the plain step). Incoming gradients that

@@ -1,5 +1,6 @@
 #include "worker/step_run.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -139,6 +140,8 @@ InterpreterHooks StepRun::ForwardHooks() {
 }
 
 void StepRun::Offload(size_t i, int last) {
+  RECORD_USER_SCOPE(
+      absl::StrCat("mutwo::offload value ", compiled_.swaps[i].value_id));
   offloaded_[i] = true;
   int64_t offloaded_bytes = 0;
   for (auto& stash : stashes_[i]) {
@@ -445,9 +448,13 @@ void StepRun::HookSwap(size_t i) {
     return o >= 0 && o != producer_segment ? segments_[o].get() : nullptr;
   };
   auto restore = [this, i]() {
+    RECORD_USER_SCOPE(
+        absl::StrCat("mutwo::restore value ", compiled_.swaps[i].value_id));
     for (auto& stash : stashes_[i]) stash->Restore();
   };
   auto prefetch = [this, i]() {
+    RECORD_USER_SCOPE(
+        absl::StrCat("mutwo::prefetch value ", compiled_.swaps[i].value_id));
     for (auto& stash : stashes_[i]) stash->Prefetch();
   };
   absl::flat_hash_set<Node*> hooked;
