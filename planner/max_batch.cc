@@ -119,6 +119,7 @@ absl::StatusOr<PlanProfile> ExtrapolateProfile(
     PlanNode& n = out.nodes[i];
     n.forward_ms =
         f.At([i](const PlanProfile& p) { return p.nodes[i].forward_ms; });
+    n.host_ms = f.At([i](const PlanProfile& p) { return p.nodes[i].host_ms; });
     n.allocated_bytes_after = f.Bytes([i](const PlanProfile& p) {
       return static_cast<double>(p.nodes[i].allocated_bytes_after);
     });
@@ -155,6 +156,12 @@ absl::StatusOr<PlanProfile> ExtrapolateProfile(
   });
   out.measured_iteration_ms =
       f.At([](const PlanProfile& p) { return p.measured_iteration_ms; });
+  // A per-replay host cost: it does not grow with the batch.
+  double overhead = 0;
+  for (const BatchProfile& b : profiles) {
+    overhead = std::max(overhead, b.profile.replay_overhead_ms);
+  }
+  out.replay_overhead_ms = overhead;
   return out;
 }
 

@@ -16,6 +16,9 @@ namespace mutwo::planner {
 
 struct PlanNode {
   double forward_ms = 0;
+  // Host time of the node's run (ProfileNode.host_ms; 0 where the profile
+  // has none): a replay takes the larger of its forward and host times.
+  double host_ms = 0;
   // Allocator figures measured by the profiler; both 0 in a profile without
   // them (the simulator then derives the curve from fixed memory and the
   // activations' lifetimes).
@@ -67,6 +70,9 @@ struct PlanProfile {
   int64_t fixed_bytes = 0;
   int64_t measured_peak_bytes = 0;
   double measured_iteration_ms = 0;  // 0: sum of node and step times
+  // Host cost of one segment's replay beyond its ops
+  // (MeasuredStep.replay_overhead_ms; 0 where the profile has none).
+  double replay_overhead_ms = 0;
   int64_t device_total_bytes = 0;
   // Pinned-copy bandwidths; 0 (CPU) means swapping is impossible.
   double host_to_device_bytes_per_second = 0;

@@ -201,6 +201,10 @@ absl::Status NodesFromProto(const v1::Profile& profile, PlanProfile& out) {
           absl::StrCat(f, ".forward_ms = ", node.forward_ms(),
                        ": must be a finite time >= 0"));
     }
+    if (node.host_ms() < 0 || !std::isfinite(node.host_ms())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, ".host_ms = ", node.host_ms(), ": must be a finite time >= 0"));
+    }
     if (node.allocated_bytes_after() < 0 || node.peak_bytes_during() < 0) {
       return Bad(
           f + ".allocated_bytes_after",
@@ -209,6 +213,7 @@ absl::Status NodesFromProto(const v1::Profile& profile, PlanProfile& out) {
     }
     PlanNode& pn = out.nodes[i];
     pn.forward_ms = node.forward_ms();
+    pn.host_ms = node.host_ms();
     pn.allocated_bytes_after = node.allocated_bytes_after();
     pn.peak_bytes_during = node.peak_bytes_during();
     pn.transient_bytes = std::max<int64_t>(0, node.transient_bytes());
@@ -320,6 +325,14 @@ absl::Status TimeModelFromProto(const v1::Profile& profile, PlanProfile& out) {
                      ", measured.module_iteration_ms = ", module_ms,
                      ": must be finite times >= 0"));
   }
+  const double overhead = profile.measured().replay_overhead_ms();
+  if (!std::isfinite(overhead) || overhead < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("measured.replay_overhead_ms = ", overhead,
+                     ": must be a finite time >= 0"));
+  }
+  // Host times are measured as they are paid: not scaled below.
+  out.replay_overhead_ms = overhead;
   const double scale = TimeScale(profile.measured());
   if (scale != 1) {
     for (PlanNode& node : out.nodes) node.forward_ms *= scale;

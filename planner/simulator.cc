@@ -231,10 +231,13 @@ absl::StatusOr<std::unique_ptr<Simulator>> Simulator::Create(
       *std::max_element(sim->base_during_.begin(), sim->base_during_.end());
   sim->node_transient_.assign(n, 0);
   sim->forward_ms_before_.assign(n + 1, 0);
+  sim->host_ms_before_.assign(n + 1, 0);
   for (int i = 0; i < n; ++i) {
     sim->node_transient_[i] = profile->nodes[i].transient_bytes;
     sim->forward_ms_before_[i + 1] =
         sim->forward_ms_before_[i] + profile->nodes[i].forward_ms;
+    sim->host_ms_before_[i + 1] =
+        sim->host_ms_before_[i] + profile->nodes[i].host_ms;
   }
   if (profile->HasAllocatorFigures() && n > 0) {
     auto& table = sim->forward_during_max_;

@@ -138,12 +138,18 @@ class Simulator {
                           const std::vector<int>& nodes) const;
   // The time of a replay: the executor runs every node from the first one
   // replayed to the last (lineage, members, and what lies between: views,
-  // Swin's window partition), so the forward times of that whole range.
-  // `nodes`: the nodes replayed, sorted.
+  // Swin's window partition). The device's time for that range, or the
+  // host's where launching it takes longer (small ops on a fast device:
+  // the device waits), plus the host cost of the replay mechanism per
+  // segment (its autograd function's nested backward). `nodes`: the nodes
+  // replayed, sorted.
   double ReplayMs(const std::vector<int>& nodes) const {
     if (nodes.empty()) return 0;
-    return forward_ms_before_[nodes.back() + 1] -
-           forward_ms_before_[nodes.front()];
+    const double device = forward_ms_before_[nodes.back() + 1] -
+                          forward_ms_before_[nodes.front()];
+    const double host =
+        host_ms_before_[nodes.back() + 1] - host_ms_before_[nodes.front()];
+    return std::max(device, host) + profile_->replay_overhead_ms;
   }
   // What a replay's transient adds at `position`: the replay runs before
   // the backward step there, so the step's own transient (above the memory
@@ -174,8 +180,10 @@ class Simulator {
   std::vector<double> end_ms_;
   std::vector<int> op_nodes_;
   std::vector<int64_t> node_transient_;
-  // forward_ms_before_[k]: the forward time of nodes [0, k).
+  // forward_ms_before_[k] / host_ms_before_[k]: the forward time / host
+  // time of nodes [0, k).
   std::vector<double> forward_ms_before_;
+  std::vector<double> host_ms_before_;
   // Sparse table of base_during_ over forward positions (range maxima);
   // empty without allocator figures.
   std::vector<std::vector<int64_t>> forward_during_max_;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 
 #include "absl/container/flat_hash_map.h"
@@ -21,6 +22,7 @@
 #include "worker/memory.h"
 #include "worker/model_loader.h"
 #include "worker/profiler_records.h"
+#include "worker/replay_probe.h"
 #include "worker/training_setup.h"
 
 namespace mutwo::worker {
@@ -256,6 +258,7 @@ void ScaleTimes(double clean_ms, v1::Profile* profile) {
 absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   const int n = graph->num_nodes();
   record->node_ms.assign(n, 0);
+  record->node_host_ms.assign(n, 0);
   record->node_allocated_after.assign(n, 0);
   record->node_peak.assign(n, 0);
   record->node_before.assign(n, 0);
@@ -289,14 +292,20 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   const int iteration_start = backend->Mark();
 
   InterpreterHooks hooks;
+  std::chrono::steady_clock::time_point host_start;
   hooks.before_node = [&](int id) {
     windows.Open([record, id](int64_t peak) { record->node_peak[id] = peak; });
     record->node_before[id] = backend->AllocatedBytes();
     backend->SetTag(id);
     current_step = absl::StrCat("forward node ", graph->Describe(id));
     node_start[id] = backend->Mark();
+    host_start = std::chrono::steady_clock::now();
   };
   hooks.after_node = [&](int id, std::vector<c10::IValue>& outputs) {
+    record->node_host_ms[id] =
+        std::chrono::duration<double, std::milli>(
+            std::chrono::steady_clock::now() - host_start)
+            .count();
     node_end[id] = backend->Mark();
     record->node_allocated_after[id] = backend->AllocatedBytes();
     const int64_t owned = OwnedOutputBytes(*graph, id, outputs);
@@ -490,11 +499,17 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   // Medians over the iterations (backward steps: over the iterations whose
   // step sequence is the last one's; data-dependent control flow may differ).
   std::vector<double> node_ms(n);
+  std::vector<double> node_host_ms(n, 0);
+  const bool separate_host = device.is_cuda();
   for (int id = 0; id < n; ++id) {
     std::vector<double> values;
     values.reserve(records.size());
     for (const auto& r : records) values.push_back(r.node_ms[id]);
     node_ms[id] = Median(values);
+    if (!separate_host) continue;
+    values.clear();
+    for (const auto& r : records) values.push_back(r.node_host_ms[id]);
+    node_host_ms[id] = Median(values);
   }
   std::vector<double> step_ms(num_steps);
   for (int k = 0; k < num_steps; ++k) {
@@ -527,6 +542,7 @@ void Profiler::State::Fill(const std::vector<IterationRecord>& records,
   for (const IrNode& ir : graph->nodes()) {
     v1::ProfileNode* node = profile->mutable_nodes(ir.id);
     node->set_forward_ms(node_ms[ir.id]);
+    node->set_host_ms(node_host_ms[ir.id]);
     node->set_backward_ms(node_backward_ms[ir.id]);
     node->set_allocated_bytes_after(last.node_allocated_after[ir.id]);
     node->set_peak_bytes_during(last.node_peak[ir.id]);
@@ -680,7 +696,12 @@ absl::StatusOr<v1::Profile> Profiler::Run() {
     s.Fill(records, &profile);
     MUTWO_ASSIGN_OR_RETURN(const double clean_ms, s.CleanStepMs());
     ScaleTimes(clean_ms, &profile);
-    return absl::OkStatus();
+    return Guard("measuring the replay overhead", [&]() {
+      profile.mutable_measured()->set_replay_overhead_ms(
+          MeasureReplayOverheadMs(s.device,
+                                  [&]() { s.backend->Synchronize(); }));
+      return absl::OkStatus();
+    });
   }();
   s.backend->SetTag(kIdleTag);
   s.ZeroGrads();

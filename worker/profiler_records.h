@@ -57,6 +57,7 @@ struct StepRecord {
 // What one interpreted training step measured.
 struct IterationRecord {
   std::vector<double> node_ms;
+  std::vector<double> node_host_ms;  // host time of each node's run
   std::vector<int64_t> node_allocated_after;
   std::vector<int64_t> node_peak;
   std::vector<int64_t> node_before, node_transient;

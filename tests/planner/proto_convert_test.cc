@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/version.h"
@@ -114,6 +116,36 @@ TEST(ProtoConvertTest, ComputeTimesAreScaledToTheModuleStep) {
   EXPECT_NE(bad.status().message().find("measured.module_iteration_ms"),
             std::string::npos)
       << bad.status();
+}
+
+// Host times are what the host pays: carried over and never scaled; bad
+// values are refused naming the field.
+TEST(ProtoConvertTest, HostTimesAndReplayOverheadAreNotScaled) {
+  v1::Profile proto = DiamondProto();
+  proto.mutable_nodes(2)->set_host_ms(0.3);
+  v1::MeasuredStep* m = proto.mutable_measured();
+  m->set_iteration_ms(20);
+  m->set_module_iteration_ms(10);
+  m->set_replay_overhead_ms(0.07);
+  auto p = ProfileFromProto(proto);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->nodes[2].host_ms, 0.3);
+  EXPECT_DOUBLE_EQ(p->nodes[0].host_ms, 0);
+  EXPECT_DOUBLE_EQ(p->replay_overhead_ms, 0.07);
+
+  proto.mutable_nodes(2)->set_host_ms(-1);
+  auto bad_node = ProfileFromProto(proto);
+  ASSERT_FALSE(bad_node.ok());
+  EXPECT_NE(bad_node.status().message().find("nodes[2].host_ms"),
+            std::string::npos)
+      << bad_node.status();
+  proto.mutable_nodes(2)->set_host_ms(0.3);
+  m->set_replay_overhead_ms(std::numeric_limits<double>::infinity());
+  auto bad_overhead = ProfileFromProto(proto);
+  ASSERT_FALSE(bad_overhead.ok());
+  EXPECT_NE(bad_overhead.status().message().find("measured.replay_overhead_ms"),
+            std::string::npos)
+      << bad_overhead.status();
 }
 
 TEST(ProtoConvertTest, ScheduleRoundTrip) {

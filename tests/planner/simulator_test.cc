@@ -45,6 +45,29 @@ TEST(SimulatorTest, ChainBaselineAndRecompute) {
   EXPECT_EQ(sim->Run(Recompute(3, {2})).peak_bytes, 1600);
 }
 
+// A replay takes the device's time or the host's, whichever is longer, and
+// each segment pays the replay mechanism's host cost once.
+TEST(SimulatorTest, AReplayIsBoundByTheHostAndPaysItsOverheadPerSegment) {
+  PlanProfile p = Diamond();  // every node 1 ms on the device
+  for (PlanNode& node : p.nodes) node.host_ms = 0.25;
+  p.nodes[1].host_ms = 3;
+  p.nodes[2].host_ms = 3;
+  p.replay_overhead_ms = 0.5;
+  auto sim = Sim(p);
+  // B and C: one segment, host-bound: max(1 + 1, 3 + 3) + 0.5.
+  SimResult bc = sim->Run(Recompute(5, {1, 2}));
+  EXPECT_EQ(bc.segments, 1);
+  EXPECT_DOUBLE_EQ(bc.recompute_ms, 6.5);
+  EXPECT_DOUBLE_EQ(bc.iteration_ms, sim->baseline_iteration_ms() + 6.5);
+  // A and D: two segments, device-bound: (max(1, 0.25) + 0.5) each.
+  SimResult ad = sim->Run(Recompute(5, {0, 3}));
+  EXPECT_EQ(ad.segments, 2);
+  EXPECT_DOUBLE_EQ(ad.recompute_ms, 3);
+  // A profile without host times or overhead: the device's time alone.
+  SimResult plain = Sim(Diamond())->Run(Recompute(5, {1, 2}));
+  EXPECT_DOUBLE_EQ(plain.recompute_ms, 2);
+}
+
 TEST(SimulatorTest, DiamondHandComputedPeaks) {
   const PlanProfile p = Diamond();
   auto sim = Sim(p);

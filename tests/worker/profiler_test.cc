@@ -206,6 +206,14 @@ TEST(ProfilerTimingTest, NodeTimesSumToThePlainStep) {
   for (const v1::ProfileNode& node : p.nodes()) parts += node.forward_ms();
   for (const v1::BackwardStep& step : p.backward_steps()) parts += step.ms();
   EXPECT_NEAR(parts, m.iteration_ms(), 1e-6 * m.iteration_ms());
+  // The replay mechanism's host cost is measured (a custom autograd
+  // function's nested backward costs microseconds, not nothing and not a
+  // step); on the CPU the host is the device, so no separate host times.
+  EXPECT_GT(m.replay_overhead_ms(), 0);
+  EXPECT_LT(m.replay_overhead_ms(), m.iteration_ms());
+  for (const v1::ProfileNode& node : p.nodes()) {
+    EXPECT_EQ(node.host_ms(), 0) << "node " << node.id();
+  }
 }
 
 TEST(ProfilerLineageTest, EncoderLayersAreRecomputable) {
