@@ -25,6 +25,7 @@
 #include "client/text_table.h"
 #include "client/time_text.h"
 #include "common/flag_values.h"
+#include "common/model_archive.h"
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "common/sha256.h"
@@ -520,6 +521,17 @@ int SubmitCommand(const ParsedArgs& args) {
   }
   spec.set_model_sha256(sha);
   spec.set_model_name(name);
+  // The server's check at submit (server/job_core.cc), run here before the
+  // upload: a job it would refuse (a pickle, a truncated file, an input
+  // that names no argument, one missing) costs no upload, and the message
+  // is the one the server and the worker give (it names the model as they
+  // do, NAME.pt). What the check cannot read leaves the decision to them.
+  if (absl::Status s = CheckModelInputs(
+          *bytes, absl::StrCat(name, ".pt"),
+          {spec.inputs().begin(), spec.inputs().end()}, nullptr);
+      s.code() == absl::StatusCode::kInvalidArgument) {
+    return BadInput(cmd, s.message());
+  }
   request.set_client_request_id(absl::GetFlag(FLAGS_request_id).empty()
                                     ? RandomRequestId()
                                     : absl::GetFlag(FLAGS_request_id));

@@ -4,8 +4,22 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/parse.h"
 
 namespace mutwo {
+namespace {
+
+// Whether a tensor can be passed for an argument of this TorchScript type.
+// An --input spec always makes a tensor (worker/inputs.h; a spec without
+// dims makes a 0-dim one), so an argument declared int, float, bool, str or
+// a container cannot take one: the worker's first forward would fail with
+// TorchScript's "Expected a value of type 'int' for argument", far from the
+// flag that caused it.
+bool TakesTensor(const std::string& type) {
+  return type == "Tensor" || type == "Optional[Tensor]" || type == "Any";
+}
+
+}  // namespace
 
 bool CanBeLeftOut(const ForwardArgument& argument) {
   return argument.default_value.has_value() ||
@@ -60,6 +74,33 @@ absl::StatusOr<std::vector<int>> BindSpecsToArguments(
     }
   }
   for (int i = 0; i < n; ++i) {
+    if (spec_at[i] >= 0 && !TakesTensor(arguments[i].type)) {
+      const ForwardArgument& argument = arguments[i];
+      const std::string what_to_do =
+          CanBeLeftOut(argument)
+              ? absl::StrCat("leave ", argument.name, " out (",
+                             argument.default_value.has_value()
+                                 ? absl::StrCat("its default is ",
+                                                *argument.default_value)
+                                 : "it is Optional: None",
+                             ")")
+              : absl::StrCat("give ", argument.name, " a default in forward");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--input ", FormatTensorSpec(specs[spec_at[i]]),
+          " gives a tensor to forward's argument ", argument.name,
+          ", declared ", argument.type,
+          ": an --input spec is always a tensor; ", what_to_do,
+          ", or declare it Tensor (", ForwardSignature(arguments), ")"));
+    }
+    if (spec_at[i] < 0 && !CanBeLeftOut(arguments[i]) &&
+        !TakesTensor(arguments[i].type)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward's argument ", arguments[i].name, " (", arguments[i].type,
+          ") has no default, and an --input spec (always a tensor) cannot "
+          "give it one: give ",
+          arguments[i].name, " a default in forward, or declare it Tensor (",
+          ForwardSignature(arguments), ")"));
+    }
     if (spec_at[i] < 0 && !CanBeLeftOut(arguments[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
           "forward's argument ", arguments[i].name, " (", arguments[i].type,

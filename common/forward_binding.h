@@ -35,8 +35,11 @@ std::string ForwardSignature(const std::vector<ForwardArgument>& arguments);
 
 // For each argument, the index in `specs` of its spec, or -1 when it is
 // left out. InvalidArgument for a spec naming no argument when others do,
-// two specs for one argument, more specs than arguments, or an argument
-// without spec, default or Optional type.
+// two specs for one argument, more specs than arguments, an argument
+// without spec, default or Optional type, or a spec (always a tensor) bound
+// to an argument declared otherwise than Tensor, Optional[Tensor] or Any
+// (an `int`, `float`, `bool`...: the message names the argument, its type
+// and the spec).
 [[nodiscard]] absl::StatusOr<std::vector<int>> BindSpecsToArguments(
     const std::vector<ForwardArgument>& arguments,
     const std::vector<v1::TensorSpec>& specs);

@@ -18,11 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/parse.h"
 #include "common/proto_io.h"
+#include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "mutwo/v1/planner.grpc.pb.h"
 #include "mutwo/v1/planner.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/fake_worker.h"
@@ -54,8 +57,9 @@ class CliServerTest : public ::testing::Test {
     bool connected = false;
     for (int attempt = 0; attempt < 3 && !connected; ++attempt) {
       address_ = absl::StrCat("127.0.0.1:", FreePort());
+      metrics_port_ = FreePort();
       server_ = std::make_unique<Subprocess>();
-      ASSERT_TRUE(testing::StartMutwoServer(*server_, address_, FreePort(),
+      ASSERT_TRUE(testing::StartMutwoServer(*server_, address_, metrics_port_,
                                             dir_, {"--log_level=warn"}));
       channel_ =
           grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
@@ -100,6 +104,57 @@ class CliServerTest : public ::testing::Test {
     return m[1];
   }
 
+  // The server's count of model uploads with `result` (stored,
+  // deduplicated), from its /metrics; -1 when it is not there.
+  double Uploads(const std::string& result) {
+    const std::string text = testing::HttpGet(metrics_port_, "/metrics");
+    std::smatch m;
+    const std::regex re("mutwo_model_uploads_total\\{result=\"" + result +
+                        "\"\\} ([0-9.e+]+)");
+    return std::regex_search(text, m, re) ? std::stod(m[1]) : -1;
+  }
+
+  // Uploads the file at `path` and submits a job for it with `inputs`
+  // straight over RPC, as a client without the CLI's check would: the
+  // server's own check at submit answers.
+  grpc::Status SubmitOverRpc(const std::string& path, const std::string& name,
+                             const std::vector<std::string>& inputs) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream read;
+    read << in.rdbuf();
+    const std::string bytes = read.str();
+    const std::string sha = Sha256Hex(bytes);
+    auto stub = v1::Planner::NewStub(channel_);
+    {
+      grpc::ClientContext context;
+      v1::UploadModelResponse response;
+      auto writer = stub->UploadModel(&context, &response);
+      v1::UploadModelRequest header;
+      header.mutable_header()->set_sha256(sha);
+      header.mutable_header()->set_size_bytes(
+          static_cast<int64_t>(bytes.size()));
+      header.mutable_header()->set_name(name);
+      v1::UploadModelRequest chunk;
+      chunk.set_chunk(bytes);
+      if (!writer->Write(header) || !writer->Write(chunk)) {
+        return grpc::Status(grpc::StatusCode::INTERNAL, "upload write");
+      }
+      writer->WritesDone();
+      if (grpc::Status s = writer->Finish(); !s.ok()) return s;
+    }
+    grpc::ClientContext context;
+    v1::SubmitJobRequest request;
+    request.mutable_spec()->set_model_sha256(sha);
+    request.mutable_spec()->set_model_name(name);
+    for (const std::string& input : inputs) {
+      *request.mutable_spec()->add_inputs() = *ParseTensorSpec(input);
+    }
+    request.mutable_spec()->add_batch_sizes(2);
+    request.mutable_spec()->add_budgets()->set_fraction_of_baseline(0.8);
+    v1::SubmitJobResponse response;
+    return stub->SubmitJob(&context, request, &response);
+  }
+
   void StartFakeWorker(int fail_one_in, double step_time_scale = 1.0) {
     stop_worker_ = false;
     worker_ = std::thread([this, fail_one_in, step_time_scale] {
@@ -130,6 +185,7 @@ class CliServerTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string address_, model_;
+  int metrics_port_ = 0;
   std::unique_ptr<Subprocess> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::atomic<bool> stop_worker_{false};
@@ -137,10 +193,11 @@ class CliServerTest : public ::testing::Test {
 };
 
 // A job that cannot run is refused at submit, before it is queued, with the
-// message the worker would give (mutwo-server reads forward's arguments
-// from the archive's code without loading it): an input missing or naming
-// no argument, a torch.save pickle, a truncated file. Exit 2, no job, and
-// what was stored before (a job, the uploaded model) is still there.
+// message the worker would give (the CLI reads forward's arguments from the
+// archive's code without loading it, as mutwo-server does): an input
+// missing or naming no argument, a torch.save pickle, a truncated file.
+// Exit 2, nothing uploaded (the server counts no upload), no job, and what
+// was stored before (a job, its model) is still there.
 TEST_F(CliServerTest, SubmitRefusesAJobThatCannotRunBeforeQueueingIt) {
   const std::string script = (dir_ / "make.py").string();
   std::ofstream(script) << R"(import sys, torch
@@ -163,6 +220,7 @@ open(out + "/truncated.pt", "wb").write(data[: len(data) * 2 // 3])
   ASSERT_EQ(made.exit_code, 0) << made.output;
   const std::string before = Submit();
   ASSERT_FALSE(before.empty());
+  ASSERT_EQ(Uploads("stored"), 1);
   const std::string two_inputs = (dir_ / "two_inputs.pt").string();
   const std::string spec = " --batch 2 --budget 80%";
 
@@ -174,6 +232,7 @@ open(out + "/truncated.pt", "wb").write(data[: len(data) * 2 // 3])
                         "(Tensor) has no --input spec and no default: give "
                         "--input text:DTYPE[DIMS]"));
   EXPECT_THAT(missing.output, Not(HasSubstr("submitted")));
+  EXPECT_THAT(missing.output, Not(HasSubstr("uploaded")));
 
   CommandResult misnamed = Cli("submit " + two_inputs +
                                " --input image:float32[B,3,8,8]"
@@ -191,6 +250,19 @@ open(out + "/truncated.pt", "wb").write(data[: len(data) * 2 // 3])
   EXPECT_THAT(pickle.output, HasSubstr("this is a torch.save pickle"));
   EXPECT_THAT(pickle.output, HasSubstr("torch.jit.script(model).save(path)"));
 
+  // A zip bomb (256 MiB of deflated zeros in a ~256 KiB file): refused
+  // from the zip directory, never inflated.
+  const std::string bomb = (dir_ / "bomb.pt").string();
+  const CommandResult made_bomb = RunCommand(absl::StrCat(
+      "/usr/bin/python3 ", MUTWO_SOURCE_DIR, "/tests/testing/make_zip_bomb.py ",
+      bomb, " ", int64_t{1} << 28));
+  ASSERT_EQ(made_bomb.exit_code, 0) << made_bomb.output;
+  CommandResult zip_bomb =
+      Cli("submit " + bomb + " --input x:float32[B,4]" + spec);
+  EXPECT_EQ(zip_bomb.exit_code, 2) << zip_bomb.output;
+  EXPECT_THAT(zip_bomb.output, HasSubstr("refused as a zip bomb: the archive "
+                                         "inflates to 256."));
+
   CommandResult truncated = Cli("submit " + (dir_ / "truncated.pt").string() +
                                 " --input x:float32[B,8]" + spec);
   EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
@@ -198,7 +270,10 @@ open(out + "/truncated.pt", "wb").write(data[: len(data) * 2 // 3])
               HasSubstr("cannot load the TorchScript archive (truncated or "
                         "corrupt?)"));
 
-  // Nothing queued by the refusals; the job before is still there.
+  // Nothing uploaded or queued by the refusals; the job before is still
+  // there.
+  EXPECT_EQ(Uploads("stored"), 1);
+  EXPECT_EQ(Uploads("deduplicated"), 0);
   CommandResult jobs = Cli("jobs --output=json");
   ASSERT_EQ(jobs.exit_code, 0) << jobs.output;
   v1::ListJobsResponse list;
@@ -207,14 +282,39 @@ open(out + "/truncated.pt", "wb").write(data[: len(data) * 2 // 3])
   EXPECT_EQ(list.jobs(0).job_id(), before);
 
   // The same model with its inputs given out of order by name and the
-  // Optional one left out is queued; its upload was kept from the refusal.
+  // Optional one left out is uploaded (for the first time) and queued.
   CommandResult good = Cli("submit " + two_inputs +
                            " --input text:float32[B,8]"
                            " --input image:float32[B,3,8,8]" +
                            spec);
   EXPECT_EQ(good.exit_code, 0) << good.output;
-  EXPECT_THAT(good.output, HasSubstr("already stored"));
+  EXPECT_THAT(good.output, HasSubstr("uploaded two_inputs"));
+  EXPECT_THAT(good.output, Not(HasSubstr("already stored")));
   EXPECT_THAT(good.output, HasSubstr("submitted"));
+  EXPECT_EQ(Uploads("stored"), 2);
+
+  // A client without the CLI's check uploads; the server refuses the job
+  // at submit with the message the CLI gave (one function, both sides).
+  const auto cli_message = [](const CommandResult& r) {
+    const std::string prefix = "mutwo submit: ";
+    const size_t at = r.output.find(prefix);
+    return at == std::string::npos
+               ? r.output
+               : r.output.substr(at + prefix.size(),
+                                 r.output.find('\n', at) - at - prefix.size());
+  };
+  const grpc::Status server_missing =
+      SubmitOverRpc(two_inputs, "two_inputs", {"image:float32[B,3,8,8]"});
+  EXPECT_EQ(server_missing.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(server_missing.error_message(), cli_message(missing));
+  const grpc::Status server_pickle = SubmitOverRpc(
+      (dir_ / "pickle.pt").string(), "pickle", {"x:float32[B,8]"});
+  EXPECT_EQ(server_pickle.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(server_pickle.error_message(), cli_message(pickle));
+  const grpc::Status server_bomb =
+      SubmitOverRpc(bomb, "bomb", {"x:float32[B,4]"});
+  EXPECT_EQ(server_bomb.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(server_bomb.error_message(), cli_message(zip_bomb));
 }
 
 // Every command that talks to the server reaches the one MUTWO_SERVER

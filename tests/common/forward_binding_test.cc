@@ -87,5 +87,63 @@ TEST(ForwardBindingTest, MoreSpecsThanArgumentsAreRefused) {
             "forward takes 1 inputs, got 2 --input specs: forward(x: Tensor)");
 }
 
+// A spec is always a tensor (the worker makes one from it): an argument
+// declared int, float or bool cannot take one, and the refusal names the
+// argument, its type and the spec, by name and by position alike.
+TEST(ForwardBindingTest, ASpecForAScalarArgumentIsRefusedNamingItsType) {
+  const auto by_name = BindSpecsToArguments(
+      kImageText, {Spec("image"), Spec("text"), Spec("scale")});
+  ASSERT_FALSE(by_name.ok());
+  EXPECT_EQ(by_name.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(by_name.status().message(),
+            "--input scale:float32[B] gives a tensor to forward's argument "
+            "scale, declared float: an --input spec is always a tensor; "
+            "leave scale out (its default is 1.), or declare it Tensor "
+            "(forward(image: Tensor, text: Tensor, mask: Optional[Tensor] = "
+            "None, scale: float = 1.))");
+  const auto by_position = BindSpecsToArguments(
+      kImageText, {Spec("a"), Spec("b"), Spec("c"), Spec("d")});
+  ASSERT_FALSE(by_position.ok());
+  EXPECT_TRUE(absl::StartsWith(by_position.status().message(),
+                               "--input d:float32[B] gives a tensor to "
+                               "forward's argument scale, declared float"))
+      << by_position.status();
+  const std::vector<ForwardArgument> counted = {
+      {"x", "Tensor", std::nullopt},
+      {"steps", "int", std::nullopt},
+      {"flag", "Optional[bool]", std::nullopt}};
+  const auto required =
+      BindSpecsToArguments(counted, {Spec("x"), Spec("steps")});
+  ASSERT_FALSE(required.ok());
+  EXPECT_TRUE(absl::StrContains(required.status().message(),
+                                "argument steps, declared int: an --input "
+                                "spec is always a tensor; give steps a "
+                                "default in forward, or declare it Tensor"))
+      << required.status();
+  const auto optional =
+      BindSpecsToArguments({counted[0], counted[2]}, {Spec("x"), Spec("flag")});
+  ASSERT_FALSE(optional.ok());
+  EXPECT_TRUE(absl::StrContains(optional.status().message(),
+                                "argument flag, declared Optional[bool]: an "
+                                "--input spec is always a tensor; leave flag "
+                                "out (it is Optional: None)"))
+      << optional.status();
+  // Left out, the int has no value: said so, not "give --input steps".
+  const auto left_out = BindSpecsToArguments(counted, {Spec("x")});
+  ASSERT_FALSE(left_out.ok());
+  EXPECT_EQ(left_out.status().message(),
+            "forward's argument steps (int) has no default, and an --input "
+            "spec (always a tensor) cannot give it one: give steps a default "
+            "in forward, or declare it Tensor (forward(x: Tensor, steps: int, "
+            "flag: Optional[bool]))");
+}
+
+TEST(ForwardBindingTest, TensorArgumentsTakeSpecsOptionalOrNot) {
+  const auto bound = BindSpecsToArguments(
+      kImageText, {Spec("image"), Spec("text"), Spec("mask")});
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  EXPECT_EQ(*bound, (std::vector<int>{0, 1, 2, -1}));
+}
+
 }  // namespace
 }  // namespace mutwo

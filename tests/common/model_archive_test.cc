@@ -48,7 +48,17 @@ class TwoInputs(torch.nn.Module):
     def forward(self, image, text):
         return self.conv(image).mean(dim=(2, 3)) + self.fc(text)
 
+class Scalars(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+    def forward(self, x, steps: int, scale: float = 2.0, flag: bool = False):
+        for _ in range(steps):
+            x = self.fc(x)
+        return x * scale if flag else x
+
 torch.jit.script(Net()).save(out + "/scripted.pt")
+torch.jit.script(Scalars()).save(out + "/scalars.pt")
 torch.jit.script(TwoInputs()).save(out + "/two_inputs.pt")
 seq = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                           torch.nn.Linear(8, 2))
@@ -157,6 +167,55 @@ TEST_F(ModelArchiveTest, AMissingInputIsRefusedNamingTheArgument) {
             "model two_inputs: forward's argument text (Tensor) has no "
             "--input spec and no default: give --input text:DTYPE[DIMS] "
             "(forward(image: Tensor, text: Tensor))");
+}
+
+// forward's int, float and bool arguments as the archive's code declares
+// them; a spec (always a tensor) bound to one is refused before the worker
+// would fail on it, naming the argument, its type and the spec.
+TEST_F(ModelArchiveTest, ASpecForAnIntFloatOrBoolArgumentIsRefused) {
+  const ForwardSchema schema = ReadForwardSchema(Bytes("scalars.pt"));
+  ASSERT_TRUE(schema.known) << schema.unknown_reason;
+  EXPECT_EQ(Arguments(schema),
+            "forward(x: Tensor, steps: int, scale: float = 2., flag: bool = "
+            "False)");
+  const absl::Status steps = CheckModelInputs(
+      Bytes("scalars.pt"), "scalars", {Spec("x"), Spec("steps")}, nullptr);
+  EXPECT_EQ(steps.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(steps.message(),
+            "model scalars: --input steps:float32[B,4] gives a tensor to "
+            "forward's argument steps, declared int: an --input spec is "
+            "always a tensor; give steps a default in forward, or declare it "
+            "Tensor (forward(x: Tensor, steps: int, scale: float = 2., flag: "
+            "bool = False))");
+  // By position the second spec is forward's `steps` too.
+  const absl::Status positional = CheckModelInputs(
+      Bytes("scalars.pt"), "scalars", {Spec("a"), Spec("b")}, nullptr);
+  EXPECT_TRUE(absl::StrContains(positional.message(),
+                                "--input b:float32[B,4] gives a tensor to "
+                                "forward's argument steps, declared int"))
+      << positional;
+  // Net's `k: int = 3` and the float and bool here, named.
+  const absl::Status k = CheckModelInputs(Bytes("scripted.pt"), "net",
+                                          {Spec("x"), Spec("k")}, nullptr);
+  EXPECT_TRUE(absl::StrContains(k.message(),
+                                "argument k, declared int: an --input spec "
+                                "is always a tensor; leave k out (its default "
+                                "is 3)"))
+      << k;
+  for (const std::string name : {"scale", "flag"}) {
+    const absl::Status status =
+        CheckModelInputs(Bytes("scalars.pt"), "scalars",
+                         {Spec("x"), Spec("steps"), Spec(name)}, nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name;
+  }
+  // The int left out has no value either: said so.
+  const absl::Status left_out =
+      CheckModelInputs(Bytes("scalars.pt"), "scalars", {Spec("x")}, nullptr);
+  EXPECT_TRUE(absl::StrContains(left_out.message(),
+                                "forward's argument steps (int) has no "
+                                "default, and an --input spec (always a "
+                                "tensor) cannot give it one"))
+      << left_out;
 }
 
 TEST_F(ModelArchiveTest, TheMappedFileGivesTheSameAnswer) {

@@ -595,10 +595,12 @@ torch.jit.script(Bomb()).save(sys.argv[1] + "/bomb.pt")
 // tensor record is stored deflated, so a ~1 MiB upload inflates to 1 GiB
 // when loaded (torch::jit::load allocates each record whole; before the
 // worker checked, the 4.18 MB bomb ran at 4,431 MiB RSS and the job
-// SUCCEEDED). mutwo-server refuses it at submit with the worker's message
-// (common/model_archive.h reads the zip directory, never the records), no
-// job is queued, the server does not inflate it, and the daemon then runs
-// a real model.
+// SUCCEEDED). `mutwo submit` refuses it before uploading, with the
+// worker's message (it runs mutwo-server's check at submit,
+// common/model_archive.h, which reads the zip directory, never the
+// records; the server's own refusal of a job uploaded over RPC is tested
+// in cli_server_test), no job is queued, the server does not inflate it,
+// and the daemon then runs a real model.
 TEST_F(ServiceTest, ZipBombModelIsRefusedWithAReasonAndEverythingKeepsServing) {
   const std::string bomb = (dir_ / "zipbomb.pt").string();
   const auto made = RunCommand(absl::StrCat(
@@ -621,8 +623,7 @@ TEST_F(ServiceTest, ZipBombModelIsRefusedWithAReasonAndEverythingKeepsServing) {
   v1::ListJobsResponse list;
   ASSERT_TRUE(ProtoFromJson(jobs.output, "jobs", &list).ok()) << jobs.output;
   EXPECT_EQ(list.jobs_size(), 0) << jobs.output;
-  // The server stores the bytes as they came: no inflation on upload or
-  // at the check.
+  // Nothing reached the server to inflate (the CLI refused the file).
   EXPECT_LT(server_rss_after - server_rss_before, 64 << 20);
   std::cout << "{\"zip_bomb_bytes\": " << bomb_bytes
             << ", \"server_rss_growth_bytes\": "

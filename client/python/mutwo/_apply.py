@@ -49,6 +49,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
 import torch
 from torch import nn
 
+from mutwo._planned_inputs import PlannedInputs
 from mutwo._specs import format_bytes
 from mutwo._types import Decision, Schedule
 
@@ -58,10 +59,12 @@ __all__ = ["apply", "Applied", "ApplyMeasurements", "ApplyStats",
 
 
 class ScheduleMismatchError(ValueError):
-    """The schedule does not fit this model: it was planned for another
-    model (module paths or op kinds differ), or decisions it makes matched
-    no tensor autograd saved in the first forward (`decisions` lists
-    those; empty for another model)."""
+    """The schedule does not fit this model or this step: it was planned
+    for another model (module paths or op kinds differ), decisions it makes
+    matched no tensor autograd saved in the first forward (`decisions`
+    lists those; empty otherwise), or a forward's inputs are not the step
+    it was planned for (another batch, shape, dtype or input count: the
+    message names the input and both shapes)."""
 
     def __init__(self, message: str,
                  decisions: Sequence[Decision] = ()) -> None:
@@ -1413,7 +1416,7 @@ class Applied:
     def __init__(self, model: nn.Module, schedule: Schedule,
                  runtime: _Runtime, notes: List[str],
                  undo: List[Callable[[], None]], strict: bool,
-                 canonical: Dict[str, str]):
+                 canonical: Dict[str, str], planned_inputs: PlannedInputs):
         self.model = model
         self.schedule = schedule
         self.notes = notes
@@ -1423,6 +1426,10 @@ class Applied:
         self._canonical = canonical
         self._measurements: Optional[ApplyMeasurements] = None
         self._checked = False
+        self._planned_inputs = planned_inputs
+        # strict=False: forwards whose inputs were not the planned step's.
+        self._mismatched_calls = 0
+        self._first_mismatch = ""
 
     @property
     def stats(self) -> _StatsAccessor:
@@ -1481,11 +1488,36 @@ class Applied:
                          f"{format_bytes(m.budget_bytes)}")
             lines.append(line)
         lines += [f"  note: {n}" for n in self.notes]
+        if self._mismatched_calls:
+            lines.append(f"  not the planned step: {self._mismatched_calls} "
+                         "forward(s) with other inputs than the schedule "
+                         f"was planned for (first: {self._first_mismatch})")
         for d in self.unmatched():
             lines.append(f"  not applied: {d.action} {d.module_path or '(model)'}"
                          f" {d.op_kind}: no saved tensor of that module was "
                          "seen")
         return "\n".join(lines)
+
+    # Called by the model's forward wrapper before every forward with
+    # gradients, before anything runs: the schedule's budget and decisions
+    # were priced for its recorded inputs at its batch size.
+    def _check_inputs(self, args: Tuple[Any, ...],
+                      kwargs: Dict[str, Any]) -> None:
+        why = self._planned_inputs.mismatch(args, kwargs)
+        if why is None:
+            return
+        if self.strict:
+            raise ScheduleMismatchError(
+                "mutwo.apply: this forward is not the step the schedule was "
+                "planned for: " + why + ". Nothing was run; pass "
+                "strict=False to train anyway (a BudgetWarning says so "
+                "once, Applied.report() counts the calls)")
+        if not self._mismatched_calls:
+            self._first_mismatch = why
+            warnings.warn("mutwo.apply (strict=False): this forward is not "
+                          "the step the schedule was planned for: " + why,
+                          BudgetWarning, stacklevel=3)
+        self._mismatched_calls += 1
 
     # Called by the model's forward wrapper at the end of every forward
     # under the hooks; checks and measures the first one.
@@ -1806,6 +1838,13 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
       - InfeasibleScheduleError for a schedule the planner marked
         infeasible, as `mutwo-worker execute` refuses it; `force=True`
         applies it anyway.
+    A forward with gradients whose tensor inputs are not the step the
+    schedule was planned for (its recorded inputs at its batch size:
+    another batch, shape, dtype or input count) raises
+    ScheduleMismatchError before it runs, naming the input and both
+    shapes, as mutwo::ScheduledStep::Run refuses it; `strict=False` runs
+    it and warns once (BudgetWarning). Checked at the first forward and
+    whenever the shapes change.
     The first step is measured (`Applied.measurements()`): saved-tensor
     bytes at the end of forward with and without the schedule, and on CUDA
     the peak (peak statistics are reset at its start); a BudgetWarning
@@ -1997,6 +2036,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             if rt.mode != "off" or not torch.is_grad_enabled():
                 return inner(*args, **kwargs)
             applied = handle[0]
+            applied._check_inputs(args, kwargs)
             first = not applied._checked
             peak_reset = False
             if first:
@@ -2044,7 +2084,15 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         for m in modules.values():
             if m is not model:
                 wrap_forward(m, skip_wrapper)
+    planned_inputs = PlannedInputs(
+        schedule.proto.inputs if schedule.proto is not None else (),
+        schedule.batch_size, model.forward)
+    if not planned_inputs.recorded:
+        notes.append("the schedule records no inputs (planned before "
+                     "schedules recorded their step): forward's inputs are "
+                     f"not checked against its batch {schedule.batch_size}")
     wrap_forward(model, top_wrapper)
-    applied = Applied(model, schedule, rt, notes, undo, strict, canonical)
+    applied = Applied(model, schedule, rt, notes, undo, strict, canonical,
+                      planned_inputs)
     handle.append(applied)
     return applied

@@ -11,6 +11,7 @@ from typing import (Any, Callable, Iterator, List, Optional, Sequence,
 
 import grpc
 
+from mutwo._model_archive import check_model_inputs
 from mutwo._specs import (channel_credentials, make_job_spec, parse_budget,
                           read_token)
 from mutwo._types import (BatchResult, BudgetOutcome, Job, JobProgress,
@@ -184,6 +185,15 @@ class Client:
         torch.jit.script; traced with `example_inputs` if scripting fails),
         a ScriptModule, a TorchScript file path or its bytes. Streams 1 MiB
         chunks after a header with the size and sha256."""
+        data, name, paths = self._model_bytes(model, name, example_inputs)
+        return self._upload_bytes(data, name, paths, timeout_s)
+
+    @staticmethod
+    def _model_bytes(model: Any, name: Optional[str],
+                     example_inputs: Optional[Sequence[Any]]
+                     ) -> Tuple[bytes, str, Tuple[str, ...]]:
+        """The TorchScript archive upload() sends, its name and (for a
+        module scripted here) its module paths."""
         paths: Tuple[str, ...] = ()
         if isinstance(model, (bytes, bytearray)):
             data = bytes(model)
@@ -201,6 +211,10 @@ class Client:
             data = buffer.getvalue()
             name = name or type(model).__name__
             paths = tuple(p for p, _ in scripted.named_modules())
+        return data, name, paths
+
+    def _upload_bytes(self, data: bytes, name: str,
+                      paths: Tuple[str, ...], timeout_s: float) -> Model:
         header = planner_pb2.UploadModelHeader(
             size_bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
             name=name)
@@ -231,22 +245,36 @@ class Client:
         verified on a worker) `16GiB` or `95%dev`, loss
         `mean`/`sum`/`model`/`cross_entropy:y:int64[B]{0,1000}`, optimizer
         `sgd`/`adam:lr=0.01`/... (the CLI's forms). A repeated
-        client_request_id returns the first job."""
+        client_request_id returns the first job.
+
+        A model uploaded here is checked first, as the server checks it at
+        submit (mutwo/_model_archive.py, a port of common/model_archive):
+        a torch.save pickle, a truncated or corrupt file, or inputs that
+        forward cannot take (missing, naming no argument, a tensor for an
+        int argument) raise ValueError with the server's message, and
+        nothing is uploaded."""
+        data: Optional[bytes] = None
+        paths: Tuple[str, ...] = ()
         if isinstance(model, Model):
             sha, name = model.sha256, name or model.name
         elif isinstance(model, str) and len(model) == 64 and all(
                 c in "0123456789abcdef" for c in model):
             sha = model
         else:
-            uploaded = self.upload(model, name=name or None,
-                                   example_inputs=example_inputs)
-            sha, name = uploaded.sha256, name or uploaded.name
+            data, default_name, paths = self._model_bytes(
+                model, name or None, example_inputs)
+            sha, name = hashlib.sha256(data).hexdigest(), name or default_name
         spec = make_job_spec(
             sha, inputs=inputs, batch_sizes=batch_sizes, budgets=budgets,
             loss=loss, optimizer=optimizer, model_name=name,
             device_kind=device_kind, max_overhead=max_overhead,
             warmup_iterations=warmup_iterations,
             measure_iterations=measure_iterations, capacity=capacity)
+        if data is not None:
+            # The server names the model so (server/job_core.cc).
+            check_model_inputs(data, f"{name}.pt" if name else sha,
+                               spec.inputs)
+            self._upload_bytes(data, name, paths, 600.0)
         request = planner_pb2.SubmitJobRequest(
             spec=spec, client_request_id=client_request_id or uuid.uuid4().hex)
         response = _call("SubmitJob", self._stub.SubmitJob, request,

@@ -774,6 +774,10 @@ def use_planned_step(args: argparse.Namespace, schedule: Any,
                          f"for {flag} {theirs}")
 
     if len(planned.inputs):
+        # Its inputs are recorded at its batch size: mutwo.apply refuses a
+        # forward at another batch, so the flag is refused here, by name.
+        if args.batch and args.batch != planned.batch_size:
+            refuse("--batch", str(args.batch), str(planned.batch_size))
         theirs = sorted(planned.inputs, key=lambda t: t.name)
         if args.inputs:
             mine = sorted((parsed("--inputs", _specs.parse_tensor_spec, t)

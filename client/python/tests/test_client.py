@@ -310,3 +310,40 @@ def test_shipped_stubs_are_fresh() -> None:
         assert not mismatch and not errors, (
             f"stale stubs {mismatch + errors}: run "
             "client/python/generate_stubs.sh --package")
+
+
+def test_submit_refuses_before_uploading(fake: Any, tmp_path: Any) -> None:
+    """Client.submit checks the archive as the server would
+    (mutwo/_model_archive.py; its messages are tested in
+    test_model_archive.py) and uploads nothing for a job that cannot
+    run."""
+    two_inputs = tmp_path / "two_inputs.pt"
+    torch.jit.script(TwoInputs()).save(str(two_inputs))
+    pickle = tmp_path / "pickle.pt"
+    torch.save(Small(), str(pickle))
+    with mutwo.Client(fake.target) as client:
+        with pytest.raises(ValueError,
+                           match="model two_inputs.pt: forward's argument "
+                           r"text \(Tensor\) has no --input spec"):
+            client.submit(str(two_inputs), name="two_inputs",
+                          inputs=["image:float32[B,3,8,8]"], batch_sizes=[2])
+        with pytest.raises(ValueError, match="this is a torch.save pickle"):
+            client.submit(str(pickle),
+                          inputs=["x:float32[B,4]"], batch_sizes=[2])
+        assert fake.models == {}  # nothing uploaded
+        job = client.submit(str(two_inputs),
+                            inputs=["text:float32[B,8]",
+                                    "image:float32[B,3,8,8]"],
+                            batch_sizes=[2])
+        assert job.job_id == "j1" and len(fake.models) == 1
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, image: torch.Tensor,
+                text: torch.Tensor) -> torch.Tensor:
+        return self.conv(image).mean(dim=(2, 3)) + self.fc(text)

@@ -480,6 +480,11 @@ def test_the_step_the_schedule_was_planned_for_is_used_and_kept(
     code, _, err = run_verify(capsys, base + ["--optimizer", "sgd"])
     assert code == 2 and ("--optimizer sgd contradicts the schedule, planned "
                           "for --optimizer adam:lr=0.01") in err
+    # mutwo.apply refuses a forward at another batch than the recorded
+    # inputs': verify refuses the flag up front, naming both.
+    code, _, err = run_verify(capsys, base + ["--batch", "2"])
+    assert code == 2 and ("--batch 2 contradicts the schedule, planned for "
+                          "--batch 4") in err
     code, _, err = run_verify(capsys, base + ["--inputs",
                                               "x:float32[B,3,8,8]"])
     assert code == 2 and ("--inputs x:float32[B,3,8,8] contradicts the "
@@ -487,6 +492,7 @@ def test_the_step_the_schedule_was_planned_for_is_used_and_kept(
                           "x:float32[B,3,16,16]") in err
     # The same step spelled out is the planned one.
     code, _, err = run_verify(capsys, base + [
+        "--batch", "4",
         "--inputs", "x:float32[B,3,16,16]", "--optimizer", "adam:lr=0.01",
         "--loss", "cross_entropy:y:int64[B]{0,10}"])
     assert code == 0, err
