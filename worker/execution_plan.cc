@@ -88,6 +88,7 @@ absl::StatusOr<GroupedDecisions> GroupDecisions(const Graph& graph,
     }
   }
   std::vector<std::pair<int, int>> order;  // (first member, segment)
+  order.reserve(groups.size());
   for (const auto& [segment, g] : groups) {
     order.push_back({*g.members.begin(), segment});
   }
@@ -104,9 +105,9 @@ absl::StatusOr<GroupedDecisions> GroupDecisions(const Graph& graph,
 // earlier one's number. Clipping the later range instead would make it
 // read the earlier group's outputs, which then stay pinned until its
 // replay, while the planner holds only the sources it named.
-SegmentGroups MergeOverlappingGroups(SegmentGroups groups) {
+SegmentGroups MergeOverlappingGroups(const SegmentGroups& groups) {
   SegmentGroups merged;
-  for (auto& [segment, g] : groups) {
+  for (const auto& [segment, g] : groups) {
     if (!merged.empty()) {
       SegmentGroup& last = merged.back().second;
       if (*g.nodes.begin() <= *last.members.rbegin()) {
@@ -116,7 +117,7 @@ SegmentGroups MergeOverlappingGroups(SegmentGroups groups) {
         continue;
       }
     }
-    merged.push_back({segment, std::move(g)});
+    merged.push_back({segment, g});
   }
   return merged;
 }
@@ -449,7 +450,7 @@ absl::StatusOr<std::vector<SegmentPlan>> PlanSegments(
   const NodeWrites writes = WritesByNode(graph);
   const SegmentGroups parts =
       SplitAtOuterWrites(graph, writes, grouped.decisions_of,
-                         MergeOverlappingGroups(std::move(grouped.groups)));
+                         MergeOverlappingGroups(grouped.groups));
   std::vector<SegmentPlan> plans =
       PlaceRanges(graph, writes, grouped.producers, parts);
   for (SegmentPlan& plan : plans) {
