@@ -26,9 +26,13 @@
   MUTWO_ASSIGN_OR_RETURN_IMPL_(           \
       MUTWO_STATUS_CONCAT_(mutwo_statusor_, __LINE__), lhs, expr)
 
+// `statusor` is a name the macro declares and `lhs` may be a declaration
+// (`auto x`): neither can be put in parentheses.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define MUTWO_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)  \
   auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // MUTWO_COMMON_STATUS_MACROS_H_

@@ -33,8 +33,9 @@ template <typename Fn>
 inline void ForEachNested(const torch::jit::Node* node, const Fn& fn) {
   fn(node);
   for (const torch::jit::Block* block : node->blocks()) {
-    for (const torch::jit::Node* inner : block->nodes())
+    for (const torch::jit::Node* inner : block->nodes()) {
       ForEachNested(inner, fn);
+    }
   }
 }
 

@@ -1,9 +1,10 @@
 // Compiling a v1::Schedule for execution: the one place that turns the
 // planner's decisions and the model's IR (graph.h) into what the executor
 // runs, once per schedule, before any step: the segments to recompute and
-// the swaps to do. Static analysis of the graph only (alias.h: readers
-// through views, in-place results and containers; in-place writes); what
-// the run observes (runtime aliasing, pinned storages) is the executor's.
+// the swaps to do. Static analysis of the graph only (alias.h and
+// graph_aliasing.h: readers through views, in-place results, containers and
+// tuples; in-place writes); what the run observes (runtime aliasing, pinned
+// storages) is the executor's.
 //
 // A segment (the planner's Decision.segment) covers the contiguous IR node
 // range from the earliest node its members' activations are rebuilt from

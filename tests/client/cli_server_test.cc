@@ -38,7 +38,6 @@ namespace {
 
 using testing::BinPath;
 using testing::CommandResult;
-using testing::FreePort;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::RunCommand;
@@ -51,26 +50,19 @@ class CliServerTest : public ::testing::Test {
            absl::StrCat("cli_server_", ::getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    // A port FreePort() found free may be taken by a test running beside
-    // this one before the server binds it (the server then exits 2 naming
-    // the port): such a start is tried again on other ports.
-    bool connected = false;
-    for (int attempt = 0; attempt < 3 && !connected; ++attempt) {
-      address_ = absl::StrCat("127.0.0.1:", FreePort());
-      metrics_port_ = FreePort();
-      server_ = std::make_unique<Subprocess>();
-      ASSERT_TRUE(testing::StartMutwoServer(*server_, address_, metrics_port_,
-                                            dir_, {"--log_level=warn"}));
-      channel_ =
-          grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
-      connected = channel_->WaitForConnected(std::chrono::system_clock::now() +
-                                             std::chrono::seconds(10));
-      if (!connected &&
-          server_->Log().find("already in use") == std::string::npos) {
-        break;  // not a port race: report it
-      }
-    }
-    ASSERT_TRUE(connected) << "server did not start: " << server_->Log();
+    server_ = std::make_unique<Subprocess>();
+    const auto ports = testing::StartMutwoServerOnFreePorts(
+        *server_, dir_, {"--log_level=warn"},
+        [&](const testing::ServerPorts& p) {
+          channel_ = grpc::CreateChannel(p.address(),
+                                         grpc::InsecureChannelCredentials());
+          return channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                            std::chrono::milliseconds(250));
+        });
+    ASSERT_TRUE(ports.has_value())
+        << "server did not start: " << server_->Log();
+    address_ = ports->address();
+    metrics_port_ = ports->metrics_port;
     model_ = (dir_ / "model.pt").string();
     std::ofstream(model_, std::ios::binary)
         << testing::UncheckedModelArchive("the fake worker never reads it");

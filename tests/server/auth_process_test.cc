@@ -13,13 +13,13 @@
 #include "server/auth/token_table.h"
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace mutwo {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::BinPath;
-using testing::FreePort;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::RunCommand;
@@ -45,7 +45,6 @@ class AuthProcessTest : public ::testing::Test {
     Write("alice.token", absl::StrCat(kAliceToken, "\n"));
     Write("worker.token", absl::StrCat(kWorkerToken, "\n"));
     Write("wrong.token", absl::StrCat(kWrongToken, "\n"));
-    port_ = FreePort();
   }
 
   void TearDown() override {
@@ -84,17 +83,20 @@ TEST_F(AuthProcessTest, AJobRunsWithTokensAndNoTokenIsEverLogged) {
       "Linear(16, 4))).save('",
       Path("mlp.pt"), "')\""));
   ASSERT_EQ(model.exit_code, 0) << model.output;
-  ASSERT_TRUE(server_.Start(
-      {BinPath("mutwo-server"), "--listen=" + Address(),
-       "--metrics_listen=", "--data_dir=" + Path("data"), "--log_level=trace",
-       "--auth_tokens_file=" + Path("tokens.txt")},
-      Path("server.log")));
-  bool healthy = false;
-  for (int i = 0; i < 100 && !healthy; ++i) {
-    healthy = RunCommand(Cli("health")).exit_code == 0;  // no token needed
-    if (!healthy) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(healthy) << server_.Log();
+  const auto ports = testing::StartOnFreePorts(
+      server_,
+      [&](Subprocess& server, const testing::ServerPorts& p) {
+        port_ = p.port;
+        return server.Start(
+            {BinPath("mutwo-server"), "--listen=" + Address(),
+             "--metrics_listen=", "--data_dir=" + Path("data"),
+             "--log_level=trace", "--auth_tokens_file=" + Path("tokens.txt")},
+            Path("server.log"));
+      },
+      [&](const testing::ServerPorts&) {
+        return RunCommand(Cli("health")).exit_code == 0;  // no token needed
+      });
+  ASSERT_TRUE(ports.has_value()) << server_.Log();
   ASSERT_TRUE(worker_.Start(
       {BinPath("mutwo-worker"), "serve", "--server=" + Address(),
        "--device=cpu", "--work_dir=" + Path("worker"), "--log_level=trace",

@@ -111,12 +111,7 @@ class AuthTest : public testing::InProcessServerTest {
 
   grpc::Status Submit(Who who, const v1::SubmitJobRequest& request,
                       std::string* job_id = nullptr) {
-    grpc::ClientContext context;
-    Deadline(context);
-    v1::SubmitJobResponse response;
-    grpc::Status s = Planner(who)->SubmitJob(&context, request, &response);
-    if (job_id != nullptr) *job_id = response.job().job_id();
-    return s;
+    return testing::SubmitJob(*Planner(who), request, job_id);
   }
 
   grpc::Status Register(Who who, const std::string& worker_id = "",

@@ -37,12 +37,12 @@
 #include "tests/testing/grpc_calls.h"
 #include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace mutwo {
 namespace {
 
 using testing::BinPath;
-using testing::FreePort;
 using testing::Subprocess;
 
 int64_t EnvInt(const char* name, int64_t fallback) {
@@ -61,23 +61,32 @@ class CrashRestartTest : public ::testing::Test {
            absl::StrCat("crash_", ::getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    port_ = FreePort();
   }
   void TearDown() override {
     server_.reset();
     std::filesystem::remove_all(dir_);
   }
 
+  // Each start (the first and every restart after a kill) on ports found
+  // free then: only the data dir has to survive a kill, and the clients of
+  // a round connect through channel_, made anew for each start.
   void StartServer() {
     server_ = std::make_unique<Subprocess>();
-    ASSERT_TRUE(server_->Start(
-        {BinPath("mutwo-server"), absl::StrCat("--listen=127.0.0.1:", port_),
-         "--metrics_listen=", "--data_dir=" + (dir_ / "data").string(),
-         "--lease_timeout_ms=1000", "--log_level=warn"},
-        (dir_ / "server.log").string()));
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
-                                   grpc::InsecureChannelCredentials());
-    ASSERT_TRUE(channel_->WaitForConnected(In(10000)))
+    const auto ports = testing::StartOnFreePorts(
+        *server_,
+        [&](Subprocess& server, const testing::ServerPorts& p) {
+          return server.Start(
+              {BinPath("mutwo-server"), "--listen=" + p.address(),
+               "--metrics_listen=", "--data_dir=" + (dir_ / "data").string(),
+               "--lease_timeout_ms=1000", "--log_level=warn"},
+              (dir_ / "server.log").string());
+        },
+        [&](const testing::ServerPorts& p) {
+          channel_ = grpc::CreateChannel(p.address(),
+                                         grpc::InsecureChannelCredentials());
+          return channel_->WaitForConnected(In(250));
+        });
+    ASSERT_TRUE(ports.has_value())
         << "server did not start: " << server_->Log();
   }
 
@@ -105,7 +114,6 @@ class CrashRestartTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  int port_ = 0;
   std::unique_ptr<Subprocess> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::string sha_;
@@ -130,9 +138,8 @@ TEST_F(CrashRestartTest,
         for (int i = 0; !stop && i < 8; ++i) {
           const std::string id = absl::StrCat("r", round, "-c", c, "-", i);
           v1::SubmitJobResponse response;
-          grpc::ClientContext ctx;
-          ctx.set_deadline(In(2000));
-          const grpc::Status s = stub->SubmitJob(&ctx, Request(id), &response);
+          const grpc::Status s =
+              testing::SubmitJob(*stub, Request(id), &response, 2000);
           absl::MutexLock lock(&mu);
           ++submits;
           if (s.ok()) acknowledged[id] = response.job().job_id();
@@ -188,9 +195,7 @@ TEST_F(CrashRestartTest,
   int64_t lost = 0, partial = 0;
   for (const auto& [id, job_id] : acknowledged) {
     v1::SubmitJobResponse again;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(5000));
-    ASSERT_TRUE(stub->SubmitJob(&ctx, Request(id), &again).ok());
+    ASSERT_TRUE(testing::SubmitJob(*stub, Request(id), &again, 5000).ok());
     if (!again.deduplicated() || again.job().job_id() != job_id) ++lost;
     if (again.job().tasks_total() < 2) ++partial;
   }

@@ -37,6 +37,7 @@
 #include "planner/proto_convert.h"
 #include "server/server.h"
 #include "storage/sqlite.h"
+#include "tests/testing/grpc_calls.h"
 #include "tests/testing/model_archive.h"
 #include "tests/testing/synthetic_profile.h"
 
@@ -190,28 +191,17 @@ class FuzzTest : public ::testing::Test {
         testing::UncheckedModelArchive("fuzz model bytes");
     const std::string sha = Sha256Hex(model);
     {
-      grpc::ClientContext ctx;
-      v1::UploadModelResponse response;
-      auto writer = planner->UploadModel(&ctx, &response);
-      v1::UploadModelRequest header;
-      header.mutable_header()->set_sha256(sha);
-      header.mutable_header()->set_size_bytes(model.size());
-      header.mutable_header()->set_name("fuzz");
-      ASSERT_TRUE(writer->Write(header));
-      v1::UploadModelRequest chunk;
-      chunk.set_chunk(model);
-      ASSERT_TRUE(writer->Write(chunk));
-      writer->WritesDone();
-      ASSERT_TRUE(writer->Finish().ok());
+      const grpc::Status uploaded =
+          testing::UploadModel(*planner, model, /*out=*/nullptr, "fuzz");
+      ASSERT_TRUE(uploaded.ok()) << uploaded.error_message();
     }
-    grpc::ClientContext submit_ctx;
     v1::SubmitJobRequest submit;
     submit.mutable_spec()->set_model_sha256(sha);
     *submit.mutable_spec()->add_inputs() = *ParseTensorSpec("x:float32[B,16]");
     submit.mutable_spec()->add_batch_sizes(2);
     submit.mutable_spec()->add_budgets()->set_fraction_of_baseline(0.5);
     v1::SubmitJobResponse submitted;
-    const grpc::Status s = planner->SubmitJob(&submit_ctx, submit, &submitted);
+    const grpc::Status s = testing::SubmitJob(*planner, submit, &submitted);
     ASSERT_TRUE(s.ok()) << s.error_message();
     grpc::ClientContext reg_ctx;
     v1::RegisterWorkerRequest reg;
@@ -341,15 +331,12 @@ TEST_F(FuzzTest, EveryRequestTypeGetsADefinedStatus) {
     worker_id_ = registered.worker_id();
     auto planner_stub = v1::Planner::NewStub(channel_);
     for (int attempt = 0; attempt < 50; ++attempt) {
-      grpc::ClientContext submit_ctx;
       v1::SubmitJobRequest submit;
       submit.mutable_spec()->set_model_sha256(ids_[0]);
       *submit.mutable_spec()->add_inputs() =
           *ParseTensorSpec("x:float32[B,16]");
       submit.mutable_spec()->add_batch_sizes(2);
-      v1::SubmitJobResponse submitted;
-      ASSERT_TRUE(
-          planner_stub->SubmitJob(&submit_ctx, submit, &submitted).ok());
+      ASSERT_TRUE(testing::SubmitJob(*planner_stub, submit).ok());
       grpc::ClientContext lease_ctx;
       v1::LeaseTaskRequest lease;
       lease.set_worker_id(worker_id_);

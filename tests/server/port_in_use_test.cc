@@ -16,6 +16,7 @@
 #include "mutwo/v1/planner.grpc.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace mutwo {
 namespace {
@@ -119,6 +120,61 @@ TEST_F(PortInUseTest, MetricsPortHeldByAnotherProgramExitsTwoNamingThePort) {
       << server.Log();
   EXPECT_NE(server.Log().find("--metrics_listen"), std::string::npos)
       << server.Log();
+}
+
+// Whether a server answers on `p` within a moment (a plain socket holding
+// the port accepts the connection but never speaks HTTP/2).
+bool Connects(const testing::ServerPorts& p) {
+  return grpc::CreateChannel(p.address(), grpc::InsecureChannelCredentials())
+      ->WaitForConnected(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(250));
+}
+
+// The server-process tests start mutwo-server through StartOnFreePorts: a
+// start whose port a parallel test took first is tried again on other
+// ports, and the ports it returns are those of the server that serves.
+TEST_F(PortInUseTest, AStartThatLostItsPortIsTriedOnOthers) {
+  const testing::OccupiedPort taken;
+  int picks = 0;
+  Subprocess server;
+  const auto ports = testing::StartOnFreePorts(
+      server,
+      [&](Subprocess& s, const testing::ServerPorts& p) {
+        port_ = p.port;
+        return StartServer(s, "retried");
+      },
+      Connects, /*attempts=*/3,
+      [&] { return picks++ == 0 ? taken.port() : FreePort(); });
+  ASSERT_TRUE(ports.has_value()) << server.Log();
+  EXPECT_NE(ports->port, taken.port());
+  EXPECT_EQ(picks, 4) << "one retry: two ports a start";
+  EXPECT_NE(server.Log().find(
+                absl::StrCat("port ", taken.port(), " is already in use")),
+            std::string::npos)
+      << server.Log();
+  port_ = ports->port;
+  EXPECT_TRUE(ListJobs().ok());
+}
+
+// A start that fails for another reason is reported at once, not retried.
+TEST_F(PortInUseTest, AStartThatFailsForAnotherReasonIsNotRetried) {
+  int picks = 0;
+  Subprocess server;
+  const auto ports = testing::StartOnFreePorts(
+      server,
+      [&](Subprocess& s, const testing::ServerPorts& p) {
+        return s.Start({BinPath("mutwo-server"), "--listen=" + p.address(),
+                        "--metrics_listen=", "--data_dir="},
+                       (dir_ / "refused.log").string());
+      },
+      Connects, /*attempts=*/3,
+      [&] {
+        ++picks;
+        return FreePort();
+      });
+  EXPECT_FALSE(ports.has_value());
+  EXPECT_EQ(picks, 2);
+  EXPECT_NE(server.Log().find("--data_dir"), std::string::npos) << server.Log();
 }
 
 }  // namespace

@@ -28,12 +28,11 @@
 #include "tests/testing/grpc_calls.h"
 #include "tests/testing/model_archive.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace mutwo {
 namespace {
 
-using testing::BinPath;
-using testing::FreePort;
 using testing::HttpGet;
 using testing::ResidentBytes;
 using testing::Subprocess;
@@ -66,18 +65,17 @@ class RssSoakTest : public ::testing::Test {
            absl::StrCat("rss_soak_", ::getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    port_ = FreePort();
-    metrics_port_ = FreePort();
     server_ = std::make_unique<Subprocess>();
-    ASSERT_TRUE(server_->Start(
-        {BinPath("mutwo-server"), absl::StrCat("--listen=127.0.0.1:", port_),
-         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_),
-         "--data_dir=" + (dir_ / "data").string(), "--log_level=warn"},
-        (dir_ / "server.log").string()));
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
-                                   grpc::InsecureChannelCredentials());
-    ASSERT_TRUE(channel_->WaitForConnected(In(10000)))
+    const auto ports = testing::StartMutwoServerOnFreePorts(
+        *server_, dir_, {"--log_level=warn"},
+        [&](const testing::ServerPorts& p) {
+          channel_ = grpc::CreateChannel(p.address(),
+                                         grpc::InsecureChannelCredentials());
+          return channel_->WaitForConnected(In(250));
+        });
+    ASSERT_TRUE(ports.has_value())
         << "server did not start: " << server_->Log();
+    metrics_port_ = ports->metrics_port;
   }
   void TearDown() override {
     if (HasFailure()) std::cerr << server_->Log();
@@ -96,7 +94,7 @@ class RssSoakTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  int port_ = 0, metrics_port_ = 0;
+  int metrics_port_ = 0;
   std::unique_ptr<Subprocess> server_;
   std::shared_ptr<grpc::Channel> channel_;
 };

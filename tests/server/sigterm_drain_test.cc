@@ -21,12 +21,12 @@
 #include "mutwo/v1/worker_hub.grpc.pb.h"
 #include "tests/testing/command.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace mutwo {
 namespace {
 
 using testing::BinPath;
-using testing::FreePort;
 using testing::RunCommand;
 using testing::Subprocess;
 
@@ -48,7 +48,6 @@ class SigtermDrainTest : public ::testing::Test {
            absl::StrCat("mutwo_sigterm_", getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    port_ = FreePort();
   }
   void TearDown() override {
     if (worker_ != nullptr) worker_->Kill(SIGKILL);
@@ -68,15 +67,36 @@ class SigtermDrainTest : public ::testing::Test {
                         " --timeout_ms=5000");
   }
 
-  void StartServer() {
-    server_ = std::make_unique<Subprocess>();
-    ASSERT_TRUE(server_->Start(
-        {BinPath("mutwo-server"), "--listen=" + Address(),
+  bool StartOn(Subprocess& server, int port) {
+    return server.Start(
+        {BinPath("mutwo-server"), absl::StrCat("--listen=127.0.0.1:", port),
          "--metrics_listen=", "--data_dir=" + (dir_ / "data").string(),
          "--lease_timeout_ms=3000", "--drain_timeout_ms=10000"},
-        (dir_ / "server.log").string()));
+        (dir_ / "server.log").string());
+  }
+  bool Healthy() { return RunCommand(Cli("health")).exit_code == 0; }
+
+  // The first start, on a port found free (another if a parallel test took
+  // it first).
+  void StartServer() {
+    server_ = std::make_unique<Subprocess>();
+    const auto ports = testing::StartOnFreePorts(
+        *server_,
+        [&](Subprocess& server, const testing::ServerPorts& p) {
+          port_ = p.port;
+          return StartOn(server, port_);
+        },
+        [&](const testing::ServerPorts&) { return Healthy(); });
+    ASSERT_TRUE(ports.has_value())
+        << "server did not become healthy: " << server_->Log();
+  }
+
+  // A restart on the same port: the worker holds its address.
+  void RestartServer() {
+    server_ = std::make_unique<Subprocess>();
+    ASSERT_TRUE(StartOn(*server_, port_));
     for (int i = 0; i < 100; ++i) {
-      if (RunCommand(Cli("health")).exit_code == 0) return;
+      if (Healthy()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     FAIL() << "server did not become healthy: " << server_->Log();
@@ -211,7 +231,7 @@ TEST_F(SigtermDrainTest, ExitsWithin30sWithWorkInFlightAndLosesNothing) {
 
   // Restart on the same data dir: every acknowledged job is there and goes
   // final once the (same, still running) worker reaches the server again.
-  StartServer();
+  RestartServer();
   int lost = 0;
   for (const std::string& id : acknowledged) {
     if (!GetJob(id).ok()) ++lost;

@@ -61,14 +61,23 @@ inline v1::SubmitJobRequest ChainJobRequest(const std::string& model_bytes,
   return r;
 }
 
+// Submits `request` with a `deadline_ms` deadline; `*response` gets the
+// answer (the job, whether it was deduplicated).
+inline grpc::Status SubmitJob(v1::Planner::Stub& planner,
+                              const v1::SubmitJobRequest& request,
+                              v1::SubmitJobResponse* response,
+                              int deadline_ms = 10000) {
+  grpc::ClientContext context;
+  context.set_deadline(In(deadline_ms));
+  return planner.SubmitJob(&context, request, response);
+}
+
 // Submits `request`; `*job_id` (when not null) gets the job's id.
 inline grpc::Status SubmitJob(v1::Planner::Stub& planner,
                               const v1::SubmitJobRequest& request,
                               std::string* job_id = nullptr) {
-  grpc::ClientContext context;
-  context.set_deadline(In(10000));
   v1::SubmitJobResponse response;
-  grpc::Status s = planner.SubmitJob(&context, request, &response);
+  grpc::Status s = SubmitJob(planner, request, &response);
   if (job_id != nullptr) *job_id = response.job().job_id();
   return s;
 }

@@ -75,6 +75,17 @@ class Subprocess {
     return -1;
   }
 
+  // Whether the process has ended (then reaped, its exit code kept for
+  // Wait); does not wait.
+  bool Exited() {
+    if (pid_ <= 0) return true;
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return true;
+  }
+
   bool running() const { return pid_ > 0; }
   int pid() const { return pid_; }
   std::string Log() const {
