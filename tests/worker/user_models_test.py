@@ -12,7 +12,7 @@ required argument without a spec.
 import json
 import os
 import subprocess
-from typing import Optional
+from typing import Dict, Optional
 
 import pytest
 import torch
@@ -87,6 +87,23 @@ class Gpt2Block(nn.Module):
             h = h + blk["proj"](a)
             h = h + blk["out"](F.gelu(blk["fc"](blk["ln2"](h))))
         return self.ln_f(h) @ self.wte.weight.t()
+
+
+class TwoHeads(nn.Module):
+    """A classifier with an auxiliary regression head on a shared trunk,
+    returning both in a dict (a multi-task model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 64), nn.ReLU(),
+                                   nn.Linear(64, 64), nn.ReLU(),
+                                   nn.Linear(64, 64), nn.ReLU())
+        self.logits = nn.Linear(64, 10)
+        self.aux = nn.Linear(64, 4)
+
+    def forward(self, x) -> Dict[str, torch.Tensor]:
+        h = self.trunk(x)
+        return {"logits": self.logits(h), "aux": self.aux(h)}
 
 
 def run(*args):
@@ -254,3 +271,76 @@ def test_execute_runs_the_step_the_schedule_was_planned_for(tmp_path):
         assert p.returncode == 2, p.stderr
         assert f"{flag} {value}" in p.stderr and \
             f"planned for {flag} {planned}" in p.stderr, p.stderr
+
+
+def test_mse_regression_step_fits_its_budget_with_equal_gradients(tmp_path):
+    """--loss mse:TARGET: a float target of the output's shape, generated
+    from the seed; profile, plan halfway to the floor, execute: within the
+    budget, gradients equal to the unmodified step's; the schedule records
+    mse and execute without --loss runs it."""
+    path = tmp_path / "reg.pt"
+    torch.jit.script(nn.Sequential(
+        nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+        nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))).save(str(path))
+    v = profile_plan_execute(tmp_path, path, ["x:float32[B,16]"],
+                             ["--loss", "mse:z:float32[B,4]"])
+    assert abs(v.get("loss_diff", 0)) < 1e-6
+    sched = json.loads((tmp_path / "s.json").read_text())
+    assert sched["loss"]["kind"] == "MSE"
+    assert sched["loss"]["target"]["name"] == "z"
+    worker = os.path.join(BIN, "mutwo-worker")
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--output", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["gradients_match"]
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", "mse:z:float32[B,4]", "--output", "json")
+    assert p.returncode == 0, p.stderr
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", "mean")
+    assert p.returncode == 2
+    assert ("--loss mean contradicts the schedule, planned for --loss "
+            "mse:z:float32[B,4]") in p.stderr, p.stderr
+    # A target of another shape is refused, naming both shapes.
+    p = run(worker, "profile", path, "--input", "x:float32[B,16]",
+            "--batch", "4", "--loss", "mse:z:float32[B,3]")
+    assert p.returncode == 2
+    assert ("output shape [4,4] differs from target \"z:float32[B,3]\" "
+            "shape [4,3]") in p.stderr, p.stderr
+
+
+def test_two_loss_terms_over_two_outputs(tmp_path):
+    """A two-head model: without @OUTPUT, cross_entropy and mse refuse to
+    guess, naming both outputs and the syntax; with a term per head
+    (repeated --loss, or joined by +: the same step) profile, plan and
+    execute give equal gradients within the budget, and the schedule
+    records both terms."""
+    path = tmp_path / "heads.pt"
+    torch.jit.script(TwoHeads()).save(str(path))
+    worker = os.path.join(BIN, "mutwo-worker")
+    base = ["--input", "x:float32[B,16]", "--batch", "4"]
+    for loss in ("cross_entropy:y:int64[B]{0,10}", "mse:z:float32[B,4]"):
+        p = run(worker, "profile", path, *base, "--loss", loss)
+        assert p.returncode == 2, p.stderr
+        kind = loss.partition(":")[0]
+        assert (f"loss {kind}: the model returns a dict with floating-point "
+                "tensors in 2 entries (logits [4,10], aux [4,4]); name the "
+                f"output the loss reads with {kind}@OUTPUT") in p.stderr, \
+            p.stderr
+    terms = ["cross_entropy@logits:y:int64[B]{0,10}", "mse@aux:z:float32[B,4]"]
+    v = profile_plan_execute(tmp_path, path, ["x:float32[B,16]"],
+                             ["--loss", terms[0], "--loss", terms[1]])
+    assert v.get("recomputed", 0) + v.get("swapped", 0) > 0, v
+    sched = json.loads((tmp_path / "s.json").read_text())
+    assert [t["kind"] for t in sched["loss"]["terms"]] == \
+        ["CROSS_ENTROPY", "MSE"]
+    assert [t["output"] for t in sched["loss"]["terms"]] == ["logits", "aux"]
+    # The +-joined form is the same loss: execute accepts it.
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", "+".join(terms), "--output", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["gradients_match"]
+    # One term alone is another step.
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", terms[0])
+    assert p.returncode == 2 and "contradicts the schedule" in p.stderr
