@@ -345,8 +345,7 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
           return absl::InvalidArgumentError(absl::StrCat(
               "loss mse: output shape [", absl::StrJoin(out.sizes(), ","),
               "] differs from target \"", FormatTensorSpec(loss.target()),
-              "\" shape [",
-              absl::StrJoin(target.sizes(), ","),
+              "\" shape [", absl::StrJoin(target.sizes(), ","),
               "]; give the target the output's shape"));
         }
         return torch::nn::functional::mse_loss(out, target.to(out.dtype()));

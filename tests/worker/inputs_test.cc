@@ -135,9 +135,6 @@ TEST(StorageBytesTest, CountsSharedStoragesOnce) {
   EXPECT_EQ(StorageBytes({a, view, b}), 40 + 24);
 }
 
-}  // namespace
-}  // namespace mutwo::worker
-
 // mse: the mean squared error against a generated float target of the
 // output's shape, as torch computes it; another shape is refused, naming
 // both.
@@ -262,3 +259,6 @@ TEST(ComputeLossTest, TermsAreSummedWithATargetEach) {
             std::string::npos)
       << bad.status();
 }
+
+}  // namespace
+}  // namespace mutwo::worker
