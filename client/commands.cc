@@ -212,7 +212,7 @@ int RunCli(int argc, char** argv) {
       "Exit codes: 0 ok, 1 failed, 2 bad input, 3 a budget does not fit, "
       "4 server\nunavailable or deadline exceeded, 130 interrupted.";
   options.global_flags = {"output"};
-  options.parse.repeated = {"input", "budget", "unbatched"};
+  options.parse.repeated = {"input", "budget", "unbatched", "loss"};
   options.parse.short_names = {{"o", "out"}};
   options.before_run = [](const CommandSpec&) -> absl::Status {
     auto output =

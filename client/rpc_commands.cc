@@ -470,7 +470,7 @@ absl::Status BuildSubmitSpec(const ParsedArgs& args, v1::JobSpec& spec) {
     *spec.mutable_capacity() = *std::move(capacity);
   }
   MUTWO_ASSIGN_OR_RETURN(*spec.mutable_loss(),
-                         ParseLossSpec(absl::GetFlag(FLAGS_loss)));
+                         ParseLossFlags(args.Repeated("loss")));
   MUTWO_RETURN_IF_ERROR(
       CheckBatchDims({spec.inputs().begin(), spec.inputs().end()}, &spec.loss(),
                      args.Repeated("unbatched")));

@@ -379,10 +379,47 @@ int64_t TensorBytes(const v1::TensorSpec& spec, int64_t batch_size) {
   return n;
 }
 
-absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
+namespace {
+
+constexpr char kLossKinds[] =
+    "use mean, sum, model, cross_entropy:TARGET (like "
+    "cross_entropy:y:int64[B]{0,1000}) or mse:TARGET (like "
+    "mse:z:float32[B,4]), optionally KIND@OUTPUT to read one dict entry or "
+    "tuple element (like cross_entropy@logits:y:int64[B]{0,1000}), terms "
+    "joined by + (like cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:"
+    "float32[B,4])";
+
+// The `+`-separated terms of a loss text; a `+` inside the brackets of a
+// target spec (`{0,1e+3}`) does not separate.
+std::vector<absl::string_view> SplitLossTerms(absl::string_view s) {
+  std::vector<absl::string_view> terms;
+  int depth = 0;
+  size_t begin = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '[' || s[i] == '{') ++depth;
+    if ((s[i] == ']' || s[i] == '}') && depth > 0) --depth;
+    if (s[i] == '+' && depth == 0) {
+      terms.push_back(s.substr(begin, i - begin));
+      begin = i + 1;
+    }
+  }
+  terms.push_back(s.substr(begin));
+  return terms;
+}
+
+// One term: KIND[@OUTPUT][:TARGET]. `text` is the whole loss, for messages.
+absl::StatusOr<v1::LossSpec> ParseLossTerm(absl::string_view text,
+                                           absl::string_view term) {
   v1::LossSpec loss;
-  absl::string_view s = absl::StripAsciiWhitespace(text);
-  // KIND[@OUTPUT][:TARGET]
+  absl::string_view s = absl::StripAsciiWhitespace(term);
+  const std::string where =
+      s == absl::StripAsciiWhitespace(text)
+          ? absl::StrCat("loss ", Quote(text))
+          : absl::StrCat("loss ", Quote(text), ", term ", Quote(s));
+  if (s.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": empty term; ", kLossKinds));
+  }
   const size_t colon = s.find(':');
   absl::string_view head = s.substr(0, colon);
   absl::string_view rest =
@@ -392,7 +429,7 @@ absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
     absl::string_view output = head.substr(at + 1);
     if (output.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("loss ", Quote(text),
+          absl::StrCat(where,
                        ": expected a dict key or tuple index after '@', like "
                        "cross_entropy@out:y:int64[B,64,64]{0,21}"));
     }
@@ -400,37 +437,74 @@ absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
     head = head.substr(0, at);
   }
   const std::string kind = absl::AsciiStrToLower(head);
-  if (kind == "mean" && rest.empty()) {
+  const bool with_target = absl::ConsumePrefix(&rest, ":");
+  if (kind == "mean" && rest.empty() && !with_target) {
     loss.set_kind(v1::LossSpec::MEAN);
-  } else if (kind == "sum" && rest.empty()) {
+  } else if (kind == "sum" && rest.empty() && !with_target) {
     loss.set_kind(v1::LossSpec::SUM);
-  } else if (kind == "model" && rest.empty()) {
+  } else if (kind == "model" && rest.empty() && !with_target) {
     loss.set_kind(v1::LossSpec::MODEL);
-  } else if (kind == "cross_entropy" && absl::ConsumePrefix(&rest, ":")) {
-    loss.set_kind(v1::LossSpec::CROSS_ENTROPY);
+  } else if ((kind == "cross_entropy" || kind == "mse") && with_target) {
+    loss.set_kind(kind == "mse" ? v1::LossSpec::MSE
+                                : v1::LossSpec::CROSS_ENTROPY);
     auto target = ParseTensorSpec(rest);
     if (!target.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "loss ", Quote(text), ": target ", target.status().message()));
-    }
-    if (target->dtype() != v1::INT64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "loss ", Quote(text),
-          ": a cross_entropy target holds class indices and must be int64, "
-          "like y:int64[B]{0,1000}"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": target ", target.status().message()));
     }
     *loss.mutable_target() = *std::move(target);
+  } else if (kind == "cross_entropy" || kind == "mse") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", kind, " needs a target spec after ':', like ",
+                     kind == "mse" ? "mse:z:float32[B,4]"
+                                   : "cross_entropy:y:int64[B]{0,1000}"));
+  } else if (kind == "mean" || kind == "sum" || kind == "model") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", kind, " takes no target (only cross_entropy and mse do)"));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "loss ", Quote(text),
-        ": use mean, sum, model or cross_entropy:TARGET (like "
-        "cross_entropy:y:int64[B]{0,1000}), optionally KIND@OUTPUT to read "
-        "one dict entry or tuple element (like mean@out)"));
+        where, ": unknown loss kind ", Quote(head), "; ", kLossKinds));
+  }
+  absl::Status valid = ValidateLossSpec(loss);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", valid.message()));
   }
   return loss;
 }
 
+}  // namespace
+
+absl::StatusOr<v1::LossSpec> ParseLossSpec(absl::string_view text) {
+  const std::vector<absl::string_view> texts =
+      SplitLossTerms(absl::StripAsciiWhitespace(text));
+  if (texts.size() == 1) return ParseLossTerm(text, texts[0]);
+  v1::LossSpec loss;
+  for (absl::string_view term : texts) {
+    MUTWO_ASSIGN_OR_RETURN(*loss.add_terms(), ParseLossTerm(text, term));
+  }
+  absl::Status valid = ValidateLossSpec(loss);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss ", Quote(text), ": ", valid.message()));
+  }
+  return loss;
+}
+
+absl::StatusOr<v1::LossSpec> ParseLossFlags(
+    const std::vector<std::string>& values) {
+  if (values.empty()) return ParseLossSpec("mean");
+  return ParseLossSpec(absl::StrJoin(values, "+"));
+}
+
 std::string FormatLossSpec(const v1::LossSpec& loss) {
+  if (!loss.terms().empty()) {
+    std::vector<std::string> terms;
+    for (const v1::LossSpec& term : loss.terms()) {
+      terms.push_back(FormatLossSpec(term));
+    }
+    return absl::StrJoin(terms, "+");
+  }
   const std::string at =
       loss.output().empty() ? "" : absl::StrCat("@", loss.output());
   switch (loss.kind()) {
@@ -441,9 +515,76 @@ std::string FormatLossSpec(const v1::LossSpec& loss) {
     case v1::LossSpec::CROSS_ENTROPY:
       return absl::StrCat("cross_entropy", at, ":",
                           FormatTensorSpec(loss.target()));
+    case v1::LossSpec::MSE:
+      return absl::StrCat("mse", at, ":", FormatTensorSpec(loss.target()));
     default:
       return absl::StrCat("mean", at);
   }
+}
+
+absl::Status ValidateLossSpec(const v1::LossSpec& loss) {
+  if (!loss.terms().empty()) {
+    if (loss.kind() != v1::LossSpec::KIND_UNSPECIFIED || loss.has_target() ||
+        !loss.output().empty()) {
+      return absl::InvalidArgumentError(
+          "a loss with terms is their sum: give the kind, output and target "
+          "in each term, not beside them");
+    }
+    std::set<std::string> names;
+    for (const v1::LossSpec& term : loss.terms()) {
+      if (!term.terms().empty()) {
+        return absl::InvalidArgumentError(
+            "a loss term cannot have terms of its own: join every term with "
+            "+ at the top level");
+      }
+      MUTWO_RETURN_IF_ERROR(ValidateLossSpec(term));
+      if (term.has_target() && !names.insert(term.target().name()).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "two loss terms name their target ", Quote(term.target().name()),
+            ": give each term's target its own name"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  const bool needs_target = loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
+                            loss.kind() == v1::LossSpec::MSE;
+  if (!needs_target) {
+    if (loss.has_target()) {
+      return absl::InvalidArgumentError(
+          "only cross_entropy and mse take a target");
+    }
+    return absl::OkStatus();
+  }
+  const v1::TensorSpec& target = loss.target();
+  const char* kind = loss.kind() == v1::LossSpec::MSE ? "mse" : "cross_entropy";
+  if (!loss.has_target() || target.name().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kind, " needs a target spec, like ",
+        loss.kind() == v1::LossSpec::MSE ? "mse:z:float32[B,4]"
+                                         : "cross_entropy:y:int64[B]{0,1000}"));
+  }
+  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY &&
+      target.dtype() != v1::INT64) {
+    return absl::InvalidArgumentError(
+        "a cross_entropy target holds class indices and must be int64, like "
+        "y:int64[B]{0,1000}");
+  }
+  if (loss.kind() == v1::LossSpec::MSE && !IsFloatingDType(target.dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an mse target is compared with a floating-point output and must be "
+        "float32, float64, float16 or bfloat16, like mse:",
+        target.name(), ":float32[B,4]; got ", DTypeName(target.dtype())));
+  }
+  return ValidateInputs({target});
+}
+
+std::vector<v1::TensorSpec> LossTargets(const v1::LossSpec& loss) {
+  std::vector<v1::TensorSpec> targets;
+  if (loss.has_target()) targets.push_back(loss.target());
+  for (const v1::LossSpec& term : loss.terms()) {
+    if (term.has_target()) targets.push_back(term.target());
+  }
+  return targets;
 }
 
 absl::StatusOr<v1::OptimizerSpec> ParseOptimizerSpec(absl::string_view text) {
@@ -591,13 +732,16 @@ absl::Status ValidateInputs(const std::vector<v1::TensorSpec>& inputs) {
 absl::Status CheckBatchDims(const std::vector<v1::TensorSpec>& inputs,
                             const v1::LossSpec* loss,
                             const std::vector<std::string>& unbatched) {
-  std::vector<const v1::TensorSpec*> specs;
-  specs.reserve(inputs.size() + 1);
-  for (const v1::TensorSpec& in : inputs) specs.push_back(&in);
-  if (loss != nullptr && loss->has_target()) specs.push_back(&loss->target());
+  std::vector<v1::TensorSpec> specs = inputs;
+  if (loss != nullptr) {
+    for (v1::TensorSpec& target : LossTargets(*loss)) {
+      specs.push_back(std::move(target));
+    }
+  }
   const std::set<std::string> declared(unbatched.begin(), unbatched.end());
   std::set<std::string> names;
-  for (const v1::TensorSpec* spec : specs) {
+  for (const v1::TensorSpec& spec_value : specs) {
+    const v1::TensorSpec* spec = &spec_value;
     names.insert(spec->name());
     bool has_batch = false;
     for (int64_t d : spec->dims()) has_batch |= d == kBatchDim;

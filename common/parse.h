@@ -52,11 +52,24 @@ std::string DTypeName(v1::DType dtype);
 int64_t DTypeSize(v1::DType dtype);
 bool IsFloatingDType(v1::DType dtype);
 
-// `mean`, `sum`, `model`, `cross_entropy:TARGET_SPEC`
-// (e.g. `cross_entropy:y:int64[B]{0,1000}`).
+// A loss, docs/loss.md: `KIND[@OUTPUT][:TARGET]` with KIND `mean`, `sum`,
+// `model`, `cross_entropy:TARGET_SPEC` (int64 class indices, e.g.
+// `cross_entropy:y:int64[B]{0,1000}`) or `mse:TARGET_SPEC` (floating point,
+// the output's shape, e.g. `mse@aux:z:float32[B,4]`); several terms joined
+// by `+` are summed (LossSpec.terms). Errors name the bad term.
 [[nodiscard]] absl::StatusOr<v1::LossSpec> ParseLossSpec(
     absl::string_view text);
+// The values of a repeated --loss flag: their terms summed; none is `mean`.
+[[nodiscard]] absl::StatusOr<v1::LossSpec> ParseLossFlags(
+    const std::vector<std::string>& values);
+// The text ParseLossSpec reads back to `loss`.
 std::string FormatLossSpec(const v1::LossSpec& loss);
+// Checks a LossSpec from anywhere (a parsed flag, a submitted job): kinds
+// with a target have one of the right dtype, terms have no terms, targets
+// of the terms have distinct names.
+[[nodiscard]] absl::Status ValidateLossSpec(const v1::LossSpec& loss);
+// Every target spec of `loss` (its own, or its terms' in order).
+std::vector<v1::TensorSpec> LossTargets(const v1::LossSpec& loss);
 
 // `none`, `sgd`, `sgd_momentum`, `adam`, `adamw`, optionally followed by
 // `:lr=0.01` (and `,momentum=0.9`, `,weight_decay=0.01`).

@@ -11,13 +11,17 @@ inline constexpr char kUnbatchedFlagHelp[] =
     "purpose; repeat per input";
 
 inline constexpr char kLossFlagHelp[] =
-    "mean or sum (over every floating-point output), model (the model "
-    "returns its loss: the first floating-point output, a scalar) or "
-    "cross_entropy:TARGET (e.g. cross_entropy:y:int64[B]{0,1000}); "
-    "KIND@OUTPUT reads one dict entry or tuple index of the output, "
-    "e.g. cross_entropy@logits:y:int64[B]{0,1000} or mean@0 (needed "
-    "by cross_entropy when several entries hold floating-point "
-    "tensors)";
+    "KIND[@OUTPUT][:TARGET] (docs/loss.md). KIND: mean or sum (over every "
+    "floating-point output), model (the model returns its loss, a "
+    "one-element tensor), cross_entropy:TARGET (TARGET int64 class indices, "
+    "e.g. cross_entropy:y:int64[B]{0,1000}) or mse:TARGET (TARGET floating "
+    "point of the output's shape, e.g. mse:z:float32[B,4]); targets are "
+    "generated from --seed like inputs. @OUTPUT reads one dict key or "
+    "tuple index of the output (e.g. cross_entropy@logits:y:int64[B]{0,10}, "
+    "mean@0): model, cross_entropy and mse need it when several entries "
+    "could be meant. Several terms are summed: repeat --loss or join with +, "
+    "e.g. --loss cross_entropy@logits:y:int64[B]{0,10} --loss "
+    "mse@aux:z:float32[B,4] (default: mean)";
 
 inline constexpr char kOptimizerFlagHelp[] =
     "none, sgd, sgd_momentum, adam or adamw, optionally "

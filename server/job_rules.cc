@@ -34,12 +34,9 @@ absl::Status ValidateSpec(const v1::JobSpec& spec) {
     return absl::InvalidArgumentError("at most 32 budgets per job");
   }
   for (const auto& b : spec.budgets()) MUTWO_RETURN_IF_ERROR(ValidateBudget(b));
-  if (spec.loss().kind() == v1::LossSpec::CROSS_ENTROPY) {
-    if (spec.loss().target().name().empty()) {
-      return absl::InvalidArgumentError(
-          "loss cross_entropy needs a target spec, like y:int64[B]{0,1000}");
-    }
-    MUTWO_RETURN_IF_ERROR(ValidateInputs({spec.loss().target()}));
+  if (absl::Status loss = ValidateLossSpec(spec.loss()); !loss.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss \"", FormatLossSpec(spec.loss()), "\": ", loss.message()));
   }
   if (spec.has_capacity()) {
     const v1::MemoryBudget& c = spec.capacity();

@@ -18,7 +18,7 @@ std::string Escape(absl::string_view text) {
   out.reserve(text.size());
   for (char c : text) {
     if (c == '%' || c == '|' || c == ';' || c == '=' || c == ',' || c == '@' ||
-        c == '[' || c == ']' || c == '{' || c == '}' || c == ':' ||
+        c == '+' || c == '[' || c == ']' || c == '{' || c == '}' || c == ':' ||
         static_cast<unsigned char>(c) < 0x20) {
       absl::StrAppendFormat(&out, "%%%02X", static_cast<unsigned char>(c));
     } else {
@@ -65,6 +65,16 @@ std::string CanonicalTensor(const v1::TensorSpec& spec) {
 }
 
 std::string CanonicalLoss(const v1::LossSpec& loss) {
+  // A sum of terms: each term's form joined by `+`. A term's `+` is escaped
+  // (output and target names) or inside a range's braces (`1e+30`), where no
+  // term can end, so the join reads back one way.
+  if (!loss.terms().empty()) {
+    std::vector<std::string> terms;
+    for (const v1::LossSpec& term : loss.terms()) {
+      terms.push_back(CanonicalLoss(term));
+    }
+    return absl::StrJoin(terms, "+");
+  }
   std::string kind;
   switch (loss.kind()) {
     case v1::LossSpec::SUM:
@@ -76,13 +86,20 @@ std::string CanonicalLoss(const v1::LossSpec& loss) {
     case v1::LossSpec::CROSS_ENTROPY:
       kind = "cross_entropy";
       break;
+    case v1::LossSpec::MSE:
+      kind = "mse";
+      break;
     default:  // KIND_UNSPECIFIED is treated as MEAN
       kind = "mean";
   }
   // The output the loss reads changes the step (a key without one is what
-  // it was before the selector counted).
-  if (!loss.output().empty()) absl::StrAppend(&kind, "@", loss.output());
-  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY) {
+  // it was before the selector counted). Escaped, so an output named like
+  // `x|batch=1` or `a+mean` cannot mimic another field or term.
+  if (!loss.output().empty()) {
+    absl::StrAppend(&kind, "@", Escape(loss.output()));
+  }
+  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
+      loss.kind() == v1::LossSpec::MSE) {
     absl::StrAppend(&kind, ":", CanonicalTensor(loss.target()));
   }
   return kind;

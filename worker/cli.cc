@@ -145,7 +145,7 @@ int RunWorkerCli(int argc, char** argv) {
       "memory\nor not matching the unmodified step), 2 bad input, 3 "
       "infeasible (execute: a\nschedule marked infeasible, without --force).";
   options.global_flags = {"log_level"};
-  options.parse.repeated = {"input", "unbatched"};
+  options.parse.repeated = {"input", "unbatched", "loss"};
   options.version_extra = TorchVersion;
   options.before_run = [](const CommandSpec& command) -> absl::Status {
     // Device names in any case: --device CUDA:0.

@@ -201,7 +201,8 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
     if (user_loss) {
       loss = user_loss(*outputs);
     } else {
-      MUTWO_ASSIGN_OR_RETURN(loss, ComputeLoss(options.loss, *outputs, target));
+      MUTWO_ASSIGN_OR_RETURN(loss,
+                             ComputeLoss(options.loss, *outputs, targets));
     }
     if (!loss.requires_grad()) {
       return absl::InvalidArgumentError(
@@ -261,7 +262,7 @@ absl::Status Executor::State::GenerateInputs() {
   return Guard(current_step, [&]() -> absl::Status {
     MUTWO_ASSIGN_OR_RETURN(std::vector<torch::Tensor> made,
                            MakeInputs(o.inputs, o.batch_size, device, o.seed));
-    MUTWO_ASSIGN_OR_RETURN(target, MakeTarget(o.loss, o.batch_size, device));
+    MUTWO_ASSIGN_OR_RETURN(targets, MakeTargets(o.loss, o.batch_size, device));
     inputs.assign(made.begin(), made.end());
     MUTWO_ASSIGN_OR_RETURN(optimizer, MakeOptimizer(o.optimizer, parameters));
     return absl::OkStatus();

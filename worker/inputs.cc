@@ -92,19 +92,16 @@ absl::StatusOr<std::vector<torch::Tensor>> MakeInputs(
   return out;
 }
 
-absl::StatusOr<torch::Tensor> MakeTarget(const v1::LossSpec& loss,
-                                         int64_t batch_size,
-                                         const torch::Device& device) {
-  if (loss.kind() != v1::LossSpec::CROSS_ENTROPY) return torch::Tensor();
-  if (!loss.has_target() || IsFloatingDType(loss.target().dtype()) ||
-      loss.target().dtype() == v1::BOOL) {
-    return absl::InvalidArgumentError(
-        "loss cross_entropy: needs an integer class-index target, e.g. "
-        "cross_entropy:y:int64[B]{0,1000}");
+absl::StatusOr<std::vector<torch::Tensor>> MakeTargets(
+    const v1::LossSpec& loss, int64_t batch_size, const torch::Device& device) {
+  MUTWO_RETURN_IF_ERROR(ValidateLossSpec(loss));
+  std::vector<torch::Tensor> targets;
+  for (const v1::TensorSpec& spec : LossTargets(loss)) {
+    MUTWO_ASSIGN_OR_RETURN(torch::Tensor target,
+                           MakeTensor(spec, batch_size, device));
+    targets.push_back(std::move(target));
   }
-  v1::TensorSpec target = loss.target();
-  target.set_dtype(v1::INT64);
-  return MakeTensor(target, batch_size, device);
+  return targets;
 }
 
 std::vector<torch::Tensor> FlattenTensors(const c10::IValue& outputs) {
@@ -161,11 +158,30 @@ absl::StatusOr<c10::IValue> SelectOutput(const c10::IValue& outputs,
   return elements[index];
 }
 
-// cross_entropy reads one output: a dict, tuple or list with
-// floating-point tensors in more than one entry could mean any of them, so
-// the loss must name it (`cross_entropy@KEY`) rather than have the first
-// taken silently. Names the entries holding floating-point tensors.
-absl::Status RefuseAmbiguousLogits(const c10::IValue& outputs) {
+const char* KindName(v1::LossSpec::Kind kind) {
+  switch (kind) {
+    case v1::LossSpec::SUM:
+      return "sum";
+    case v1::LossSpec::MODEL:
+      return "model";
+    case v1::LossSpec::CROSS_ENTROPY:
+      return "cross_entropy";
+    case v1::LossSpec::MSE:
+      return "mse";
+    default:
+      return "mean";
+  }
+}
+
+// model, cross_entropy and mse read one output: a dict, tuple or list with
+// candidates in more than one entry could mean any of them, so the loss
+// must name it (`KIND@KEY`) rather than have the first taken silently.
+// Candidates are the entries holding floating-point tensors; for model,
+// those holding a one-element one (the loss a model returns beside its
+// logits). Returns the only candidate's key, or "" when `outputs` is no
+// container or has none; the error names the candidates.
+absl::StatusOr<std::string> OnlyCandidate(const v1::LossSpec& loss,
+                                          const c10::IValue& outputs) {
   std::vector<std::pair<std::string, c10::IValue>> entries;
   const char* what = outputs.isGenericDict() ? "dict"
                      : outputs.isTuple()     ? "tuple"
@@ -187,13 +203,14 @@ absl::Status RefuseAmbiguousLogits(const c10::IValue& outputs) {
       entries.emplace_back(absl::StrCat(i++), v);
     }
   } else {
-    return absl::OkStatus();
+    return std::string();
   }
   std::vector<std::string> candidates;
   std::string first;
   for (const auto& [key, value] : entries) {
     for (const torch::Tensor& t : FlattenTensors(value)) {
       if (t.defined() && t.is_floating_point()) {
+        if (loss.kind() == v1::LossSpec::MODEL && t.numel() != 1) break;
         if (first.empty()) first = key;
         candidates.push_back(
             absl::StrCat(key, " [", absl::StrJoin(t.sizes(), ","), "]"));
@@ -201,26 +218,70 @@ absl::Status RefuseAmbiguousLogits(const c10::IValue& outputs) {
       }
     }
   }
-  if (candidates.size() <= 1) return absl::OkStatus();
+  if (candidates.size() <= 1) return first;
+  const std::string kind = KindName(loss.kind());
+  const std::string example =
+      loss.has_target() ? absl::StrCat(":", FormatTensorSpec(loss.target()))
+                        : "";
   return absl::InvalidArgumentError(absl::StrCat(
-      "loss cross_entropy: the model returns a ", what,
-      " with floating-point tensors in ", candidates.size(), " entries (",
+      "loss ", kind, ": the model returns a ", what,
+      loss.kind() == v1::LossSpec::MODEL ? " with one-element" : " with",
+      " floating-point tensors in ", candidates.size(), " entries (",
       absl::StrJoin(candidates, ", "),
-      "); name the logits with cross_entropy@KEY, like cross_entropy@", first,
-      ":y:int64[B]{0,1000}"));
+      "); name the output the loss reads with ", kind, "@OUTPUT, like ", kind,
+      "@", first, example, " (terms over several outputs are joined by +)"));
 }
 
 }  // namespace
 
-absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
-                                          const c10::IValue& all_outputs,
-                                          const torch::Tensor& target) {
-  c10::IValue outputs = all_outputs;
-  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY && loss.output().empty()) {
-    MUTWO_RETURN_IF_ERROR(RefuseAmbiguousLogits(all_outputs));
+absl::StatusOr<torch::Tensor> ComputeLoss(
+    const v1::LossSpec& loss, const c10::IValue& all_outputs,
+    const std::vector<torch::Tensor>& targets) {
+  if (!loss.terms().empty()) {
+    MUTWO_RETURN_IF_ERROR(ValidateLossSpec(loss));
+    torch::Tensor sum;
+    size_t next_target = 0;
+    for (const v1::LossSpec& term : loss.terms()) {
+      std::vector<torch::Tensor> term_targets;
+      if (term.has_target()) {
+        if (next_target >= targets.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "loss ", FormatLossSpec(term), ": no target tensor for it"));
+        }
+        term_targets.push_back(targets[next_target++]);
+      }
+      auto value = ComputeLoss(term, all_outputs, term_targets);
+      if (!value.ok()) {
+        return absl::Status(value.status().code(),
+                            absl::StrCat("term ", FormatLossSpec(term), ": ",
+                                         value.status().message()));
+      }
+      sum = sum.defined() ? sum + *value : *value;
+    }
+    return sum;
   }
-  if (!loss.output().empty()) {
-    MUTWO_ASSIGN_OR_RETURN(outputs, SelectOutput(all_outputs, loss.output()));
+  const bool reads_one = loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
+                         loss.kind() == v1::LossSpec::MSE ||
+                         loss.kind() == v1::LossSpec::MODEL;
+  std::string output = loss.output();
+  if (reads_one && output.empty()) {
+    MUTWO_ASSIGN_OR_RETURN(output, OnlyCandidate(loss, all_outputs));
+  }
+  torch::Tensor target;
+  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
+      loss.kind() == v1::LossSpec::MSE) {
+    if (targets.size() != 1 || !targets[0].defined()) {
+      return absl::InvalidArgumentError(absl::StrCat("loss ",
+                                                     FormatLossSpec(loss),
+                                                     ": expected 1 target "
+                                                     "tensor, got ",
+                                                     targets.size()));
+    }
+    target = targets[0];
+  }
+  c10::IValue outputs = all_outputs;
+  if (!output.empty()) {
+    MUTWO_ASSIGN_OR_RETURN(outputs, SelectOutput(all_outputs, output));
   }
   std::vector<torch::Tensor> floats;
   for (const torch::Tensor& t : FlattenTensors(outputs)) {
@@ -240,8 +301,7 @@ absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
       case v1::LossSpec::MODEL:
         if (floats[0].numel() != 1) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "loss model: the first output must be the scalar loss, got "
-              "shape [",
+              "loss model: the output must be the scalar loss, got shape [",
               absl::StrJoin(floats[0].sizes(), ","), "]"));
         }
         return floats[0].reshape({});
@@ -278,6 +338,17 @@ absl::StatusOr<torch::Tensor> ComputeLoss(const v1::LossSpec& loss,
         }
         return torch::nn::functional::cross_entropy(
             logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+      }
+      case v1::LossSpec::MSE: {
+        const torch::Tensor& out = floats[0];
+        if (out.sizes() != target.sizes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "loss mse: output shape [", absl::StrJoin(out.sizes(), ","),
+              "] differs from target \"", FormatTensorSpec(loss.target()),
+              "\" shape [", absl::StrJoin(target.sizes(), ","),
+              "]; give the target the output's shape"));
+        }
+        return torch::nn::functional::mse_loss(out, target.to(out.dtype()));
       }
       case v1::LossSpec::MEAN:
       case v1::LossSpec::KIND_UNSPECIFIED:

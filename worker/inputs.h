@@ -30,20 +30,29 @@ std::optional<v1::DType> DTypeOf(torch::ScalarType type);
     const std::vector<v1::TensorSpec>& specs, int64_t batch_size,
     const torch::Device& device, uint64_t seed);
 
-// The loss target (cross entropy), or an undefined tensor for other kinds.
-[[nodiscard]] absl::StatusOr<torch::Tensor> MakeTarget(
+// The loss targets, one per target spec of `loss` in order (LossTargets:
+// its own, or one per term that has one): cross_entropy class indices,
+// mse floating point. Call after MakeInputs: they continue its seeded
+// random stream, so the same seed gives the same targets.
+[[nodiscard]] absl::StatusOr<std::vector<torch::Tensor>> MakeTargets(
     const v1::LossSpec& loss, int64_t batch_size, const torch::Device& device);
 
 // Every tensor in `outputs` (tensors, lists, tuples, dict values), in order.
 std::vector<torch::Tensor> FlattenTensors(const c10::IValue& outputs);
 
-// MEAN (default): sum over floating outputs of their mean; SUM: sum of their
-// sums; MODEL: the first output, which must be a one-element floating tensor;
-// CROSS_ENTROPY: cross entropy of the first floating output (classes in the
-// last dimension) against `target`. InvalidArgument says what did not fit.
+// The scalar loss `loss` makes from `outputs` (docs/loss.md). MEAN
+// (default): sum over floating outputs of their mean; SUM: sum of their
+// sums; MODEL: the output, which must be a one-element floating tensor;
+// CROSS_ENTROPY: cross entropy of the output (classes in the last
+// dimension, or dimension 1) against its target; MSE: mean squared error
+// of the output against its target, of the same shape; terms: their sum.
+// `@OUTPUT` selects a dict entry or tuple/list element; MODEL,
+// CROSS_ENTROPY and MSE without one refuse a dict, tuple or list with
+// floating-point tensors in several entries, naming them. `targets` as
+// MakeTargets made them. InvalidArgument says what did not fit.
 [[nodiscard]] absl::StatusOr<torch::Tensor> ComputeLoss(
     const v1::LossSpec& loss, const c10::IValue& outputs,
-    const torch::Tensor& target);
+    const std::vector<torch::Tensor>& targets);
 
 // State tensors per parameter: Adam/AdamW 2, SGD with momentum 1, else 0.
 int OptimizerStatesPerParameter(v1::OptimizerSpec::Kind kind);

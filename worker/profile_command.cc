@@ -73,7 +73,7 @@ absl::Status ReadStepFlags(const ParsedArgs& args,
     }
     flags.inputs.push_back(*std::move(spec));
   }
-  auto loss = ParseLossSpec(absl::GetFlag(FLAGS_loss));
+  auto loss = ParseLossFlags(args.Repeated("loss"));
   if (!loss.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--loss: ", loss.status().message()));

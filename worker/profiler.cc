@@ -87,7 +87,7 @@ struct Profiler::State : TrainingState {
   ProfilerOptions options;
 
   absl::StatusOr<torch::Tensor> Loss(const c10::IValue& outputs) {
-    return ComputeLoss(options.loss, outputs, target);
+    return ComputeLoss(options.loss, outputs, targets);
   }
 
   absl::Status CheckCorrectness(v1::Profile* profile);
@@ -665,11 +665,11 @@ absl::StatusOr<v1::Profile> Profiler::Run() {
       MUTWO_ASSIGN_OR_RETURN(
           std::vector<torch::Tensor> inputs,
           MakeInputs(o.inputs, o.batch_size, s.device, o.seed));
-      MUTWO_ASSIGN_OR_RETURN(s.target,
-                             MakeTarget(o.loss, o.batch_size, s.device));
+      MUTWO_ASSIGN_OR_RETURN(s.targets,
+                             MakeTargets(o.loss, o.batch_size, s.device));
       s.inputs.assign(inputs.begin(), inputs.end());
       std::vector<torch::Tensor> all = inputs;
-      if (s.target.defined()) all.push_back(s.target);
+      all.insert(all.end(), s.targets.begin(), s.targets.end());
       v1::FixedMemory* fixed = profile.mutable_fixed();
       std::vector<torch::Tensor> params, buffers;
       for (const torch::Tensor& p : s.module.parameters()) params.push_back(p);

@@ -62,7 +62,7 @@ struct TrainingState {
   std::vector<c10::IValue> inputs;
   // forward's arguments no --input gives: constants of the graph.
   std::vector<OmittedArgument> omitted_arguments;
-  torch::Tensor target;
+  std::vector<torch::Tensor> targets;  // the loss targets (MakeTargets)
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   // Where the step that is running now is, for OOM reports.
   std::string current_step;

@@ -99,11 +99,11 @@ Measured Loop(const Args& args, const v1::Schedule& schedule,
   const int64_t batch = schedule.batch_size();
   const std::vector<torch::Tensor> xs =
       Check(worker::MakeInputs(args.inputs, batch, device, 0), "inputs");
-  const torch::Tensor target =
-      Check(worker::MakeTarget(args.loss, batch, device), "target");
+  const std::vector<torch::Tensor> targets =
+      Check(worker::MakeTargets(args.loss, batch, device), "targets");
   std::vector<torch::IValue> inputs(xs.begin(), xs.end());
   auto loss_of = [&](const torch::IValue& out) {
-    return Check(worker::ComputeLoss(args.loss, out, target), "loss");
+    return Check(worker::ComputeLoss(args.loss, out, targets), "loss");
   };
   auto once = [&]() -> torch::Tensor {
     if (step != nullptr) return step->Run(inputs, loss_of);

@@ -1,7 +1,8 @@
-// The budget and input-spec strings of tests/golden/budgets.txt through
-// ParseBudget and ParseTensorSpec; client/python/tests/test_golden_parse.py
-// reads the same file through the Python client's parsers, so the two
-// cannot drift apart without one of them failing.
+// The budget, input-spec and loss strings of tests/golden/budgets.txt
+// through ParseBudget, ParseTensorSpec and ParseLossSpec;
+// client/python/tests/test_golden_parse.py reads the same file through the
+// Python client's parsers, so the two cannot drift apart without one of them
+// failing.
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -79,16 +80,28 @@ void ExpectOutcome(const GoldenCase& c, const absl::Status& status,
   EXPECT_EQ(outcome, c.expected);
 }
 
-TEST(GoldenCorpus, HasBudgetsAndSpecs) {
-  int budgets = 0, specs = 0;
+TEST(GoldenCorpus, HasBudgetsSpecsAndLosses) {
+  int budgets = 0, specs = 0, losses = 0;
   for (const GoldenCase& c : ReadCorpus()) {
     budgets += c.kind == "budget";
     specs += c.kind == "spec";
-    EXPECT_TRUE(c.kind == "budget" || c.kind == "spec")
+    losses += c.kind == "loss";
+    EXPECT_TRUE(c.kind == "budget" || c.kind == "spec" || c.kind == "loss")
         << "line " << c.line << ": unknown kind " << c.kind;
   }
   EXPECT_GE(budgets, 20);
   EXPECT_GE(specs, 20);
+  EXPECT_GE(losses, 15);
+}
+
+TEST(GoldenCorpus, ParseLossSpecGivesTheExpectedOutcome) {
+  for (const GoldenCase& c : ReadCorpus()) {
+    if (c.kind != "loss") continue;
+    auto loss = ParseLossSpec(c.text);
+    ExpectOutcome(c, loss.status(), loss.ok() ? FormatLossSpec(*loss) : "");
+    // What the parser accepts the server accepts too.
+    if (loss.ok()) EXPECT_TRUE(ValidateLossSpec(*loss).ok()) << c.text;
+  }
 }
 
 TEST(GoldenCorpus, ParseBudgetGivesTheExpectedOutcome) {

@@ -121,6 +121,11 @@ TEST(CheckBatchDims, ASpecWithoutBIsRefusedNamingIt) {
 TEST(CheckBatchDims, LossTargetAndUnbatchedNamesAreCheckedToo) {
   const v1::TensorSpec x = *ParseTensorSpec("x:float32[B,4]");
   const v1::LossSpec loss = *ParseLossSpec("cross_entropy:y:int64[8]{0,4}");
+  const v1::LossSpec terms =
+      *ParseLossSpec("cross_entropy@a:y:int64[B]{0,4}+mse@b:z:float32[4]");
+  EXPECT_THAT(std::string(CheckBatchDims({x}, &terms, {}).message()),
+              HasSubstr("\"z:float32[4]\" has no batch dimension B"));
+  EXPECT_TRUE(CheckBatchDims({x}, &terms, {"z"}).ok());
   EXPECT_THAT(std::string(CheckBatchDims({x}, &loss, {}).message()),
               HasSubstr("input spec \"y:int64[8]{0,4}\" has no batch"));
   EXPECT_TRUE(CheckBatchDims({x}, &loss, {"y"}).ok());
@@ -192,7 +197,7 @@ TEST(ParseLossSpec, OutputSelector) {
   EXPECT_THAT(std::string(ParseLossSpec("mean@").status().message()),
               HasSubstr("after '@'"));
   EXPECT_THAT(std::string(ParseLossSpec("mean:y:int64[B]").status().message()),
-              HasSubstr("use mean, sum, model or cross_entropy"));
+              HasSubstr("mean takes no target"));
 }
 
 TEST(ParseLossSpec, Kinds) {
@@ -208,8 +213,92 @@ TEST(ParseLossSpec, Kinds) {
       std::string(
           ParseLossSpec("cross_entropy:y:float32[B]").status().message()),
       HasSubstr("must be int64"));
+  EXPECT_THAT(std::string(ParseLossSpec("mae").status().message()),
+              HasSubstr("loss \"mae\": unknown loss kind \"mae\"; use mean, "
+                        "sum, model, cross_entropy:TARGET"));
+}
+
+TEST(ParseLossSpec, MseRoundTripsAndWantsAFloatTarget) {
+  for (const char* text : {"mse:z:float32[B,4]", "mse@aux:z:float64[B,4,4]",
+                           "mse@1:z:bfloat16[B]"}) {
+    auto mse = ParseLossSpec(text);
+    ASSERT_TRUE(mse.ok()) << text << ": " << mse.status();
+    EXPECT_EQ(mse->kind(), v1::LossSpec::MSE);
+    EXPECT_EQ(FormatLossSpec(*mse), text);
+    EXPECT_EQ(FormatLossSpec(*ParseLossSpec(FormatLossSpec(*mse))), text);
+  }
+  EXPECT_EQ(ParseLossSpec("MSE@aux:z:float32[B,4]")->output(), "aux");
   EXPECT_THAT(std::string(ParseLossSpec("mse").status().message()),
-              HasSubstr("loss \"mse\": use mean, sum, model or cross_entropy"));
+              HasSubstr("loss \"mse\": mse needs a target spec after ':', "
+                        "like mse:z:float32[B,4]"));
+  EXPECT_THAT(
+      std::string(ParseLossSpec("mse:z:int64[B]{0,4}").status().message()),
+      HasSubstr("loss \"mse:z:int64[B]{0,4}\": an mse target is compared "
+                "with a floating-point output and must be float32"));
+  EXPECT_THAT(
+      std::string(ParseLossSpec("mse:z:float32[B,x]").status().message()),
+      HasSubstr("loss \"mse:z:float32[B,x]\": target input spec"));
+}
+
+TEST(ParseLossSpec, TermsAreSummedAndRoundTrip) {
+  const std::string text =
+      "cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:float32[B,4]";
+  auto loss = ParseLossSpec(text);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  ASSERT_EQ(loss->terms_size(), 2);
+  EXPECT_EQ(loss->kind(), v1::LossSpec::KIND_UNSPECIFIED);
+  EXPECT_EQ(loss->terms(0).kind(), v1::LossSpec::CROSS_ENTROPY);
+  EXPECT_EQ(loss->terms(0).output(), "logits");
+  EXPECT_EQ(loss->terms(1).kind(), v1::LossSpec::MSE);
+  EXPECT_EQ(loss->terms(1).target().name(), "z");
+  EXPECT_EQ(FormatLossSpec(*loss), text);
+  // Spaces around +, and a + inside a value range, do not split.
+  auto spaced = ParseLossSpec("mse@a:z:float32[B] + mean@b");
+  ASSERT_TRUE(spaced.ok()) << spaced.status();
+  EXPECT_EQ(FormatLossSpec(*spaced), "mse@a:z:float32[B]+mean@b");
+  auto range = ParseLossSpec("cross_entropy@a:y:int64[B]{0,1e+3}+sum@b");
+  ASSERT_TRUE(range.ok()) << range.status();
+  EXPECT_EQ(range->terms(0).target().range().high(), 1000);
+  // The repeated flag is the same loss.
+  auto flags = ParseLossFlags(
+      {"cross_entropy@logits:y:int64[B]{0,10}", "mse@aux:z:float32[B,4]"});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(FormatLossSpec(*flags), text);
+  EXPECT_EQ(FormatLossSpec(*ParseLossFlags({})), "mean");
+  // One target per term, in order.
+  const std::vector<v1::TensorSpec> targets = LossTargets(*loss);
+  ASSERT_EQ(targets.size(), 2u);
+  EXPECT_EQ(targets[0].name(), "y");
+  EXPECT_EQ(targets[1].name(), "z");
+  // Errors name the whole loss and the bad term.
+  EXPECT_THAT(
+      std::string(
+          ParseLossSpec("mean@a+mse@b:z:int8[B]{0,2}").status().message()),
+      HasSubstr("loss \"mean@a+mse@b:z:int8[B]{0,2}\", term "
+                "\"mse@b:z:int8[B]{0,2}\": an mse target"));
+  EXPECT_THAT(std::string(ParseLossSpec("mean@a+").status().message()),
+              HasSubstr("term \"\": empty term"));
+  EXPECT_THAT(std::string(ParseLossSpec("mse@a:z:float32[B]+mse@b:z:float32[B]")
+                              .status()
+                              .message()),
+              HasSubstr("two loss terms name their target \"z\""));
+}
+
+TEST(ValidateLossSpec, RefusesWhatNoParserMakes) {
+  // What a client other than ours might submit.
+  v1::LossSpec nested = *ParseLossSpec("mean@a+sum@b");
+  *nested.add_terms() = *ParseLossSpec("mean@c+sum@d");
+  EXPECT_THAT(std::string(ValidateLossSpec(nested).message()),
+              HasSubstr("cannot have terms of its own"));
+  v1::LossSpec beside = *ParseLossSpec("mean@a+sum@b");
+  beside.set_kind(v1::LossSpec::MSE);
+  EXPECT_THAT(std::string(ValidateLossSpec(beside).message()),
+              HasSubstr("not beside them"));
+  v1::LossSpec no_target;
+  no_target.set_kind(v1::LossSpec::MSE);
+  EXPECT_THAT(std::string(ValidateLossSpec(no_target).message()),
+              HasSubstr("mse needs a target spec"));
+  EXPECT_TRUE(ValidateLossSpec(v1::LossSpec()).ok());
 }
 
 TEST(ParseOptimizerSpec, KindsAndSettings) {

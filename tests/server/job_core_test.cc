@@ -875,6 +875,19 @@ TEST_F(JobCoreTest, SubmitErrorsNameTheBadInput) {
   r.mutable_spec()->mutable_loss()->set_kind(v1::LossSpec::CROSS_ENTROPY);
   EXPECT_THAT(std::string(core_->SubmitJob(r).status().message()),
               HasSubstr("cross_entropy needs a target"));
+  // What only a client other than ours sends: an mse target of integers,
+  // a term with terms of its own.
+  r.mutable_spec()->mutable_loss()->set_kind(v1::LossSpec::MSE);
+  *r.mutable_spec()->mutable_loss()->mutable_target() =
+      *ParseTensorSpec("z:int64[B]{0,4}");
+  EXPECT_THAT(std::string(core_->SubmitJob(r).status().message()),
+              HasSubstr("loss \"mse:z:int64[B]{0,4}\": an mse target is "
+                        "compared with a floating-point output"));
+  v1::LossSpec nested = *ParseLossSpec("mean@a+mse@b:z:float32[B]");
+  *nested.mutable_terms(0)->add_terms() = *ParseLossSpec("sum@c");
+  *r.mutable_spec()->mutable_loss() = nested;
+  EXPECT_THAT(std::string(core_->SubmitJob(r).status().message()),
+              HasSubstr("cannot have terms of its own"));
 }
 
 // A job whose model cannot take its inputs is refused at submit, naming the

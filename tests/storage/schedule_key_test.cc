@@ -1,5 +1,11 @@
 #include "storage/schedule_key.h"
 
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "common/parse.h"
 #include "common/version.h"
 #include "gmock/gmock.h"
@@ -46,6 +52,27 @@ TEST(ScheduleKeyTest, KeyNamesEveryPartReadably) {
   EXPECT_THAT(key, HasSubstr(kPlannerVersion));
 }
 
+// Keys stored before mse and terms existed still hit: the loss part of a
+// single-term loss is spelled as it was.
+TEST(ScheduleKeyTest, SingleTermLossKeysAreUnchanged) {
+  for (const auto& [text, canonical] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"mean", "mean"},
+           {"sum", "sum"},
+           {"model", "model"},
+           {"mean@out", "mean@out"},
+           {"cross_entropy:y:int64[B]{0,1000}",
+            "cross_entropy:y:int64[B]{0,1000}"},
+           {"cross_entropy@logits:y:int64[B]{0,1000}",
+            "cross_entropy@logits:y:int64[B]{0,1000}"}}) {
+    v1::JobSpec spec = Spec();
+    *spec.mutable_loss() = *ParseLossSpec(text);
+    EXPECT_THAT(Key(spec, "60%"),
+                HasSubstr(absl::StrCat("|loss=", canonical, "|optimizer=")))
+        << text;
+  }
+}
+
 TEST(ScheduleKeyTest, EquivalentSpellingsGiveTheSameKey) {
   v1::JobSpec explicit_defaults = Spec();
   explicit_defaults.mutable_loss()->set_kind(v1::LossSpec::MEAN);
@@ -79,6 +106,24 @@ TEST(ScheduleKeyTest, EveryPlanningInputChangesTheKey) {
   ce_aux.mutable_loss()->set_output("aux");
   EXPECT_NE(Key(ce_logits, "60%"), Key(ce, "60%"));
   EXPECT_NE(Key(ce_logits, "60%"), Key(ce_aux, "60%"));
+  // Another output, an mse target or another sum of terms is another step.
+  std::set<std::string> losses;
+  for (const char* text :
+       {"mean", "mean@aux", "cross_entropy@logits:y:int64[B]{0,1000}",
+        "mse:y:float32[B,1000]", "mse@aux:y:float32[B,1000]",
+        "cross_entropy@logits:y:int64[B]{0,1000}+mse@aux:z:float32[B,4]",
+        "cross_entropy@logits:y:int64[B]{0,1000}+mse@aux:z:float32[B,8]"}) {
+    v1::JobSpec spec = Spec();
+    *spec.mutable_loss() = *ParseLossSpec(text);
+    EXPECT_TRUE(losses.insert(Key(spec, "60%")).second) << text;
+  }
+  // An output name cannot pose as another term or another field.
+  v1::JobSpec plus = Spec();
+  *plus.mutable_loss() = *ParseLossSpec("mean");
+  plus.mutable_loss()->set_output("a+mean");
+  v1::JobSpec two = Spec();
+  *two.mutable_loss() = *ParseLossSpec("mean@a+mean");
+  EXPECT_NE(Key(plus, "60%"), Key(two, "60%"));
   EXPECT_NE(Key(Spec(), "61%"), base);
   EXPECT_NE(Key(Spec(), "60%dev"), base);
   EXPECT_NE(Key(Spec(), "60%", v1::SQRT_N), base);

@@ -43,15 +43,18 @@ TEST(ComputeLossTest, KindsComputeWhatTheyPromise) {
   spec.set_kind(v1::LossSpec::SUM);
   EXPECT_FLOAT_EQ(ComputeLoss(spec, outputs, {})->item<float>(), 16.0f);
   spec.set_kind(v1::LossSpec::MODEL);
-  EXPECT_EQ(ComputeLoss(spec, outputs, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);  // first output not scalar
+  // The only one-element output is the loss the model returns.
+  EXPECT_FLOAT_EQ(ComputeLoss(spec, outputs, {})->item<float>(), 10.0f);
+  EXPECT_EQ(ComputeLoss(spec, c10::IValue(a), {}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // not a scalar
   EXPECT_FLOAT_EQ(ComputeLoss(spec, c10::IValue(b), {})->item<float>(), 10.0f);
 
   auto ce = ParseLossSpec("cross_entropy:y:int64[B]{0,4}");
   ASSERT_TRUE(ce.ok());
   torch::Tensor logits = torch::zeros({2, 4});
-  auto target = MakeTarget(*ce, 2, torch::kCPU);
+  auto target = MakeTargets(*ce, 2, torch::kCPU);
   ASSERT_TRUE(target.ok());
+  ASSERT_EQ(target->size(), 1u);
   EXPECT_NEAR(ComputeLoss(*ce, c10::IValue(logits), *target)->item<float>(),
               std::log(4.0), 1e-5);
   auto bad = ComputeLoss(*ce, c10::IValue(torch::zeros({3, 4})), *target);
@@ -67,8 +70,9 @@ TEST(ComputeLossTest, KindsComputeWhatTheyPromise) {
 TEST(ComputeLossTest, CrossEntropyNamesTheLogitsOfADictOrTuple) {
   auto ce = ParseLossSpec("cross_entropy:y:int64[B]{0,4}");
   ASSERT_TRUE(ce.ok());
-  auto target = MakeTarget(*ce, 2, torch::kCPU);
+  auto target = MakeTargets(*ce, 2, torch::kCPU);
   ASSERT_TRUE(target.ok());
+  ASSERT_EQ(target->size(), 1u);
   torch::Tensor logits = torch::zeros({2, 4});
   torch::Tensor aux = torch::ones({2, 4});
   c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
@@ -77,8 +81,8 @@ TEST(ComputeLossTest, CrossEntropyNamesTheLogitsOfADictOrTuple) {
   auto guess = ComputeLoss(*ce, c10::IValue(dict), *target);
   ASSERT_EQ(guess.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(guess.status().message().find(
-                "2 entries (logits [2,4], aux [2,4]); name the logits with "
-                "cross_entropy@KEY, like cross_entropy@logits:"),
+                "2 entries (logits [2,4], aux [2,4]); name the output the loss "
+                "reads with cross_entropy@OUTPUT, like cross_entropy@logits:"),
             std::string::npos)
       << guess.status();
   auto tuple = ComputeLoss(
@@ -129,6 +133,131 @@ TEST(StorageBytesTest, CountsSharedStoragesOnce) {
   torch::Tensor view = a.slice(0, 2, 5);
   torch::Tensor b = torch::zeros({3}, torch::kFloat64);
   EXPECT_EQ(StorageBytes({a, view, b}), 40 + 24);
+}
+
+// mse: the mean squared error against a generated float target of the
+// output's shape, as torch computes it; another shape is refused, naming
+// both.
+TEST(ComputeLossTest, MseAgainstAGeneratedTarget) {
+  auto mse = ParseLossSpec("mse:z:float32[B,3]");
+  ASSERT_TRUE(mse.ok()) << mse.status();
+  torch::manual_seed(5);
+  auto targets = MakeTargets(*mse, 2, torch::kCPU);
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  ASSERT_EQ(targets->size(), 1u);
+  EXPECT_EQ((*targets)[0].sizes(), torch::IntArrayRef({2, 3}));
+  EXPECT_EQ((*targets)[0].scalar_type(), torch::kFloat32);
+  torch::manual_seed(5);
+  EXPECT_TRUE(
+      torch::equal((*targets)[0], (*MakeTargets(*mse, 2, torch::kCPU))[0]));
+  const torch::Tensor out = torch::arange(6, torch::kFloat32).reshape({2, 3});
+  auto loss = ComputeLoss(*mse, c10::IValue(out), *targets);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  const float expected = (out - (*targets)[0]).pow(2).mean().item<float>();
+  EXPECT_GT(expected, 0.0f);
+  EXPECT_FLOAT_EQ(loss->item<float>(), expected);
+  auto bad = ComputeLoss(*mse, c10::IValue(torch::zeros({2, 4})), *targets);
+  EXPECT_EQ(bad.status().message(),
+            "loss mse: output shape [2,4] differs from target "
+            "\"z:float32[B,3]\" shape [2,3]; give the target the output's "
+            "shape");
+}
+
+// model and mse, like cross_entropy, read one output: a dict or tuple with
+// several candidates is refused, naming them and the @OUTPUT syntax.
+TEST(ComputeLossTest, OneOutputKindsRefuseSeveralCandidates) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+  dict.insert("pred", torch::zeros({2, 3}));
+  dict.insert("aux", torch::ones({2, 3}));
+  auto mse = ParseLossSpec("mse:z:float32[B,3]");
+  auto targets = MakeTargets(*mse, 2, torch::kCPU);
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  auto guess = ComputeLoss(*mse, c10::IValue(dict), *targets);
+  EXPECT_EQ(guess.status().message(),
+            "loss mse: the model returns a dict with floating-point tensors in "
+            "2 entries (pred [2,3], aux [2,3]); name the output the loss reads "
+            "with mse@OUTPUT, like mse@pred:z:float32[B,3] (terms over "
+            "several outputs are joined by +)");
+  auto named = ComputeLoss(*ParseLossSpec("mse@aux:z:float32[B,3]"),
+                           c10::IValue(dict), *targets);
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_FLOAT_EQ(
+      named->item<float>(),
+      (torch::ones({2, 3}) - (*targets)[0]).pow(2).mean().item<float>());
+
+  v1::LossSpec model;
+  model.set_kind(v1::LossSpec::MODEL);
+  auto two = c10::ivalue::Tuple::create(
+      {torch::full({}, 1.0f), torch::zeros({2, 3}), torch::full({1}, 2.0f)});
+  auto ambiguous = ComputeLoss(model, c10::IValue(two), {});
+  EXPECT_EQ(ambiguous.status().message(),
+            "loss model: the model returns a tuple with one-element "
+            "floating-point tensors in 2 entries (0 [], 2 [1]); name the "
+            "output the loss reads with model@OUTPUT, like model@0 (terms "
+            "over several outputs are joined by +)");
+  model.set_output("2");
+  EXPECT_FLOAT_EQ(ComputeLoss(model, c10::IValue(two), {})->item<float>(),
+                  2.0f);
+}
+
+// Terms over several outputs: the loss is their sum, so the gradient of a
+// two-head model's shared trunk is the sum of each term's gradient (each
+// term's backward run on its own, as a LibTorch reference); each term gets
+// its own target, in order.
+TEST(ComputeLossTest, TermsAreSummedWithATargetEach) {
+  auto loss = ParseLossSpec(
+      "cross_entropy@logits:y:int64[B]{0,4}+mse@aux:z:float32[B,3]+sum@aux");
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  torch::manual_seed(3);
+  auto targets = MakeTargets(*loss, 2, torch::kCPU);
+  ASSERT_TRUE(targets.ok()) << targets.status();
+  ASSERT_EQ(targets->size(), 2u);
+  EXPECT_EQ((*targets)[0].scalar_type(), torch::kInt64);
+  EXPECT_EQ((*targets)[1].sizes(), torch::IntArrayRef({2, 3}));
+  torch::nn::Linear trunk(5, 6), logits_head(6, 4), aux_head(6, 3);
+  const torch::Tensor x = torch::randn({2, 5});
+  auto forward = [&]() {
+    const torch::Tensor h = torch::relu(trunk(x));
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
+    dict.insert("logits", logits_head(h));
+    dict.insert("aux", aux_head(h));
+    return dict;
+  };
+  auto zero = [&]() {
+    for (auto& p : trunk->parameters()) p.mutable_grad() = torch::Tensor();
+  };
+  auto total = ComputeLoss(*loss, c10::IValue(forward()), *targets);
+  ASSERT_TRUE(total.ok()) << total.status();
+  total->backward();
+  const torch::Tensor grad = trunk->weight.grad().clone();
+  torch::Tensor reference_grad = torch::zeros_like(grad);
+  float reference_loss = 0;
+  for (int term = 0; term < 3; ++term) {
+    zero();
+    auto out = forward();
+    const torch::Tensor logits = out.at("logits").toTensor();
+    const torch::Tensor aux = out.at("aux").toTensor();
+    torch::Tensor value =
+        term == 0 ? torch::nn::functional::cross_entropy(logits, (*targets)[0])
+        : term == 1 ? torch::nn::functional::mse_loss(aux, (*targets)[1])
+                    : aux.sum();
+    value.backward();
+    reference_loss += value.item<float>();
+    reference_grad += trunk->weight.grad();
+    EXPECT_GT(trunk->weight.grad().abs().sum().item<float>(), 0.0f) << term;
+  }
+  EXPECT_NEAR(total->item<float>(), reference_loss, 1e-4);
+  EXPECT_TRUE(torch::allclose(grad, reference_grad, 1e-5, 1e-6))
+      << (grad - reference_grad).abs().max();
+  const c10::IValue dict = forward();
+  // A term that does not fit says which term it is.
+  auto bad = ComputeLoss(*ParseLossSpec("mean@logits+mse@nope:z:float32[B,3]"),
+                         dict, {(*targets)[1]});
+  EXPECT_NE(bad.status().message().find(
+                "term mse@nope:z:float32[B,3]: loss @nope: the model's output "
+                "dict has no key \"nope\""),
+            std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ class InterpreterTest : public ::testing::TestWithParam<TestModel> {};
 // with the same RNG seed (dropout draws the same masks).
 StepResult Step(torch::jit::Module& module, Interpreter* interpreter,
                 const std::vector<c10::IValue>& inputs,
-                const v1::LossSpec& loss_spec, const torch::Tensor& target) {
+                const v1::LossSpec& loss_spec,
+                const std::vector<torch::Tensor>& targets) {
   for (auto p : module.parameters()) p.mutable_grad() = torch::Tensor();
   torch::manual_seed(7);
   c10::IValue outputs;
@@ -35,7 +36,7 @@ StepResult Step(torch::jit::Module& module, Interpreter* interpreter,
     EXPECT_TRUE(run.ok()) << run.status();
     outputs = *run;
   }
-  auto loss = ComputeLoss(loss_spec, outputs, target);
+  auto loss = ComputeLoss(loss_spec, outputs, targets);
   EXPECT_TRUE(loss.ok()) << loss.status();
   loss->backward();
   StepResult result;
@@ -60,7 +61,7 @@ TEST_P(InterpreterTest, SameLossAndGradientsAsTheModule) {
   std::vector<c10::IValue> inputs(tensors->begin(), tensors->end());
   auto loss_spec = ParseLossSpec(model.loss);
   ASSERT_TRUE(loss_spec.ok());
-  auto target = MakeTarget(*loss_spec, model.batch, torch::kCPU);
+  auto target = MakeTargets(*loss_spec, model.batch, torch::kCPU);
   ASSERT_TRUE(target.ok());
 
   torch::jit::setGraphExecutorOptimize(false);

@@ -12,7 +12,7 @@ required argument without a spec.
 import json
 import os
 import subprocess
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 import pytest
 import torch
@@ -87,6 +87,45 @@ class Gpt2Block(nn.Module):
             h = h + blk["proj"](a)
             h = h + blk["out"](F.gelu(blk["fc"](blk["ln2"](h))))
         return self.ln_f(h) @ self.wte.weight.t()
+
+
+class TwoHeads(nn.Module):
+    """A classifier with an auxiliary regression head on a shared trunk,
+    returning both in a dict (a multi-task model)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(16, 64), nn.ReLU(),
+                                   nn.Linear(64, 64), nn.ReLU(),
+                                   nn.Linear(64, 64), nn.ReLU())
+        self.logits = nn.Linear(64, 10)
+        self.aux = nn.Linear(64, 4)
+
+    def forward(self, x) -> Dict[str, torch.Tensor]:
+        h = self.trunk(x)
+        return {"logits": self.logits(h), "aux": self.aux(h)}
+
+
+class TwoHeadsTuple(TwoHeads):
+    """The same two heads returned as a tuple `(logits, aux)`."""
+
+    def forward(self, x) -> Tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(x)
+        return self.logits(h), self.aux(h)
+
+
+class OwnLoss(nn.Module):
+    """A model that returns `(logits, loss)`, its loss computed inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(),
+                                 nn.Linear(64, 64), nn.ReLU(),
+                                 nn.Linear(64, 10))
+
+    def forward(self, x) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x)
+        return logits, logits.pow(2).mean()
 
 
 def run(*args):
@@ -254,3 +293,106 @@ def test_execute_runs_the_step_the_schedule_was_planned_for(tmp_path):
         assert p.returncode == 2, p.stderr
         assert f"{flag} {value}" in p.stderr and \
             f"planned for {flag} {planned}" in p.stderr, p.stderr
+
+
+def test_mse_regression_step_fits_its_budget_with_equal_gradients(tmp_path):
+    """--loss mse:TARGET: a float target of the output's shape, generated
+    from the seed; profile, plan halfway to the floor, execute: within the
+    budget, gradients equal to the unmodified step's; the schedule records
+    mse and execute without --loss runs it."""
+    path = tmp_path / "reg.pt"
+    torch.jit.script(nn.Sequential(
+        nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+        nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))).save(str(path))
+    v = profile_plan_execute(tmp_path, path, ["x:float32[B,16]"],
+                             ["--loss", "mse:z:float32[B,4]"])
+    assert abs(v.get("loss_diff", 0)) < 1e-6
+    sched = json.loads((tmp_path / "s.json").read_text())
+    assert sched["loss"]["kind"] == "MSE"
+    assert sched["loss"]["target"]["name"] == "z"
+    worker = os.path.join(BIN, "mutwo-worker")
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--output", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["gradients_match"]
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", "mse:z:float32[B,4]", "--output", "json")
+    assert p.returncode == 0, p.stderr
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", "mean")
+    assert p.returncode == 2
+    assert ("--loss mean contradicts the schedule, planned for --loss "
+            "mse:z:float32[B,4]") in p.stderr, p.stderr
+    # A target of another shape is refused, naming both shapes.
+    p = run(worker, "profile", path, "--input", "x:float32[B,16]",
+            "--batch", "4", "--loss", "mse:z:float32[B,3]")
+    assert p.returncode == 2
+    assert ("output shape [4,4] differs from target \"z:float32[B,3]\" "
+            "shape [4,3]") in p.stderr, p.stderr
+
+
+def backward_names(tmp_path):
+    """The autograd nodes the profiled step's backward ran."""
+    profile = json.loads((tmp_path / "p.json").read_text())
+    return [step["name"] for step in profile["backward_steps"]]
+
+
+@pytest.mark.parametrize("returns", ["dict", "tuple"])
+def test_two_loss_terms_over_two_outputs(tmp_path, returns):
+    """A two-head model (a dict or a `(logits, aux)` tuple): without
+    @OUTPUT, cross_entropy and mse refuse to guess, naming both outputs and
+    the syntax; with a term per head (repeated --loss, or joined by +: the
+    same step) profile, plan and execute give equal gradients within the
+    budget, the step's backward runs through both terms, and the schedule
+    records both; executed with one term it is refused, naming both."""
+    path = tmp_path / "heads.pt"
+    model = TwoHeads() if returns == "dict" else TwoHeadsTuple()
+    torch.jit.script(model).save(str(path))
+    keys = ["logits", "aux"] if returns == "dict" else ["0", "1"]
+    worker = os.path.join(BIN, "mutwo-worker")
+    base = ["--input", "x:float32[B,16]", "--batch", "4"]
+    for loss in ("cross_entropy:y:int64[B]{0,10}", "mse:z:float32[B,4]"):
+        p = run(worker, "profile", path, *base, "--loss", loss)
+        assert p.returncode == 2, p.stderr
+        kind = loss.partition(":")[0]
+        assert (f"loss {kind}: the model returns a {returns} with "
+                f"floating-point tensors in 2 entries ({keys[0]} [4,10], "
+                f"{keys[1]} [4,4]); name the output the loss reads with "
+                f"{kind}@OUTPUT") in p.stderr, p.stderr
+    terms = [f"cross_entropy@{keys[0]}:y:int64[B]{{0,10}}",
+             f"mse@{keys[1]}:z:float32[B,4]"]
+    v = profile_plan_execute(tmp_path, path, ["x:float32[B,16]"],
+                             ["--loss", terms[0], "--loss", terms[1]])
+    # Both terms are differentiated: a term left out of the loss would
+    # leave its head untrained and out of the planned backward.
+    names = backward_names(tmp_path)
+    assert "NllLossBackward0" in names and "MseLossBackward0" in names, names
+    sched = json.loads((tmp_path / "s.json").read_text())
+    assert [t["kind"] for t in sched["loss"]["terms"]] == \
+        ["CROSS_ENTROPY", "MSE"]
+    assert [t["output"] for t in sched["loss"]["terms"]] == keys
+    # The +-joined form is the same loss: execute accepts it.
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", "+".join(terms), "--output", "json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["gradients_match"]
+    # One term alone is another step: refused, naming both.
+    p = run(worker, "execute", path, "--schedule", tmp_path / "s.json",
+            "--loss", terms[0])
+    assert p.returncode == 2, p.stderr
+    assert (f"--loss {terms[0]} contradicts the schedule, planned for "
+            f"--loss {'+'.join(terms)}") in p.stderr, p.stderr
+
+
+def test_a_model_returning_logits_and_its_loss(tmp_path):
+    """`--loss model` over `(logits, loss)`: the one-element output is the
+    loss; the plan executes within budget with equal gradients."""
+    path = tmp_path / "own.pt"
+    torch.jit.script(OwnLoss()).save(str(path))
+    profile_plan_execute(tmp_path, path, ["x:float32[B,16]"],
+                         ["--loss", "model"])
+    # The backward starts at the model's loss alone (a mean of every output
+    # would add a mean of the logits).
+    names = backward_names(tmp_path)
+    assert names.count("MeanBackward0") == 1 and "PowBackward0" in names, \
+        names

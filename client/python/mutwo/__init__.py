@@ -14,9 +14,9 @@ a schedule file); the client needs grpcio and protobuf.
 """
 from typing import TYPE_CHECKING, Any
 
-from mutwo._specs import (format_bytes, make_job_spec, parse_budget,
-                          parse_bytes, parse_loss, parse_optimizer,
-                          parse_tensor_spec, read_token)
+from mutwo._specs import (format_bytes, format_loss, make_job_spec,
+                          parse_budget, parse_bytes, parse_loss,
+                          parse_optimizer, parse_tensor_spec, read_token)
 from mutwo._types import (BatchResult, BudgetOutcome, Decision, Job,
                           JobProgress, MaxBatch, MaxBatchCheck, Model,
                           ParetoPoint, Schedule, TrainingLoopAnswer,
@@ -36,7 +36,8 @@ __all__ = [
     "ScheduleMismatchError", "Schedule", "Decision", "ParetoPoint", "Job",
     "JobProgress", "BatchResult", "BudgetOutcome", "Validation", "MaxBatch",
     "MaxBatchCheck", "Model", "Worker", "TrainingLoopReport", "TrainingLoopAnswer", "make_job_spec", "parse_budget", "parse_bytes",
-    "parse_loss", "parse_optimizer", "parse_tensor_spec", "format_bytes",
+    "parse_loss", "format_loss", "parse_optimizer", "parse_tensor_spec",
+    "format_bytes",
     "read_token",
 ]
 

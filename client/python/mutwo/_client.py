@@ -243,7 +243,9 @@ class Client:
         (`x:float32[B,3,224,224]`), budgets `60%`, `80%dev`, `4GiB` or
         `auto` (the knee of the Pareto curve), capacity (of the max batch,
         verified on a worker) `16GiB` or `95%dev`, loss
-        `mean`/`sum`/`model`/`cross_entropy:y:int64[B]{0,1000}`, optimizer
+        `mean`/`sum`/`model`/`cross_entropy:y:int64[B]{0,1000}`/
+        `mse:z:float32[B,4]`, `KIND@OUTPUT` for one output, several terms
+        joined by `+` or as a list (docs/loss.md), optimizer
         `sgd`/`adam:lr=0.01`/... (the CLI's forms). A repeated
         client_request_id returns the first job.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import (TYPE_CHECKING, Any, Iterable, Optional, Sequence,
+from typing import (TYPE_CHECKING, Any, Iterable, List, Optional, Sequence,
                     Union)
 
 
@@ -162,34 +162,124 @@ def parse_tensor_spec(text: str) -> types_pb2.TensorSpec:
     return spec
 
 
-def parse_loss(text: str) -> types_pb2.LossSpec:
-    """`mean`, `sum`, `model` or `cross_entropy:y:int64[B]{0,1000}`, each
-    optionally `KIND@OUTPUT` to read one dict entry or tuple element of the
-    model's output (`cross_entropy@logits:y:int64[B]{0,1000}`, `mean@0`),
-    as the CLI's --loss."""
-    s = str(text).strip()
+_LOSS_KINDS = ("use mean, sum, model, cross_entropy:TARGET (like "
+               "cross_entropy:y:int64[B]{0,1000}) or mse:TARGET (like "
+               "mse:z:float32[B,4]), optionally KIND@OUTPUT to read one dict "
+               "entry or tuple element (like "
+               "cross_entropy@logits:y:int64[B]{0,1000}), terms joined by + "
+               "(like cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:"
+               "float32[B,4])")
+
+
+def _split_loss_terms(text: str) -> List[str]:
+    """The `+`-separated terms; a `+` inside a target's brackets
+    (`{0,1e+3}`) does not separate."""
+    terms, depth, begin = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "[{":
+            depth += 1
+        elif c in "]}" and depth > 0:
+            depth -= 1
+        elif c == "+" and depth == 0:
+            terms.append(text[begin:i])
+            begin = i + 1
+    terms.append(text[begin:])
+    return terms
+
+
+def _parse_loss_term(text: str, term: str) -> types_pb2.LossSpec:
+    s = term.strip()
+    where = ('loss "%s"' % text if s == str(text).strip()
+             else 'loss "%s", term "%s"' % (text, s))
+    if not s:
+        raise ValueError("%s: empty term; %s" % (where, _LOSS_KINDS))
     head, colon, rest = s.partition(":")
     kind_text, at, output = head.partition("@")
     if at and not output:
-        raise ValueError('loss "%s": expected a dict key or tuple index after '
+        raise ValueError("%s: expected a dict key or tuple index after "
                          "'@', like cross_entropy@out:y:int64[B,64,64]{0,21}"
-                         % text)
+                         % where)
     kinds = {"mean": types_pb2.LossSpec.MEAN, "sum": types_pb2.LossSpec.SUM,
              "model": types_pb2.LossSpec.MODEL}
     kind = kind_text.lower()
-    if kind in kinds and not colon:
+    if kind in kinds:
+        if colon:
+            raise ValueError("%s: %s takes no target (only cross_entropy and "
+                             "mse do)" % (where, kind))
         return types_pb2.LossSpec(kind=kinds[kind], output=output)
-    if kind == "cross_entropy" and colon:
-        target = parse_tensor_spec(rest)
-        if target.dtype != types_pb2.INT64:
-            raise ValueError('loss "%s": a cross_entropy target holds class '
-                             "indices and must be int64" % text)
-        return types_pb2.LossSpec(kind=types_pb2.LossSpec.CROSS_ENTROPY,
-                                  target=target, output=output)
-    raise ValueError('loss "%s": use mean, sum, model or cross_entropy:TARGET '
-                     "(like cross_entropy:y:int64[B]{0,1000}), optionally "
-                     "KIND@OUTPUT to read one dict entry or tuple element "
-                     "(like mean@out)" % text)
+    if kind in ("cross_entropy", "mse"):
+        example = ("mse:z:float32[B,4]" if kind == "mse"
+                   else "cross_entropy:y:int64[B]{0,1000}")
+        if not colon:
+            raise ValueError("%s: %s needs a target spec after ':', like %s"
+                             % (where, kind, example))
+        try:
+            target = parse_tensor_spec(rest)
+        except ValueError as e:
+            raise ValueError("%s: target %s" % (where, e)) from None
+        if kind == "cross_entropy" and target.dtype != types_pb2.INT64:
+            raise ValueError("%s: a cross_entropy target holds class "
+                             "indices and must be int64, like "
+                             "y:int64[B]{0,1000}" % where)
+        if kind == "mse" and target.dtype not in _FLOAT_DTYPES:
+            raise ValueError("%s: an mse target is compared with a "
+                             "floating-point output and must be float32, "
+                             "float64, float16 or bfloat16, like mse:%s:"
+                             "float32[B,4]" % (where, target.name))
+        return types_pb2.LossSpec(
+            kind=(types_pb2.LossSpec.MSE if kind == "mse"
+                  else types_pb2.LossSpec.CROSS_ENTROPY),
+            target=target, output=output)
+    raise ValueError('%s: unknown loss kind "%s"; %s'
+                     % (where, kind_text, _LOSS_KINDS))
+
+
+def parse_loss(text: Union[str, Sequence[str]]) -> types_pb2.LossSpec:
+    """`KIND[@OUTPUT][:TARGET]`, as the CLI's --loss (docs/loss.md): `mean`,
+    `sum`, `model`, `cross_entropy:y:int64[B]{0,1000}` (int64 class
+    indices) or `mse:z:float32[B,4]` (a float target of the output's
+    shape); `KIND@OUTPUT` reads one dict entry or tuple element of the
+    model's output (`cross_entropy@logits:y:int64[B]{0,1000}`, `mean@0`).
+    Several terms, joined by `+` or given as a list, are summed
+    (`LossSpec.terms`)."""
+    if not isinstance(text, str):
+        text = "+".join(text) if len(text) else "mean"
+    texts = _split_loss_terms(str(text).strip())
+    if len(texts) == 1:
+        return _parse_loss_term(text, texts[0])
+    loss = types_pb2.LossSpec(
+        terms=[_parse_loss_term(text, t) for t in texts])
+    names = [t.target.name for t in loss.terms if t.HasField("target")]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError('loss "%s": two loss terms name their target '
+                             '"%s": give each term\'s target its own name'
+                             % (text, name))
+    return loss
+
+
+def format_tensor_spec(spec: types_pb2.TensorSpec) -> str:
+    """The text parse_tensor_spec reads back to `spec`."""
+    dtype = {v: k for k, v in _DTYPES.items()}.get(spec.dtype, "?")
+    dims = ",".join("B" if d == BATCH_DIM else str(d) for d in spec.dims)
+    text = "%s:%s[%s]" % (spec.name, dtype, dims)
+    if spec.HasField("range"):
+        text += "{%g,%g}" % (spec.range.low, spec.range.high)
+    return text
+
+
+def format_loss(loss: types_pb2.LossSpec) -> str:
+    """The text parse_loss reads back to `loss` (as the worker prints it)."""
+    if len(loss.terms):
+        return "+".join(format_loss(t) for t in loss.terms)
+    kind = loss.kind if loss.kind != types_pb2.LossSpec.KIND_UNSPECIFIED \
+        else types_pb2.LossSpec.MEAN
+    text = types_pb2.LossSpec.Kind.Name(kind).lower()
+    if loss.output:
+        text += "@" + loss.output
+    if kind in (types_pb2.LossSpec.CROSS_ENTROPY, types_pb2.LossSpec.MSE):
+        text += ":" + format_tensor_spec(loss.target)
+    return text
 
 
 def parse_optimizer(text: str) -> types_pb2.OptimizerSpec:
@@ -222,7 +312,8 @@ def make_job_spec(model_sha256: str,
                   inputs: Sequence[Union[str, types_pb2.TensorSpec]],
                   batch_sizes: Iterable[int],
                   budgets: Iterable[Union[str, types_pb2.MemoryBudget]] = (),
-                  loss: Union[str, types_pb2.LossSpec] = "mean",
+                  loss: Union[str, Sequence[str],
+                              types_pb2.LossSpec] = "mean",
                   optimizer: Union[str, types_pb2.OptimizerSpec] = "sgd",
                   model_name: str = "", device_kind: str = "",
                   max_overhead: float = 0.0, warmup_iterations: int = 0,
@@ -247,7 +338,8 @@ def make_job_spec(model_sha256: str,
         model_sha256=model_sha256,
         model_name=model_name,
         inputs=[as_proto(i, parse_tensor_spec) for i in inputs],
-        loss=as_proto(loss, parse_loss),
+        loss=(loss if isinstance(loss, types_pb2.LossSpec)
+              else parse_loss(loss)),
         optimizer=as_proto(optimizer, parse_optimizer),
         batch_sizes=[int(b) for b in batch_sizes],
         budgets=[as_proto(b, parse_budget) for b in budgets],

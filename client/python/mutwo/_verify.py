@@ -19,8 +19,9 @@ MODEL_PY:FACTORY names a Python file and a function in it:
 - The loss: a function `loss(output, target)` defined in MODEL_PY if there
   is one and --loss is not given; else --loss as the worker takes it (`mean`
   and `sum` over the floating outputs, `model`: the model returns its loss,
-  `cross_entropy[:SPEC]`: against the target); default `cross_entropy` when
-  there is an integer target, `mean` otherwise.
+  `cross_entropy[:SPEC]`, `mse[:SPEC]`: against the target; terms joined
+  by `+` are summed, each with its own target; docs/loss.md); default
+  `cross_entropy` when there is an integer target, `mean` otherwise.
 
 Both steps run in one process on --device, from the same weights, seed and
 data: the UNMODIFIED step and the step with `mutwo.apply(model, schedule)`.
@@ -182,7 +183,8 @@ def _tensor_from_spec(spec: Any, batch: int, device: Any,
 def make_batch(user: UserModel, inputs: Sequence[str], loss: str,
                batch: int, device: Any, seed: int
                ) -> Tuple[Tuple[Any, ...], Any]:
-    """(inputs tuple, target or None) on `device`."""
+    """(inputs tuple, target or None) on `device`; with --inputs and a
+    loss of several terms with targets, a tuple of their targets."""
     import torch
     from mutwo._specs import parse_loss, parse_tensor_spec
     from mutwo.v1 import types_pb2
@@ -190,18 +192,20 @@ def make_batch(user: UserModel, inputs: Sequence[str], loss: str,
         generator = torch.Generator().manual_seed(seed)
         try:
             specs = [parse_tensor_spec(s) for s in inputs]
-            target_spec = None
+            target_specs = []
             if loss:
                 loss_spec = parse_loss(loss)
-                if loss_spec.kind == types_pb2.LossSpec.CROSS_ENTROPY:
-                    target_spec = loss_spec.target
+                target_specs = [t.target for t in
+                                (loss_spec.terms or [loss_spec])
+                                if t.HasField("target")]
         except ValueError as e:
             raise UsageError(str(e)) from None
         xs = tuple(_tensor_from_spec(s, batch, device, generator)
                    for s in specs)
-        target = (_tensor_from_spec(target_spec, batch, device, generator)
-                  if target_spec is not None else None)
-        return xs, target
+        # One target per term that has one, in order, after the inputs.
+        targets = tuple(_tensor_from_spec(t, batch, device, generator)
+                        for t in target_specs)
+        return xs, (targets[0] if len(targets) == 1 else targets or None)
     if user.batch_fn is None:
         raise UsageError(
             f'model "{user.source}": no batch to run: pass --inputs '
@@ -228,9 +232,9 @@ def make_batch(user: UserModel, inputs: Sequence[str], loss: str,
 
 def make_loss(user: UserModel, loss: str, target: Any
               ) -> Callable[[Any], Any]:
-    """The scalar loss of the model's output."""
+    """The scalar loss of the model's output (several terms: their sum,
+    each term taking the next of `target`'s tensors)."""
     import torch
-    import torch.nn.functional as F
     from mutwo._specs import parse_loss
     from mutwo.v1 import types_pb2
     if not loss and user.loss_fn is not None:
@@ -240,49 +244,91 @@ def make_loss(user: UserModel, loss: str, target: Any
                     not target.dtype.is_floating_point else "mean")
     head = text.partition(":")[0]
     name, at, output = head.partition("@")
-    if name.lower() == "cross_entropy" and ":" not in text:
+    if (name.lower() in ("cross_entropy", "mse") and ":" not in text
+            and "+" not in text):
         # Against the batch function's target: no target spec to parse.
         if at and not output:
             raise UsageError(f'loss "{text}": expected a dict key or tuple '
                              "index after '@', like cross_entropy@logits")
-        kind = types_pb2.LossSpec.CROSS_ENTROPY
-    else:
-        try:
-            spec = parse_loss(text)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        kind, output = spec.kind, spec.output
+        kind = (types_pb2.LossSpec.MSE if name.lower() == "mse"
+                else types_pb2.LossSpec.CROSS_ENTROPY)
+        return _term_loss(kind, output, target)
+    try:
+        spec = parse_loss(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not len(spec.terms):
+        return _term_loss(spec.kind, spec.output, target)
+    # A sum of terms: each term with a target takes the next one.
+    targets = list(target) if isinstance(target, (tuple, list)) else (
+        [target] if target is not None else [])
+    fns = []
+    for term in spec.terms:
+        term_target = None
+        if term.HasField("target"):
+            if not targets:
+                raise UsageError(f'loss "{text}": no target for term '
+                                 f'"{_specs_format_loss(term)}"')
+            term_target = targets.pop(0)
+        fns.append(_term_loss(term.kind, term.output, term_target))
+    return lambda out: sum(fn(out) for fn in fns)
+
+
+def _specs_format_loss(loss: Any) -> str:
+    from mutwo._specs import format_loss
+    return format_loss(loss)
+
+
+def _term_loss(kind: int, output: str, target: Any) -> Callable[[Any], Any]:
+    """One loss term (no terms of its own), as the worker computes it."""
+    import torch
+    import torch.nn.functional as F
+    from mutwo.v1 import types_pb2
+    name = types_pb2.LossSpec.Kind.Name(kind).lower()
 
     def floats(out: Any) -> List[Any]:
         from mutwo._apply import _flat_tensors
         return [t for t in _flat_tensors(out) if t.is_floating_point()]
 
     def selected(out: Any) -> Any:
-        if not output:
-            return out
-        return select_output(out, output)
+        if output:
+            return select_output(out, output)
+        key = refuse_ambiguous_logits(out, name)
+        return out if key is None else select_output(out, str(key))
+
+    if kind in (types_pb2.LossSpec.CROSS_ENTROPY, types_pb2.LossSpec.MSE):
+        if target is None:
+            raise UsageError(f"--loss {name} needs a target: the batch "
+                             f"function's target or {name}:SPEC")
 
     if kind == types_pb2.LossSpec.CROSS_ENTROPY:
-        if target is None:
-            raise UsageError("--loss cross_entropy needs a target: the batch "
-                             "function's target or cross_entropy:SPEC")
-
         def cross_entropy(out: Any) -> Any:
-            if not output:
-                refuse_ambiguous_logits(out, name)
             out = selected(out)
             logits = out if isinstance(out, torch.Tensor) else floats(out)[0]
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                    target.reshape(-1))
         return cross_entropy
+    if kind == types_pb2.LossSpec.MSE:
+        def mse(out: Any) -> Any:
+            out = selected(out)
+            pred = out if isinstance(out, torch.Tensor) else floats(out)[0]
+            if pred.shape != target.shape:
+                raise UsageError(f"loss mse: output shape {list(pred.shape)} "
+                                 f"differs from the target's "
+                                 f"{list(target.shape)}; give the target the "
+                                 "output's shape")
+            return F.mse_loss(pred, target.to(pred.dtype))
+        return mse
     if kind == types_pb2.LossSpec.MODEL:
         def model_loss(out: Any) -> Any:
             out = selected(out)
             return out if isinstance(out, torch.Tensor) else floats(out)[0]
         return model_loss
     if kind == types_pb2.LossSpec.SUM:
-        return lambda out: sum(t.sum() for t in floats(selected(out)))
-    return lambda out: sum(t.mean() for t in floats(selected(out)))
+        return lambda out: sum(t.sum() for t in floats(
+            select_output(out, output) if output else out))
+    return lambda out: sum(t.mean() for t in floats(
+        select_output(out, output) if output else out))
 
 
 def select_output(out: Any, key: str) -> Any:
@@ -310,29 +356,34 @@ def select_output(out: Any, key: str) -> Any:
                      "select from")
 
 
-def refuse_ambiguous_logits(out: Any, kind: str) -> None:
-    """cross_entropy reads one output; a dict, tuple or list holding
-    floating-point tensors in more than one entry could mean any of them,
-    so the loss must name it (`cross_entropy@KEY`), as the worker
-    requires."""
+def refuse_ambiguous_logits(out: Any, kind: str) -> Any:
+    """model, cross_entropy and mse read one output; a dict, tuple or list
+    holding candidates in more than one entry could mean any of them, so
+    the loss must name it (`KIND@OUTPUT`), as the worker requires.
+    Candidates hold floating-point tensors (for model, one-element ones).
+    Returns the only candidate's key, None for no container or none."""
     from mutwo._apply import _flat_tensors
     if isinstance(out, dict):
         entries = list(out.items())
     elif isinstance(out, (tuple, list)):
         entries = list(enumerate(out))
     else:
-        return
-    candidates = []
+        return None
+    candidates, keys = [], []
     for key, value in entries:
         tensors = [t for t in _flat_tensors(value) if t.is_floating_point()]
-        if tensors:
+        if tensors and (kind != "model" or tensors[0].numel() == 1):
             candidates.append(f"{key} {list(tensors[0].shape)}")
+            keys.append(key)
     if len(candidates) > 1:
+        what = " one-element" if kind == "model" else ""
         raise UsageError(
-            f"loss {kind}: the model returns a {type(out).__name__} with "
-            f"floating-point tensors in {len(candidates)} entries "
-            f"({', '.join(candidates)}); name the logits with "
-            f"{kind}@KEY, like {kind}@{candidates[0].split(' ')[0]}")
+            f"loss {kind}: the model returns a {type(out).__name__} with"
+            f"{what} floating-point tensors in {len(candidates)} entries "
+            f"({', '.join(candidates)}); name the output the loss reads "
+            f"with {kind}@OUTPUT, like {kind}@{keys[0]} (terms over "
+            "several outputs are joined by +)")
+    return keys[0] if keys else None
 
 
 def make_optimizer(text: str, params: Any) -> Any:
@@ -733,13 +784,8 @@ def _spec_text(spec: Any) -> str:
 
 
 def _loss_text(loss: Any) -> str:
-    from mutwo.v1 import types_pb2
-    text = types_pb2.LossSpec.Kind.Name(loss.kind).lower()
-    if loss.output:
-        text += "@" + loss.output
-    if loss.kind == types_pb2.LossSpec.CROSS_ENTROPY:
-        text += ":" + _spec_text(loss.target)
-    return text
+    from mutwo._specs import format_loss
+    return format_loss(loss)
 
 
 def _optimizer_text(opt: Any) -> str:
@@ -791,7 +837,8 @@ def use_planned_step(args: argparse.Namespace, schedule: Any,
         theirs_text = _loss_text(planned.loss)
         if args.loss:
             kind = args.loss.partition(":")[0].partition("@")[0].lower()
-            if ":" in args.loss or kind != "cross_entropy":
+            if (":" in args.loss or "+" in args.loss
+                    or kind not in ("cross_entropy", "mse")):
                 if parsed("--loss", _specs.parse_loss,
                           args.loss) != planned.loss:
                     refuse("--loss", args.loss, theirs_text)
@@ -1049,8 +1096,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "batch function, else the inputs the schedule was planned "
                    "for; given, they must be those)")
     p.add_argument("--loss", default="",
-                   help="mean, sum, model, cross_entropy or "
-                   "cross_entropy:y:int64[B]{0,1000} (default: the model "
+                   help="KIND[@OUTPUT][:TARGET] as the worker takes it "
+                   "(docs/loss.md): mean, sum, model, cross_entropy[:y:"
+                   "int64[B]{0,1000}] or mse[:z:float32[B,4]] (without "
+                   "TARGET: the batch function's target); @OUTPUT reads one "
+                   "dict key or tuple index; terms joined by + are summed, "
+                   "e.g. cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:"
+                   "float32[B,4] (default: the model "
                    "file's loss(output, target), else the schedule's loss, "
                    "else cross_entropy with an integer target, else mean; "
                    "given, it must be the schedule's)")

@@ -1,5 +1,5 @@
-"""The budget and input-spec strings of tests/golden/budgets.txt through
-mutwo's parse_budget and parse_tensor_spec; tests/common/parse_golden_test.cc
+"""The budget, input-spec and loss strings of tests/golden/budgets.txt
+through mutwo's parse_budget, parse_tensor_spec and parse_loss; tests/common/parse_golden_test.cc
 reads the same file through the C++ parsers (the CLI's and the server's), so
 the two cannot drift apart without one of them failing."""
 from __future__ import annotations
@@ -62,13 +62,15 @@ def _spec_outcome(s: types_pb2.TensorSpec) -> str:
 
 CASES = _read_corpus()
 PARSERS = {"budget": (_specs.parse_budget, _budget_outcome),
-           "spec": (_specs.parse_tensor_spec, _spec_outcome)}
+           "spec": (_specs.parse_tensor_spec, _spec_outcome),
+           "loss": (_specs.parse_loss, _specs.format_loss)}
 
 
-def test_corpus_has_budgets_and_specs() -> None:
+def test_corpus_has_budgets_specs_and_losses() -> None:
     kinds = [c.kind for c in CASES]
-    assert set(kinds) == {"budget", "spec"}
+    assert set(kinds) == {"budget", "spec", "loss"}
     assert kinds.count("budget") >= 20 and kinds.count("spec") >= 20
+    assert kinds.count("loss") >= 15
 
 
 @pytest.mark.parametrize("case", CASES,

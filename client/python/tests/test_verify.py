@@ -496,3 +496,60 @@ def test_the_step_the_schedule_was_planned_for_is_used_and_kept(
         "--inputs", "x:float32[B,3,16,16]", "--optimizer", "adam:lr=0.01",
         "--loss", "cross_entropy:y:int64[B]{0,10}"])
     assert code == 0, err
+
+
+def test_mse_and_terms_parse_format_and_compute_as_the_worker() -> None:
+    """`mse:SPEC` and `+`-joined terms (or a list of them, as a repeated
+    --loss) parse to the LossSpec the C++ parser makes and print back the
+    same; the loss of several terms is their sum, each term against its
+    own target, so its gradient is the sum of the terms' gradients."""
+    from types import SimpleNamespace
+
+    from mutwo import _specs, _verify
+    from mutwo.v1 import types_pb2
+    text = "cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:float32[B,4]"
+    spec = mutwo.parse_loss(text)
+    assert [t.kind for t in spec.terms] == [types_pb2.LossSpec.CROSS_ENTROPY,
+                                            types_pb2.LossSpec.MSE]
+    assert spec.terms[1].output == "aux" and spec.terms[1].target.name == "z"
+    assert mutwo.format_loss(spec) == text
+    assert mutwo.parse_loss(text.split("+")) == spec
+    assert _specs.format_loss(mutwo.parse_loss([])) == "mean"
+    job = mutwo.make_job_spec("a" * 64, ["x:float32[B,8]"], [4],
+                              loss=text.split("+"))
+    assert job.loss == spec
+    with pytest.raises(ValueError, match='term "mse@b:z:int8'):
+        mutwo.parse_loss("mean@a+mse@b:z:int8[B]{0,2}")
+    with pytest.raises(ValueError, match="mse needs a target spec"):
+        mutwo.parse_loss("mse")
+
+    user = SimpleNamespace(loss_fn=None)
+    torch.manual_seed(0)
+    xs, targets = _verify.make_batch(user, ["x:float32[B,8]"], text, 4,
+                                     "cpu", 3)
+    y, z = targets
+    assert y.dtype == torch.int64 and z.shape == (4, 4)
+    assert int(y.max()) < 10
+    logits = torch.randn(4, 10, requires_grad=True)
+    aux = torch.randn(4, 4, requires_grad=True)
+    out = {"logits": logits, "aux": aux}
+    total = _verify.make_loss(user, text, targets)(out)
+    total.backward()
+    l, a = (t.detach().clone().requires_grad_() for t in (logits, aux))
+    (F.cross_entropy(l, y) + F.mse_loss(a, z)).backward()
+    assert torch.allclose(logits.grad, l.grad)
+    assert torch.allclose(aux.grad, a.grad) and aux.grad.abs().sum() > 0
+
+    # mse, like cross_entropy, refuses to guess among several outputs.
+    with pytest.raises(_verify.UsageError) as e:
+        _verify.make_loss(user, "mse:z:float32[B,4]", z)(out)
+    assert ("loss mse: the model returns a dict with floating-point tensors "
+            "in 2 entries (logits [4, 10], aux [4, 4]); name the output the "
+            "loss reads with mse@OUTPUT, like mse@logits") in str(e.value)
+    assert torch.equal(_verify.make_loss(user, "mse@aux:z:float32[B,4]", z)(
+        out), F.mse_loss(aux, z))
+    with pytest.raises(_verify.UsageError, match="model@OUTPUT"):
+        _verify.make_loss(user, "model", None)(
+            (torch.ones(()), torch.ones(1), logits))
+    assert float(_verify.make_loss(user, "model", None)(
+        (logits, torch.full((), 2.0)))) == 2.0
