@@ -21,12 +21,7 @@ OUT=${1:?usage: bench/anchors/run_all.sh OUT_DIR [MODELS]}
 MODELS=${2:-resnet152,transformer,gpt,vit_b_16}
 BUILD=${BUILD:-/tmp/bg}
 mkdir -p "$OUT/mutwo"
-nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv > "$OUT/card.txt" 2>&1
-if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
-  export CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUTWO_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1 &&
-    cmake --build "$BUILD" --target mutwo mutwo-worker >> "$OUT/build.log" 2>&1 || { echo "build failed" >&2; exit 1; }
-fi
+source bench/gpu/ensure_build.sh
 MD=${MODELS_DIR:-$OUT/models}
 python3 bench/gpu/make_models.py "$MD" ${MODELS//,/ } 2> "$OUT/models.log"
 for m in ${MODELS//,/ }; do

@@ -16,12 +16,7 @@ MODEL=${2:?model}
 shift 2
 BUILD=${BUILD:-/tmp/bg}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv > "$OUT/card.txt" 2>&1
-if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
-  export CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUTWO_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1 &&
-    cmake --build "$BUILD" --target mutwo mutwo-worker >> "$OUT/build.log" 2>&1 || { echo "build failed" >&2; exit 1; }
-fi
+source bench/gpu/ensure_build.sh
 MD=${MODELS_DIR:-$OUT/models}
 [ -f "$MD/$MODEL.pt" ] || python3 bench/gpu/make_models.py "$MD" "$MODEL" 2>> "$OUT/models.log"
 read -r -a FLAGS < <(python3 - "$MODEL" <<'PY'
