@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
+#include "tests/testing/model_archive.h"
 
 namespace {
 
@@ -173,8 +174,12 @@ TEST(MutwoFlags, EnumValuesInAnyCase) {
 class MutwoSubmitChecks : public ::testing::Test {
  protected:
   void SetUp() override {
+    // A model whose forward takes x and an optional y: the CLI checks the
+    // archive against the inputs before it uploads (then finds no server).
     model_ = ::testing::TempDir() + "/binaries_test_model.pt";
-    std::ofstream(model_) << "bytes that are never uploaded";
+    std::ofstream(model_, std::ios::binary)
+        << mutwo::testing::ModelArchiveWithForward(
+               "x: Tensor, y: Optional[Tensor]=None");
   }
   CommandResult Submit(const std::string& args) {
     return RunCommand(Mutwo("submit " + model_ + " " + args) + kNoServer);
