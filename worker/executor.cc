@@ -402,10 +402,7 @@ absl::Status Executor::State::Validate(v1::Validation* validation) {
           ZeroGrads();
           backend->Synchronize();
           MUTWO_RETURN_IF_ERROR(Step(scheduled).status());
-          return Guard("optimizer step", [&]() {
-            if (optimizer) optimizer->step();
-            return absl::OkStatus();
-          });
+          return OptimizerStep();
         },
         [&]() { backend->Synchronize(); }));
   }

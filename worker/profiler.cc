@@ -381,12 +381,8 @@ absl::Status Profiler::State::InterpretedStep(IterationRecord* record) {
   }
 
   windows.Open([record](int64_t p) { record->optimizer_peak_bytes = p; });
-  current_step = "optimizer step";
   const int optimizer_start = backend->Mark();
-  MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
-    if (optimizer) optimizer->step();
-    return absl::OkStatus();
-  }));
+  MUTWO_RETURN_IF_ERROR(OptimizerStep());
   const int iteration_end = backend->Mark();
   windows.Close();
   backend->Synchronize();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/autograd_hooks.h"
 #include "worker/swap.h"
 
 namespace mutwo::worker {
@@ -50,11 +51,6 @@ struct ProbeSegment : public torch::autograd::Function<ProbeSegment> {
     return {out[0]};
   }
 };
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 }  // namespace
 

@@ -71,6 +71,16 @@ struct TrainingState {
     for (torch::Tensor& p : parameters) p.mutable_grad() = torch::Tensor();
   }
 
+  // The optimizer's update of the parameters from their gradients (none
+  // without an optimizer). Errors: Guard's.
+  absl::Status OptimizerStep() {
+    current_step = "optimizer step";
+    return Guard(current_step, [&]() {
+      if (optimizer) optimizer->step();
+      return absl::OkStatus();
+    });
+  }
+
   // `warmup` then `measure` timed training steps: `step` (forward, loss,
   // backward), then the optimizer step. The median time of the measured
   // ones and the allocator's peak over them.
@@ -86,11 +96,7 @@ struct TrainingState {
       backend->ResetPeak();
       const int start = backend->Mark();
       MUTWO_RETURN_IF_ERROR(step());
-      current_step = "optimizer step";
-      MUTWO_RETURN_IF_ERROR(Guard(current_step, [&]() {
-        if (optimizer) optimizer->step();
-        return absl::OkStatus();
-      }));
+      MUTWO_RETURN_IF_ERROR(OptimizerStep());
       const int end = backend->Mark();
       backend->Synchronize();
       if (it >= warmup) {
