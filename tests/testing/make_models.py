@@ -11,7 +11,7 @@ Nothing is downloaded: torchvision models are built with weights=None.
 """
 import os
 import sys
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn as nn
@@ -283,6 +283,38 @@ class Seq2Seq(nn.Module):
                                  tgt_mask=self.tgt_mask))
 
 
+class FastPathCheck(nn.Module):
+    """nn.TransformerEncoder's fast-path check in small: a reason string
+    chosen by constant settings, where the untaken arm builds and appends
+    to a list. Folding it destroys IR values that were written to, and
+    LibTorch's constant propagation kept reading its alias analysis of
+    them: a new constant at a freed value's address read as written to and
+    the fold stopped at `len(why) > 0` (on CUDA, at an address-dependent
+    point: two fingerprints for one file)."""
+
+    def __init__(self):
+        super().__init__()
+        self.use_fast = False
+        self.batch_first = True
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        why = ""
+        if not self.use_fast:
+            why = "the fast path is off"
+        elif not self.batch_first:
+            why = "batch_first is off"
+        else:
+            sizes: List[int] = []
+            for s in x.shape:
+                sizes.append(s)
+            sizes.append(len(sizes))
+            why = str(sizes)
+        if not why:
+            x = x * 2
+        return self.lin(x)
+
+
 # name -> (module, profile arguments for the tests and docs)
 MODELS = {
     "mlp": (Mlp, "--input x:float32[B,32]"),
@@ -304,6 +336,7 @@ MODELS = {
     "seq2seq": (Seq2Seq,
                 "--input src:int64[B,8]{0,64} --input tgt:int64[B,8]{0,64} "
                 "--loss cross_entropy:y:int64[B,8]{0,64}"),
+    "fast_path_check": (FastPathCheck, "--input x:float32[B,16]"),
 }
 
 

@@ -30,10 +30,10 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-# The fixtures whose outcome depended on addresses (issue 25), and the
+# The fixtures whose outcome depended on addresses, and the
 # zoo's repo families (one each).
 FIXTURES = ("diffusion_unet", "seq2seq", "transformer", "control_flow",
-            "two_inputs", "cnn")
+            "two_inputs", "cnn", "fast_path_check")
 ZOO = ("gpt", "transformer_encoder", "lstm_lm", "unet", "moe")
 
 

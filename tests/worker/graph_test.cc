@@ -1,6 +1,7 @@
 #include "worker/graph.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 
 #include <set>
 #include <vector>
@@ -365,6 +366,23 @@ TEST(GraphTest, FingerprintDependsOnStructureNotOnAllocation) {
   auto other = Graph::Create(module, swapped);
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_NE((*other)->fingerprint(), (*first)->fingerprint());
+}
+
+// Folding the module's constant settings reaches the same graph wherever
+// the allocator put the IR's values: LibTorch's constant propagation reads
+// an alias analysis of the graph it is rewriting, and a single pass stopped
+// at `len(why) > 0` in this fixture (and, address-dependent, in a 2.11
+// nn.TransformerEncoder on CUDA). The IR is folded to the end: no branch on
+// a constant left, and another pass finds nothing to fold.
+TEST(GraphTest, ConstantSettingsAreFoldedToTheEnd) {
+  auto graph = Graph::Create(Load("fast_path_check"));
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  std::vector<std::string> kinds;
+  for (const IrNode& node : (*graph)->nodes()) kinds.push_back(node.kind);
+  EXPECT_EQ(absl::StrJoin(kinds, " "),
+            "prim::GetAttr prim::GetAttr prim::GetAttr aten::linear");
+  std::shared_ptr<torch::jit::Graph> copy = (*graph)->graph()->copy();
+  EXPECT_FALSE(torch::jit::ConstantPropagation(copy)) << *copy;
 }
 
 }  // namespace
