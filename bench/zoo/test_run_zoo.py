@@ -144,3 +144,28 @@ def test_shards_merge_into_one_summary(tmp_path, monkeypatch):
     assert merged["summary"]["floor_points"] == 2
     assert merged["summary"]["floors_measured"] == 1
     assert merged["summary"]["seconds"] == 11
+
+
+def test_step_time_is_judged_as_predicted_and_against_this_process_baseline():
+    # Predicted +20% over a 100 ms profiled step; this process measured its
+    # unscheduled step at 150 ms and the scheduled one at 180 ms (+20%).
+    moved = dict(executed=True, fraction=0.5, predicted_iteration_ms=120.0,
+                 predicted_baseline_iteration_ms=100.0,
+                 measured_iteration_ms=180.0, baseline_iteration_ms=150.0)
+    plain, anchored = run_zoo.step_errors(moved)
+    assert abs(plain - (120 / 180 - 1)) < 1e-9
+    assert abs(anchored) < 1e-9
+    # A point whose overhead here is +40% against the +20% predicted.
+    short = dict(moved, measured_iteration_ms=210.0, fraction=0.75)
+    s = run_zoo.step_summary([moved, short])
+    assert s["points"] == 2
+    assert s["within_10pct"] == 0
+    assert s["anchored_within_10pct"] == 1
+    assert s["median_overhead"]["0.5"] == {"predicted": 0.2, "measured": 0.2,
+                                           "points": 1}
+    assert s["median_overhead"]["0.75"]["measured"] == 0.4
+    # Not measured (out of memory, or an older record): not counted.
+    assert run_zoo.step_errors(dict(moved, measured_iteration_ms=0)) is None
+    old = dict(moved)
+    del old["predicted_baseline_iteration_ms"]
+    assert run_zoo.step_errors(old)[1] is None
