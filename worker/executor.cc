@@ -443,6 +443,10 @@ absl::StatusOr<v1::Validation> Executor::Run(const v1::Schedule& schedule) {
       schedule.predicted_peak_bytes());
   validation.mutable_predicted()->set_iteration_ms(
       schedule.predicted_iteration_ms());
+  validation.mutable_predicted_baseline()->set_peak_bytes(
+      schedule.baseline_peak_bytes());
+  validation.mutable_predicted_baseline()->set_iteration_ms(
+      schedule.baseline_iteration_ms());
   validation.set_budget_bytes(schedule.budget_bytes());
   int recomputed = 0, swapped = 0;
   for (const v1::Decision& d : schedule.decisions()) {

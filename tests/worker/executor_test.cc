@@ -279,6 +279,13 @@ TEST_P(FlatPeakTest, FloorIsTheBaselineAndThePlanRetainsEverything) {
   EXPECT_LE(measured, static_cast<double>(floor)) << model.name;
   EXPECT_LE(measured, 1.10 * predicted) << model.name;
   EXPECT_GE(measured, 0.80 * predicted) << model.name;
+  // The prediction comes with the unscheduled step it was made against
+  // (the profile's), so its overhead reads beside the measured one.
+  EXPECT_GT(schedule.baseline_iteration_ms(), 0) << model.name;
+  EXPECT_EQ(validation->predicted_baseline().iteration_ms(),
+            schedule.baseline_iteration_ms());
+  EXPECT_EQ(validation->predicted_baseline().peak_bytes(),
+            schedule.baseline_peak_bytes());
 }
 
 INSTANTIATE_TEST_SUITE_P(FixtureModels, FlatPeakTest,
