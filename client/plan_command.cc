@@ -192,10 +192,11 @@ int MaxBatchCommand(const ParsedArgs& args) {
         *std::max_element(prediction->profiled_batch_sizes().begin(),
                           prediction->profiled_batch_sizes().end());
     std::cerr << cmd << "warning: the answer ("
-              << prediction->max_batch_with_schedule() << ") is "
-              << absl::StrFormat(
-                     prediction->extrapolation() < 10 ? "%.1fx" : "%.0fx",
-                     prediction->extrapolation())
+              << prediction->max_batch_with_schedule()
+              << ") is "
+              // As the answer's own line below prints it
+              // (planner/max_batch.cc): one factor, not 17x and 16.8x.
+              << absl::StrFormat("%.1fx", prediction->extrapolation())
               << " the largest profiled batch size (" << largest
               << "): a straight line fitted to batch sizes "
               << absl::StrJoin(prediction->profiled_batch_sizes(), ", ")

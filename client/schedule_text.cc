@@ -1,6 +1,7 @@
 #include "client/schedule_text.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -158,7 +159,8 @@ std::string ScheduleText(const v1::Schedule& s, const v1::Profile* profile,
                   percent(static_cast<double>(s.predicted_peak_bytes()),
                           static_cast<double>(s.baseline_peak_bytes())),
                   s.peak_position() > 0
-                      ? absl::StrCat(", at position ", s.peak_position())
+                      ? absl::StrCat(", at position ", s.peak_position(),
+                                     " of the step's timeline")
                       : "",
                   ")\n");
   absl::StrAppend(
@@ -186,16 +188,32 @@ std::string ScheduleText(const v1::Schedule& s, const v1::Profile* profile,
     absl::StrAppend(&out, pad,
                     "pareto (budget -> planned peak, step time; the first "
                     "budget is the floor):\n");
+    // The point this schedule is, so that `auto` (listed by the lowest
+    // budget its plan fits, not by the budget `auto` resolved to) can be
+    // found on the curve.
+    bool marked = false;
     for (const v1::ParetoPoint& p : s.pareto()) {
+      const bool this_one =
+          !marked && s.feasible() &&
+          p.predicted_peak_bytes() == s.predicted_peak_bytes() &&
+          std::abs(p.predicted_iteration_ms() - s.predicted_iteration_ms()) <
+              5e-4;
+      marked = marked || this_one;
       absl::StrAppend(
           &out, pad,
           absl::StrFormat(
               "  budget %12s -> %12s  %10.3f ms  %7s  (%d "
-              "recompute, %d swap)\n",
+              "recompute, %d swap)%s\n",
               FormatBytes(p.budget_bytes()),
               FormatBytes(p.predicted_peak_bytes()), p.predicted_iteration_ms(),
               percent(p.predicted_iteration_ms(), s.baseline_iteration_ms()),
-              p.recomputed(), p.swapped()));
+              p.recomputed(), p.swapped(),
+              this_one ? absl::StrCat("  <- this schedule (budget ",
+                                      s.budget().text().empty()
+                                          ? FormatBudget(s.budget())
+                                          : s.budget().text(),
+                                      " = ", FormatBytes(s.budget_bytes()), ")")
+                       : ""));
     }
   }
   return out;

@@ -109,7 +109,13 @@ v1::JobEvent JobEventFor(const v1::Job& job,
   }
   for (const v1::Task* t : leased) {
     if (t->kind() == v1::Task::PROFILE) {
-      running.push_back(absl::StrCat("profile batch ", t->batch_size()));
+      // The job shows PLANNING while a reported profile is planned, before
+      // its task is marked DONE (server/profile_reports.cc, ShowPlanning:
+      // only once no other profile is pending): that profile has run.
+      const bool planned_now = job.state() == v1::Job::PLANNING &&
+                               ResultFor(job, t->batch_size()) == nullptr;
+      running.push_back(absl::StrCat(planned_now ? "plan" : "profile",
+                                     " batch ", t->batch_size()));
       continue;
     }
     if (t->kind() == v1::Task::MAX_BATCH) {

@@ -125,7 +125,8 @@ absl::Status UseScheduleStep(const v1::Schedule& schedule,
 
 }  // namespace
 
-std::string FormatValidationText(const v1::Validation& v) {
+std::string FormatValidationText(const v1::Validation& v,
+                                 double planned_baseline_ms) {
   std::string out;
   absl::StrAppendFormat(&out, "device          %s (%s)\n", v.device().name(),
                         v.device().kind());
@@ -142,12 +143,34 @@ std::string FormatValidationText(const v1::Validation& v) {
   if (!v.baseline_skipped()) row("baseline", v.baseline());
   row("scheduled", v.scheduled());
   row("predicted", v.predicted());
+  // The predicted time is the profile's baseline plus what the plan adds;
+  // beside another run's baseline it reads as an overhead it is not.
+  const bool other_baseline =
+      planned_baseline_ms > 0 &&
+      (v.baseline_skipped() ||
+       absl::StrFormat("%.1f", planned_baseline_ms) !=
+           absl::StrFormat("%.1f", v.baseline().iteration_ms()));
+  const double predicted_overhead =
+      planned_baseline_ms > 0
+          ? 100.0 * (v.predicted().iteration_ms() / planned_baseline_ms - 1)
+          : 0.0;
+  if (other_baseline) {
+    absl::StrAppendFormat(
+        &out,
+        "                predicted from the profile's baseline step, "
+        "%.1f ms (%+.1f%%)%s\n",
+        planned_baseline_ms, predicted_overhead,
+        v.baseline_skipped()
+            ? ""
+            : absl::StrFormat("; this run's baseline took %.1f ms",
+                              v.baseline().iteration_ms()));
+  }
   absl::StrAppendFormat(&out, "budget          %s (%s)\n",
                         FormatBytes(v.budget_bytes()),
                         v.within_budget() ? "within" : "EXCEEDED");
   if (!v.baseline_skipped() && v.baseline().peak_bytes() > 0) {
     absl::StrAppendFormat(
-        &out, "memory saved    %s (%.1f%%), time paid %+.1f%%\n",
+        &out, "memory saved    %s (%.1f%%), time paid %+.1f%%%s\n",
         FormatBytes(v.baseline().peak_bytes() - v.scheduled().peak_bytes()),
         100.0 * (v.baseline().peak_bytes() - v.scheduled().peak_bytes()) /
             v.baseline().peak_bytes(),
@@ -155,7 +178,10 @@ std::string FormatValidationText(const v1::Validation& v) {
             ? 100.0 *
                   (v.scheduled().iteration_ms() / v.baseline().iteration_ms() -
                    1)
-            : 0.0);
+            : 0.0,
+        planned_baseline_ms > 0
+            ? absl::StrFormat(" (predicted %+.1f%%)", predicted_overhead)
+            : "");
   }
   if (v.baseline_skipped()) {
     absl::StrAppendFormat(&out,
@@ -228,7 +254,8 @@ int RunExecuteCommand(const ParsedArgs& args) {
   if (*output == "json") {
     std::cout << ProtoToJson(*validation) << "\n";
   } else {
-    std::cout << FormatValidationText(*validation);
+    std::cout << FormatValidationText(*validation,
+                                      schedule.baseline_iteration_ms());
   }
   // The result is printed either way; the exit code says whether it proves
   // the schedule, so that scripts cannot take an over-budget run for a fit.

@@ -1,5 +1,9 @@
 #include "client/schedule_text.h"
 
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -109,6 +113,40 @@ TEST(ScheduleText, FloorBesideTheBudgetAndParetoByBudget) {
   const std::string pareto_note = "the first budget is the floor";
   EXPECT_EQ(text.find("floor", budget_line_end),
             text.find(pareto_note) + pareto_note.size() - 5);
+}
+
+// `auto` resolves to a budget above the lowest at which its plan fits, the
+// budget its Pareto point is listed by: the point is marked, or a reader
+// finds `auto = 60.11 MiB` on no row of the curve.
+TEST(ScheduleText, MarksTheParetoPointThatIsThisSchedule) {
+  v1::Schedule s;
+  s.mutable_budget()->set_text("auto");
+  s.set_budget_bytes(63026008);
+  s.set_feasible(true);
+  s.set_baseline_peak_bytes(100 << 20);
+  s.set_baseline_iteration_ms(100);
+  s.set_predicted_peak_bytes(58 << 20);
+  s.set_predicted_iteration_ms(105.5);
+  for (const auto& [budget, peak, ms] :
+       std::vector<std::tuple<int64_t, int64_t, double>>{
+           {40 << 20, 39 << 20, 120},
+           {59 << 20, 58 << 20, 105.5},
+           {100 << 20, 100 << 20, 100}}) {
+    v1::ParetoPoint* p = s.add_pareto();
+    p->set_budget_bytes(budget);
+    p->set_predicted_peak_bytes(peak);
+    p->set_predicted_iteration_ms(ms);
+  }
+  const std::string text = ScheduleText(s, nullptr, "", 0);
+  EXPECT_THAT(text, ::testing::ContainsRegex(
+                        "budget +59.00 MiB -> +58.00 MiB +105.500 ms .*"
+                        "  <- this schedule \\(budget auto = 60.11 MiB\\)\n"));
+  const size_t mark = text.find("<- this schedule");
+  EXPECT_EQ(text.find("<- this schedule", mark + 1), std::string::npos);
+  // An infeasible schedule is no point of the curve.
+  s.set_feasible(false);
+  EXPECT_THAT(ScheduleText(s, nullptr, "", 0),
+              ::testing::Not(HasSubstr("<- this schedule")));
 }
 
 TEST(DecisionsText, WithoutAProfileIdsAndSizesRemain) {

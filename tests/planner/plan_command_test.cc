@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <regex>
 #include <string>
 
 #include "absl/strings/str_replace.h"
@@ -216,9 +217,18 @@ TEST(MaxBatchCommandTest, WarnsWhenItExtrapolatesFarBeyondTheProfiles) {
                                "/b2.json " + dir + "/b4.json";
   auto far = testing::RunCommand(profiles);
   ASSERT_EQ(far.exit_code, 0) << far.output;
-  EXPECT_THAT(far.output, ::testing::ContainsRegex(
-                              "warning: the answer \\([0-9]+\\) is [0-9]{3,}x "
-                              "the largest profiled batch size \\(4\\)"));
+  EXPECT_THAT(far.output,
+              ::testing::ContainsRegex(
+                  "warning: the answer \\([0-9]+\\) is [0-9]{3,}\\.[0-9]x "
+                  "the largest profiled batch size \\(4\\)"));
+  // The warning and the answer's line say the same factor (it said 17x
+  // above "extrapolated 16.8x").
+  const std::regex warned("is ([0-9.]+)x the largest");
+  const std::regex stated("extrapolated ([0-9.]+)x beyond");
+  std::smatch w, s;
+  ASSERT_TRUE(std::regex_search(far.output, w, warned)) << far.output;
+  ASSERT_TRUE(std::regex_search(far.output, s, stated)) << far.output;
+  EXPECT_EQ(w[1].str(), s[1].str()) << far.output;
   EXPECT_THAT(far.output, ::testing::HasSubstr("give --capacity"));
   auto given = testing::RunCommand(profiles + " --capacity 1GiB");
   EXPECT_THAT(given.output, ::testing::HasSubstr("warning: the answer"));

@@ -99,6 +99,22 @@ TEST(JobProgress, AProfileBeingPlannedDecidesNothingYet) {
   EXPECT_EQ(e.running(), "plan batch 8");
 }
 
+// While its report is planned the job is PLANNING and the profile's task is
+// still LEASED: a watcher read `PLANNING ... running profile batch 32`.
+TEST(JobProgress, APlanningJobIsNotProfilingItsReportedBatch) {
+  v1::Job job = TwoBatchesTwoBudgets();
+  job.set_state(v1::Job::PLANNING);
+  v1::BatchResult* r = job.add_results();
+  r->set_batch_size(8);
+  const v1::JobEvent e =
+      JobEventFor(job, {MakeTask(v1::Task::PROFILE, 8, v1::Task::DONE),
+                        MakeTask(v1::Task::PROFILE, 16, v1::Task::LEASED)});
+  EXPECT_EQ(e.running(), "plan batch 16");
+  EXPECT_EQ(e.message(),
+            "PLANNING: profiled 1/2 batch sizes, 0/4 budgets decided; "
+            "running plan batch 16");
+}
+
 TEST(JobProgress, AQueuedJobRunsNothingYet) {
   v1::Job job = TwoBatchesTwoBudgets();
   job.set_state(v1::Job::QUEUED);

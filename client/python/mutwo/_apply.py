@@ -1404,6 +1404,50 @@ class _StatsAccessor:
         return getattr(self._runtime.stats, name)
 
 
+class StepCheck:
+    """Whether a forward with gradients is the step the schedule was
+    planned for (its recorded inputs at its batch size): the schedule's
+    budget and decisions were priced for that step only. Called before
+    anything of the forward runs, by mutwo.apply's wrapper and by
+    mode="compile"'s: raises ScheduleMismatchError naming the input and
+    both shapes, or with strict=False warns once (BudgetWarning) and counts
+    the calls for `report_name` (the handle's report())."""
+
+    def __init__(self, planned_inputs: PlannedInputs, strict: bool,
+                 report_name: str) -> None:
+        self.planned_inputs = planned_inputs
+        self.strict = strict
+        self.report_name = report_name
+        # strict=False: forwards whose inputs were not the planned step's.
+        self.mismatched_calls = 0
+        self.first_mismatch = ""
+
+    def __call__(self, args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> None:
+        why = self.planned_inputs.mismatch(args, kwargs)
+        if why is None:
+            return
+        if self.strict:
+            raise ScheduleMismatchError(
+                "mutwo.apply: this forward is not the step the schedule was "
+                "planned for: " + why + ". Nothing was run; pass "
+                "strict=False to train anyway (a BudgetWarning says so "
+                f"once, {self.report_name} counts the calls)")
+        if not self.mismatched_calls:
+            self.first_mismatch = why
+            warnings.warn("mutwo.apply (strict=False): this forward is not "
+                          "the step the schedule was planned for: " + why,
+                          BudgetWarning, stacklevel=3)
+        self.mismatched_calls += 1
+
+    def report_lines(self) -> List[str]:
+        if not self.mismatched_calls:
+            return []
+        return [f"  not the planned step: {self.mismatched_calls} "
+                "forward(s) with other inputs than the schedule was planned "
+                f"for (first: {self.first_mismatch})"]
+
+
 class Applied:
     """A schedule applied to a model; `remove()` takes it off again.
 
@@ -1426,10 +1470,8 @@ class Applied:
         self._canonical = canonical
         self._measurements: Optional[ApplyMeasurements] = None
         self._checked = False
-        self._planned_inputs = planned_inputs
-        # strict=False: forwards whose inputs were not the planned step's.
-        self._mismatched_calls = 0
-        self._first_mismatch = ""
+        self._step_check = StepCheck(planned_inputs, strict,
+                                     "Applied.report()")
 
     @property
     def stats(self) -> _StatsAccessor:
@@ -1488,36 +1530,12 @@ class Applied:
                          f"{format_bytes(m.budget_bytes)}")
             lines.append(line)
         lines += [f"  note: {n}" for n in self.notes]
-        if self._mismatched_calls:
-            lines.append(f"  not the planned step: {self._mismatched_calls} "
-                         "forward(s) with other inputs than the schedule "
-                         f"was planned for (first: {self._first_mismatch})")
+        lines += self._step_check.report_lines()
         for d in self.unmatched():
             lines.append(f"  not applied: {d.action} {d.module_path or '(model)'}"
                          f" {d.op_kind}: no saved tensor of that module was "
                          "seen")
         return "\n".join(lines)
-
-    # Called by the model's forward wrapper before every forward with
-    # gradients, before anything runs: the schedule's budget and decisions
-    # were priced for its recorded inputs at its batch size.
-    def _check_inputs(self, args: Tuple[Any, ...],
-                      kwargs: Dict[str, Any]) -> None:
-        why = self._planned_inputs.mismatch(args, kwargs)
-        if why is None:
-            return
-        if self.strict:
-            raise ScheduleMismatchError(
-                "mutwo.apply: this forward is not the step the schedule was "
-                "planned for: " + why + ". Nothing was run; pass "
-                "strict=False to train anyway (a BudgetWarning says so "
-                "once, Applied.report() counts the calls)")
-        if not self._mismatched_calls:
-            self._first_mismatch = why
-            warnings.warn("mutwo.apply (strict=False): this forward is not "
-                          "the step the schedule was planned for: " + why,
-                          BudgetWarning, stacklevel=3)
-        self._mismatched_calls += 1
 
     # Called by the model's forward wrapper at the end of every forward
     # under the hooks; checks and measures the first one.
@@ -1858,8 +1876,10 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     compiled_schedule_of(model)` is the handle (`report()`, `unmatched()`,
     `remove()`). SWAP decisions are refused there (UnsupportedScheduleError)
     unless swaps="ignore", and which decisions matched an op is known only
-    after the first compiled step (`unmatched()`): strict=False,
-    prefetch_ahead and skip_retained are eager-mode options (TypeError).
+    after the first compiled step (`unmatched()`). A forward's inputs are
+    checked against the planned step as in eager mode (same
+    ScheduleMismatchError, same strict=False); prefetch_ahead and
+    skip_retained are eager-mode options (TypeError).
     Earlier PyTorch raises RuntimeError naming the version.
 
     Not applied in eager mode: decisions of a TorchScript model (apply
@@ -1871,18 +1891,17 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     """
     if mode == "compile":
         ignored = [name for name, given, default in (
-            ("strict", strict, True), ("prefetch_ahead", prefetch_ahead, 2),
+            ("prefetch_ahead", prefetch_ahead, 2),
             ("skip_retained", skip_retained, True)) if given != default]
         if ignored:
             raise TypeError(
                 f"mutwo.apply(mode=\"compile\"): {', '.join(ignored)} "
-                "apply to mode=\"eager\" only (under torch.compile the "
-                "decisions no op matched are listed by mutwo._compile."
-                "compiled_schedule_of(model).unmatched() after the first "
-                "compiled step)")
+                "apply to mode=\"eager\" only (under torch.compile there "
+                "are no saved-tensor hooks: the compiler recomputes what "
+                "the policy says)")
         from mutwo import _compile  # type: ignore[attr-defined]
         return _compile.apply_compiled(model, schedule, force=force,
-                                       **kwargs)
+                                       strict=strict, **kwargs)
     if mode != "eager":
         raise ValueError(f"mutwo.apply: mode {mode!r}: expected 'eager' or "
                          "'compile'")
@@ -2036,7 +2055,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             if rt.mode != "off" or not torch.is_grad_enabled():
                 return inner(*args, **kwargs)
             applied = handle[0]
-            applied._check_inputs(args, kwargs)
+            applied._step_check(args, kwargs)
             first = not applied._checked
             peak_reset = False
             if first:

@@ -70,6 +70,16 @@ def _health_status(data: bytes) -> str:
             3: "SERVICE_UNKNOWN"}.get(status, str(status))
 
 
+def _model_name(path: str) -> str:
+    """The name `mutwo submit PATH` gives a model file (client/
+    rpc_commands.cc): its file name less a ".pt" suffix. The server and
+    the worker add ".pt" when they name the model in messages, and
+    `mutwo jobs` shows the name as it is, so a file uploaded from Python
+    and from the CLI reads the same in both."""
+    name = os.path.basename(path)
+    return name[:-3] if len(name) > 3 and name.endswith(".pt") else name
+
+
 def _script(model: Any, example_inputs: Optional[Sequence[Any]]) -> Any:
     import torch  # only when a module is uploaded
 
@@ -197,11 +207,11 @@ class Client:
         paths: Tuple[str, ...] = ()
         if isinstance(model, (bytes, bytearray)):
             data = bytes(model)
-            name = name or "model.pt"
+            name = name or "model"
         elif isinstance(model, (str, os.PathLike)):
             with open(model, "rb") as f:
                 data = f.read()
-            name = name or os.path.basename(os.fspath(model))
+            name = name or _model_name(os.fspath(model))
         else:
             import torch
 

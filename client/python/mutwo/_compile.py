@@ -52,6 +52,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 from torch import nn
 
+from mutwo._planned_inputs import PlannedInputs
 from mutwo._types import Decision, Schedule
 
 __all__ = ["apply_compiled", "CompiledSchedule", "PolicyRow",
@@ -420,8 +421,10 @@ class CompiledSchedule:
 
     def __init__(self, model: nn.Module, schedule: Schedule,
                  frames: List[FramePolicy], rt: _Runtime,
-                 undo: List[Callable[[], None]], swaps: str):
+                 undo: List[Callable[[], None]], swaps: str,
+                 step_check: Any):
         self.model = model
+        self.step_check = step_check
         self.schedule = schedule
         self.frames = frames
         self._rt = rt
@@ -447,6 +450,12 @@ class CompiledSchedule:
         if self.schedule.swapped:
             lines.append(f"  note: {len(self.schedule.swapped)} SWAP "
                          "decisions ignored (kept on the device)")
+        if not self.step_check.planned_inputs.recorded:
+            lines.append("  note: the schedule records no inputs (planned "
+                         "before schedules recorded their step): forward's "
+                         "inputs are not checked against its batch "
+                         f"{self.schedule.batch_size}")
+        lines += self.step_check.report_lines()
         if self._rt.calls:
             for r in self.unmatched():
                 lines.append(f"  not matched: {r.policy} "
@@ -463,6 +472,36 @@ class CompiledSchedule:
             del self.model._mutwo_compiled
 
 
+def _check_inputs_first(model: nn.Module, step_check: Any,
+                        undo: List[Callable[[], None]]) -> None:
+    """Wraps the model's forward (outermost, around any frame) to check a
+    forward with gradients against the planned step before it runs."""
+    import torch
+    # torch.compile runs the check in Python (a graph break before the
+    # model's graph) rather than tracing inspect's argument binding.
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    check = disable(step_check) if disable is not None else step_check
+    had = "forward" in model.__dict__
+    previous = model.__dict__.get("forward")
+    forward = model.forward
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled():
+            check(args, kwargs)
+        return forward(*args, **kwargs)
+
+    functools.update_wrapper(run, forward)
+    model.forward = run  # type: ignore[assignment]
+
+    def restore() -> None:
+        if had:
+            model.forward = previous  # type: ignore[assignment]
+        else:
+            del model.forward
+
+    undo.append(restore)
+
+
 def compiled_schedule_of(model: nn.Module) -> Optional[CompiledSchedule]:
     """The CompiledSchedule apply_compiled attached to `model`, if any."""
     return getattr(model, "_mutwo_compiled", None)
@@ -472,7 +511,7 @@ def apply_compiled(model: nn.Module,
                    schedule: Union[Schedule, str, Dict[str, Any]], *,
                    swaps: str = "refuse", recompute: str = "must",
                    allow_cache_entry_mutation: bool = False,
-                   force: bool = False) -> nn.Module:
+                   force: bool = False, strict: bool = True) -> nn.Module:
     """Makes `model` run the schedule's recompute decisions as selective
     activation checkpointing; returns `model` itself (changed in place) to
     be compiled: `torch.compile(apply_compiled(model, schedule))`.
@@ -488,6 +527,13 @@ def apply_compiled(model: nn.Module,
     < 2.4, TypeError for a compiled or scripted module,
     ScheduleMismatchError for another model's schedule,
     UnsupportedScheduleError for SWAP decisions.
+
+    A forward with gradients whose tensor inputs are not the step the
+    schedule was planned for (another batch, shape, dtype or input count)
+    raises ScheduleMismatchError before it runs, as mutwo.apply's eager
+    mode does (its budget and decisions were priced for that step);
+    strict=False runs it, warns once (BudgetWarning) and report() counts
+    the calls.
     """
     import torch
     from mutwo import _apply
@@ -566,6 +612,12 @@ def apply_compiled(model: nn.Module,
                 del module.forward
 
         undo.append(restore)
-    handle = CompiledSchedule(model, schedule, frames, rt, undo, swaps)
+    step_check = _apply.StepCheck(
+        PlannedInputs(schedule.proto.inputs if schedule.proto is not None
+                      else (), schedule.batch_size, model.forward),
+        strict, "compiled_schedule_of(model).report()")
+    _check_inputs_first(model, step_check, undo)
+    handle = CompiledSchedule(model, schedule, frames, rt, undo, swaps,
+                              step_check)
     model._mutwo_compiled = handle  # type: ignore[assignment]
     return model

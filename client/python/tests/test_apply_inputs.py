@@ -153,3 +153,66 @@ def test_a_schedule_without_recorded_inputs_says_they_are_not_checked(
     assert ("the schedule records no inputs (planned before schedules "
             "recorded their step): forward's inputs are not checked against "
             "its batch 2") in applied.report()
+
+
+# mode="compile" (selective activation checkpointing for torch.compile,
+# PyTorch >= 2.4) checks a forward's inputs as the eager mode does. The
+# check wraps the model's own forward, outside the checkpointed frames, so
+# on torch 1.13 a stand-in for selective checkpointing that runs each
+# frame's forward as it is reaches it.
+def stand_in_sac(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.utils.checkpoint as ckpt
+    monkeypatch.setattr(ckpt, "CheckpointPolicy", object(), raising=False)
+    monkeypatch.setattr(ckpt, "create_selective_checkpoint_contexts",
+                        lambda *a, **k: None, raising=False)
+    monkeypatch.setattr(
+        ckpt, "checkpoint",
+        lambda fn, *args, use_reentrant, context_fn, **kwargs:
+        fn(*args, **kwargs))
+
+
+def test_mode_compile_refuses_another_step_as_eager_mode_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in_sac(monkeypatch)
+    from mutwo import _compile
+    eager, compiled = mlp(), mlp()
+    mutwo.apply(eager, planned(eager, ["x:float32[B,8]"], 32))
+    with pytest.raises(mutwo.ScheduleMismatchError) as eager_error:
+        eager(torch.randn(8, 8))
+    out = mutwo.apply(compiled, planned(compiled, ["x:float32[B,8]"], 32),
+                      mode="compile")
+    assert out is compiled
+    calls = calls_of(compiled)
+    with pytest.raises(mutwo.ScheduleMismatchError) as e:
+        out(torch.randn(8, 8))
+    assert calls == []  # nothing ran
+    # The eager mode's message, up to the handle whose report() counts.
+    same = str(eager_error.value).split("(a BudgetWarning")[0]
+    assert 'input 0 ("x") is float32[8,8]' in same
+    assert str(e.value).startswith(same), (str(e.value), same)
+    assert "compiled_schedule_of(model).report()" in str(e.value)
+    # The planned step runs; without gradients nothing is checked.
+    out(torch.randn(32, 8)).sum().backward()
+    with torch.no_grad():
+        out(torch.randn(3, 8))
+    handle = _compile.compiled_schedule_of(compiled)
+    assert "not the planned step" not in handle.report()
+    handle.remove()
+    assert "forward" not in compiled.__dict__
+
+
+def test_mode_compile_strict_false_runs_another_step_and_warns_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in_sac(monkeypatch)
+    from mutwo import _compile
+    model = mlp()
+    mutwo.apply(model, planned(model, ["x:float32[B,8]"], 32),
+                mode="compile", strict=False)
+    with pytest.warns(mutwo.BudgetWarning,
+                      match="batch 8 is not the planned batch 32"):
+        model(torch.randn(8, 8)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.randn(8, 8)).sum().backward()
+    report = _compile.compiled_schedule_of(model).report()
+    assert "not the planned step: 2 forward(s)" in report, report

@@ -28,6 +28,7 @@ CLIENT_DIR = os.path.dirname(HERE)
 class FakePlanner(planner_pb2_grpc.PlannerServicer):
     def __init__(self) -> None:
         self.models: Dict[str, bytes] = {}
+        self.upload_names: List[str] = []
         self.specs: List[types_pb2.JobSpec] = []
         self.metadata: List[Any] = []
 
@@ -36,6 +37,7 @@ class FakePlanner(planner_pb2_grpc.PlannerServicer):
         for r in requests:
             if r.HasField("header"):
                 header = r.header
+                self.upload_names.append(header.name)
             else:
                 data += r.chunk
         sha = hashlib.sha256(data).hexdigest()
@@ -139,7 +141,7 @@ def test_upload_module_scripted_file_and_bytes(fake: Any,
         path = tmp_path / "small.pt"
         scripted.save(str(path))
         from_file = client.upload(str(path))
-        assert from_file.name == "small.pt"
+        assert from_file.name == "small"
         again = client.upload(path.read_bytes())
         assert again.already_stored and again.sha256 == from_file.sha256
         # A ScriptModule is saved as it is.
@@ -310,6 +312,30 @@ def test_shipped_stubs_are_fresh() -> None:
         assert not mismatch and not errors, (
             f"stale stubs {mismatch + errors}: run "
             "client/python/generate_stubs.sh --package")
+
+
+def test_model_file_is_named_as_the_cli_names_it(fake: Any,
+                                                 tmp_path: Any) -> None:
+    """`mutwo submit small.pt` names the model "small" (the server and the
+    worker call it small.pt in their messages, `mutwo jobs` shows "small");
+    the same file submitted from Python reads the same, not small.pt.pt."""
+    path = tmp_path / "small.pt"
+    torch.jit.script(Small()).save(str(path))
+    with mutwo.Client(fake.target) as client:
+        assert client.upload(path).name == "small"
+        client.submit(str(path), inputs=["x:float32[B,4]"], batch_sizes=[2])
+        assert fake.upload_names == ["small", "small"]
+        assert fake.specs[-1].model_name == "small"
+        assert client.jobs()[0].model_name == "small"
+        # Bytes have no file name: "model", which the server calls model.pt.
+        client.upload(path.read_bytes())
+        assert fake.upload_names[-1] == "model"
+        # A name given is kept as it is, as the CLI keeps --name.
+        assert client.upload(path, name="small.pt").name == "small.pt"
+        # Only ".pt" is the CLI's suffix.
+        other = tmp_path / "small.pth"
+        other.write_bytes(path.read_bytes())
+        assert client.upload(other).name == "small.pth"
 
 
 def test_submit_refuses_before_uploading(fake: Any, tmp_path: Any) -> None:

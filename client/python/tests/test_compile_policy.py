@@ -292,8 +292,9 @@ def test_apply_mode_compile_refuses_what_eager_apply_refuses() -> None:
                        match="force=True"):
         mutwo.apply(model, infeasible(schedule), mode="compile")
     # Eager-only options are refused, not silently dropped.
-    with pytest.raises(TypeError, match=r"strict apply to mode=\"eager\""):
-        mutwo.apply(model, schedule, mode="compile", strict=False)
+    with pytest.raises(TypeError, match=r"skip_retained apply to "
+                       r"mode=\"eager\""):
+        mutwo.apply(model, schedule, mode="compile", skip_retained=False)
     with pytest.raises(TypeError, match="prefetch_ahead"):
         mutwo.apply(model, schedule, mode="compile", prefetch_ahead=4)
     with pytest.raises(ValueError, match="mode 'jit'"):
