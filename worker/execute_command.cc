@@ -125,8 +125,8 @@ absl::Status UseScheduleStep(const v1::Schedule& schedule,
 
 }  // namespace
 
-std::string FormatValidationText(const v1::Validation& v,
-                                 double planned_baseline_ms) {
+std::string FormatValidationText(const v1::Validation& v) {
+  const double planned_baseline_ms = v.predicted_baseline().iteration_ms();
   std::string out;
   absl::StrAppendFormat(&out, "device          %s (%s)\n", v.device().name(),
                         v.device().kind());
@@ -254,8 +254,7 @@ int RunExecuteCommand(const ParsedArgs& args) {
   if (*output == "json") {
     std::cout << ProtoToJson(*validation) << "\n";
   } else {
-    std::cout << FormatValidationText(*validation,
-                                      schedule.baseline_iteration_ms());
+    std::cout << FormatValidationText(*validation);
   }
   // The result is printed either way; the exit code says whether it proves
   // the schedule, so that scripts cannot take an over-budget run for a fit.

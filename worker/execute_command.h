@@ -23,12 +23,11 @@ namespace mutwo::worker {
 int RunExecuteCommand(const ParsedArgs& args);
 
 // A few lines for people: peaks, budget, time, the correctness checks.
-// `planned_baseline_ms` is the baseline step time the schedule's predicted
-// time was planned against (the profile's, `Schedule.baseline_iteration_ms`;
-// 0 when unknown): the predicted time and overhead are set against it, not
-// against this run's baseline, which timing noise or a busy host moves.
-std::string FormatValidationText(const v1::Validation& validation,
-                                 double planned_baseline_ms = 0);
+// The predicted time and overhead are set against the baseline step the
+// schedule was planned against (`predicted_baseline`, the profile's; absent
+// in results from before it), not against this run's baseline, which timing
+// noise or a busy host moves.
+std::string FormatValidationText(const v1::Validation& validation);
 
 }  // namespace mutwo::worker
 
