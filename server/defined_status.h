@@ -1,4 +1,4 @@
-// Every reply a defined status (issue 15). gRPC answers a request that does
+// Every reply a defined status. gRPC answers a request that does
 // not parse as its message type with INTERNAL and an empty message (the
 // proto3 message's empty InitializationErrorString) before any handler runs;
 // a fuzzer saw that for ~40% of its requests. This server interceptor turns

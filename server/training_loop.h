@@ -1,4 +1,4 @@
-// Schedules measured where users train (issue 26): a client reports what
+// Schedules measured where users train: a client reports what
 // `mutwo.apply` (eager or under torch.compile) or mutwo::ScheduledStep
 // measured in its own loop (ReportTrainingLoop); the report is checked
 // against the job it names, judged here (the client's own verdict is not

@@ -1,4 +1,4 @@
-// Submits, reports, failures and cancels are single transactions (issue 15):
+// Submits, reports, failures and cancels are single transactions:
 // fault injection in leveldb's `log_test` style. Every multi-step write of
 // JobCore runs through Store::Write, whose fault hook names each step; for
 // each step of each write the test

@@ -1,4 +1,4 @@
-// Authentication with the real processes (issue 15): mutwo-server with a
+// Authentication with the real processes: mutwo-server with a
 // tokens file, `mutwo-worker serve` and the `mutwo` CLI with their tokens
 // run a job end to end on loopback; other clients do not see it; and no
 // token appears in any log or output, at trace level.

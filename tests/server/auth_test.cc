@@ -1,4 +1,4 @@
-// Authentication and authorization of mutwo-server (issue 15), against an
+// Authentication and authorization of mutwo-server, against an
 // in-process MutwoServer on a loopback port with a tokens file: every RPC
 // called as each of {no token, client, other client, worker, other worker,
 // admin} on the client's own job (the other client's view is the "other

@@ -1,4 +1,4 @@
-// kill -9 of mutwo-server under concurrent writes (issue 15). Each round
+// kill -9 of mutwo-server under concurrent writes. Each round
 // starts the real server on the same data dir, runs client threads that
 // submit jobs (each with its own request id, retried once) and a worker
 // thread that leases tasks and reports profiles, validations and failures,

@@ -1,4 +1,4 @@
-// A fuzzer over every request type of both services (issue 15): random
+// A fuzzer over every request type of both services: random
 // bytes and mutated messages (random fields filled through reflection, then
 // bytes flipped, cut or inserted), sent to every method of mutwo.v1.Planner
 // and mutwo.v1.WorkerHub of an in-process mutwo-server on loopback, from
@@ -439,7 +439,7 @@ TEST_F(FuzzTest, EveryRequestTypeGetsADefinedStatus) {
   std::cout << "{\"profiles_stored\": " << profiles << "}\n";
 }
 
-// SIGTERM with a WatchJob stream open (issue 15: the drain took its whole
+// SIGTERM with a WatchJob stream open (the drain took its whole
 // 10 s timeout at ~100% CPU): the stream ends with UNAVAILABLE as soon as
 // the server shuts down, so the drain is short.
 TEST_F(FuzzTest, ShutdownWithAWatchOpenDrainsAtOnce) {

@@ -1050,7 +1050,7 @@ TEST_F(JobCoreTest, JobWaitingForADeviceNoLiveWorkerHasSaysWhy) {
 
 // A poll whose worker went away (the RPC was cancelled) must not keep the
 // task it leased: it is given back at once, attempt unchanged, and the next
-// worker gets it (issue 15: 8 of 8 jobs went to a dead worker's poll).
+// worker gets it (8 of 8 jobs went to a dead worker's poll).
 TEST_F(JobCoreTest, TaskLeasedForAnAbandonedPollIsGivenBackAtOnce) {
   auto submitted = core_->SubmitJob(Request({2}, {"60%"}));
   ASSERT_TRUE(submitted.ok());

@@ -1,4 +1,4 @@
-// Long waits without threads (issue 15): LeaseTask polls and WatchJob
+// Long waits without threads: LeaseTask polls and WatchJob
 // streams on the callback API, against an in-process MutwoServer on
 // loopback. Open polls and watches must not slow the other RPCs down even
 // with few sync threads; past --max_lease_waiters / --max_watchers the server

@@ -1,5 +1,5 @@
-// Report-path planning is bounded and off the RPC threads (issue 31, item
-// 2): a profile report plans the knee and every budget of its job. Each
+// Report-path planning is bounded and off the RPC threads: a profile
+// report plans the knee and every budget of its job. Each
 // test is the attack, against an in-process MutwoServer on loopback:
 //   - a worker reports a dense 4,096-node profile for a job with 32 budgets
 //     (the issue's report took 29.2 s, and a GetJob waited 6.8 s): its

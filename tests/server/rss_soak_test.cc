@@ -1,4 +1,4 @@
-// The server's memory under a long run of reads (issue 15): the real
+// The server's memory under a long run of reads: the real
 // mutwo-server, jobs driven to SUCCEEDED by a fake worker, then rounds of
 // the reads a dashboard or a training cluster repeats forever: GetSchedule
 // answered from the schedule cache, GetJob and ListJobs. The server's

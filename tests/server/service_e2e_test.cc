@@ -518,7 +518,7 @@ TEST_F(ServiceTest, MalformedModelIsRefusedAtSubmitAndTheServerStaysServing) {
   EXPECT_EQ(RunCommand(Cli("health")).exit_code, 0);
 }
 
-// Hostile models (issue 15): an endless loop and a memory bomb, run by a
+// Hostile models: an endless loop and a memory bomb, run by a
 // real worker daemon. Each job ends with a reason naming what happened,
 // and the worker and the server go on serving: a well-behaved job
 // submitted after them succeeds.
@@ -591,7 +591,7 @@ torch.jit.script(Bomb()).save(sys.argv[1] + "/bomb.pt")
   EXPECT_EQ(job_of("mlp").state(), v1::Job::SUCCEEDED) << good.output;
 }
 
-// A zip bomb (issue 15's hostile models): a real TorchScript module whose
+// A zip bomb (hostile models): a real TorchScript module whose
 // tensor record is stored deflated, so a ~1 MiB upload inflates to 1 GiB
 // when loaded (torch::jit::load allocates each record whole; before the
 // worker checked, the issue's 4.18 MB bomb ran at 4,431 MiB RSS and the job

@@ -1,4 +1,4 @@
-// SIGTERM with work in flight (issue 15's bar): the real mutwo-server, a real
+// SIGTERM with work in flight (the drain bar): the real mutwo-server, a real
 // `mutwo-worker serve` daemon running a task, a WatchJob stream and lease
 // polls open. SIGTERM must end the server (exit 0) within 30 s, and well
 // before the 10 s drain timeout: the watch and the polls are answered at

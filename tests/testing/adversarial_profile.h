@@ -1,4 +1,4 @@
-// A valid profile crafted to make the planner work hard (issue 15): a chain
+// A valid profile crafted to make the planner work hard: a chain
 // of `activations` ops where every activation is recomputed from the
 // `fan_in` activations before it and is consumed by the `fan_in` ops after
 // it, so recompute lineages are dense and long. Everything passes

@@ -2,7 +2,7 @@
 // a test process, it gives that process more static TLS than a 100 KiB
 // thread stack holds, as LibTorch 2.11 + CUDA does in mutwo-worker: glibc
 // then refuses pthread_create for threads created with such small stacks
-// (EINVAL), which is what made civetweb's mg_start fail (issue 17).
+// (EINVAL), which is what made civetweb's mg_start fail.
 #include <cstddef>
 
 namespace {

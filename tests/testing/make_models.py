@@ -233,7 +233,7 @@ class DiffusionAttention(nn.Module):
 
 
 class DiffusionUnet(nn.Module):
-    """A diffusion-style U-Net (issue 25): GroupNorm, SiLU, self-attention
+    """A diffusion-style U-Net: GroupNorm, SiLU, self-attention
     at the bottom, `F.interpolate(scale_factor=2.0, mode="nearest")` in the
     decoder (scripted, an If tree over every mode whose branches build the
     scale-factor list). Its profile crashed one run in three."""
@@ -264,7 +264,7 @@ class DiffusionUnet(nn.Module):
 
 
 class Seq2Seq(nn.Module):
-    """nn.Transformer encoder-decoder (issue 25): batch_first, a causal
+    """nn.Transformer encoder-decoder: batch_first, a causal
     `tgt_mask` buffer, two inputs. Its floor execute read a freed value
     (`InvalidTag`) once."""
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes a TorchScript archive that is a zip bomb (issue 15's hostile
+"""Writes a TorchScript archive that is a zip bomb (hostile
 models): a real scripted module whose one tensor record is stored DEFLATED
 and inflates to INFLATED_BYTES of zeros. torch.jit.save writes records
 uncompressed; torch.jit.load inflates whatever the archive holds, so a file

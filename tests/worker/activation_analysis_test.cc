@@ -121,7 +121,7 @@ TEST(ActivationAnalysisTest, LiveBlocksOfForwardNodesAreActivationsByProducer) {
   EXPECT_EQ(analysis.loss_bytes, 8);
 }
 
-// Decisions name the producer's output holding the activation (issue 14):
+// Decisions name the producer's output holding the activation:
 // max-pool with indices keeps both outputs, dropout only its mask.
 TEST(ActivationAnalysisTest, ReportsWhichOutputsHoldTheActivation) {
   Records r;

@@ -1,4 +1,4 @@
-// The worker's task child process (issue 15): it dies with the daemon (kill
+// The worker's task child process: it dies with the daemon (kill
 // -9 of the daemon included: PR_SET_PDEATHSIG), its process group is killed
 // at the time limit, and a memory bomb ends at the address-space limit with
 // a reason. Real processes (sh, sleep, python3), no LibTorch.

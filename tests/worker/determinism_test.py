@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The same model, the same answer, every run (issue 25).
+"""The same model, the same answer, every run.
 
 For each model: `mutwo-worker profile` RUNS times and `mutwo-worker
 execute` of a floor schedule and a mid schedule RUNS times each, every run

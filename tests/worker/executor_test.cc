@@ -209,7 +209,7 @@ TEST_P(PlannedScheduleTest, MatchesBaseline) {
   EXPECT_GT(recomputing_schedules, 0) << model.name;
 }
 
-// The memory half of issue 5: measured peak (counting allocator) <= budget
+// The memory promise: measured peak (counting allocator) <= budget
 // and within 10 % of the planner's prediction, at the same 5 budgets.
 class PlannedMemoryTest : public ::testing::TestWithParam<TestModel> {};
 

@@ -331,7 +331,7 @@ TEST(ModelLoaderTest, BadFilesGetErrorsNamingTheProblem) {
 // what schedules name), never where its nodes and values were allocated:
 // the same IR built again (copied after other graphs took the addresses
 // the first one had, some freed again) hashes the same, and
-// one edge changed hashes differently (issue 25: a fingerprint that
+// one edge changed hashes differently (a fingerprint that
 // differed between two processes on the same file).
 TEST(GraphTest, FingerprintDependsOnStructureNotOnAllocation) {
   const torch::jit::Module module = Load("cnn");

@@ -1,6 +1,6 @@
 // The metrics endpoint inside a process linked with the worker's LibTorch
-// (issue 17): on the GPU build that is LibTorch 2.11 + CUDA, whose static
-// TLS made civetweb's 100 KiB thread stacks fail. The endpoint must serve
+// (on the GPU build that is LibTorch 2.11 + CUDA, whose static
+// TLS made civetweb's 100 KiB thread stacks fail). The endpoint must serve
 // here; whether a civetweb-sized thread can start is recorded (the
 // `static_tls_check` line and test property) as evidence of the cause.
 #include <pthread.h>
