@@ -158,21 +158,6 @@ absl::StatusOr<c10::IValue> SelectOutput(const c10::IValue& outputs,
   return elements[index];
 }
 
-const char* KindName(v1::LossSpec::Kind kind) {
-  switch (kind) {
-    case v1::LossSpec::SUM:
-      return "sum";
-    case v1::LossSpec::MODEL:
-      return "model";
-    case v1::LossSpec::CROSS_ENTROPY:
-      return "cross_entropy";
-    case v1::LossSpec::MSE:
-      return "mse";
-    default:
-      return "mean";
-  }
-}
-
 // model, cross_entropy and mse read one output: a dict, tuple or list with
 // candidates in more than one entry could mean any of them, so the loss
 // must name it (`KIND@KEY`) rather than have the first taken silently.
@@ -219,7 +204,7 @@ absl::StatusOr<std::string> OnlyCandidate(const v1::LossSpec& loss,
     }
   }
   if (candidates.size() <= 1) return first;
-  const std::string kind = KindName(loss.kind());
+  const std::string kind = LossKindName(loss.kind());
   const std::string example =
       loss.has_target() ? absl::StrCat(":", FormatTensorSpec(loss.target()))
                         : "";
