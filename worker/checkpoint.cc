@@ -83,8 +83,13 @@ struct SegmentFunction : public torch::autograd::Function<SegmentFunction> {
     ctx->set_materialize_grads(false);
     return run->RunForward(ctx, inputs);
   }
+  // By value: the signature torch::autograd::Function documents and calls.
+  // NOLINTBEGIN(performance-unnecessary-value-param)
   static variable_list backward(AutogradContext* ctx,
                                 variable_list grad_outputs) {
+    // NOLINTEND(performance-unnecessary-value-param)
+    // saved_data holds IValues: the run's address went in as an int64.
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
     auto* run = reinterpret_cast<SegmentRun*>(ctx->saved_data["run"].toInt());
     return run->Backward(grad_outputs);
   }

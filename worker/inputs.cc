@@ -300,8 +300,9 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         if (!without_last.empty()) without_last.pop_back();
         std::vector<int64_t> without_dim1(logits.sizes().begin(),
                                           logits.sizes().end());
-        if (without_dim1.size() >= 3)
+        if (without_dim1.size() >= 3) {
           without_dim1.erase(without_dim1.begin() + 1);
+        }
         const std::vector<int64_t> target_shape(target.sizes().begin(),
                                                 target.sizes().end());
         if (logits.dim() >= 2 && target_shape == without_last) {

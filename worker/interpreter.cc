@@ -60,7 +60,7 @@ bool RunContainerNode(Node* node, InterpreterEnv& env) {
     c10::impl::GenericList list(list_type->getElementType());
     list.reserve(node->inputs().size());
     for (const Value* value : node->inputs()) list.push_back(get(value));
-    env[node->output()] = IValue(std::move(list));
+    env[node->output()] = IValue(list);
   } else if (kind == c10::prim::TupleConstruct) {
     std::vector<IValue> elements;
     for (const Value* value : node->inputs()) elements.push_back(get(value));
@@ -83,8 +83,9 @@ bool RunContainerNode(Node* node, InterpreterEnv& env) {
     int64_t index = get(node->input(1)).toInt();
     const int64_t size = static_cast<int64_t>(tuple->elements().size());
     if (index < 0) index += size;
-    if (index < 0 || index >= size)
+    if (index < 0 || index >= size) {
       throw InterpreterError("tuple index out of range");
+    }
     env[node->output()] = tuple->elements()[index];
   } else if (kind == c10::prim::ListUnpack) {
     auto list = get(node->input(0)).toList();
@@ -103,7 +104,7 @@ bool RunContainerNode(Node* node, InterpreterEnv& env) {
     for (size_t i = 0; i + 1 < node->inputs().size(); i += 2) {
       dict.insert_or_assign(get(node->input(i)), get(node->input(i + 1)));
     }
-    env[node->output()] = IValue(std::move(dict));
+    env[node->output()] = IValue(dict);
   } else {
     return false;
   }
