@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -438,32 +439,37 @@ absl::StatusOr<v1::LossSpec> ParseLossTerm(absl::string_view text,
   }
   const std::string kind = absl::AsciiStrToLower(head);
   const bool with_target = absl::ConsumePrefix(&rest, ":");
-  if (kind == "mean" && rest.empty() && !with_target) {
-    loss.set_kind(v1::LossSpec::MEAN);
-  } else if (kind == "sum" && rest.empty() && !with_target) {
-    loss.set_kind(v1::LossSpec::SUM);
-  } else if (kind == "model" && rest.empty() && !with_target) {
-    loss.set_kind(v1::LossSpec::MODEL);
-  } else if ((kind == "cross_entropy" || kind == "mse") && with_target) {
-    loss.set_kind(kind == "mse" ? v1::LossSpec::MSE
-                                : v1::LossSpec::CROSS_ENTROPY);
+  // The kind is looked up by LossKindName, the one spelling of each kind.
+  std::optional<v1::LossSpec::Kind> parsed;
+  for (v1::LossSpec::Kind k :
+       {v1::LossSpec::MEAN, v1::LossSpec::SUM, v1::LossSpec::MODEL,
+        v1::LossSpec::CROSS_ENTROPY, v1::LossSpec::MSE}) {
+    if (kind == LossKindName(k)) parsed = k;
+  }
+  if (!parsed.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": unknown loss kind ", Quote(head), "; ", kLossKinds));
+  }
+  const bool takes_target =
+      *parsed == v1::LossSpec::CROSS_ENTROPY || *parsed == v1::LossSpec::MSE;
+  if (takes_target && !with_target) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", kind, " needs a target spec after ':', like ",
+        *parsed == v1::LossSpec::MSE ? "mse:z:float32[B,4]"
+                                     : "cross_entropy:y:int64[B]{0,1000}"));
+  }
+  if (!takes_target && (with_target || !rest.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", kind, " takes no target (only cross_entropy and mse do)"));
+  }
+  loss.set_kind(*parsed);
+  if (takes_target) {
     auto target = ParseTensorSpec(rest);
     if (!target.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": target ", target.status().message()));
     }
     *loss.mutable_target() = *std::move(target);
-  } else if (kind == "cross_entropy" || kind == "mse") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", kind, " needs a target spec after ':', like ",
-                     kind == "mse" ? "mse:z:float32[B,4]"
-                                   : "cross_entropy:y:int64[B]{0,1000}"));
-  } else if (kind == "mean" || kind == "sum" || kind == "model") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", kind, " takes no target (only cross_entropy and mse do)"));
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": unknown loss kind ", Quote(head), "; ", kLossKinds));
   }
   absl::Status valid = ValidateLossSpec(loss);
   if (!valid.ok()) {
@@ -497,6 +503,21 @@ absl::StatusOr<v1::LossSpec> ParseLossFlags(
   return ParseLossSpec(absl::StrJoin(values, "+"));
 }
 
+const char* LossKindName(v1::LossSpec::Kind kind) {
+  switch (kind) {
+    case v1::LossSpec::SUM:
+      return "sum";
+    case v1::LossSpec::MODEL:
+      return "model";
+    case v1::LossSpec::CROSS_ENTROPY:
+      return "cross_entropy";
+    case v1::LossSpec::MSE:
+      return "mse";
+    default:  // KIND_UNSPECIFIED is treated as MEAN
+      return "mean";
+  }
+}
+
 std::string FormatLossSpec(const v1::LossSpec& loss) {
   if (!loss.terms().empty()) {
     std::vector<std::string> terms;
@@ -505,21 +526,14 @@ std::string FormatLossSpec(const v1::LossSpec& loss) {
     }
     return absl::StrJoin(terms, "+");
   }
-  const std::string at =
-      loss.output().empty() ? "" : absl::StrCat("@", loss.output());
-  switch (loss.kind()) {
-    case v1::LossSpec::SUM:
-      return absl::StrCat("sum", at);
-    case v1::LossSpec::MODEL:
-      return absl::StrCat("model", at);
-    case v1::LossSpec::CROSS_ENTROPY:
-      return absl::StrCat("cross_entropy", at, ":",
-                          FormatTensorSpec(loss.target()));
-    case v1::LossSpec::MSE:
-      return absl::StrCat("mse", at, ":", FormatTensorSpec(loss.target()));
-    default:
-      return absl::StrCat("mean", at);
+  std::string head = absl::StrCat(
+      LossKindName(loss.kind()),
+      loss.output().empty() ? "" : absl::StrCat("@", loss.output()));
+  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
+      loss.kind() == v1::LossSpec::MSE) {
+    return absl::StrCat(head, ":", FormatTensorSpec(loss.target()));
   }
+  return head;
 }
 
 absl::Status ValidateLossSpec(const v1::LossSpec& loss) {

@@ -62,6 +62,10 @@ bool IsFloatingDType(v1::DType dtype);
 // The values of a repeated --loss flag: their terms summed; none is `mean`.
 [[nodiscard]] absl::StatusOr<v1::LossSpec> ParseLossFlags(
     const std::vector<std::string>& values);
+// The one spelling of a loss kind: what ParseLossSpec reads, FormatLossSpec
+// writes, error messages name and the schedule cache key stores (keys in
+// SQLite depend on it, so it never changes). KIND_UNSPECIFIED is "mean".
+const char* LossKindName(v1::LossSpec::Kind kind);
 // The text ParseLossSpec reads back to `loss`.
 std::string FormatLossSpec(const v1::LossSpec& loss);
 // Checks a LossSpec from anywhere (a parsed flag, a submitted job): kinds

@@ -2,7 +2,8 @@
 // allowed is over (a deadline) or because the caller left (a cancellation
 // callback: the server passes grpc::ServerContext::IsCancelled, so the
 // planner itself never depends on gRPC). The loops poll Stopped() once per
-// trajectory step, simulation and probe; once it returned true it stays
+// trajectory step, simulation and probe (and every 1,024 activations while
+// a MutwoPolicy builds its round state); once it returned true it stays
 // true, and the planner ends with what it has, which PlanSchedule turns into
 // status().
 //

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "planner/candidate_index.h"
 #include "planner/incremental_simulator.h"
 #include "planner/lineage.h"
@@ -32,34 +33,50 @@ absl::StatusOr<std::unique_ptr<MutwoPolicy>> MutwoPolicy::Create(
       }
     }
   }
-  return std::unique_ptr<MutwoPolicy>(new MutwoPolicy(simulator, options));
+  std::unique_ptr<MutwoPolicy> policy(
+      new MutwoPolicy(simulator, std::move(options)));
+  MUTWO_RETURN_IF_ERROR(policy->Reset());
+  return policy;
 }
 
 MutwoPolicy::MutwoPolicy(const Simulator* simulator, Options options)
     : sim_(simulator), options_(std::move(options)) {
   incremental_ = options_.incremental && !options_.refine &&
                  !options_.time_each_step && sim_->monotone_time();
-  Reset();
+}
+
+bool MutwoPolicy::StoppedAt(size_t i) {
+  if (options_.interrupt == nullptr || i % 1024 != 0 ||
+      !options_.interrupt->Stopped()) {
+    return false;
+  }
+  done_ = true;
+  return true;
 }
 
 MutwoPolicy::~MutwoPolicy() = default;
 
-void MutwoPolicy::Reset() {
+absl::Status MutwoPolicy::Reset() {
   const int n = static_cast<int>(sim_->profile().activations.size());
+  done_ = false;
   decisions_.assign(n, Decision{});
+  if (StoppedAt(0)) return options_.interrupt->status();
   lineage_ = std::make_unique<Lineage>(*sim_);
   if (!options_.seed.empty()) {
     // In activation order, as the lineage would have seen them chosen one by
     // one; activations the lineage never offers keep their seed decision.
     decisions_ = options_.seed;
     for (int c = 0; c < n; ++c) {
+      if (StoppedAt(c)) return options_.interrupt->status();
       if (decisions_[c].action == Action::kRecompute &&
           lineage_->state(c) == State::kCandidate) {
         lineage_->Recompute(c, /*refresh=*/false);
       }
     }
+    if (StoppedAt(0)) return options_.interrupt->status();
     lineage_->RefreshAll();
   }
+  if (StoppedAt(0)) return options_.interrupt->status();
   no_swap_.assign(n, 0);
   for (int c = 0; c < n; ++c) {
     no_swap_[c] = sim_->profile().activations[c].swappable ? 0 : 1;
@@ -70,17 +87,14 @@ void MutwoPolicy::Reset() {
     if (lineage_->state(c) == State::kCandidate) remaining_.push_back(c);
   }
   swapped_.clear();
-  done_ = false;
-  if (incremental_) {
-    ResetIncremental();
-    return;
-  }
+  if (incremental_) return ResetIncremental();
   replay_ms_.assign(sim_->positions(), 0);
   sim_options_.time_model = options_.time_each_step;
   sim_->Run(decisions_, sim_options_, &current_);
+  return absl::OkStatus();
 }
 
-void MutwoPolicy::ResetIncremental() {
+absl::Status MutwoPolicy::ResetIncremental() {
   const PlanProfile& prof = sim_->profile();
   const int n = static_cast<int>(prof.activations.size());
   const int p = sim_->positions();
@@ -95,6 +109,7 @@ void MutwoPolicy::ResetIncremental() {
   int bits = 0;
   while ((1 << bits) < n) ++bits;
   for (int i = 0; i < (1 << bits); ++i) {
+    if (StoppedAt(i)) return options_.interrupt->status();
     int c = 0;
     for (int b = 0; b < bits; ++b) c |= ((i >> b) & 1) << (bits - 1 - b);
     if (c < n && decisions_[c].action != Action::kRetain) {
@@ -110,7 +125,9 @@ void MutwoPolicy::ResetIncremental() {
   const bool swap_ok = options_.allow_swap && prof.CanSwap();
   const std::vector<double>& end_ms = sim_->baseline_end_times_ms();
   std::vector<CandidateIndex::Item> swap_items, recompute_items;
-  for (int c : remaining_) {
+  for (size_t i = 0; i < remaining_.size(); ++i) {
+    if (StoppedAt(i)) return options_.interrupt->status();
+    const int c = remaining_[i];
     in_remaining_[c] = 1;
     const PlanActivation& a = prof.activations[c];
     recompute_key_[c] = RecomputeKey(c);
@@ -141,6 +158,7 @@ void MutwoPolicy::ResetIncremental() {
   }
   swap_index_->Build(swap_items);
   recompute_index_->Build(recompute_items);
+  return absl::OkStatus();
 }
 
 double MutwoPolicy::RecomputeKey(int c) const {
@@ -173,7 +191,8 @@ int64_t MutwoPolicy::peak_bytes() const {
 
 Decisions MutwoPolicy::Run(int64_t budget_bytes,
                            std::vector<TrajectoryStep>* trajectory) {
-  Reset();
+  // Interrupted: the decisions the rebuild stopped at (Step finds nothing).
+  if (!Reset().ok()) return decisions_;
   TrajectoryStep step;
   while (peak_bytes() > budget_bytes && Step(&step)) {
     if (trajectory != nullptr) trajectory->push_back(step);

@@ -35,7 +35,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "planner/interrupt.h"
 #include "planner/model.h"
 #include "planner/simulator.h"
 
@@ -89,8 +91,15 @@ class MutwoPolicy {
     // takes further down. RECOMPUTE entries join the recompute lineage (E/F)
     // as chosen; SWAP entries are not allowed (Create refuses them).
     Decisions seed;
+    // When set (not owned; must outlive the policy), polled while Create
+    // and Reset build the round state: on a graph of 16k nodes that takes
+    // about a second, and a drain or a cancelled request must not wait for
+    // it. Steps are not polled here: the Planner polls between them.
+    Interrupt* interrupt = nullptr;
   };
 
+  // Errors: InvalidArgument for a bad seed; the interrupt's status
+  // (Cancelled, DeadlineExceeded) when it stopped the build.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<MutwoPolicy>> Create(
       const Simulator* simulator, Options options);
   ~MutwoPolicy();
@@ -102,8 +111,10 @@ class MutwoPolicy {
 
   // Resumable form: Step() runs rounds until one choice is accepted and
   // describes it in `step`; false once no candidate helps (the floor).
-  // Reset() starts over from the seed.
-  void Reset();
+  // Reset() starts over from the seed; the interrupt's status when it
+  // stopped the rebuild, after which Step() finds no candidate until a
+  // Reset() that completes.
+  [[nodiscard]] absl::Status Reset();
   bool Step(TrajectoryStep* step);
   const Decisions& decisions() const { return decisions_; }
   // Simulated peak of the current decisions.
@@ -117,7 +128,11 @@ class MutwoPolicy {
 
   // Step() on the incremental simulator and candidate indexes.
   bool IncrementalStep(TrajectoryStep* step);
-  void ResetIncremental();
+  [[nodiscard]] absl::Status ResetIncremental();
+  // Whether the interrupt stopped (polled once every 1024 `i`: a poll reads
+  // the clock, the per-activation loops it guards are far cheaper); sets
+  // done_, so that a half-built state offers no step.
+  bool StoppedAt(size_t i);
   // The recompute key of the full scan (ratio or cheapest) for a candidate.
   double RecomputeKey(int candidate) const;
   // After the lineage changed a candidate's total.

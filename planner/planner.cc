@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Planner>> Planner::Create(PlanProfile profile,
       policy_options.time_each_step = small;
       policy_options.incremental = options.incremental;
       policy_options.seed = seed;
+      policy_options.interrupt = options.interrupt;
       MUTWO_ASSIGN_OR_RETURN(
           track.policy,
           MutwoPolicy::Create(planner->sim_.get(), std::move(policy_options)));

@@ -106,7 +106,8 @@ class Planner {
     Interrupt* interrupt = nullptr;
   };
 
-  // Errors: InvalidArgument for an inconsistent profile (Simulator::Create).
+  // Errors: InvalidArgument for an inconsistent profile (Simulator::Create);
+  // the interrupt's status when it stopped the build of a trajectory.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Planner>> Create(
       PlanProfile profile, Options options);
 

@@ -75,23 +75,7 @@ std::string CanonicalLoss(const v1::LossSpec& loss) {
     }
     return absl::StrJoin(terms, "+");
   }
-  std::string kind;
-  switch (loss.kind()) {
-    case v1::LossSpec::SUM:
-      kind = "sum";
-      break;
-    case v1::LossSpec::MODEL:
-      kind = "model";
-      break;
-    case v1::LossSpec::CROSS_ENTROPY:
-      kind = "cross_entropy";
-      break;
-    case v1::LossSpec::MSE:
-      kind = "mse";
-      break;
-    default:  // KIND_UNSPECIFIED is treated as MEAN
-      kind = "mean";
-  }
+  std::string kind = LossKindName(loss.kind());
   // The output the loss reads changes the step (a key without one is what
   // it was before the selector counted). Escaped, so an output named like
   // `x|batch=1` or `a+mean` cannot mimic another field or term.
@@ -129,8 +113,9 @@ std::string CanonicalOptimizer(const v1::OptimizerSpec& optimizer) {
 // were bound to their profile, stay what they were.
 std::string OwnerParts(const ScheduleCacheKey& key) {
   std::string out;
-  if (!key.tenant.empty())
+  if (!key.tenant.empty()) {
     absl::StrAppend(&out, "|tenant=", Escape(key.tenant));
+  }
   if (!key.profile_sha256.empty()) {
     absl::StrAppend(&out, "|profile=", Escape(key.profile_sha256));
   }

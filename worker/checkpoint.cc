@@ -83,8 +83,13 @@ struct SegmentFunction : public torch::autograd::Function<SegmentFunction> {
     ctx->set_materialize_grads(false);
     return run->RunForward(ctx, inputs);
   }
+  // By value: the signature torch::autograd::Function documents and calls.
+  // NOLINTBEGIN(performance-unnecessary-value-param)
   static variable_list backward(AutogradContext* ctx,
                                 variable_list grad_outputs) {
+    // NOLINTEND(performance-unnecessary-value-param)
+    // saved_data holds IValues: the run's address went in as an int64.
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
     auto* run = reinterpret_cast<SegmentRun*>(ctx->saved_data["run"].toInt());
     return run->Backward(grad_outputs);
   }
@@ -177,6 +182,21 @@ std::vector<torch::Tensor> SegmentRun::AddedTensors(
 
 void SegmentRun::Forward(InterpreterEnv& env) {
   ExclusiveGradientUseCount();  // the probe runs outside any backward
+  std::vector<torch::Tensor> tensors = CaptureInputs(env);
+  CollectAttributeTensors();
+  for (const torch::Tensor& p : params_) tensors.push_back(p);
+  cpu_rng_ = SaveCpuRng();
+  cuda_rng_ = SaveDeviceRng(device_);
+  replayed_ = false;
+  variable_list outputs = SegmentFunction::apply(at::TensorList(tensors), this);
+  WriteOutputs(tensors, outputs, env);
+  TrackOutputStorages(tensors, outputs);
+}
+
+// The input tensors in order (input_shapes_ keeps what each input held, for
+// the replay), with which of them are copied and which are module buffers.
+std::vector<torch::Tensor> SegmentRun::CaptureInputs(
+    const InterpreterEnv& env) {
   input_shapes_.clear();
   tensor_copied_.clear();
   std::vector<torch::Tensor> tensors;
@@ -192,8 +212,6 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     }
   }
   num_input_tensors_ = tensors.size();
-  params_.clear();
-  buffer_slots_.clear();
   // Buffers read by GetAttr before the range are inputs: batch norm updates
   // them in place (its schema does not say so), so the replay reads copies.
   input_is_buffer_.assign(num_input_tensors_, false);
@@ -208,6 +226,14 @@ void SegmentRun::Forward(InterpreterEnv& env) {
       }
     }
   }
+  return tensors;
+}
+
+// The parameters (params_, differentiated by the replay) and the other
+// tensors (buffer_slots_) the range reads through GetAttr.
+void SegmentRun::CollectAttributeTensors() {
+  params_.clear();
+  buffer_slots_.clear();
   for (const auto& path : plan_->attribute_paths) {
     c10::IValue object = module_->_ivalue();
     for (size_t k = 0; k + 1 < path.size(); ++k) {
@@ -242,11 +268,12 @@ void SegmentRun::Forward(InterpreterEnv& env) {
       buffer_slots_.push_back({object.toObject(), path.back()});
     }
   }
-  for (const torch::Tensor& p : params_) tensors.push_back(p);
-  cpu_rng_ = SaveCpuRng();
-  cuda_rng_ = SaveDeviceRng(device_);
-  replayed_ = false;
-  variable_list outputs = SegmentFunction::apply(at::TensorList(tensors), this);
+}
+
+// Puts the function's outputs into `env` where the range's outputs were.
+void SegmentRun::WriteOutputs(const std::vector<torch::Tensor>& tensors,
+                              const variable_list& outputs,
+                              InterpreterEnv& env) {
   size_t next = 0;
   for (size_t i = 0; i < plan_->outputs.size(); ++i) {
     if (!plan_->container_output[i]) {
@@ -264,6 +291,14 @@ void SegmentRun::Forward(InterpreterEnv& env) {
     });
     AssignInPlace(env.at(plan_->outputs[i]), fresh);
   }
+}
+
+// The per-output-tensor state the freeing and the replay read: which
+// storages may be freed (not an input's, parameter's, buffer's or
+// constant's, nor one a written-back container holds), after which node,
+// and the nodes that read each.
+void SegmentRun::TrackOutputStorages(const std::vector<torch::Tensor>& tensors,
+                                     const variable_list& outputs) {
   // Nothing here may keep a tensor alive for the rest of the step: the
   // outputs' storages are the replay's memory after Replay() and must go
   // when autograd is done with them.
@@ -308,7 +343,7 @@ void SegmentRun::Forward(InterpreterEnv& env) {
   tail_device_rng_.clear();
   tensor_free_after_.clear();
   freed_bytes_ = 0;
-  next = 0;
+  size_t next = 0;
   for (const torch::Tensor& t : outputs) {
     while (next + 1 < plan_->outputs.size() &&
            output_tensor_end_[next] <= tensor_output_.size()) {

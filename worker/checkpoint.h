@@ -32,6 +32,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -128,6 +129,25 @@ class SegmentRun {
       const torch::autograd::variable_list& grad_outputs);
 
  private:
+  // Forward()'s phases, in order (checkpoint.cc says what each does).
+  std::vector<torch::Tensor> CaptureInputs(const InterpreterEnv& env);
+  void CollectAttributeTensors();
+  void WriteOutputs(const std::vector<torch::Tensor>& tensors,
+                    const torch::autograd::variable_list& outputs,
+                    InterpreterEnv& env);
+  void TrackOutputStorages(const std::vector<torch::Tensor>& tensors,
+                           const torch::autograd::variable_list& outputs);
+  // Replay()'s phases, in order (segment_replay.cc says what each does).
+  void CheckInputsResident() const;
+  std::vector<c10::IValue> CopyBuffersForReplay();
+  std::vector<torch::Tensor> RunReplay(
+      std::vector<std::pair<torch::Tensor, torch::Tensor>>* buffer_feeds);
+  void RunTail(InterpreterEnv& env);
+  void RestoreBuffers(
+      const std::vector<c10::IValue>& originals,
+      const std::vector<std::pair<torch::Tensor, torch::Tensor>>& buffer_feeds);
+  void GiveOutputsReplayMemory(
+      const std::vector<torch::Tensor>& replay_outputs);
   // Replay(): runs the range node by node and hooks the autograd nodes each
   // node made (replay_hooks_).
   void RunRangeWithHooks(InterpreterEnv& env);

@@ -158,21 +158,6 @@ absl::StatusOr<c10::IValue> SelectOutput(const c10::IValue& outputs,
   return elements[index];
 }
 
-const char* KindName(v1::LossSpec::Kind kind) {
-  switch (kind) {
-    case v1::LossSpec::SUM:
-      return "sum";
-    case v1::LossSpec::MODEL:
-      return "model";
-    case v1::LossSpec::CROSS_ENTROPY:
-      return "cross_entropy";
-    case v1::LossSpec::MSE:
-      return "mse";
-    default:
-      return "mean";
-  }
-}
-
 // model, cross_entropy and mse read one output: a dict, tuple or list with
 // candidates in more than one entry could mean any of them, so the loss
 // must name it (`KIND@KEY`) rather than have the first taken silently.
@@ -219,7 +204,7 @@ absl::StatusOr<std::string> OnlyCandidate(const v1::LossSpec& loss,
     }
   }
   if (candidates.size() <= 1) return first;
-  const std::string kind = KindName(loss.kind());
+  const std::string kind = LossKindName(loss.kind());
   const std::string example =
       loss.has_target() ? absl::StrCat(":", FormatTensorSpec(loss.target()))
                         : "";
@@ -315,8 +300,9 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         if (!without_last.empty()) without_last.pop_back();
         std::vector<int64_t> without_dim1(logits.sizes().begin(),
                                           logits.sizes().end());
-        if (without_dim1.size() >= 3)
+        if (without_dim1.size() >= 3) {
           without_dim1.erase(without_dim1.begin() + 1);
+        }
         const std::vector<int64_t> target_shape(target.sizes().begin(),
                                                 target.sizes().end());
         if (logits.dim() >= 2 && target_shape == without_last) {

@@ -88,7 +88,18 @@ class Interpreter {
     size_t slot = 0;
   };
 
+  // One node: control flow, the plumbing and instructions TorchScript's
+  // interpreter runs itself, or the node's registered operator.
   void RunNode(torch::jit::Node* node, Env& env);
+  // prim::If: the branch taken (reported to hooks_->on_branch).
+  void RunIf(torch::jit::Node* node, Env& env);
+  // prim::Loop: the body while its condition holds, at most max_trips times.
+  void RunLoop(torch::jit::Node* node, Env& env);
+  // The instructions that use the interpreter's caches (constants, attribute
+  // slots, warn-once) or raise; false when `node` is none of them.
+  bool RunInstruction(torch::jit::Node* node, Env& env);
+  // Any other node, through its registered operator (looked up once).
+  void RunOperator(torch::jit::Node* node, Env& env);
   void RunBlock(torch::jit::Block* block, Env& env);
   Cached& CacheOf(const torch::jit::Node* node);
 

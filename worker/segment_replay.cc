@@ -77,111 +77,17 @@ void SegmentRun::Replay() {
   RECORD_USER_SCOPE(absl::StrCat("mutwo::replay segment ", plan_->segment));
   replayed_ = true;
   if (before_replay_) before_replay_();
-  // Inputs stay resident until the replay read them (pinned in earlier
-  // segments, swapped ones brought back just above): an empty one was
-  // freed before its last read.
-  for (size_t j = 0; j < saved_inputs_.size(); ++j) {
-    const torch::Tensor& t = saved_inputs_[j];
-    MUTWO_DCHECK(!t.defined() || !t.has_storage() ||
-                 t.storage().nbytes() == 0 || t.storage().data() != nullptr)
-        << "segment " << plan_->segment << ": the replay reads input tensor "
-        << j << ", whose storage was freed";
-  }
-  // The replay updates copies of the buffers (batch-norm running
-  // statistics): the real ones were updated once, by the forward run, and
-  // keep their versions (autograd nodes saved them).
-  std::vector<c10::IValue> originals;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& [object, name] : buffer_slots_) {
-      originals.push_back(object->getAttr(name));
-      object->setAttr(name, originals.back().toTensor().clone());
-    }
-  }
+  CheckInputsResident();
+  std::vector<c10::IValue> originals = CopyBuffersForReplay();
   const std::string cpu_now = SaveCpuRng();
   const torch::Tensor device_now = SaveDeviceRng(device_);
   RestoreCpuRng(cpu_rng_);
   RestoreDeviceRng(device_, cuda_rng_);
   replay_leaves_.clear();
   replay_roots_.clear();
-  std::vector<torch::Tensor> replay_outputs;
   // Per input: a buffer's copy fed to the replay, and the buffer.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> buffer_feeds;
-  {
-    torch::AutoGradMode grad_mode(true);
-    std::vector<torch::Tensor> feeds;
-    buffer_feeds.assign(saved_inputs_.size(), {});
-    for (size_t j = 0; j < saved_inputs_.size(); ++j) {
-      const torch::Tensor& t = saved_inputs_[j];
-      if (!t.defined()) {
-        replay_leaves_.push_back(t);
-        feeds.push_back(t);
-        continue;
-      }
-      torch::Tensor leaf = t.detach();
-      const bool grad = input_requires_grad_[j];
-      if (grad) leaf.requires_grad_(true);
-      replay_leaves_.push_back(leaf);
-      // In-place ops on a leaf that requires grad are refused, and buffers
-      // must not be updated twice: feed copies.
-      feeds.push_back((grad && tensor_copied_[j]) || input_is_buffer_[j]
-                          ? leaf.clone()
-                          : leaf);
-      if (input_is_buffer_[j] && !(grad && tensor_copied_[j])) {
-        buffer_feeds[j] = {feeds.back(), leaf};
-      }
-    }
-    InterpreterEnv env;
-    size_t next = 0;
-    for (size_t i = 0; i < plan_->inputs.size(); ++i) {
-      env[plan_->inputs[i]] = Rebuild(input_shapes_[i], feeds, &next);
-    }
-    if (replay_hooks_.empty()) {
-      interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
-    } else {
-      RunRangeWithHooks(env);
-    }
-    for (size_t i = 0; i < plan_->outputs.size(); ++i) {
-      const c10::IValue& value = env.at(plan_->outputs[i]);
-      if (plan_->container_output[i]) {
-        for (torch::Tensor& t :
-             AddedTensors(value, {}, &container_layout_[i], false)) {
-          replay_outputs.push_back(std::move(t));
-        }
-      } else {
-        AppendTensors(value, &replay_outputs);
-      }
-    }
-    // Inputs the forward wrote in place are outputs too (after the range's
-    // outputs, as in RunForward).
-    for (size_t j : dirty_index_) replay_outputs.push_back(feeds[j]);
-    // The tail rebuilds what autograd saved after the range (its own
-    // backward nodes were recorded in forward): values only, in place into
-    // the replayed outputs, from what it captured (buffers as copies).
-    if (!plan_->tail.empty()) {
-      torch::NoGradGuard no_grad;
-      for (size_t t = 0; t < plan_->tail.size(); ++t) {
-        const int id = plan_->tail[t];
-        ForEachRead(graph_->nodes()[id].node, [&](const Value* v) {
-          if (env.count(v) != 0) return;
-          auto it = tail_values_.find(v);
-          if (it == tail_values_.end()) return;
-          c10::IValue value = it->second;
-          if (v->node()->kind() == c10::prim::GetAttr && value.isTensor() &&
-              value.toTensor().defined() && !value.toTensor().requires_grad()) {
-            value = value.toTensor().clone();
-          }
-          env[v] = value;
-        });
-        if (t < tail_cpu_rng_.size()) {
-          RestoreCpuRng(tail_cpu_rng_[t]);
-          RestoreDeviceRng(device_, tail_device_rng_[t]);
-        }
-        interpreter_->RunRange(id, id, env);
-      }
-      tail_values_.clear();
-    }
-  }
+  std::vector<torch::Tensor> replay_outputs = RunReplay(&buffer_feeds);
   // The replay's graph holds what its backward reads; the inputs are not
   // needed any more (Backward() only needs the leaves it differentiates).
   input_shapes_.clear();
@@ -191,9 +97,142 @@ void SegmentRun::Replay() {
   }
   RestoreCpuRng(cpu_now);
   RestoreDeviceRng(device_, device_now);
-  // The copies the replay updated are saved by its graph (batch norm saves
-  // the running statistics): they read the real buffers' memory from now
-  // on, so the copies take no memory while the replay's backward waits.
+  RestoreBuffers(originals, buffer_feeds);
+  GiveOutputsReplayMemory(replay_outputs);
+  for (const torch::Tensor& t : replay_outputs) {
+    ReplayRoot root;
+    if (t.defined() && t.requires_grad()) {
+      root.differentiable = true;
+      root.leaf = t.grad_fn() == nullptr;
+      root.edge = torch::autograd::impl::gradient_edge(t);
+    }
+    replay_roots_.push_back(std::move(root));
+  }
+  replay_outputs.clear();
+  if (after_replay_) after_replay_();
+}
+
+// Inputs stay resident until the replay read them; a DCHECK build says
+// which one was freed too early instead of replaying from freed memory.
+void SegmentRun::CheckInputsResident() const {
+  for (size_t j = 0; j < saved_inputs_.size(); ++j) {
+    const torch::Tensor& t = saved_inputs_[j];
+    MUTWO_DCHECK(!t.defined() || !t.has_storage() ||
+                 t.storage().nbytes() == 0 || t.storage().data() != nullptr)
+        << "segment " << plan_->segment << ": the replay reads input tensor "
+        << j << ", whose storage was freed";
+  }
+}
+
+// The replay updates copies of the buffers (batch-norm running statistics):
+// the real ones were updated once, by the forward run, and keep their
+// versions (autograd nodes saved them). Returns the real ones, in
+// buffer_slots_ order, for RestoreBuffers.
+std::vector<c10::IValue> SegmentRun::CopyBuffersForReplay() {
+  std::vector<c10::IValue> originals;
+  torch::NoGradGuard no_grad;
+  for (const auto& [object, name] : buffer_slots_) {
+    originals.push_back(object->getAttr(name));
+    object->setAttr(name, originals.back().toTensor().clone());
+  }
+  return originals;
+}
+
+// The range run again with autograd on, from leaves made of the saved
+// inputs; returns the replay's output tensors in the forward's order (the
+// range's outputs, then the inputs written in place) and fills
+// `buffer_feeds` (per input: a buffer's copy fed to the replay, and the
+// buffer).
+std::vector<torch::Tensor> SegmentRun::RunReplay(
+    std::vector<std::pair<torch::Tensor, torch::Tensor>>* buffer_feeds_out) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>>& buffer_feeds =
+      *buffer_feeds_out;
+  std::vector<torch::Tensor> replay_outputs;
+  torch::AutoGradMode grad_mode(true);
+  std::vector<torch::Tensor> feeds;
+  buffer_feeds.assign(saved_inputs_.size(), {});
+  for (size_t j = 0; j < saved_inputs_.size(); ++j) {
+    const torch::Tensor& t = saved_inputs_[j];
+    if (!t.defined()) {
+      replay_leaves_.push_back(t);
+      feeds.push_back(t);
+      continue;
+    }
+    torch::Tensor leaf = t.detach();
+    const bool grad = input_requires_grad_[j];
+    if (grad) leaf.requires_grad_(true);
+    replay_leaves_.push_back(leaf);
+    // In-place ops on a leaf that requires grad are refused, and buffers
+    // must not be updated twice: feed copies.
+    feeds.push_back((grad && tensor_copied_[j]) || input_is_buffer_[j]
+                        ? leaf.clone()
+                        : leaf);
+    if (input_is_buffer_[j] && !(grad && tensor_copied_[j])) {
+      buffer_feeds[j] = {feeds.back(), leaf};
+    }
+  }
+  InterpreterEnv env;
+  size_t next = 0;
+  for (size_t i = 0; i < plan_->inputs.size(); ++i) {
+    env[plan_->inputs[i]] = Rebuild(input_shapes_[i], feeds, &next);
+  }
+  if (replay_hooks_.empty()) {
+    interpreter_->RunRange(plan_->first_node, plan_->last_node, env);
+  } else {
+    RunRangeWithHooks(env);
+  }
+  for (size_t i = 0; i < plan_->outputs.size(); ++i) {
+    const c10::IValue& value = env.at(plan_->outputs[i]);
+    if (plan_->container_output[i]) {
+      for (torch::Tensor& t :
+           AddedTensors(value, {}, &container_layout_[i], false)) {
+        replay_outputs.push_back(std::move(t));
+      }
+    } else {
+      AppendTensors(value, &replay_outputs);
+    }
+  }
+  // Inputs the forward wrote in place are outputs too (after the range's
+  // outputs, as in RunForward).
+  for (size_t j : dirty_index_) replay_outputs.push_back(feeds[j]);
+  RunTail(env);
+  return replay_outputs;
+}
+
+// The tail rebuilds what autograd saved after the range (its own backward
+// nodes were recorded in forward): values only, in place into the replayed
+// outputs, from what it captured (buffers as copies).
+void SegmentRun::RunTail(InterpreterEnv& env) {
+  if (plan_->tail.empty()) return;
+  torch::NoGradGuard no_grad;
+  for (size_t t = 0; t < plan_->tail.size(); ++t) {
+    const int id = plan_->tail[t];
+    ForEachRead(graph_->nodes()[id].node, [&](const Value* v) {
+      if (env.count(v) != 0) return;
+      auto it = tail_values_.find(v);
+      if (it == tail_values_.end()) return;
+      c10::IValue value = it->second;
+      if (v->node()->kind() == c10::prim::GetAttr && value.isTensor() &&
+          value.toTensor().defined() && !value.toTensor().requires_grad()) {
+        value = value.toTensor().clone();
+      }
+      env[v] = value;
+    });
+    if (t < tail_cpu_rng_.size()) {
+      RestoreCpuRng(tail_cpu_rng_[t]);
+      RestoreDeviceRng(device_, tail_device_rng_[t]);
+    }
+    interpreter_->RunRange(id, id, env);
+  }
+  tail_values_.clear();
+}
+
+// The copies the replay updated are saved by its graph (batch norm saves the
+// running statistics): they read the real buffers' memory from now on, so
+// the copies take no memory while the replay's backward waits.
+void SegmentRun::RestoreBuffers(
+    const std::vector<c10::IValue>& originals,
+    const std::vector<std::pair<torch::Tensor, torch::Tensor>>& buffer_feeds) {
   for (size_t i = 0; i < buffer_slots_.size(); ++i) {
     const c10::IValue copy =
         buffer_slots_[i].first->getAttr(buffer_slots_[i].second);
@@ -201,10 +240,14 @@ void SegmentRun::Replay() {
     buffer_slots_[i].first->setAttr(buffer_slots_[i].second, originals[i]);
   }
   for (const auto& [copy, buffer] : buffer_feeds) ShareMemory(copy, buffer);
-  // Freed outputs get the replay's memory. Outputs the forward kept (read
-  // by a later segment, or never freed) hold the values the replay computed
-  // again: the replay uses their memory instead of holding a second copy
-  // (unless a later in-place write changed them).
+}
+
+// Freed outputs get the replay's memory. Outputs the forward kept (read by
+// a later segment, or never freed) hold the values the replay computed
+// again: the replay uses their memory instead of holding a second copy
+// (unless a later in-place write changed them).
+void SegmentRun::GiveOutputsReplayMemory(
+    const std::vector<torch::Tensor>& replay_outputs) {
   for (size_t k = 0; k < tensor_storage_.size(); ++k) {
     c10::intrusive_ptr<c10::StorageImpl> impl = tensor_storage_[k].lock();
     if (!impl) continue;
@@ -230,17 +273,6 @@ void SegmentRun::Replay() {
     freed_bytes_ -= static_cast<int64_t>(impl->nbytes());
     tensor_freed_[k] = false;
   }
-  for (const torch::Tensor& t : replay_outputs) {
-    ReplayRoot root;
-    if (t.defined() && t.requires_grad()) {
-      root.differentiable = true;
-      root.leaf = t.grad_fn() == nullptr;
-      root.edge = torch::autograd::impl::gradient_edge(t);
-    }
-    replay_roots_.push_back(std::move(root));
-  }
-  replay_outputs.clear();
-  if (after_replay_) after_replay_();
 }
 
 variable_list SegmentRun::Backward(const variable_list& grad_outputs) {

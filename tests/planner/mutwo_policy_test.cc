@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "planner/baselines.h"
+#include "planner/interrupt.h"
 #include "tests/planner/test_profiles.h"
 
 namespace mutwo::planner {
@@ -181,6 +186,50 @@ TEST(MutwoPolicyTest, IncrementalRoundsMakeTheSameChoicesAsFullSimulation) {
     if (::testing::Test::HasFailure()) return;
   }
   EXPECT_GT(incremental_steps, 1000);  // the trajectories are not trivial
+}
+
+// Building the round state of a large graph (the large-graph policy from a
+// seed, as the Planner's seeded trajectory) takes about a second; a
+// cancelled request or a server drain must not wait for it. The cancellation
+// arrives a few polls into the build, so the polls inside its loops are what
+// stops it, not only a check on entry.
+TEST(MutwoPolicyTest, CreateStopsPromptlyWhenInterrupted) {
+  const PlanProfile p = testing::DeepResidualProfile(1640);  // 16,400 nodes
+  auto sim = Simulator::Create(&p);
+  ASSERT_TRUE(sim.ok());
+  MutwoPolicy::Options options;
+  options.refine = false;
+  options.time_each_step = false;
+  options.seed = SqrtNCheckpointing(p);
+
+  absl::Time start = absl::Now();
+  auto whole = MutwoPolicy::Create(sim->get(), options);
+  const absl::Duration whole_time = absl::Now() - start;
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_TRUE((*whole)->incremental());
+
+  int polls = 0;
+  Interrupt cancelled(absl::InfiniteFuture(), [&] { return ++polls > 3; });
+  options.interrupt = &cancelled;
+  start = absl::Now();
+  auto stopped = MutwoPolicy::Create(sim->get(), options);
+  const absl::Duration stopped_time = absl::Now() - start;
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled)
+      << stopped.status();
+  EXPECT_EQ(polls, 4);
+  EXPECT_LT(stopped_time, whole_time / 2)
+      << "whole build " << whole_time << ", interrupted " << stopped_time;
+  std::cout << "{\"test\":\"policy_create_interrupt\",\"whole_ms\":"
+            << absl::ToDoubleMilliseconds(whole_time) << ",\"interrupted_ms\":"
+            << absl::ToDoubleMilliseconds(stopped_time) << "}\n";
+
+  // An expired deadline: its own error, before any of the work.
+  Interrupt expired(absl::Now() - absl::Seconds(1), nullptr);
+  options.interrupt = &expired;
+  auto late = MutwoPolicy::Create(sim->get(), options);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

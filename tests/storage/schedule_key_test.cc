@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,34 @@ TEST(ScheduleKeyTest, SingleTermLossKeysAreUnchanged) {
     EXPECT_THAT(Key(spec, "60%"),
                 HasSubstr(absl::StrCat("|loss=", canonical, "|optimizer=")))
         << text;
+  }
+}
+
+// The loss part of the key, kind by kind, exactly as keys already stored in
+// SQLite spell it: a change of spelling would miss every cached schedule.
+TEST(ScheduleKeyTest, LossKindSpellingsAreTheStoredOnes) {
+  for (const auto& [kind, target, canonical] :
+       std::vector<std::tuple<v1::LossSpec::Kind, std::string, std::string>>{
+           {v1::LossSpec::KIND_UNSPECIFIED, "",
+            "inputs=|loss=mean@out|optimizer=sgd,lr=0.001,weight_decay=0"},
+           {v1::LossSpec::MEAN, "",
+            "inputs=|loss=mean@out|optimizer=sgd,lr=0.001,weight_decay=0"},
+           {v1::LossSpec::SUM, "",
+            "inputs=|loss=sum@out|optimizer=sgd,lr=0.001,weight_decay=0"},
+           {v1::LossSpec::MODEL, "",
+            "inputs=|loss=model@out|optimizer=sgd,lr=0.001,weight_decay=0"},
+           {v1::LossSpec::CROSS_ENTROPY, "y:int64[B]{0,1000}",
+            "inputs=|loss=cross_entropy@out:y:int64[B]{0,1000}|optimizer=sgd,"
+            "lr=0.001,weight_decay=0"},
+           {v1::LossSpec::MSE, "z:float32[B,4]",
+            "inputs=|loss=mse@out:z:float32[B,4]|optimizer=sgd,lr=0.001,weight_"
+            "decay=0"}}) {
+    v1::LossSpec loss;
+    loss.set_kind(kind);
+    if (!target.empty()) *loss.mutable_target() = *ParseTensorSpec(target);
+    loss.set_output("out");
+    EXPECT_EQ(CanonicalSpecString({}, loss, v1::OptimizerSpec()), canonical)
+        << v1::LossSpec::Kind_Name(kind);
   }
 }
 
