@@ -58,7 +58,7 @@ class CandidateIndex {
                   [&](int node) { ids_[cursor_[node]++] = item.id; });
     }
     cursor_.assign(offsets_.begin(), offsets_.end() - 1);
-    heap_of_.assign(2 * size_, -1);
+    heap_of_.assign(2 * static_cast<size_t>(size_), -1);
     heaps_.clear();
   }
 
