@@ -167,14 +167,24 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
           "even at the baseline peak)");
     }
     const int64_t knee_budget = KneeBudget(curve);
+    // Never above the baseline peak, as the floor and the curve's rows: the
+    // unmodified step fits it, and a model of a few MiB under the CUDA
+    // reserve's 4 MiB would otherwise get a budget on no row.
+    const int64_t baseline = planner->simulator().baseline_peak_bytes();
     budget_bytes =
-        with_reserve ? LowestBudgetAbove(profile, knee_budget) : knee_budget;
+        with_reserve
+            ? std::min(baseline, LowestBudgetAbove(profile, knee_budget))
+            : knee_budget;
     // The knee is one point of the curve, named by its place: the Pareto
     // table lists it with `auto`'s budget and this schedule's peak and time,
     // so no other figure is called the knee.
     int point = knee;
     for (size_t i = 0; i < curve.size(); ++i) {
       if (curve[i].budget_bytes == knee_budget) point = static_cast<int>(i);
+    }
+    const int weighted = point;
+    if (budget_bytes >= baseline && knee_budget < baseline) {
+      point = static_cast<int>(curve.size()) - 1;  // the unmodified step
     }
     // How far it moves is said where `auto` is read: the same model
     // profiled again gives other step times (PlanRequestTest.
@@ -185,7 +195,12 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     resolved_note = absl::StrCat(
         "auto: the knee of the Pareto curve, its point ", point + 1, " of ",
         curve.size(),
-        point == knee
+        point != weighted
+            ? absl::StrCat(", the unmodified step: point ", weighted + 1,
+                           " with the reserve on top would lie above the "
+                           "baseline peak (",
+                           kStability, ")")
+        : point == knee
             ? absl::StrCat(", the one that trades memory for time best (",
                            kStability, ")")
             : absl::StrCat(

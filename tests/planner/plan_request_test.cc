@@ -11,6 +11,8 @@
 #include <cmath>
 #include <iostream>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
@@ -71,16 +73,17 @@ TEST(PlanRequestTest, AutoBudgetPlansAtTheKnee) {
 // MiB` beside a row `59.75 MiB -> 58.84 MiB` and a note calling 59.19 MiB
 // and 66.97 MiB the knee.
 TEST(PlanRequestTest, AutoIsTheBudgetOfItsRowOnTheParetoCurve) {
-  for (const char* kind : {"cpu", "cuda"}) {
+  // Hundreds of MiB, and a 1 MiB model on CUDA, where the reserve's 4 MiB
+  // puts `auto` at the baseline peak (the unmodified step, the last row).
+  for (const auto& [kind, shift] : std::vector<std::pair<const char*, int>>{
+           {"cpu", 8}, {"cuda", 8}, {"cuda", 0}}) {
     for (int model = 0; model < 2; ++model) {
       std::mt19937 rng(model);
       v1::Profile profile =
           ProfileProto(RandomProfile(rng, 40), int64_t{1} << 30);
       profile.mutable_device()->set_kind(kind);
-      // Hundreds of MiB: the CUDA reserve's 4 MiB would put every budget
-      // of a 1 MiB model above its baseline peak.
       for (auto& a : *profile.mutable_activations())
-        a.set_size_bytes(a.size_bytes() << 8);
+        a.set_size_bytes(a.size_bytes() << shift);
       ScheduleRequest request;
       request.budget = *ParseBudget("auto");
       request.pareto_points = 20;
@@ -106,6 +109,13 @@ TEST(PlanRequestTest, AutoIsTheBudgetOfItsRowOnTheParetoCurve) {
                 std::string::npos)
           << reason;
       EXPECT_EQ(knee_note.find("iB"), std::string::npos) << reason;
+      EXPECT_LE(s->budget_bytes(), s->baseline_peak_bytes()) << reason;
+      if (s->budget_bytes() == s->baseline_peak_bytes()) {
+        // The unmodified step: no reserve, no decision.
+        EXPECT_EQ(s->recomputed() + s->swapped(), 0) << reason;
+        EXPECT_EQ(reason.find("planned for"), std::string::npos) << reason;
+        continue;
+      }
       const int64_t reserve = AllocatorReserveBytes(profile, s->budget_bytes());
       EXPECT_NE(reason.find(absl::StrCat(
                     "planned for ", FormatBytes(s->budget_bytes() - reserve),
