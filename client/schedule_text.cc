@@ -151,8 +151,16 @@ std::string ScheduleText(const v1::Schedule& s, const v1::Profile* profile,
                     " (the lowest budget that fits",
                     floor_source.empty() ? "" : "; ", floor_source, ")");
   }
+  // Refused: the plan below is the floor's (the lowest the policy reaches),
+  // not one for this budget, and its decisions are no answer to it.
   absl::StrAppend(&out, "\n", pad, "feasible        ",
-                  s.feasible() ? "yes" : "NO", "\n");
+                  s.feasible() ? "yes"
+                  : s.budget_bytes() < s.floor_bytes()
+                      ? "NO: the budget is below the floor; the peak and "
+                        "time below are the floor's plan"
+                      : "NO: planned below the floor (the note says why); the "
+                        "peak and time below are the floor's plan",
+                  "\n");
   absl::StrAppend(&out, pad, "peak            baseline ",
                   FormatBytes(s.baseline_peak_bytes()), " -> planned ",
                   FormatBytes(s.predicted_peak_bytes()), " (",
@@ -183,14 +191,21 @@ std::string ScheduleText(const v1::Schedule& s, const v1::Profile* profile,
                   " retain\n");
   if (!s.reason().empty())
     absl::StrAppend(&out, pad, "note            ", s.reason(), "\n");
-  absl::StrAppend(&out, DecisionsText(s, profile, indent));
+  if (s.feasible()) {
+    absl::StrAppend(&out, DecisionsText(s, profile, indent));
+  } else if (s.recomputed() + s.swapped() > 0) {
+    absl::StrAppend(&out, pad,
+                    "(the floor's decisions are listed for a budget at or "
+                    "above the floor, e.g. --budget floor)\n");
+  }
   if (s.pareto_size() > 0) {
     absl::StrAppend(&out, pad,
                     "pareto (budget -> planned peak, step time; the first "
                     "budget is the floor):\n");
-    // The point this schedule is, so that `auto` (listed by the lowest
-    // budget its plan fits, not by the budget `auto` resolved to) can be
-    // found on the curve.
+    // The point this schedule is, so that a budget can be found on the
+    // curve; its figure is repeated only where the row lists the point by
+    // another budget (a schedule planned before the rows were listed by
+    // the budget that plans them, or a budget between two points).
     bool marked = false;
     for (const v1::ParetoPoint& p : s.pareto()) {
       const bool this_one =
@@ -208,12 +223,17 @@ std::string ScheduleText(const v1::Schedule& s, const v1::Profile* profile,
               FormatBytes(p.predicted_peak_bytes()), p.predicted_iteration_ms(),
               percent(p.predicted_iteration_ms(), s.baseline_iteration_ms()),
               p.recomputed(), p.swapped(),
-              this_one ? absl::StrCat("  <- this schedule (budget ",
-                                      s.budget().text().empty()
-                                          ? FormatBudget(s.budget())
-                                          : s.budget().text(),
-                                      " = ", FormatBytes(s.budget_bytes()), ")")
-                       : ""));
+              this_one
+                  ? absl::StrCat(
+                        "  <- this schedule (budget ",
+                        s.budget().text().empty() ? FormatBudget(s.budget())
+                                                  : s.budget().text(),
+                        p.budget_bytes() == s.budget_bytes()
+                            ? ""
+                            : absl::StrCat(" = ",
+                                           FormatBytes(s.budget_bytes())),
+                        ")")
+                  : ""));
     }
   }
   return out;

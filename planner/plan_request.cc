@@ -92,6 +92,15 @@ int64_t LowestBudgetAbove(const v1::Profile& profile, int64_t peak_bytes) {
   return budget;
 }
 
+// What the reserve is, after its size.
+std::string ReserveWhy(const v1::Profile& profile) {
+  return profile.device().kind() == "cuda"
+             ? " (4 MiB + 1% of the budget) for the CUDA caching allocator's "
+               "block rounding"
+             : " (16 KiB + 1.5% of the budget) for what the memory model "
+               "leaves out of replays";
+}
+
 // A recurrent layer is one op of the graph (aten::lstm keeps every time
 // step's gates and states for its backward): mutwo recomputes or swaps
 // what it keeps whole and cannot split it by time step. Names each such
@@ -157,17 +166,48 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
           "budget auto: the Pareto curve has no point (no schedule fits "
           "even at the baseline peak)");
     }
-    const ParetoPoint& k = curve[knee];
     const int64_t knee_budget = KneeBudget(curve);
+    // Never above the baseline peak, as the floor and the curve's rows: the
+    // unmodified step fits it, and a model of a few MiB under the CUDA
+    // reserve's 4 MiB would otherwise get a budget on no row.
+    const int64_t baseline = planner->simulator().baseline_peak_bytes();
     budget_bytes =
-        with_reserve ? LowestBudgetAbove(profile, knee_budget) : knee_budget;
+        with_reserve
+            ? std::min(baseline, LowestBudgetAbove(profile, knee_budget))
+            : knee_budget;
+    // The knee is one point of the curve, named by its place: the Pareto
+    // table lists it with `auto`'s budget and this schedule's peak and time,
+    // so no other figure is called the knee.
+    int point = knee;
+    for (size_t i = 0; i < curve.size(); ++i) {
+      if (curve[i].budget_bytes == knee_budget) point = static_cast<int>(i);
+    }
+    const int weighted = point;
+    if (budget_bytes >= baseline && knee_budget < baseline) {
+      point = static_cast<int>(curve.size()) - 1;  // the unmodified step
+    }
+    // How far it moves is said where `auto` is read: the same model
+    // profiled again gives other step times (PlanRequestTest.
+    // AutoBudgetIsStableUnderTimingNoise measures the 5.7%).
+    constexpr char kStability[] =
+        "a new profile of the same model, its step times a few % apart, "
+        "moved it by at most 5.7% on the planner's noise test";
     resolved_note = absl::StrCat(
-        "auto: the knee of the Pareto curve (", FormatBytes(knee_budget),
-        ", the budgets near its best point weighted by how close they come, "
-        "so that a few % of timing noise moves it little; best point ",
-        knee + 1, " of ", curve.size(), ": predicted peak ",
-        FormatBytes(k.predicted_peak_bytes), ", ",
-        absl::StrFormat("%.3f", k.predicted_iteration_ms), " ms)");
+        "auto: the knee of the Pareto curve, its point ", point + 1, " of ",
+        curve.size(),
+        point != weighted
+            ? absl::StrCat(", the unmodified step: point ", weighted + 1,
+                           " with the reserve on top would lie above the "
+                           "baseline peak (",
+                           kStability, ")")
+        : point == knee
+            ? absl::StrCat(", the one that trades memory for time best (",
+                           kStability, ")")
+            : absl::StrCat(
+                  " (the budget in the middle of the points that trade "
+                  "memory for time nearly as well as the best one, point ",
+                  knee + 1,
+                  ", so that timing noise moves it little: ", kStability, ")"));
   } else if (request.budget.kind_case() == v1::MemoryBudget::kFloor) {
     // `floor`: the lowest budget the plan fits with the reserve, never
     // above the baseline peak (the unmodified step fits that). The same
@@ -215,16 +255,43 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     result.floor_bytes =
         std::min(baseline_peak, LowestBudgetAbove(profile, result.floor_bytes));
   }
-  if (reserve > 0) {
+  if (!result.feasible && budget_bytes < result.floor_bytes) {
+    // Refused: the budget and the floor, in the units of every other figure;
+    // what it was planned for less the reserve would be a third budget.
+    const int64_t floor_reserve =
+        with_reserve ? AllocatorReserveBytes(profile, result.floor_bytes) : 0;
+    std::string what;
+    if (result.floor_bytes >= baseline_peak) {
+      what = "the baseline peak (the unmodified step)";
+    } else if (floor_reserve > 0) {
+      what =
+          absl::StrCat("the lowest peak the ", PolicyName(options.policy),
+                       " policy reaches, ", FormatBytes(result.sim.peak_bytes),
+                       ", plus a reserve of ", FormatBytes(floor_reserve),
+                       ReserveWhy(profile));
+    } else {
+      what = absl::StrCat("the lowest peak the ", PolicyName(options.policy),
+                          " policy reaches");
+    }
     result.reason = absl::StrCat(
-        result.reason, result.reason.empty() ? "" : "; ", "planned for ",
-        FormatBytes(budget_bytes - reserve - correction), ": a reserve of ",
-        FormatBytes(reserve),
-        profile.device().kind() == "cuda"
-            ? " (4 MiB + 1% of the budget) for the CUDA caching "
-              "allocator's block rounding"
-            : " (16 KiB + 1.5% of the budget) for what the memory model "
-              "leaves out of replays");
+        "the budget ", FormatBytes(budget_bytes), " is below the floor ",
+        FormatBytes(result.floor_bytes), ", ", what, "; baseline peak ",
+        FormatBytes(baseline_peak));
+  } else {
+    if (!result.feasible) {
+      // Over the floor, but planned below it by a correction.
+      result.reason = absl::StrCat(
+          "the budget less what follows is below the lowest peak the ",
+          PolicyName(options.policy), " policy reaches, ",
+          FormatBytes(result.sim.peak_bytes));
+    }
+    if (reserve > 0) {
+      result.reason = absl::StrCat(
+          result.reason, result.reason.empty() ? "" : "; ", "planned for ",
+          FormatBytes(budget_bytes - reserve - correction),
+          ", the budget less a reserve of ", FormatBytes(reserve),
+          ReserveWhy(profile));
+    }
   }
   if (correction > 0) {
     result.reason = absl::StrCat(
@@ -251,15 +318,15 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     for (const ParetoPoint& pt : curve) {
       v1::ParetoPoint* out = schedule.add_pareto();
       // The budget a user gives for this point, as `auto` and the floor are
-      // given: the lowest at which its plan fits with the reserve on top
-      // (never above the baseline peak). The planner's own budget lies
+      // given: the budget it was planned at with the reserve on top (never
+      // above the baseline peak), so that `auto` is its point's budget and
+      // that budget plans this very point. The planner's own budget lies
       // below it by the reserve, so the curve's first point would sit below
       // the floor the schedule reports.
       out->set_budget_bytes(
-          with_reserve
-              ? std::min(baseline_peak,
-                         LowestBudgetAbove(profile, pt.predicted_peak_bytes))
-              : pt.budget_bytes);
+          with_reserve ? std::min(baseline_peak,
+                                  LowestBudgetAbove(profile, pt.budget_bytes))
+                       : pt.budget_bytes);
       out->set_predicted_peak_bytes(pt.predicted_peak_bytes);
       out->set_predicted_iteration_ms(pt.predicted_iteration_ms);
       out->set_recomputed(pt.recomputed);

@@ -149,6 +149,30 @@ TEST(ScheduleText, MarksTheParetoPointThatIsThisSchedule) {
               ::testing::Not(HasSubstr("<- this schedule")));
 }
 
+// A budget below the floor is refused: the schedule's plan is the floor's,
+// said so, and its decisions are not listed as an answer to the budget.
+TEST(ScheduleText, ARefusedBudgetShowsTheFloorNotItsDecisions) {
+  v1::Schedule s = TwoDecisions();
+  s.mutable_budget()->set_text("10%");
+  s.set_budget_bytes(8 << 20);
+  s.set_feasible(false);
+  s.set_floor_bytes(28 << 20);
+  s.set_baseline_peak_bytes(82 << 20);
+  s.set_predicted_peak_bytes(27 << 20);
+  s.set_recomputed(1);
+  s.set_swapped(1);
+  const std::string text = ScheduleText(s, nullptr, "", 2);
+  EXPECT_THAT(text, HasSubstr("  feasible        NO: the budget is below the "
+                              "floor; the peak and time below are the "
+                              "floor's plan\n"));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("recomputed:")));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("swapped:")));
+  EXPECT_THAT(text, HasSubstr("--budget floor"));
+  s.set_feasible(true);
+  s.set_budget_bytes(28 << 20);
+  EXPECT_THAT(ScheduleText(s, nullptr, "", 2), HasSubstr("recomputed:"));
+}
+
 TEST(DecisionsText, WithoutAProfileIdsAndSizesRemain) {
   const std::string text = DecisionsText(TwoDecisions(), nullptr, 0);
   EXPECT_THAT(

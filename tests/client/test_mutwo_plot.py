@@ -230,11 +230,11 @@ class TimelineTest(unittest.TestCase, FigureChecks):
 
     def test_a_long_note_is_wrapped_whole_above_the_axes(self):
         data = timeline_data()
-        data["reason"] = ("auto: the knee of the Pareto curve (point 6 of "
-                          "14, predicted peak 1.52 GiB, 86.480 ms); planned "
-                          "for 1.50 GiB: a reserve of 19.40 MiB (4 MiB + 1% "
-                          "of the budget) for the CUDA caching allocator's "
-                          "block rounding")
+        data["reason"] = ("auto: the knee of the Pareto curve, its point "
+                          "6 of 14, the one that trades memory for time "
+                          "best; planned for 1.50 GiB, the budget less a "
+                          "reserve of 19.40 MiB (4 MiB + 1% of the budget) "
+                          "for the CUDA caching allocator's block rounding")
         fig = mp.timeline_figure(data)
         ax = fig.axes[0]
         notes = [t for t in ax.texts if t.get_text().startswith("auto:")]

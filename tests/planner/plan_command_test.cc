@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <random>
 #include <regex>
 #include <string>
 
 #include "absl/strings/str_replace.h"
 #include "common/proto_io.h"
 #include "tests/planner/proto_profile.h"
+#include "tests/planner/test_profiles.h"
 #include "tests/testing/command.h"
+#include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
 namespace {
@@ -74,6 +77,17 @@ TEST_F(PlanCommandTest, InfeasibleBudgetExits3WithTheFloor) {
   auto r = Plan(profile_ + " --budget 100B");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("below the floor"), std::string::npos) << r.output;
+  // The refusal and the floor; the floor's plan is not listed as if it
+  // were an answer for this budget.
+  EXPECT_NE(r.output.find("feasible        NO: the budget is below the floor"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("recomputed:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--budget floor"), std::string::npos) << r.output;
+  auto floor = Plan(profile_ + " --budget floor");
+  EXPECT_EQ(floor.exit_code, 0) << floor.output;
+  EXPECT_NE(floor.output.find("recomputed:"), std::string::npos)
+      << floor.output;
 }
 
 // --swap=false plans recomputation only (what torch.compile's selective
@@ -131,6 +145,31 @@ TEST_F(PlanCommandTest, AutoBudgetPlansAtTheKnee) {
   EXPECT_NE(r.output.find("the knee of the Pareto curve"), std::string::npos);
 }
 
+// With the reserve (a profile of MiBs), the `auto` figure the budget line
+// prints is the budget of the Pareto row marked as this schedule.
+TEST_F(PlanCommandTest, AutoBudgetIsOnItsParetoRow) {
+  std::mt19937 rng(1);
+  const std::string path = dir_ + "/random.json";
+  ASSERT_TRUE(
+      WriteFileAtomically(path, ProtoToJson(planner::testing::ProfileProto(
+                                    planner::testing::RandomProfile(rng, 40),
+                                    int64_t{1} << 30)))
+          .ok());
+  auto r = RunCommand(BinPath("mutwo") + " plan " + path +
+                      " --budget auto --pareto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch auto_line;
+  ASSERT_TRUE(std::regex_search(r.output, auto_line,
+                                std::regex("budget +auto = ([0-9.]+ [KMG]iB)")))
+      << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex("budget +" +
+                           std::regex_replace(auto_line[1].str(),
+                                              std::regex("\\."), "\\.") +
+                           " -> .*<- this schedule \\(budget auto\\)\n")))
+      << r.output;
+}
+
 // A profile JSON written before issue 13 (ProfileNode.occurrences 1,
 // Activation.occurrence 0; both reserved since) plans as it did.
 TEST_F(PlanCommandTest, ProfileWithRetiredOccurrenceFieldsPlansTheSame) {
@@ -156,8 +195,6 @@ TEST_F(PlanCommandTest, ProfileWithRetiredOccurrenceFieldsPlansTheSame) {
 
 }  // namespace
 }  // namespace mutwo
-
-#include "tests/testing/synthetic_profile.h"
 
 namespace mutwo {
 namespace {

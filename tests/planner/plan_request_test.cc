@@ -11,6 +11,8 @@
 #include <cmath>
 #include <iostream>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/parse.h"
@@ -61,6 +63,67 @@ TEST(PlanRequestTest, AutoBudgetPlansAtTheKnee) {
   EXPECT_EQ(a->budget_bytes(), b->budget_bytes());
   EXPECT_LE(a->predicted_peak_bytes(),
             a->budget_bytes() - AllocatorReserveBytes(big, a->budget_bytes()));
+}
+
+// What `mutwo plan --budget auto --pareto` prints names one figure per
+// thing: `auto` is the budget of its point's row on the Pareto curve (the
+// row's peak and time are the schedule's), the note names that point by its
+// place and no size of its own, and the reserve note says the figure
+// planned for is the budget less the reserve. A ViT printed `auto = 60.11
+// MiB` beside a row `59.75 MiB -> 58.84 MiB` and a note calling 59.19 MiB
+// and 66.97 MiB the knee.
+TEST(PlanRequestTest, AutoIsTheBudgetOfItsRowOnTheParetoCurve) {
+  // Hundreds of MiB, and a 1 MiB model on CUDA, where the reserve's 4 MiB
+  // puts `auto` at the baseline peak (the unmodified step, the last row).
+  for (const auto& [kind, shift] : std::vector<std::pair<const char*, int>>{
+           {"cpu", 8}, {"cuda", 8}, {"cuda", 0}}) {
+    for (int model = 0; model < 2; ++model) {
+      std::mt19937 rng(model);
+      v1::Profile profile =
+          ProfileProto(RandomProfile(rng, 40), int64_t{1} << 30);
+      profile.mutable_device()->set_kind(kind);
+      for (auto& a : *profile.mutable_activations())
+        a.set_size_bytes(a.size_bytes() << shift);
+      ScheduleRequest request;
+      request.budget = *ParseBudget("auto");
+      request.pareto_points = 20;
+      auto s = PlanSchedule(profile, request);
+      ASSERT_TRUE(s.ok()) << s.status();
+      int row = -1;
+      for (int i = 0; i < s->pareto_size(); ++i) {
+        if (s->pareto(i).budget_bytes() == s->budget_bytes()) row = i;
+      }
+      ASSERT_GE(row, 0) << kind << " model " << model
+                        << ": auto = " << FormatBytes(s->budget_bytes())
+                        << " is on no row; " << s->reason();
+      EXPECT_EQ(s->pareto(row).predicted_peak_bytes(),
+                s->predicted_peak_bytes())
+          << kind << " model " << model;
+      EXPECT_NEAR(s->pareto(row).predicted_iteration_ms(),
+                  s->predicted_iteration_ms(), 1e-9)
+          << kind << " model " << model;
+      const std::string reason = s->reason();
+      const std::string knee_note = reason.substr(0, reason.find(';'));
+      EXPECT_NE(knee_note.find(absl::StrCat("its point ", row + 1, " of ",
+                                            s->pareto_size())),
+                std::string::npos)
+          << reason;
+      EXPECT_EQ(knee_note.find("iB"), std::string::npos) << reason;
+      EXPECT_LE(s->budget_bytes(), s->baseline_peak_bytes()) << reason;
+      if (s->budget_bytes() == s->baseline_peak_bytes()) {
+        // The unmodified step: no reserve, no decision.
+        EXPECT_EQ(s->recomputed() + s->swapped(), 0) << reason;
+        EXPECT_EQ(reason.find("planned for"), std::string::npos) << reason;
+        continue;
+      }
+      const int64_t reserve = AllocatorReserveBytes(profile, s->budget_bytes());
+      EXPECT_NE(reason.find(absl::StrCat(
+                    "planned for ", FormatBytes(s->budget_bytes() - reserve),
+                    ", the budget less a reserve of ", FormatBytes(reserve))),
+                std::string::npos)
+          << reason;
+    }
+  }
 }
 
 // The profile of `p` again with every op, backward step, recompute and
@@ -166,7 +229,39 @@ TEST(PlanRequestTest, InfeasibleScheduleStatesTheFloor) {
   EXPECT_FALSE(s->feasible());
   EXPECT_GT(s->floor_bytes(), 100);
   EXPECT_EQ(s->predicted_peak_bytes(), s->floor_bytes());
-  EXPECT_NE(s->reason().find("below the lowest peak"), std::string::npos);
+  EXPECT_NE(
+      s->reason().find(absl::StrCat("the budget 100 B is below the floor ",
+                                    FormatBytes(s->floor_bytes()),
+                                    ", the lowest peak the mutwo "
+                                    "policy reaches; baseline peak ")),
+      std::string::npos)
+      << s->reason();
+}
+
+// With the reserve, a refused budget is stated against the floor in the
+// units of every other figure: not as byte counts, and not as the budget
+// less the reserve (`budget of 8478597 bytes is below the lowest peak ...
+// (28817797 bytes ...); planned for 8.09 MiB` beside `10% = 8.22 MiB`).
+TEST(PlanRequestTest, InfeasibleScheduleStatesTheFloorWithTheReserve) {
+  v1::Profile profile = DiamondProto();
+  for (auto& a : *profile.mutable_activations())
+    a.set_size_bytes(a.size_bytes() << 16);
+  ScheduleRequest request;
+  request.budget = *ParseBudget("10%");
+  auto s = PlanSchedule(profile, request);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_FALSE(s->feasible());
+  const int64_t floor_reserve =
+      AllocatorReserveBytes(profile, s->floor_bytes());
+  EXPECT_EQ(s->reason(),
+            absl::StrCat("the budget ", FormatBytes(s->budget_bytes()),
+                         " is below the floor ", FormatBytes(s->floor_bytes()),
+                         ", the lowest peak the mutwo policy reaches, ",
+                         FormatBytes(s->predicted_peak_bytes()),
+                         ", plus a reserve of ", FormatBytes(floor_reserve),
+                         " (16 KiB + 1.5% of the budget) for what the memory "
+                         "model leaves out of replays; baseline peak ",
+                         FormatBytes(s->baseline_peak_bytes())));
 }
 
 // On a CUDA device μ-TWO keeps 4 MiB + 1% of the budget free for the caching
