@@ -450,8 +450,7 @@ absl::StatusOr<v1::LossSpec> ParseLossTerm(absl::string_view text,
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": unknown loss kind ", Quote(head), "; ", kLossKinds));
   }
-  const bool takes_target =
-      *parsed == v1::LossSpec::CROSS_ENTROPY || *parsed == v1::LossSpec::MSE;
+  const bool takes_target = LossKindTakesTarget(*parsed);
   if (takes_target && !with_target) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": ", kind, " needs a target spec after ':', like ",
@@ -518,6 +517,10 @@ const char* LossKindName(v1::LossSpec::Kind kind) {
   }
 }
 
+bool LossKindTakesTarget(v1::LossSpec::Kind kind) {
+  return kind == v1::LossSpec::CROSS_ENTROPY || kind == v1::LossSpec::MSE;
+}
+
 std::string FormatLossSpec(const v1::LossSpec& loss) {
   if (!loss.terms().empty()) {
     std::vector<std::string> terms;
@@ -529,8 +532,7 @@ std::string FormatLossSpec(const v1::LossSpec& loss) {
   std::string head = absl::StrCat(
       LossKindName(loss.kind()),
       loss.output().empty() ? "" : absl::StrCat("@", loss.output()));
-  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
-      loss.kind() == v1::LossSpec::MSE) {
+  if (LossKindTakesTarget(loss.kind())) {
     return absl::StrCat(head, ":", FormatTensorSpec(loss.target()));
   }
   return head;
@@ -560,9 +562,7 @@ absl::Status ValidateLossSpec(const v1::LossSpec& loss) {
     }
     return absl::OkStatus();
   }
-  const bool needs_target = loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
-                            loss.kind() == v1::LossSpec::MSE;
-  if (!needs_target) {
+  if (!LossKindTakesTarget(loss.kind())) {
     if (loss.has_target()) {
       return absl::InvalidArgumentError(
           "only cross_entropy and mse take a target");

@@ -66,6 +66,9 @@ bool IsFloatingDType(v1::DType dtype);
 // writes, error messages name and the schedule cache key stores (keys in
 // SQLite depend on it, so it never changes). KIND_UNSPECIFIED is "mean".
 const char* LossKindName(v1::LossSpec::Kind kind);
+// Whether a loss of `kind` compares the output with a target tensor
+// (cross_entropy and mse; the others take none).
+bool LossKindTakesTarget(v1::LossSpec::Kind kind);
 // The text ParseLossSpec reads back to `loss`.
 std::string FormatLossSpec(const v1::LossSpec& loss);
 // Checks a LossSpec from anywhere (a parsed flag, a submitted job): kinds

@@ -82,8 +82,7 @@ std::string CanonicalLoss(const v1::LossSpec& loss) {
   if (!loss.output().empty()) {
     absl::StrAppend(&kind, "@", Escape(loss.output()));
   }
-  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
-      loss.kind() == v1::LossSpec::MSE) {
+  if (LossKindTakesTarget(loss.kind())) {
     absl::StrAppend(&kind, ":", CanonicalTensor(loss.target()));
   }
   return kind;

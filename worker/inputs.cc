@@ -245,16 +245,14 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
     }
     return sum;
   }
-  const bool reads_one = loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
-                         loss.kind() == v1::LossSpec::MSE ||
-                         loss.kind() == v1::LossSpec::MODEL;
+  const bool reads_one =
+      LossKindTakesTarget(loss.kind()) || loss.kind() == v1::LossSpec::MODEL;
   std::string output = loss.output();
   if (reads_one && output.empty()) {
     MUTWO_ASSIGN_OR_RETURN(output, OnlyCandidate(loss, all_outputs));
   }
   torch::Tensor target;
-  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY ||
-      loss.kind() == v1::LossSpec::MSE) {
+  if (LossKindTakesTarget(loss.kind())) {
     if (targets.size() != 1 || !targets[0].defined()) {
       return absl::InvalidArgumentError(absl::StrCat("loss ",
                                                      FormatLossSpec(loss),

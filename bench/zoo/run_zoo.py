@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import subprocess
+import statistics
 import sys
 import tempfile
 import threading
@@ -373,13 +374,6 @@ def step_errors(pt):
     return plain, anchored
 
 
-def median(values):
-    v = sorted(values)
-    if not v:
-        return None
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
 def step_summary(ex):
     """The time model's bars, informational (not part of `green`): the share
     of points whose predicted step is within STEP_TOLERANCE of the measured
@@ -401,8 +395,9 @@ def step_summary(ex):
         d["predicted"].append(p["predicted_iteration_ms"] / base_pred - 1)
         d["measured"].append(p["measured_iteration_ms"] / base_meas - 1)
     out["median_overhead"] = {
-        k: {"predicted": round(median(v["predicted"]), 4),
-            "measured": round(median(v["measured"]), 4), "points": len(v["measured"])}
+        k: {"predicted": round(statistics.median(v["predicted"]), 4),
+            "measured": round(statistics.median(v["measured"]), 4),
+            "points": len(v["measured"])}
         for k, v in sorted(positions.items())}
     return out
 
