@@ -1380,6 +1380,25 @@ class _Runtime:
                      o.dtype, o.device))
 
 
+def _wrap_forward(module: nn.Module,
+                  make: Callable[[Callable[..., Any]], Callable[..., Any]],
+                  undo: List[Callable[[], None]]) -> None:
+    """Replaces `module.forward` by `make(module.forward)` on the instance,
+    and appends to `undo` what puts back the forward it had (an instance
+    attribute of its own, or none: the class's)."""
+    had = "forward" in module.__dict__
+    previous = module.__dict__.get("forward")
+    module.forward = make(module.forward)  # type: ignore[assignment]
+
+    def restore() -> None:
+        if had:
+            module.forward = previous  # type: ignore[assignment]
+        else:
+            del module.forward
+
+    undo.append(restore)
+
+
 def _describe(d: Decision) -> str:
     return (f"{d.action} {d.module_path or '(model)'} {d.op_kind or '?'} "
             f"({format_bytes(d.size_bytes)})")
@@ -1974,17 +1993,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     def wrap_forward(m: nn.Module,
                      make: Callable[[Callable[..., Any]], Callable[..., Any]]
                      ) -> None:
-        had = "forward" in m.__dict__
-        previous = m.__dict__.get("forward")
-        m.forward = make(m.forward)  # type: ignore[assignment]
-
-        def restore() -> None:
-            if had:
-                m.forward = previous  # type: ignore[assignment]
-            else:
-                del m.forward
-
-        undo.append(restore)
+        _wrap_forward(m, make, undo)
 
     def frame_wrapper(spec: _FrameSpec, module: nn.Module
                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

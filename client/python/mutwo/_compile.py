@@ -477,29 +477,21 @@ def _check_inputs_first(model: nn.Module, step_check: Any,
     """Wraps the model's forward (outermost, around any frame) to check a
     forward with gradients against the planned step before it runs."""
     import torch
+    from mutwo import _apply
     # torch.compile runs the check in Python (a graph break before the
     # model's graph) rather than tracing inspect's argument binding.
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     check = disable(step_check) if disable is not None else step_check
-    had = "forward" in model.__dict__
-    previous = model.__dict__.get("forward")
-    forward = model.forward
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
-            check(args, kwargs)
-        return forward(*args, **kwargs)
+    def make(forward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(forward)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                check(args, kwargs)
+            return forward(*args, **kwargs)
+        return run
 
-    functools.update_wrapper(run, forward)
-    model.forward = run  # type: ignore[assignment]
-
-    def restore() -> None:
-        if had:
-            model.forward = previous  # type: ignore[assignment]
-        else:
-            del model.forward
-
-    undo.append(restore)
+    _apply._wrap_forward(model, make, undo)
 
 
 def compiled_schedule_of(model: nn.Module) -> Optional[CompiledSchedule]:
@@ -590,28 +582,17 @@ def apply_compiled(model: nn.Module,
             return create_selective_checkpoint_contexts(
                 policy, allow_cache_entry_mutation=allow_cache_entry_mutation)
 
-        had = "forward" in module.__dict__
-        previous = module.__dict__.get("forward")
-        forward = module.forward
+        def make(forward: Callable[..., Any],
+                 _context_fn: Any = context_fn) -> Callable[..., Any]:
+            @functools.wraps(forward)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if not torch.is_grad_enabled():
+                    return forward(*args, **kwargs)
+                return checkpoint(forward, *args, use_reentrant=False,
+                                  context_fn=_context_fn, **kwargs)
+            return run
 
-        def run(*args: Any, _forward: Any = forward,
-                _context_fn: Any = context_fn, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled():
-                return _forward(*args, **kwargs)
-            return checkpoint(_forward, *args, use_reentrant=False,
-                              context_fn=_context_fn, **kwargs)
-
-        functools.update_wrapper(run, forward)
-        module.forward = run  # type: ignore[assignment]
-
-        def restore(module: nn.Module = module, had: bool = had,
-                    previous: Any = previous) -> None:
-            if had:
-                module.forward = previous  # type: ignore[assignment]
-            else:
-                del module.forward
-
-        undo.append(restore)
+        _apply._wrap_forward(module, make, undo)
     step_check = _apply.StepCheck(
         PlannedInputs(schedule.proto.inputs if schedule.proto is not None
                       else (), schedule.batch_size, model.forward),
