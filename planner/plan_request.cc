@@ -148,6 +148,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   MUTWO_ASSIGN_OR_RETURN(auto planner, Planner::Create(plan_profile, options));
   const bool with_reserve =
       options.policy == Policy::kMutwo && request.device_reserve;
+  const int64_t baseline_peak = planner->simulator().baseline_peak_bytes();
   int64_t budget_bytes = 0;
   std::vector<ParetoPoint> curve;
   std::string resolved_note;
@@ -170,10 +171,9 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     // Never above the baseline peak, as the floor and the curve's rows: the
     // unmodified step fits it, and a model of a few MiB under the CUDA
     // reserve's 4 MiB would otherwise get a budget on no row.
-    const int64_t baseline = planner->simulator().baseline_peak_bytes();
     budget_bytes =
         with_reserve
-            ? std::min(baseline, LowestBudgetAbove(profile, knee_budget))
+            ? std::min(baseline_peak, LowestBudgetAbove(profile, knee_budget))
             : knee_budget;
     // The knee is one point of the curve, named by its place: the Pareto
     // table lists it with `auto`'s budget and this schedule's peak and time,
@@ -183,7 +183,7 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
       if (curve[i].budget_bytes == knee_budget) point = static_cast<int>(i);
     }
     const int weighted = point;
-    if (budget_bytes >= baseline && knee_budget < baseline) {
+    if (budget_bytes >= baseline_peak && knee_budget < baseline_peak) {
       point = static_cast<int>(curve.size()) - 1;  // the unmodified step
     }
     // How far it moves is said where `auto` is read: the same model
@@ -214,16 +214,15 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
     // budget every round: the closed loop measures it, never plans lower.
     const int64_t lowest = planner->FloorBytes();
     budget_bytes =
-        std::min(planner->simulator().baseline_peak_bytes(),
+        std::min(baseline_peak,
                  with_reserve ? LowestBudgetAbove(profile, lowest) : lowest);
     resolved_note =
         absl::StrCat("floor: the lowest predicted peak ", FormatBytes(lowest),
                      with_reserve ? " with the reserve on top" : "");
   } else {
-    MUTWO_ASSIGN_OR_RETURN(
-        budget_bytes, ResolveBudget(request.budget,
-                                    planner->simulator().baseline_peak_bytes(),
-                                    plan_profile.device_total_bytes));
+    MUTWO_ASSIGN_OR_RETURN(budget_bytes,
+                           ResolveBudget(request.budget, baseline_peak,
+                                         plan_profile.device_total_bytes));
   }
   if (request.correction_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -237,7 +236,6 @@ absl::StatusOr<v1::Schedule> PlanModel(const v1::Profile& profile,
   // allocator's rounding of what a schedule changes), and with no decision
   // there is no replay and nothing the profile did not measure. So such a
   // budget is planned to itself: zero decisions, FITS.
-  const int64_t baseline_peak = planner->simulator().baseline_peak_bytes();
   const bool unmodified_fits = budget_bytes >= baseline_peak;
   const int64_t reserve = with_reserve && !unmodified_fits
                               ? AllocatorReserveBytes(profile, budget_bytes)
