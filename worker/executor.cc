@@ -150,7 +150,9 @@ struct Executor::State : TrainingState {
   // One forward + loss + backward; `scheduled` applies the schedule.
   // Returns the loss.
   absl::StatusOr<torch::Tensor> Step(bool scheduled);
-  absl::Status TimedSteps(bool scheduled, v1::StepStats* stats);
+  // The timed steps: the unmodified and the scheduled one in turns, or the
+  // scheduled one alone when the options skip the baseline.
+  absl::Status TimedSteps(v1::Validation* validation);
 
   // Executor::Run's phases, each filling its part of `validation`.
   // Inputs, target and optimizer for the options' batch size and seed.
@@ -224,14 +226,32 @@ absl::StatusOr<torch::Tensor> Executor::State::Step(bool scheduled) {
   return loss.detach();
 }
 
-absl::Status Executor::State::TimedSteps(bool scheduled, v1::StepStats* stats) {
-  double ms = 0;
-  int64_t peak = 0;
-  MUTWO_RETURN_IF_ERROR(TrainingState::TimedSteps(
-      options.warmup_iterations, options.measure_iterations,
-      [&]() { return Step(scheduled).status(); }, &ms, &peak));
-  stats->set_peak_bytes(peak);
-  stats->set_iteration_ms(ms);
+absl::Status Executor::State::TimedSteps(v1::Validation* validation) {
+  const auto step = [this](bool scheduled) {
+    return [this, scheduled]() { return Step(scheduled).status(); };
+  };
+  if (!options.run_baseline) {
+    double ms = 0;
+    int64_t peak = 0;
+    MUTWO_RETURN_IF_ERROR(TrainingState::TimedSteps(options.warmup_iterations,
+                                                    options.measure_iterations,
+                                                    step(true), &ms, &peak));
+    validation->mutable_scheduled()->set_peak_bytes(peak);
+    validation->mutable_scheduled()->set_iteration_ms(ms);
+    return absl::OkStatus();
+  }
+  // In turns: the overhead a validation reports is a ratio of the two.
+  double ms[2] = {0, 0};
+  int64_t peak[2] = {0, 0};
+  MUTWO_RETURN_IF_ERROR(TimedStepPair(options.warmup_iterations,
+                                      options.measure_iterations, step(false),
+                                      step(true), ms, peak));
+  for (const int which : {0, 1}) {
+    v1::StepStats* stats = which == 0 ? validation->mutable_baseline()
+                                      : validation->mutable_scheduled();
+    stats->set_peak_bytes(peak[which]);
+    stats->set_iteration_ms(ms[which]);
+  }
   return absl::OkStatus();
 }
 
@@ -385,10 +405,7 @@ absl::Status Executor::State::Validate(v1::Validation* validation) {
     validation->set_max_abs_grad_diff(0);
     validation->set_batchnorm_stats_match(false);
   }
-  if (options.run_baseline) {
-    MUTWO_RETURN_IF_ERROR(TimedSteps(false, validation->mutable_baseline()));
-  }
-  MUTWO_RETURN_IF_ERROR(TimedSteps(true, validation->mutable_scheduled()));
+  MUTWO_RETURN_IF_ERROR(TimedSteps(validation));
   if (options.trace_dir.empty()) return absl::OkStatus();
   for (const bool scheduled : {false, true}) {
     if (!scheduled && !options.run_baseline) continue;

@@ -81,30 +81,70 @@ struct TrainingState {
     });
   }
 
-  // `warmup` then `measure` timed training steps: `step` (forward, loss,
-  // backward), then the optimizer step. The median time of the measured
-  // ones and the allocator's peak over them.
+  // One timed training step: `step` (forward, loss, backward), then the
+  // optimizer step; its time and the allocator's peak over it.
+  absl::Status TimeOneStep(const std::function<absl::Status()>& step,
+                           double* ms, int64_t* peak) {
+    ZeroGrads();
+    backend->Synchronize();
+    backend->ClearMarks();
+    backend->ResetPeak();
+    const int start = backend->Mark();
+    MUTWO_RETURN_IF_ERROR(step());
+    MUTWO_RETURN_IF_ERROR(OptimizerStep());
+    const int end = backend->Mark();
+    backend->Synchronize();
+    *ms = backend->ElapsedMs(start, end);
+    *peak = backend->PeakBytes();
+    return absl::OkStatus();
+  }
+
+  // `warmup` then `measure` timed training steps (TimeOneStep). The median
+  // time of the measured ones and the allocator's peak over them.
   absl::Status TimedSteps(int warmup, int measure,
                           const std::function<absl::Status()>& step, double* ms,
                           int64_t* peak) {
     std::vector<double> times;
     *peak = 0;
     for (int it = 0; it < warmup + measure; ++it) {
-      ZeroGrads();
-      backend->Synchronize();
-      backend->ClearMarks();
-      backend->ResetPeak();
-      const int start = backend->Mark();
-      MUTWO_RETURN_IF_ERROR(step());
-      MUTWO_RETURN_IF_ERROR(OptimizerStep());
-      const int end = backend->Mark();
-      backend->Synchronize();
+      double one_ms = 0;
+      int64_t one_peak = 0;
+      MUTWO_RETURN_IF_ERROR(TimeOneStep(step, &one_ms, &one_peak));
       if (it >= warmup) {
-        times.push_back(backend->ElapsedMs(start, end));
-        *peak = std::max(*peak, backend->PeakBytes());
+        times.push_back(one_ms);
+        *peak = std::max(*peak, one_peak);
       }
     }
     *ms = Median(times);
+    return absl::OkStatus();
+  }
+
+  // Two steps timed in turns, as TimedSteps times one: `warmup` rounds,
+  // then `measure` rounds, each running both, `first` first in even rounds
+  // and `second` first in odd ones. A drift of the host or the device over
+  // the measurement (clocks, other processes, the allocator's cache) falls
+  // on both, so the ratio of their medians is the steps' own, and neither
+  // always runs right after the other.
+  absl::Status TimedStepPair(int warmup, int measure,
+                             const std::function<absl::Status()>& first,
+                             const std::function<absl::Status()>& second,
+                             double ms[2], int64_t peak[2]) {
+    std::vector<double> times[2];
+    peak[0] = peak[1] = 0;
+    const std::function<absl::Status()>* steps[2] = {&first, &second};
+    for (int it = 0; it < warmup + measure; ++it) {
+      for (int turn = 0; turn < 2; ++turn) {
+        const int which = (it % 2 == 0) ? turn : 1 - turn;
+        double one_ms = 0;
+        int64_t one_peak = 0;
+        MUTWO_RETURN_IF_ERROR(TimeOneStep(*steps[which], &one_ms, &one_peak));
+        if (it >= warmup) {
+          times[which].push_back(one_ms);
+          peak[which] = std::max(peak[which], one_peak);
+        }
+      }
+    }
+    for (int which = 0; which < 2; ++which) ms[which] = Median(times[which]);
     return absl::OkStatus();
   }
 };
