@@ -2,7 +2,7 @@
 """The zoo's models from other libraries: timm and Hugging Face
 `transformers`, made as users make them, into a manifest run_zoo.py runs.
 
-    models_ext.py --out DIR [--models a,b] [--timm all]
+    models_ext.py --out DIR [--models a,b] [--timm families|all] [--jobs N]
 
 timm models are scripted (`timm.create_model(name, scriptable=True)`), and
 traced when scripting fails. transformers models cannot be scripted: they
@@ -19,6 +19,7 @@ are installed (the lent GPU machines: docs/gpu.md).
 """
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -29,8 +30,9 @@ import torch
 import torch.nn as nn
 
 # timm models at their default config, 224 px (eva02's patch 14 at 224),
-# batch 32, 1000 classes. `--timm all` takes every name timm.list_models()
-# gives instead (hours on one card).
+# batch 32, 1000 classes. `--timm families` takes one model of every timm
+# family instead (family_pick), `--timm all` every name timm.list_models()
+# gives (hours on one card).
 TIMM_MODELS = [
     "vit_small_patch16_224", "deit_small_patch16_224",
     "eva02_small_patch14_224", "convnext_small", "swin_tiny_patch4_window7_224",
@@ -41,6 +43,10 @@ TIMM_BATCH = 32
 # transformers families at realistic sizes: (name, batch, sequence length).
 HF_MODELS = [("hf_gpt2", 8, 512), ("hf_bert_mlm", 8, 512),
              ("hf_llama", 8, 512), ("hf_t5_small", 8, 256)]
+
+
+# Torch threads per model being made (--jobs of them at once).
+THREADS_PER_JOB = 2
 
 
 def one_line(exc):
@@ -130,10 +136,39 @@ def make_hf(name, batch, t, out):
     return e
 
 
-def make_timm(name, out):
+# Words in a timm name, smallest first: how a family's smallest member is
+# recognised without building all of them (family_pick).
+SIZE_WORDS = ["atto", "femto", "pico", "nano", "tiny", "xxs", "xs", "mini",
+              "small", "lite", "s", "b0", "18", "base", "b"]
+
+
+def size_rank(name):
+    """(rank of the smallest size word in `name`, its length, name): the
+    smaller, the more likely the family's smallest member."""
+    words = set(name.replace("-", "_").split("_"))
+    ranks = [i for i, w in enumerate(SIZE_WORDS)
+             if w in words or any(x.startswith(w) and x[len(w):].isdigit()
+                                  for x in words)]
+    return (min(ranks) if ranks else len(SIZE_WORDS), len(name), name)
+
+
+def family_pick(timm):
+    """{architecture name: family}, one name per timm family (a module of
+    timm.models, as timm.list_modules() names them): the one size_rank puts
+    first."""
+    picks = {}
+    for module in timm.list_modules():
+        names = timm.list_models(module=module)
+        if names:
+            picks[min(names, key=size_rank)] = module
+    return dict(sorted(picks.items()))
+
+
+def make_timm(name, out, family="timm"):
     import timm
-    e = {"name": name, "family": "timm", "source": "timm",
+    e = {"name": name, "family": family, "source": "timm",
          "batch": TIMM_BATCH, "path": None, "script_error": None}
+    torch.set_num_threads(THREADS_PER_JOB)
     errors = []
     try:
         model = timm.create_model(name, pretrained=False, scriptable=True)
@@ -176,28 +211,51 @@ def make_timm(name, out):
     return e
 
 
+def timm_entry(job):
+    """make_timm's entry for (name, out, family), or the model listed with its
+    error: a model that fails is never dropped."""
+    name, out, family = job
+    torch.manual_seed(0)
+    t = time.time()
+    try:
+        e = make_timm(name, out, family)
+    except Exception as exc:
+        e = {"name": name, "family": family, "source": "timm",
+             "path": None, "script_error": one_line(exc)}
+    print(f"{name}: {e.get('made_by') or e['script_error']} "
+          f"({time.time() - t:.0f}s)", file=sys.stderr, flush=True)
+    return e
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="",
                     help="comma-separated names (default: all of the tier)")
-    ap.add_argument("--timm", default="",
-                    help="'all': every timm.list_models() name")
+    ap.add_argument("--timm", default="", choices=["", "families", "all"],
+                    help="'families': one model per timm family; 'all': "
+                    "every timm.list_models() name")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="timm models scripted at once (processes)")
     args = ap.parse_args()
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
     warnings.filterwarnings("ignore")
     os.makedirs(args.out, exist_ok=True)
     only = set(filter(None, args.models.split(",")))
     t0 = time.time()
-    timm_names = TIMM_MODELS
+    timm_names = {n: "timm" for n in TIMM_MODELS}
     versions = {"torch": torch.__version__}
     try:
         import timm
         versions["timm"] = timm.__version__
         if args.timm == "all":
-            timm_names = timm.list_models()
+            timm_names = {n: "timm" for n in timm.list_models()}
+        elif args.timm == "families":
+            timm_names = family_pick(timm)
     except ImportError as exc:
         versions["timm"] = f"not installed: {exc}"
-        timm_names = []
+        timm_names = {}
     try:
         import transformers
         versions["transformers"] = transformers.__version__
@@ -206,19 +264,16 @@ def main():
         versions["transformers"] = f"not installed: {exc}"
         hf = []
     entries = []
-    for name in timm_names:
-        if only and name not in only:
-            continue
-        torch.manual_seed(0)
-        t = time.time()
-        try:
-            e = make_timm(name, args.out)
-        except Exception as exc:  # listed, never dropped
-            e = {"name": name, "family": "timm", "source": "timm",
-                 "path": None, "script_error": one_line(exc)}
-        print(f"{name}: {e.get('made_by') or e['script_error']} "
-              f"({time.time() - t:.0f}s)", file=sys.stderr, flush=True)
-        entries.append(e)
+    todo = [(n, args.out, f) for n, f in timm_names.items()
+            if not only or n in only]
+    if args.jobs > 1 and len(todo) > 1:
+        # fork: the children inherit the imports; each makes one model at a
+        # time with THREADS_PER_JOB threads.
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(args.jobs, maxtasksperchild=4) as pool:
+            entries = pool.map(timm_entry, todo, chunksize=1)
+    else:
+        entries = [timm_entry(job) for job in todo]
     for name, batch, seq in hf:
         if only and name not in only:
             continue

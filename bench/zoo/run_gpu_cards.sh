@@ -18,9 +18,10 @@
 # 30 s, shards 5.5-6.5 min at JOBS=3 on H200s.
 #
 # Environment: SUITE (gpu: bench/zoo/models.py's GPU tier, the default;
-# ext: bench/zoo/models_ext.py's timm and transformers models, TIMM=all for
-# every timm model), BUILD (default /tmp/bg: mutwo and mutwo-worker are built
-# there against the installed PyTorch's LibTorch), NGPU (default: every
+# ext: bench/zoo/models_ext.py's timm and transformers models, TIMM=families
+# for one timm model per timm family, TIMM=all for every timm model), BUILD
+# (default /tmp/bg: mutwo and mutwo-worker are built there against the
+# installed PyTorch's LibTorch), NGPU (default: every
 # card), JOBS (models at once per card, default 3: peaks stay per process,
 # step times are taken on a shared card), ZOO_MODELS (a subset), ANCHORS
 # (bench/anchors models in card order, default
@@ -48,6 +49,7 @@ start)
     > "$RUN/cards.txt"
   if [ "${SUITE:-gpu}" = ext ]; then
     python3 bench/zoo/models_ext.py --out "$RUN/models" \
+      --jobs "${ZOO_SCRIPT_JOBS:-16}" \
       ${ZOO_MODELS:+--models "$ZOO_MODELS"} ${TIMM:+--timm "$TIMM"}
   else
     python3 bench/zoo/models.py --tier gpu --out "$RUN/models" \

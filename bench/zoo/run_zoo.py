@@ -538,7 +538,7 @@ def main():
             print(f"run_zoo: --shard {args.shard!r} is not K/N with 0 <= K < N",
                   file=sys.stderr)
             return 2
-        todo = todo[k::n]
+        todo = shard(todo, k, n)
     done = {}
     lock = threading.Lock()
 
@@ -598,6 +598,15 @@ def main():
           f"({summary['seconds']}s); "
           f"{'GREEN' if summary['green'] else 'NOT green'}", file=sys.stderr)
     return 0 if summary["green"] or args.no_fail else 1
+
+
+def shard(models, k, n):
+    """The k-th of n shards: the models by parameter count, largest first,
+    dealt to the shards in turn, so each shard gets its share of the large
+    ones and starts with its largest (a 632 M-parameter model dealt last by
+    manifest order was still running when the other cards were done)."""
+    ranked = sorted(models, key=lambda m: -(m.get("params") or 0))
+    return ranked[k::n]
 
 
 def merge_shards(args):

@@ -124,6 +124,15 @@ def test_a_floor_within_its_prediction_runs_once(tmp_path, monkeypatch):
     assert "floor_measured" not in pt and "measured_floor_bytes" not in rec
 
 
+def test_shards_share_the_large_models_and_start_with_them():
+    models = [{"name": f"m{i}", "params": p}
+              for i, p in enumerate([5, 900, 40, 7, 600, 30, 1, None])]
+    shards = [[m["name"] for m in run_zoo.shard(models, k, 2)]
+              for k in range(2)]
+    assert shards == [["m1", "m2", "m3", "m6"], ["m4", "m5", "m0", "m7"]]
+    assert sorted(sum(shards, [])) == sorted(m["name"] for m in models)
+
+
 def test_shards_merge_into_one_summary(tmp_path, monkeypatch):
     import json
     for k in range(2):
