@@ -20,6 +20,8 @@ namespace mutwo::worker {
 struct RetargetedDevices {
   int constants = 0;              // Device constants rewritten
   std::vector<std::string> from;  // the devices they named, sorted, unique
+  // 0-dim tensor constants of shape arithmetic put back on the CPU.
+  int shape_constants = 0;
 };
 
 // Rewrites every `prim::Constant` of Device type in every function of
@@ -28,7 +30,25 @@ struct RetargetedDevices {
 // right after loading and before any graph is copied or run. A model that
 // means to put work on another device than the one it trains on is not
 // supported by the worker (the step runs on one device), so nothing is
-// lost.
+// lost. The constants of a trace's shape arithmetic (ShapeArithmeticConstants)
+// go to the CPU instead, where the shapes are.
+// An input of a node: node->input(input).
+struct ConstantUse {
+  torch::jit::Node* node = nullptr;
+  size_t input = 0;
+};
+
+// torch.jit.trace records shape arithmetic (`b *= 4` on a batch size read
+// from x.shape, as timm's hiera does) as ops on 0-dim tensors:
+// prim::NumToTensor makes them on the CPU, and the number the trace met
+// becomes a 0-dim tensor constant, which torch::jit::load(..., device)
+// moves to the device; an in-place op then mixes the two and fails
+// ("Expected all tensors to be on the same device"). These are the reads of
+// 0-dim tensor constants by ops on values computed from shapes
+// (NumToTensor's outputs, and the outputs of an op whose tensor inputs are
+// all such values or 0-dim constants), in `block` and the blocks in it.
+std::vector<ConstantUse> ShapeArithmeticConstants(torch::jit::Block* block);
+
 RetargetedDevices RetargetDeviceConstants(torch::jit::Module& module,
                                           const torch::Device& device);
 

@@ -80,6 +80,12 @@ absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,
               what, moved.constants, absl::StrJoin(moved.from, ", "),
               device.str());
   }
+  if (moved.shape_constants > 0) {
+    MUTWO_LOG(info,
+              "model {}: {} number(s) of a trace's shape arithmetic stay on "
+              "the CPU with the shapes",
+              what, moved.shape_constants);
+  }
   module.train();
   return module;
 }

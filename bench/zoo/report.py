@@ -43,6 +43,9 @@ def name_cell(r):
         extra.append(f"{r['image_size']}px")
     if r.get("config"):
         extra.append(r["config"])
+    if r.get("batch_reduced_from"):
+        extra.append(f"batch {r.get('batch')}: {r['batch_reduced_from']} "
+                     f"does not fit the card")
     return r["name"] + (f" ({', '.join(extra)})" if extra else "")
 
 

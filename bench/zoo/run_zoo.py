@@ -542,9 +542,10 @@ def main():
     done = {}
     lock = threading.Lock()
 
-    def one(m):
+    def one(m, fitting=True):
         tm = time.time()
-        rec = run_model(m, args, work)
+        rec = (run_model_fitting(m, args, work) if fitting
+               else run_model(m, args, work))
         rec["seconds"] = round(time.time() - tm, 1)
         if not rec["points"]:
             emit({"model": rec["name"], "excluded": rec.get("excluded"),
@@ -572,7 +573,7 @@ def main():
 
             def pooled(m):
                 with gate.shared():
-                    rec = one(m)
+                    rec = one(m, fitting=False)
                 if not ran_out_of_memory(rec):
                     return rec
                 print(f"zoo: {m['name']}: out of memory beside other "
@@ -680,6 +681,33 @@ class DeviceGate:
             with self._cond:
                 self._alone = False
                 self._cond.notify_all()
+
+
+def profile_ran_out_of_memory(rec):
+    """Whether `rec`'s unmodified step did not fit the device: its profile
+    ran out of memory (a point's schedule running out is another matter)."""
+    return rec.get("profile_oom") or any(
+        f.get("stage") == "profile" and
+        "out of memory" in (f.get("error") or "").lower()
+        for f in rec.get("failures", []))
+
+
+def run_model_fitting(m, args, work, run=None):
+    """run_model, at half the batch while the unmodified step alone does
+    not fit the device (as a user picks a batch that trains): the record
+    says the batch it ran at and the one that did not fit. Call it where
+    the model has the device to itself."""
+    run = run or run_model
+    rec = run(m, args, work)
+    first = m.get("batch")
+    while profile_ran_out_of_memory(rec) and (m.get("batch") or 1) > 1:
+        m = dict(m, batch=m["batch"] // 2)
+        print(f"zoo: {m['name']}: the unmodified step does not fit at "
+              f"batch {m['batch'] * 2}; batch {m['batch']}",
+              file=sys.stderr, flush=True)
+        rec = run(m, args, work)
+        rec["batch_reduced_from"] = first
+    return rec
 
 
 def ran_out_of_memory(rec):

@@ -124,6 +124,36 @@ def test_a_floor_within_its_prediction_runs_once(tmp_path, monkeypatch):
     assert "floor_measured" not in pt and "measured_floor_bytes" not in rec
 
 
+def test_a_model_whose_step_does_not_fit_runs_at_half_the_batch():
+    tried = []
+
+    def fake_run(m, args, work):
+        tried.append(m["batch"])
+        if m["batch"] > 8:
+            return {"name": m["name"], "batch": m["batch"], "points": [],
+                    "failures": [{"stage": "profile", "error":
+                                  "out of memory at node 3 (aten::mm)"}]}
+        return {"name": m["name"], "batch": m["batch"], "points": [{}],
+                "failures": []}
+    rec = run_zoo.run_model_fitting({"name": "big", "batch": 32}, None, None,
+                                    run=fake_run)
+    assert tried == [32, 16, 8]
+    assert rec["batch"] == 8 and rec["batch_reduced_from"] == 32
+    assert not rec["failures"]
+
+
+def test_a_schedule_out_of_memory_keeps_the_batch():
+    tried = []
+
+    def fake_run(m, args, work):
+        tried.append(m["batch"])
+        return {"name": m["name"], "batch": m["batch"], "failures": [],
+                "points": [{"executor_error": "CUDA out of memory"}]}
+    rec = run_zoo.run_model_fitting({"name": "m", "batch": 32}, None, None,
+                                    run=fake_run)
+    assert tried == [32] and "batch_reduced_from" not in rec
+
+
 def test_shards_share_the_large_models_and_start_with_them():
     models = [{"name": f"m{i}", "params": p}
               for i, p in enumerate([5, 900, 40, 7, 600, 30, 1, None])]

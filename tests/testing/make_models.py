@@ -315,6 +315,26 @@ class FastPathCheck(nn.Module):
         return self.lin(x)
 
 
+class ShapeArithmetic(nn.Module):
+    """timm's hiera unroll in small, for torch.jit.trace: the batch size
+    read from a shape and multiplied in place (`b *= 2`), which a trace
+    records as a 0-dim tensor constant beside a prim::NumToTensor, and a
+    number added to an activation (a 0-dim constant of the device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.a(x) + torch.tensor(0.5)
+        b, c = h.shape
+        h = h.view(b, 2, c // 2)
+        b *= 2
+        h = F.relu(h.reshape(b, c // 2))
+        return self.b(h.reshape(b // 2, c))
+
+
 # name -> (module, profile arguments for the tests and docs)
 MODELS = {
     "mlp": (Mlp, "--input x:float32[B,32]"),
@@ -351,6 +371,10 @@ def main():
         torch.jit.script(module).save(os.path.join(out, name + ".pt"))
         lines.append(f"{name} {args}")
     torch.jit.script(NoForward()).save(os.path.join(out, "no_forward.pt"))
+    # Traced (not in MODELS: the device-constants test reads its IR).
+    traced = torch.jit.trace(ShapeArithmetic().train(), torch.randn(4, 16),
+                             check_trace=False)
+    traced.save(os.path.join(out, "traced_shape_arithmetic.pt"))
     # Bottleneck blocks with a downsample branch (not in MODELS: only the
     # executor's policy memory test uses it, at 64x64).
     resnet50 = torchvision.models.resnet50(weights=None)

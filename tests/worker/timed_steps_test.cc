@@ -69,7 +69,8 @@ TEST(TimedStepsTest, TheMedianOfTheMeasuredStepsAfterTheWarmUp) {
   int64_t peak = 0;
   // Steps take 10, 10+5, 10+10, ... ms: the warm-up's 2 are not counted,
   // the median of the next 3 (20, 25, 30) is 25.
-  ASSERT_TRUE(f.state.TimedSteps(2, 3, f.Step('a', 10, 64, 5), &ms, &peak).ok());
+  ASSERT_TRUE(
+      f.state.TimedSteps(2, 3, f.Step('a', 10, 64, 5), &ms, &peak).ok());
   EXPECT_EQ(f.order, "aaaaa");
   EXPECT_DOUBLE_EQ(ms, 25);
   EXPECT_EQ(peak, 64);
@@ -87,7 +88,12 @@ TEST(TimedStepsTest, APairIsTimedInTurnsSoThatADriftFallsOnBoth) {
                   .TimedStepPair(1, 4, f.Step('a', 10, 100, 1),
                                  f.Step('b', 10, 40, 1), ms, peak)
                   .ok());
-  EXPECT_EQ(f.order, "ab" "ba" "ab" "ba" "ab");
+  EXPECT_EQ(f.order,
+            "ab"
+            "ba"
+            "ab"
+            "ba"
+            "ab");
   EXPECT_NEAR(ms[0], ms[1], 0.5 + 1e-9);
   EXPECT_EQ(peak[0], 100);
   EXPECT_EQ(peak[1], 40);
