@@ -35,7 +35,8 @@ std::string FirstLine(const std::string& text) {
 
 bool IsOutOfMemoryMessage(const std::string& text) {
   return absl::StrContains(text, "out of memory") ||
-         absl::StrContains(text, "not enough memory");
+         absl::StrContains(text, "not enough memory") ||
+         absl::StrContains(text, "_STATUS_ALLOC_FAILED");
 }
 
 absl::StatusOr<torch::jit::Module> LoadModule(const std::string& bytes,

@@ -35,7 +35,10 @@ inline constexpr int64_t kMaxModelBytes = int64_t{16} << 30;  // 16 GiB
 std::string FirstLine(const std::string& text);
 
 // True for the messages of LibTorch's out-of-memory errors (CUDA caching
-// allocator, CPU allocator, the counting allocator's limit).
+// allocator, CPU allocator, the counting allocator's limit) and of a CUDA
+// library that could not allocate its workspace or handle on a full card
+// (cuBLAS's `CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)`,
+// cuDNN's and cuSOLVER's *_STATUS_ALLOC_FAILED).
 bool IsOutOfMemoryMessage(const std::string& text);
 
 }  // namespace mutwo::worker

@@ -683,12 +683,19 @@ class DeviceGate:
                 self._cond.notify_all()
 
 
+def out_of_memory_text(text):
+    """Whether an error says the device ran out of memory: the allocator's
+    words, or a CUDA library that could not allocate its handle or
+    workspace (CUBLAS_STATUS_ALLOC_FAILED), as the worker reads them."""
+    text = text or ""
+    return "out of memory" in text.lower() or "_STATUS_ALLOC_FAILED" in text
+
+
 def profile_ran_out_of_memory(rec):
     """Whether `rec`'s unmodified step did not fit the device: its profile
     ran out of memory (a point's schedule running out is another matter)."""
     return rec.get("profile_oom") or any(
-        f.get("stage") == "profile" and
-        "out of memory" in (f.get("error") or "").lower()
+        f.get("stage") == "profile" and out_of_memory_text(f.get("error"))
         for f in rec.get("failures", []))
 
 
@@ -715,8 +722,7 @@ def ran_out_of_memory(rec):
     texts = [f.get("error") or "" for f in rec.get("failures", [])]
     texts += [p.get("error") or "" for p in rec.get("points", [])]
     texts += [p.get("executor_error") or "" for p in rec.get("points", [])]
-    return rec.get("profile_oom") or any(
-        "out of memory" in t.lower() for t in texts)
+    return rec.get("profile_oom") or any(out_of_memory_text(t) for t in texts)
 
 
 def write_results(args, manifest, repo, tier, records, t0, complete):

@@ -142,6 +142,17 @@ def test_a_model_whose_step_does_not_fit_runs_at_half_the_batch():
     assert not rec["failures"]
 
 
+def test_a_cuda_library_that_cannot_allocate_ran_out_of_memory():
+    # cuBLAS on a card that models beside it had filled: run again alone.
+    rec = {"failures": [{"stage": "profile", "error":
+                         "node 138 (aten::linear, head.fc): CUDA error: "
+                         "CUBLAS_STATUS_ALLOC_FAILED when calling "
+                         "`cublasCreate(handle)`"}], "points": []}
+    assert run_zoo.ran_out_of_memory(rec)
+    assert not run_zoo.ran_out_of_memory(
+        {"failures": [{"stage": "profile", "error": "bad shape"}]})
+
+
 def test_a_schedule_out_of_memory_keeps_the_batch():
     tried = []
 

@@ -30,7 +30,8 @@ void ForEachNode(torch::jit::Module& module,
   };
   for (torch::jit::Function* f :
        module._ivalue()->compilation_unit()->get_functions()) {
-    if (f->isGraphFunction()) walk(torch::jit::toGraphFunction(*f).graph()->block());
+    if (f->isGraphFunction())
+      walk(torch::jit::toGraphFunction(*f).graph()->block());
   }
 }
 

@@ -129,4 +129,18 @@ TEST(InterpreterHooksTest, HooksSeeEveryNodeInOrder) {
 }
 
 }  // namespace
+TEST(OutOfMemoryMessageTest, ACudaLibraryThatCannotAllocateIsOutOfMemory) {
+  // A full card, as one model beside others saw it on an H200.
+  EXPECT_TRUE(IsOutOfMemoryMessage(
+      "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+      "`cublasCreate(handle)`"));
+  EXPECT_TRUE(IsOutOfMemoryMessage("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"));
+  EXPECT_TRUE(
+      IsOutOfMemoryMessage("CUDA out of memory. Tried to allocate 24.00 GiB."));
+  EXPECT_FALSE(IsOutOfMemoryMessage(
+      "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`"));
+  EXPECT_FALSE(
+      IsOutOfMemoryMessage("Expected all tensors to be on the same device"));
+}
+
 }  // namespace mutwo::worker
