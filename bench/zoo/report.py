@@ -190,7 +190,11 @@ def main():
         "The suite runs every torchvision classification and "
         "segmentation model plus the families written in `bench/zoo/models.py` "
         "(GPT-style decoder, `nn.TransformerEncoder`, 2-layer LSTM LM, U-Net, "
-        "top-1 mixture of experts) through `mutwo-worker profile` -> "
+        "top-1 mixture of experts), and on a GPU (the EXT tier, "
+        "`bench/zoo/models_ext.py`) one timm model of every timm family "
+        "(scripted, or traced where scripting fails) and Hugging Face "
+        "`transformers` GPT-2, BERT, a Llama-style decoder and T5 (traced), "
+        "through `mutwo-worker profile` -> "
         "`mutwo plan` at budgets from the floor to the baseline peak -> "
         "`mutwo-worker execute`, in train mode. A point measured over its "
         "budget is planned again below it by the overshoot plus 1% and "
@@ -205,7 +209,9 @@ def main():
         "",
         "Run it: CPU tier `ctest -R zoo` in the build directory (or "
         "`bench/zoo/ctest_cpu.sh /usr/bin/python3 build/bin RESULTS_DIR`); "
-        "GPU tier `bench/zoo/run_gpu.sh RESULTS_DIR` on a GPU node; then "
+        "GPU tier `bench/zoo/run_gpu.sh RESULTS_DIR` on a GPU node, or "
+        "`bench/zoo/run_gpu_cards.sh run RUN OUT` one shard per card "
+        "(`SUITE=ext TIMM=families` for the EXT tier); then "
         "`bench/zoo/report.py RESULTS_DIR/zoo_results.json ... -o docs/zoo.md`. "
         "See `bench/zoo/README.md`.",
         "",

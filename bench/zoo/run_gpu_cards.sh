@@ -57,6 +57,11 @@ start)
   fi > "$RUN/models.log" 2>&1 || { tail -20 "$RUN/models.log"; exit 1; }
   tail -1 "$RUN/models.log"
   echo "scripted by $(( $(date +%s) - t0 )) s"
+  # The command as run, with the environment that chose what ran.
+  reproduce="SUITE=${SUITE:-gpu}${TIMM:+ TIMM=$TIMM} JOBS=${JOBS:-3}"
+  reproduce+="${ZOO_MODELS:+ ZOO_MODELS=$ZOO_MODELS}"
+  reproduce+="${ZOO_FLAGS:+ ZOO_FLAGS=\"$ZOO_FLAGS\"} ANCHORS=$ANCHORS"
+  reproduce+=" bash bench/zoo/run_gpu_cards.sh run RUN OUT"
   anchors=(${ANCHORS//,/ })
   for k in $(seq 0 $((n - 1))); do
     a=${anchors[$k]:-}
@@ -66,7 +71,7 @@ start)
       python3 bench/zoo/run_zoo.py --manifest '$RUN/models/manifest.json' \
         --bin '$BUILD/bin' --device cuda:0 --out '$RUN/shard$k' \
         --shard $k/$n --jobs ${JOBS:-3} --no-fail ${ZOO_FLAGS:-} \
-        --reproduce 'bench/zoo/run_gpu_cards.sh start RUN (shard $k/$n)' \
+        --reproduce '$reproduce (shard $k/$n)' \
         > '$RUN/shard$k.jsonl' 2> '$RUN/shard$k.err'
       echo \"zoo shard $k rc \$? at \$(date +%s)\" >> '$RUN/progress.log'
       if [ -n '$a' ]; then
