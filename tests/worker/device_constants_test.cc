@@ -30,8 +30,9 @@ void ForEachNode(torch::jit::Module& module,
   };
   for (torch::jit::Function* f :
        module._ivalue()->compilation_unit()->get_functions()) {
-    if (f->isGraphFunction())
+    if (f->isGraphFunction()) {
       walk(torch::jit::toGraphFunction(*f).graph()->block());
+    }
   }
 }
 
