@@ -32,10 +32,15 @@ v1::BudgetOutcome PlannedOutcome(const v1::Schedule& schedule) {
     outcome.set_reason(schedule.reason());
   } else {
     outcome.set_state(v1::BudgetOutcome::INFEASIBLE);
+    // The planner's words (the floor, what sets it, the baseline peak), as
+    // `mutwo plan` prints them; its own only for a schedule without them.
     outcome.set_reason(absl::StrCat(
-        "budget ", FormatBytes(schedule.budget_bytes()), " is below the floor ",
-        FormatBytes(schedule.floor_bytes()),
-        " (the lowest peak the planner reaches); nothing run"));
+        schedule.reason().empty()
+            ? absl::StrCat("the budget ", FormatBytes(schedule.budget_bytes()),
+                           " is below the floor ",
+                           FormatBytes(schedule.floor_bytes()))
+            : schedule.reason(),
+        "; nothing run"));
   }
   return outcome;
 }

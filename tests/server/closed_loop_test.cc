@@ -125,6 +125,13 @@ TEST(ClosedLoopTest, PlannedOutcomes) {
   EXPECT_FALSE(PlannedOutcome(s).fits());
   s.set_feasible(false);
   EXPECT_EQ(PlannedOutcome(s).state(), v1::BudgetOutcome::INFEASIBLE);
+  // The job's outcome gives the planner's reason, as `mutwo plan` does.
+  s.set_reason(
+      "the budget 97.66 KiB is below the floor 120.00 KiB, the lowest peak "
+      "the mu-TWO policy reaches; baseline peak 200.00 KiB");
+  EXPECT_EQ(PlannedOutcome(s).reason(), s.reason() + "; nothing run");
+  s.clear_reason();
+  EXPECT_THAT(PlannedOutcome(s).reason(), HasSubstr("is below the floor"));
   const v1::Schedule over = MarkMeasured(Planned(100000, 90000, 0), 100001,
                                          "measured over after 3 rounds");
   EXPECT_FALSE(over.feasible());
