@@ -15,8 +15,12 @@ One JSON line per (model, variant) on stdout:
    "saved_tensors", "eager_ms", "applied_ms", "ratio",
    "overhead_us_per_call", "overhead_us_per_decision"}
 overhead_us_per_call: (applied - eager) / module calls in one forward.
+`--before REV` adds, interleaved in the same rounds, the same variants
+under _apply.py as it was at git revision REV ("impl": "before"; the
+working tree's is "after"): a before/after comparison in one run.
 
     apply_overhead.py --bin build/bin [--models resnet18,gpt] [--steps 21]
+    apply_overhead.py --bin build/bin --before 032230c
     apply_overhead.py --bin build/bin --profile resnet18:low  # cProfile
 """
 import argparse
@@ -125,7 +129,27 @@ def empty_schedule(path):
     return json.dumps(s)
 
 
-def bench_model(m, args, work):
+def load_before(rev, work):
+    """_apply.py at git revision `rev`, imported as its own module (it
+    imports the rest of the package absolutely: the working tree's)."""
+    import importlib.util
+    import subprocess
+    root = os.path.dirname(os.path.dirname(HERE))
+    text = subprocess.run(["git", "-C", root, "show",
+                           f"{rev}:client/python/mutwo/_apply.py"],
+                          check=True, capture_output=True, text=True).stdout
+    path = os.path.join(work, "_apply_before.py")
+    with open(path, "w") as f:
+        f.write(text)
+    spec = importlib.util.spec_from_file_location("mutwo._apply_before",
+                                                  path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench_model(m, args, work, impls):
     paths = make_schedules(m, args.bin, work)
     if not paths:
         raise RuntimeError("no feasible schedule")
@@ -152,19 +176,22 @@ def bench_model(m, args, work):
     # One Applied per variant, applied and removed around its steps (apply
     # is a one-off cost per training run, not per step: it is applied once
     # and kept on for the variant's timed steps in each round).
-    variants = {"eager": None, **schedules}
+    variants = {("eager", None): None}
+    for impl in impls:
+        for label, s in schedules.items():
+            variants[(label, impl)] = s
     times = {k: [] for k in variants}
     handles = {}
     for k, s in variants.items():
         if s is not None:
-            with mutwo.apply(model, s) as a:  # the first step's checks
+            with impls[k[1]](model, s) as a:  # the first step's checks
                 azc.step(model, inputs, loss_fn)
-                handles[k] = (len(a.schedule.recomputed) +
-                              len(a.schedule.swapped))
+                handles[k[0]] = (len(a.schedule.recomputed) +
+                                 len(a.schedule.swapped))
     rounds = args.steps
     for _ in range(rounds):
         for k, s in variants.items():
-            a = mutwo.apply(model, s) if s is not None else None
+            a = impls[k[1]](model, s) if s is not None else None
             if a is not None:
                 azc.step(model, inputs, loss_fn)  # first step: checks
             t = time.perf_counter()
@@ -173,13 +200,15 @@ def bench_model(m, args, work):
             times[k].append((time.perf_counter() - t) / args.inner * 1e3)
             if a is not None:
                 a.remove()
-    eager_ms = statistics.median(times["eager"])
-    for k in schedules:
+    eager_ms = statistics.median(times[("eager", None)])
+    for k in variants:
+        if k[1] is None:
+            continue
         applied_ms = statistics.median(times[k])
         over_us = (applied_ms - eager_ms) * 1e3
-        decisions = handles[k]
+        decisions = handles[k[0]]
         print(json.dumps(dict(
-            model=m["name"], variant=k, decisions=decisions,
+            model=m["name"], variant=k[0], impl=k[1], decisions=decisions,
             module_calls=calls, saved_tensors=saves,
             batch=m["batch"], steps=rounds * args.inner,
             eager_ms=round(eager_ms, 3), applied_ms=round(applied_ms, 3),
@@ -222,6 +251,8 @@ def main():
     ap.add_argument("--inner", type=int, default=3,
                     help="steps per sample (averaged)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--before", default="",
+                    help="git revision: also time _apply.py as it was there")
     ap.add_argument("--profile", default="",
                     help="MODEL:VARIANT: cProfile its applied steps instead")
     args = ap.parse_args()
@@ -233,12 +264,15 @@ def main():
             m = next(x for x in models if x["name"] == name)
             profile(m, label, args, work)
             return
+        impls = {"after": mutwo.apply}
+        if args.before:
+            impls["before"] = load_before(args.before, work).apply
         wanted = set(filter(None, args.models.split(",")))
         for m in models:
             if wanted and m["name"] not in wanted:
                 continue
             try:
-                bench_model(m, args, work)
+                bench_model(m, args, work, impls)
             except Exception as e:  # one model's failure, said, not fatal
                 print(json.dumps(dict(model=m["name"], error=str(e)[-400:])),
                       flush=True)
