@@ -1265,8 +1265,8 @@ class _Runtime:
         if entry is None or not entry[0].matches(t):
             self.producers[key] = (_Ident(t), path)
 
-    def producer_of(self, t: torch.Tensor) -> str:
-        entry = self.producers.get(_storage_key(t))
+    def producer_of(self, t: torch.Tensor, key: Optional[int] = None) -> str:
+        entry = self.producers.get(_storage_key(t) if key is None else key)
         if entry is not None and entry[0].matches(t):
             return entry[1]
         # Made by an op of the module running now (a functional op in its
@@ -1294,7 +1294,7 @@ class _Runtime:
         if recording:
             nbytes = _storage_bytes(t)
             record.note_saved(t, key, nbytes)
-        path = self.producer_of(t)
+        path = self.producer_of(t, key)
         refined = self.refined(t, path)
         frames = ([] if refined in ("RETAIN", "SWAP") else
                   list(zip(self.open_frames, indices)))
@@ -1309,7 +1309,7 @@ class _Runtime:
                 if recording:
                     self._released(t, key, nbytes)
                 return _Dropped(frame, index, segment)
-        dropped = self.dropped_output(t, consume=True)
+        dropped = self.dropped_output(t, consume=True, key=key)
         if dropped is not None:
             self.stats.dropped += 1
             self.stats.dropped_paths.add(dropped.decision_path)
@@ -1350,13 +1350,15 @@ class _Runtime:
             self.record.kept[key] = nbytes
         return t
 
-    def dropped_output(self, t: torch.Tensor,
-                       consume: bool) -> Optional[_DroppedOutput]:
+    def dropped_output(self, t: torch.Tensor, consume: bool,
+                       key: Optional[int] = None
+                       ) -> Optional[_DroppedOutput]:
         """A reference to `t` if it is an output of a closed frame that the
         schedule drops, or a view into one (its frame re-makes it), else
         None. `consume`: a saved reference (counted until unpacked), not a
         frame's input."""
-        entries = self.frame_outputs.get(_storage_key(t))
+        entries = self.frame_outputs.get(_storage_key(t) if key is None
+                                         else key)
         if not entries:
             return None
         for out in entries:
