@@ -1030,8 +1030,20 @@ class _Runtime:
     def __init__(self, model: nn.Module, frames: List[_FrameSpec],
                  swap: Set[str], prefetch_ahead: int):
         self.model = model
+        # Walked once: model.parameters() walks named_modules() again at
+        # every forward, a third of an empty schedule's own cost (the
+        # tensors themselves are read per forward: `p.data = ...` or
+        # `.to()` give new storages).
+        self.modules = list(model.modules())
         self.frames = frames
         self.swap = swap
+        # Any RECOMPUTE or SWAP decision applies: without one nothing is
+        # attributed to modules, so no module hooks are installed and the
+        # saved-tensor hook only counts (pack_plain).
+        self.active = bool(frames) or bool(swap)
+        # The first forward under the schedule measures saved bytes
+        # (Applied.measurements()); later ones skip that bookkeeping.
+        self.recording = True
         # Module path -> {op kind, normalised: action} for paths whose
         # decisions differ (a block's own ops: one add recomputed, another
         # retained); other paths take their decisions' one action.
@@ -1177,10 +1189,15 @@ class _Runtime:
         return None
 
     def begin_forward(self, inputs: Any) -> None:
-        self.alive_keys = {_storage_key(t) for t in
-                           _flat_tensors(inputs) +
-                           list(self.model.parameters()) +
-                           list(self.model.buffers())}
+        keys = {_storage_key(t) for t in _flat_tensors(inputs)}
+        for m in self.modules:
+            for t in m._parameters.values():
+                if t is not None:
+                    keys.add(_storage_key(t))
+            for t in m._buffers.values():
+                if t is not None:
+                    keys.add(_storage_key(t))
+        self.alive_keys = keys
         self.stack.clear()
         self.calls = []
         self.call_inputs = []
@@ -1248,8 +1265,8 @@ class _Runtime:
         if entry is None or not entry[0].matches(t):
             self.producers[key] = (_Ident(t), path)
 
-    def producer_of(self, t: torch.Tensor) -> str:
-        entry = self.producers.get(_storage_key(t))
+    def producer_of(self, t: torch.Tensor, key: Optional[int] = None) -> str:
+        entry = self.producers.get(_storage_key(t) if key is None else key)
         if entry is not None and entry[0].matches(t):
             return entry[1]
         # Made by an op of the module running now (a functional op in its
@@ -1271,10 +1288,13 @@ class _Runtime:
         if t.numel() == 0 or self.alive_anyway(t):
             self.stats.kept += 1
             return t
-        key, nbytes = _storage_key(t), _storage_bytes(t)
         record = self.record
-        record.note_saved(t, key, nbytes)
-        path = self.producer_of(t)
+        recording = self.recording
+        key, nbytes = _storage_key(t), 0
+        if recording:
+            nbytes = _storage_bytes(t)
+            record.note_saved(t, key, nbytes)
+        path = self.producer_of(t, key)
         refined = self.refined(t, path)
         frames = ([] if refined in ("RETAIN", "SWAP") else
                   list(zip(self.open_frames, indices)))
@@ -1286,14 +1306,16 @@ class _Runtime:
                 self.stats.dropped += 1
                 self.stats.dropped_paths.add(decision_path)
                 record.dropped_paths.add(decision_path)
-                self._released(t, key, nbytes)
+                if recording:
+                    self._released(t, key, nbytes)
                 return _Dropped(frame, index, segment)
-        dropped = self.dropped_output(t, consume=True)
+        dropped = self.dropped_output(t, consume=True, key=key)
         if dropped is not None:
             self.stats.dropped += 1
             self.stats.dropped_paths.add(dropped.decision_path)
             record.dropped_paths.add(dropped.decision_path)
-            self._released(t, key, nbytes)
+            if recording:
+                self._released(t, key, nbytes)
             return dropped
         if refined == "SWAP" or (refined is None and path in self.swap):
             skey = _swap_key(t)
@@ -1309,20 +1331,34 @@ class _Runtime:
                 self.stats.swapped_paths.add(path)
                 record.swapped_bytes += t.numel() * t.element_size()
             record.swapped_paths.add(path)
-            self._released(t, key, nbytes)
+            if recording:
+                self._released(t, key, nbytes)
             entry.uses += 1
             return _Swapped(entry, entry.position)
         self.stats.kept += 1
-        record.kept[key] = nbytes
+        if recording:
+            record.kept[key] = nbytes
         return t
 
-    def dropped_output(self, t: torch.Tensor,
-                       consume: bool) -> Optional[_DroppedOutput]:
+    def pack_plain(self, t: torch.Tensor) -> Any:
+        """pack for a schedule with no RECOMPUTE or SWAP decision: every
+        saved tensor stays; the first forward notes its bytes."""
+        self.stats.kept += 1
+        if self.recording and t.numel() != 0 and not self.alive_anyway(t):
+            key, nbytes = _storage_key(t), _storage_bytes(t)
+            self.record.note_saved(t, key, nbytes)
+            self.record.kept[key] = nbytes
+        return t
+
+    def dropped_output(self, t: torch.Tensor, consume: bool,
+                       key: Optional[int] = None
+                       ) -> Optional[_DroppedOutput]:
         """A reference to `t` if it is an output of a closed frame that the
         schedule drops, or a view into one (its frame re-makes it), else
         None. `consume`: a saved reference (counted until unpacked), not a
         frame's input."""
-        entries = self.frame_outputs.get(_storage_key(t))
+        entries = self.frame_outputs.get(_storage_key(t) if key is None
+                                         else key)
         if not entries:
             return None
         for out in entries:
@@ -1985,7 +2021,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         elif rt.mode == "replay" and rt.replays:
             rt.replays[-1].ended(out)
 
-    for m in modules.values():
+    # No RECOMPUTE or SWAP decision: nothing to attribute, no hook (each
+    # module call paid two Python hooks for nothing).
+    for m in modules.values() if rt.active else ():
         h1 = m.register_forward_pre_hook(pre_hook)
         h2 = m.register_forward_hook(post_hook)
         undo += [h1.remove, h2.remove]
@@ -2078,12 +2116,13 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     torch.cuda.reset_peak_memory_stats(d)
                     peak_reset = True
             started = time.perf_counter()
+            rt.recording = first
             rt.begin_forward((args, kwargs))
             rt.mode = "forward"
             rt.stack.append(path_of.get(id(model), ""))
             try:
-                with torch.autograd.graph.saved_tensors_hooks(rt.pack,
-                                                               rt.unpack):
+                with torch.autograd.graph.saved_tensors_hooks(
+                        rt.pack if rt.active else rt.pack_plain, rt.unpack):
                     out = inner(*args, **kwargs)
             finally:
                 rt.mode = "off"

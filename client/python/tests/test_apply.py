@@ -288,6 +288,27 @@ def test_no_grad_forward_is_untouched() -> None:
     assert applied.stats().dropped == 0 and applied.stats().swapped_out == 0
 
 
+def test_a_schedule_without_recompute_or_swap_costs_no_module_hook() -> None:
+    """All RETAIN: nothing to attribute, so no module carries a hook (two
+    Python calls per module call were most of such a step's own cost),
+    and the step and its first-step measurement are the plain one's."""
+    model = resnet()
+    plain = copy.deepcopy(model)
+    hooks_before = {p: (len(m._forward_pre_hooks), len(m._forward_hooks))
+                    for p, m in model.named_modules()}
+    with mutwo.apply(model, make_schedule(model)) as applied:
+        hooks = {p: (len(m._forward_pre_hooks), len(m._forward_hooks))
+                 for p, m in model.named_modules()}
+        assert hooks == hooks_before
+        assert_same_step(plain, model, CNN_INPUT, cnn_loss)
+        m = applied.measurements()
+        assert m is not None and m.saved_bytes > 0
+        assert m.saved_bytes == m.unmodified_saved_bytes
+        kept = applied.stats().kept
+        step(model, CNN_INPUT, cnn_loss)
+        assert applied.stats().kept == 2 * kept > 0
+
+
 def test_schedule_json_round_trip() -> None:
     schedule = resnet_schedule(resnet())
     again = mutwo.Schedule.from_json(schedule.to_json())
