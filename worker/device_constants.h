@@ -24,14 +24,6 @@ struct RetargetedDevices {
   int shape_constants = 0;
 };
 
-// Rewrites every `prim::Constant` of Device type in every function of
-// `module`'s compilation unit (forward, submodules' methods, called
-// functions) that names a device other than `device` to `device`. Run once,
-// right after loading and before any graph is copied or run. A model that
-// means to put work on another device than the one it trains on is not
-// supported by the worker (the step runs on one device), so nothing is
-// lost. The constants of a trace's shape arithmetic (ShapeArithmeticConstants)
-// go to the CPU instead, where the shapes are.
 // An input of a node: node->input(input).
 struct ConstantUse {
   torch::jit::Node* node = nullptr;
@@ -49,6 +41,14 @@ struct ConstantUse {
 // all such values or 0-dim constants), in `block` and the blocks in it.
 std::vector<ConstantUse> ShapeArithmeticConstants(torch::jit::Block* block);
 
+// Rewrites every `prim::Constant` of Device type in every function of
+// `module`'s compilation unit (forward, submodules' methods, called
+// functions) that names a device other than `device` to `device`. Run once,
+// right after loading and before any graph is copied or run. A model that
+// means to put work on another device than the one it trains on is not
+// supported by the worker (the step runs on one device), so nothing is
+// lost. The constants of a trace's shape arithmetic (ShapeArithmeticConstants)
+// go to the CPU instead, where the shapes are.
 RetargetedDevices RetargetDeviceConstants(torch::jit::Module& module,
                                           const torch::Device& device);
 

@@ -89,13 +89,7 @@ def make_schedules(m, bin_dir, work):
     base = os.path.join(work, m["name"])
     torch.manual_seed(0)
     torch.jit.script(m["build"]().train()).save(base + ".pt")
-    spec = []
-    for i in m["inputs"]:
-        spec += ["--input", i]
-    for u in m.get("unbatched", []):
-        spec += ["--unbatched", u]
-    spec += ["--loss", m["loss"], "--batch", str(m["batch"]), "--device",
-             "cpu", "--warmup", "1", "--iterations", "1"]
+    spec = azc.profile_flags(m)
     rc, out, err = azc.run([os.path.join(bin_dir, "mutwo-worker"), "profile",
                             base + ".pt"] + spec + ["--output", "json"])
     if rc != 0:

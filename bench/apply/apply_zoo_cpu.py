@@ -268,19 +268,26 @@ def apply_point(m, schedule_path, point, time_steps=0):
                                                        time_steps)
 
 
+def profile_flags(m):
+    """The `mutwo-worker profile` flags of a suite model on the CPU: its
+    inputs, unbatched inputs, loss and batch, one warm-up and one timed
+    step."""
+    spec = []
+    for i in m["inputs"]:
+        spec += ["--input", i]
+    for u in m.get("unbatched", []):
+        spec += ["--unbatched", u]
+    return spec + ["--loss", m["loss"], "--batch", str(m["batch"]),
+                   "--device", "cpu", "--warmup", "1", "--iterations", "1"]
+
+
 def run_model(m, args, work):
     name = m["name"]
     base = os.path.join(work, name)
     torch.manual_seed(0)
     t0 = time.time()
     torch.jit.script(m["build"]().train()).save(base + ".pt")
-    spec = []
-    for i in m["inputs"]:
-        spec += ["--input", i]
-    for u in m.get("unbatched", []):
-        spec += ["--unbatched", u]
-    spec += ["--loss", m["loss"], "--batch", str(m["batch"]), "--device",
-             "cpu", "--warmup", "1", "--iterations", "1"]
+    spec = profile_flags(m)
     rc, out, err = run([os.path.join(args.bin, "mutwo-worker"), "profile",
                         base + ".pt"] + spec + ["--output", "json"])
     if rc != 0:

@@ -168,7 +168,6 @@ def make_timm(name, out, family="timm"):
     import timm
     e = {"name": name, "family": family, "source": "timm",
          "batch": TIMM_BATCH, "path": None, "script_error": None}
-    torch.set_num_threads(THREADS_PER_JOB)
     errors = []
     try:
         model = timm.create_model(name, pretrained=False, scriptable=True)
@@ -268,9 +267,11 @@ def main():
             if not only or n in only]
     if args.jobs > 1 and len(todo) > 1:
         # fork: the children inherit the imports; each makes one model at a
-        # time with THREADS_PER_JOB threads.
+        # time with THREADS_PER_JOB threads (one process alone keeps all).
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(args.jobs, maxtasksperchild=4) as pool:
+        with ctx.Pool(args.jobs, initializer=torch.set_num_threads,
+                      initargs=(THREADS_PER_JOB,),
+                      maxtasksperchild=4) as pool:
             entries = pool.map(timm_entry, todo, chunksize=1)
     else:
         entries = [timm_entry(job) for job in todo]

@@ -1275,7 +1275,9 @@ class _Runtime:
         return self.stack[-1] if self.stack else ""
 
     def _released(self, t: torch.Tensor, key: int, nbytes: int) -> None:
-        self.record.released.append((weakref.ref(t), key, nbytes))
+        # Bookkeeping of the measured (first) forward only.
+        if self.recording:
+            self.record.released.append((weakref.ref(t), key, nbytes))
 
     # saved_tensors_hooks of the forward pass
     def pack(self, t: torch.Tensor) -> Any:
@@ -1306,16 +1308,14 @@ class _Runtime:
                 self.stats.dropped += 1
                 self.stats.dropped_paths.add(decision_path)
                 record.dropped_paths.add(decision_path)
-                if recording:
-                    self._released(t, key, nbytes)
+                self._released(t, key, nbytes)
                 return _Dropped(frame, index, segment)
         dropped = self.dropped_output(t, consume=True, key=key)
         if dropped is not None:
             self.stats.dropped += 1
             self.stats.dropped_paths.add(dropped.decision_path)
             record.dropped_paths.add(dropped.decision_path)
-            if recording:
-                self._released(t, key, nbytes)
+            self._released(t, key, nbytes)
             return dropped
         if refined == "SWAP" or (refined is None and path in self.swap):
             skey = _swap_key(t)
@@ -1331,8 +1331,7 @@ class _Runtime:
                 self.stats.swapped_paths.add(path)
                 record.swapped_bytes += t.numel() * t.element_size()
             record.swapped_paths.add(path)
-            if recording:
-                self._released(t, key, nbytes)
+            self._released(t, key, nbytes)
             entry.uses += 1
             return _Swapped(entry, entry.position)
         self.stats.kept += 1
