@@ -414,6 +414,12 @@ void SegmentRun::Observe(const std::vector<torch::Tensor>& tensors,
   }
 }
 
+void SegmentRun::AddReader(const c10::StorageImpl* storage, int reader) {
+  for (size_t k = 0; k < tensor_impl_.size(); ++k) {
+    if (tensor_impl_[k] == storage) tensor_readers_[k].insert(reader);
+  }
+}
+
 void SegmentRun::Pin(const std::vector<torch::Tensor>& tensors,
                      const SegmentRun* by) {
   if (by == this) return;

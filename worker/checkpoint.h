@@ -66,6 +66,12 @@ class SegmentRun {
   // `consumers` (the nodes reading them) need the replay in backward.
   void Observe(const std::vector<torch::Tensor>& tensors, int last_use,
                const std::vector<int>& consumers);
+  // Node `reader` of a later segment read `storage` in forward, possibly
+  // through an alias made inside that segment (a dropout of probability 0
+  // returns its input), which Observe, fed the top-level nodes' outputs,
+  // never sees: if it is one of this segment's output storages, the
+  // reader's backward needs it back.
+  void AddReader(const c10::StorageImpl* storage, int reader);
   // Storages of `tensors` (inputs of segment `by`, or values its tail
   // captured) are not freed while `by` has not replayed: it reads them then.
   void Pin(const std::vector<torch::Tensor>& tensors, const SegmentRun* by);

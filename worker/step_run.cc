@@ -76,9 +76,12 @@ StepRun::StepRun(const StepContext& context, bool tracing)
     swaps_of_producer_[swap.producer].push_back(i);
   }
   WireReplays();
-  for (auto& segment : segments_) {
-    segment->set_read_observer(
-        [this](int id, const InterpreterEnv& env) { RecordReads(id, env); });
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    segments_[s]->set_read_observer(
+        [this, s](int id, const InterpreterEnv& env) {
+          RecordReads(id, env);
+          RecordSegmentReads(s, id, env);
+        });
   }
 }
 
@@ -279,6 +282,31 @@ void StepRun::RecordReads(int id, const InterpreterEnv& env) {
   });
 }
 
+// A node inside a segment may read an earlier segment's output through an
+// alias made at run time inside its own segment (dropout of probability 0
+// returns its input itself; no schema says so): that node is not among the
+// output's static readers, and the segment's forward hides the alias from
+// Observe. Without it as a reader, the storage freed once this segment
+// replayed (Unpin) stays freed when the replay's backward reads it.
+void StepRun::RecordSegmentReads(size_t s, int id, const InterpreterEnv& env) {
+  if (watched_.empty()) return;
+  const int first = compiled_.segments[s].first_node;
+  ForEachRead(ctx_.graph->nodes()[id].node, [&](const Value* v) {
+    auto it = env.find(v);
+    if (it == env.end()) return;
+    for (const torch::Tensor& t : FlattenTensors(it->second)) {
+      if (!t.defined() || !t.has_storage()) continue;
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      if (!watched_.contains(storage)) continue;
+      for (size_t o = 0; o < segments_.size(); ++o) {
+        if (o != s && compiled_.segments[o].last_node < first) {
+          segments_[o]->AddReader(storage, id);
+        }
+      }
+    }
+  });
+}
+
 void StepRun::Discover(int first, int last,
                        const std::vector<torch::Tensor>& tensors) {
   std::vector<std::weak_ptr<Node>> found;
@@ -450,11 +478,13 @@ void StepRun::HookSwap(size_t i) {
   auto restore = [this, i]() {
     RECORD_USER_SCOPE(
         absl::StrCat("mutwo::restore value ", compiled_.swaps[i].value_id));
+    MUTWO_LOG(trace, "swap value {}: restore", compiled_.swaps[i].value_id);
     for (auto& stash : stashes_[i]) stash->Restore();
   };
   auto prefetch = [this, i]() {
     RECORD_USER_SCOPE(
         absl::StrCat("mutwo::prefetch value ", compiled_.swaps[i].value_id));
+    MUTWO_LOG(trace, "swap value {}: prefetch", compiled_.swaps[i].value_id);
     for (auto& stash : stashes_[i]) stash->Prefetch();
   };
   absl::flat_hash_set<Node*> hooked;

@@ -91,6 +91,9 @@ class StepRun {
   // Later values sharing a storage the schedule frees keep it alive.
   void Observe(int first, int last, const std::vector<torch::Tensor>& tensors);
   void RecordReads(int id, const InterpreterEnv& env);
+  // Node `id` of segment `s` reads, in its forward run, storages that
+  // earlier segments' outputs hold: those segments' readers.
+  void RecordSegmentReads(size_t s, int id, const InterpreterEnv& env);
   // Autograd nodes made by `first`..`last`, from their output tensors.
   void Discover(int first, int last, const std::vector<torch::Tensor>& tensors);
 

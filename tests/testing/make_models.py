@@ -335,6 +335,24 @@ class ShapeArithmetic(nn.Module):
         return self.b(h.reshape(b // 2, c))
 
 
+class DropoutAlias(nn.Module):
+    """A block whose first op is a dropout of probability 0 (timm's blocks
+    are full of them): ATen returns the input itself, an alias that no
+    schema announces, and the next op (sin) saves it for backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.0)
+        self.b = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        s = torch.sin(self.drop(h))
+        return self.head(torch.relu(self.b(s)))
+
+
 # name -> (module, profile arguments for the tests and docs)
 MODELS = {
     "mlp": (Mlp, "--input x:float32[B,32]"),
@@ -375,6 +393,9 @@ def main():
     traced = torch.jit.trace(ShapeArithmetic().train(), torch.randn(4, 16),
                              check_trace=False)
     traced.save(os.path.join(out, "traced_shape_arithmetic.pt"))
+    # Not in MODELS: only the executor's runtime-alias test uses it.
+    torch.jit.script(DropoutAlias().train()).save(
+        os.path.join(out, "dropout_alias.pt"))
     # Bottleneck blocks with a downsample branch (not in MODELS: only the
     # executor's policy memory test uses it, at 64x64).
     resnet50 = torchvision.models.resnet50(weights=None)

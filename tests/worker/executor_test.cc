@@ -554,6 +554,52 @@ TEST(ExecutorTest, ASegmentOverAFeatureDictsWriteAndLastRead) {
   ExpectCorrect(*v, "feature_dict recomputing stage c and the head");
 }
 
+// Two segments, the second starting with a dropout of probability 0 over
+// the first's output: ATen returns its input itself (an alias no schema
+// announces) and sin saves it. The first segment's output stays pinned
+// until the second replays and is freed then; sin's backward, inside the
+// second's replay, must bring it back first (gcvit_tiny on an H200 failed
+// "data is not allocated"; on the CPU it read freed memory).
+TEST(ExecutorTest, ASegmentReadingAnEarlierOutputThroughARuntimeAlias) {
+  const TestModel model{"dropout_alias", {"x:float32[B,16]"}, "mean", 64};
+  const v1::Profile& profile = ProfileOf(model);
+  auto executor = MakeExecutor(model);
+  ASSERT_NE(executor, nullptr);
+  int relu = -1, dropout = -1, sin = -1;
+  for (const v1::ProfileNode& node : profile.nodes()) {
+    if (node.kind() == "aten::relu" && relu < 0) relu = node.id();
+    if (node.kind() == "aten::dropout") dropout = node.id();
+    if (node.kind() == "aten::sin") sin = node.id();
+  }
+  ASSERT_GE(relu, 0);
+  ASSERT_GE(dropout, 0);
+  ASSERT_GE(sin, 0);
+  v1::Schedule schedule;
+  schedule.set_graph_fingerprint(profile.graph_fingerprint());
+  schedule.set_batch_size(profile.batch_size());
+  for (const v1::Activation& a : profile.activations()) {
+    v1::Decision* d = schedule.add_decisions();
+    d->set_value_id(a.value_id());
+    d->set_producer_node(a.producer_node());
+    d->set_size_bytes(a.size_bytes());
+    d->set_action(v1::Decision::RETAIN);
+    if (a.producer_node() == relu) {
+      d->set_action(v1::Decision::RECOMPUTE);
+      d->set_segment(0);
+      for (int n : a.recompute_nodes()) d->add_recompute_nodes(n);
+    } else if (a.producer_node() == sin) {
+      d->set_action(v1::Decision::RECOMPUTE);
+      d->set_segment(1);
+      d->add_recompute_nodes(dropout);
+      d->add_recompute_nodes(sin);
+    }
+  }
+  auto v = executor->Run(schedule);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectCorrect(*v, "dropout_alias in two segments");
+  EXPECT_EQ(v->recomputed(), 2);
+}
+
 // Every activation of an op node recomputed: one segment over the graph.
 v1::Schedule AllRecomputed(const v1::Profile& profile) {
   v1::Schedule schedule;
