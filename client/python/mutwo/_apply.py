@@ -1179,13 +1179,14 @@ class _Runtime:
             if _is_leaf(o):
                 continue
             path = self.producer_of(o)
-            if self.refined(o, path) not in (None, "RECOMPUTE"):
-                continue
             for f, index, _ in reversed(marks):
                 found = f.spec.dropping(path)
                 if found is not None:
-                    self.inner_outputs.setdefault(_storage_key(o), []).append(
-                        (weakref.ref(o), f, index, k, o._version, found[0]))
+                    if self.refined(o, path) in (None, "RECOMPUTE"):
+                        self.inner_outputs.setdefault(
+                            _storage_key(o), []).append(
+                                (weakref.ref(o), f, index, k, o._version,
+                                 found[0]))
                     break
 
     def inner_output(self, t: torch.Tensor) -> Optional["_CallOutput"]:
@@ -2050,14 +2051,19 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     def hooks_for(path: str, is_model: bool
                   ) -> Tuple[Callable[..., None], Callable[..., None]]:
         stack = rt.stack
+        produced = rt.produced
 
         def pre_hook(m: nn.Module, args: Any) -> None:
             mode = rt.mode
             if mode == "forward":
                 if stack:
                     caller = stack[-1]
-                    for t in _flat_tensors(args):
-                        rt.produced(t, caller)
+                    # Most calls take one tensor: no flattened list.
+                    if len(args) == 1 and isinstance(args[0], torch.Tensor):
+                        produced(args[0], caller)
+                    else:
+                        for t in _flat_tensors(args):
+                            produced(t, caller)
                 if not is_model:
                     rt.call_started(inputs=args, module=m)
             elif mode == "replay" and rt.replays:
@@ -2068,8 +2074,11 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             own = stack.pop() if stack else path
             mode = rt.mode
             if mode == "forward":
-                for t in _flat_tensors(out):
-                    rt.produced(t, own)
+                if isinstance(out, torch.Tensor):
+                    produced(out, own)
+                else:
+                    for t in _flat_tensors(out):
+                        produced(t, own)
                 if not is_model:
                     rt.call_ended(out)
             elif mode == "replay" and rt.replays:
