@@ -1291,8 +1291,9 @@ class _Runtime:
     def pack(self, t: torch.Tensor) -> Any:
         # Every open frame counts every save: its replay saves the same
         # sequence (inner frames included).
+        open_frames = self.open_frames
         indices = []
-        for frame in self.open_frames:
+        for frame in open_frames:
             indices.append(frame.count)
             frame.count += 1
         if t.numel() == 0 or self.alive_anyway(t):
@@ -1306,19 +1307,21 @@ class _Runtime:
             record.note_saved(t, key, nbytes)
         path = self.producer_of(t, key)
         refined = self.refined(t, path)
-        frames = ([] if refined in ("RETAIN", "SWAP") else
-                  list(zip(self.open_frames, indices)))
-        for frame, index in reversed(frames):
-            found = frame.spec.dropping(path)
-            if found is not None:  # the innermost frame dropping it
-                segment, decision_path = found
-                frame.dropped[index] = segment
-                self.stats.dropped += 1
-                self.stats.dropped_paths.add(decision_path)
-                record.dropped_paths.add(decision_path)
-                self._released(t, key, nbytes)
-                return _Dropped(frame, index, segment)
-        dropped = self.dropped_output(t, consume=True, key=key)
+        if refined not in ("RETAIN", "SWAP"):
+            for k in range(len(open_frames) - 1, -1, -1):
+                frame = open_frames[k]
+                found = frame.spec.dropping(path)
+                if found is not None:  # the innermost frame dropping it
+                    segment, decision_path = found
+                    index = indices[k]
+                    frame.dropped[index] = segment
+                    self.stats.dropped += 1
+                    self.stats.dropped_paths.add(decision_path)
+                    record.dropped_paths.add(decision_path)
+                    self._released(t, key, nbytes)
+                    return _Dropped(frame, index, segment)
+        dropped = (self.dropped_output(t, consume=True, key=key)
+                   if key in self.frame_outputs else None)
         if dropped is not None:
             self.stats.dropped += 1
             self.stats.dropped_paths.add(dropped.decision_path)
