@@ -14,7 +14,9 @@ One JSON line per (model, variant) on stdout:
   {"model", "variant": "empty"|"mid"|"low", "decisions", "module_calls",
    "saved_tensors", "eager_ms", "applied_ms", "ratio",
    "overhead_us_per_call", "replay_ms", "host_us_per_call",
-   "overhead_us_per_decision"}
+   "overhead_us_per_decision", "modules", "hooked_modules"}
+hooked_modules: modules carrying one of apply's forward pre-hooks or more
+(the attribution hooks, a range frame's opening hook).
 overhead_us_per_call: (applied - eager) / module calls in one forward.
 replay_ms: time inside the frames' replays per step (the recomputation
 the schedule plans, outermost replays); host_us_per_call: the rest of
@@ -210,12 +212,15 @@ def bench_model(m, args, work, impls):
     times = {k: [] for k in variants}
     replays = {k: [] for k in variants}
     handles = {}
+    hooked = {}
     for k, s in variants.items():
         if s is not None:
             with impls[k[1]](model, s) as a:  # the first step's checks
                 azc.step(model, inputs, loss_fn)
                 handles[k[0]] = (len(a.schedule.recomputed) +
                                  len(a.schedule.swapped))
+                hooked[k] = sum(1 for x in model.modules()
+                                if x._forward_pre_hooks)
     rounds = args.steps
     for _ in range(rounds):
         for k, s in variants.items():
@@ -242,6 +247,8 @@ def bench_model(m, args, work, impls):
         print(json.dumps(dict(
             model=m["name"], variant=k[0], impl=k[1], decisions=decisions,
             module_calls=calls, saved_tensors=saves,
+            modules=sum(1 for _ in model.modules()),
+            hooked_modules=hooked[k],
             batch=m["batch"], steps=rounds * args.inner,
             eager_ms=round(eager_ms, 3), applied_ms=round(applied_ms, 3),
             ratio=round(applied_ms / eager_ms, 3),
