@@ -208,9 +208,9 @@ class _FrameSpec:
     # depth): None until its first run. A frame that draws none reads no
     # RNG state per module call in forward and restores none at replay.
     random: Optional[bool] = None
-    # Modules inside the frame that carry buffers but no hooks: no
-    # pre-hook tells a replay they run, so their buffers are guarded from
-    # its start (batch-norm statistics updated once per step).
+    # Plain batch norms inside the frame that carry no hooks: no pre-hook
+    # tells a replay they run, so their statistics are guarded from its
+    # start (updated once per step).
     unhooked_buffers: List[nn.Module] = dataclasses.field(
         default_factory=list)
 
@@ -1741,9 +1741,10 @@ def _canonical_paths(model: nn.Module) -> Dict[str, str]:
 def _hooked_modules(model: nn.Module, schedule: Schedule,
                     specs: Sequence[_FrameSpec]) -> List[nn.Module]:
     """The modules that need the attribution hooks: those with a RECOMPUTE
-    or SWAP decision, their ancestors (frames are ancestors too), and the
-    children of all of these; a schedule's every other module runs
-    without hooks (two Python calls per module call were most of apply's
+    or SWAP decision, their ancestors (frames are ancestors too), the
+    children of all of these, and where there are frames, modules with
+    buffers other than plain batch norms; a schedule's every other module
+    runs without hooks (two Python calls per module call were most of apply's
     host cost on a step with decisions).
 
     Why attribution stays the same: an unhooked module lies inside a
@@ -1775,6 +1776,16 @@ def _hooked_modules(model: nn.Module, schedule: Schedule,
         hooked[id(module)] = module
         for child in module.children():
             hooked[id(child)] = child
+    # A replay guards the buffers of each module it runs (_BufferGuard).
+    # Unhooked plain batch norms are guarded from its start at no cost
+    # (momentum 0); any other module with buffers keeps its hooks, so its
+    # buffers are copied only when a replay reaches it, as before (copied
+    # at every replay's start, a frame of the whole model would copy them
+    # all, e.g. every attention mask).
+    for m in modules.values() if specs else ():
+        if id(m) not in hooked and type(m) not in _PLAIN_BATCH_NORMS and \
+                any(b is not None for b in m._buffers.values()):
+            hooked[id(m)] = m
     return list(hooked.values())
 
 

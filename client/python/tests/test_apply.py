@@ -568,13 +568,26 @@ def test_a_functional_op_of_a_forward_is_that_modules() -> None:
     assert applied.unmatched() == []
 
 
+class Counting(nn.Module):
+    """Doubles its input and counts its calls in a buffer: a replay must
+    leave the count as one step left it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
 class DeepResidual(nn.Module):
     """Residual with a child that has children of its own: the add is the
     block's, the Linear's and GELU's outputs are theirs."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.fc = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+        self.fc = nn.Sequential(nn.Linear(16, 16), Counting(), nn.GELU())
         self.ln = nn.LayerNorm(16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -591,7 +604,10 @@ def test_modules_off_the_way_to_a_decision_get_no_hook() -> None:
     carry hooks (two Python calls per module call); each saved tensor is
     still its producer's: block 0's add output is dropped, and the
     tensors of 0.fc's Linear and GELU and of 0.ln (no decision) stay,
-    though 0.fc.0 and 0.fc.1 now run without hooks."""
+    though 0.fc.0 and 0.fc.2 now run without hooks. A module with a
+    buffer other than a batch norm's keeps its hooks (a replay copies its
+    buffers when it runs it): block 0's replay runs 0.fc.1 again, and its
+    call count is one step's."""
     torch.manual_seed(11)
     model = nn.Sequential(DeepResidual(), DeepResidual())
     plain = copy.deepcopy(model)
@@ -600,10 +616,12 @@ def test_modules_off_the_way_to_a_decision_get_no_hook() -> None:
                              op_kinds={"0": "aten::add"},
                              size_bytes=add_bytes)
     applied = mutwo.apply(model, schedule)
-    assert hooked_paths(model) == ["", "0", "0.fc", "0.ln", "1"]
+    assert hooked_paths(model) == ["", "0", "0.fc", "0.fc.1", "0.ln", "1",
+                                   "1.fc.1"]
     x = (torch.randn(4, 16),)
     assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
     assert applied.stats().dropped_paths == {"0"}
+    assert applied.stats().replays == {"0": 1}
     assert applied.unmatched() == []
     m = applied.measurements()
     assert m is not None
