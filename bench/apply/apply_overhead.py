@@ -13,8 +13,15 @@ floor to the baseline peak, "mid", and at the floor, "low").
 One JSON line per (model, variant) on stdout:
   {"model", "variant": "empty"|"mid"|"low", "decisions", "module_calls",
    "saved_tensors", "eager_ms", "applied_ms", "ratio",
-   "overhead_us_per_call", "overhead_us_per_decision"}
+   "overhead_us_per_call", "replay_ms", "host_us_per_call",
+   "overhead_us_per_decision", "modules", "hooked_modules"}
+hooked_modules: modules carrying one of apply's forward pre-hooks or more
+(the attribution hooks, a range frame's opening hook).
 overhead_us_per_call: (applied - eager) / module calls in one forward.
+replay_ms: time inside the frames' replays per step (the recomputation
+the schedule plans, outermost replays); host_us_per_call: the rest of
+the overhead, (applied - eager - replay) / module calls: apply's own
+hooks and bookkeeping.
 `--before REV` adds, interleaved in the same rounds, the same variants
 under _apply.py as it was at git revision REV ("impl": "before"; the
 working tree's is "after"): a before/after comparison in one run.
@@ -143,6 +150,34 @@ def load_before(rev, work):
     return mod
 
 
+class ReplayClock:
+    """Wall-clock time inside frame replays (the recomputation the
+    schedule plans), outermost replays only, so that what apply's hooks
+    cost is told apart from the compute the schedule asks for."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.depth = 0
+
+    def patch(self, module):
+        replay = module._Frame.replay
+        clock = self
+
+        def timed(frame, *args, **kwargs):
+            clock.depth += 1
+            started = time.perf_counter()
+            try:
+                return replay(frame, *args, **kwargs)
+            finally:
+                clock.depth -= 1
+                if clock.depth == 0:
+                    clock.seconds += time.perf_counter() - started
+        module._Frame.replay = timed
+
+
+CLOCK = ReplayClock()
+
+
 def bench_model(m, args, work, impls):
     paths = make_schedules(m, args.bin, work)
     if not paths:
@@ -175,23 +210,29 @@ def bench_model(m, args, work, impls):
         for label, s in schedules.items():
             variants[(label, impl)] = s
     times = {k: [] for k in variants}
+    replays = {k: [] for k in variants}
     handles = {}
+    hooked = {}
     for k, s in variants.items():
         if s is not None:
             with impls[k[1]](model, s) as a:  # the first step's checks
                 azc.step(model, inputs, loss_fn)
                 handles[k[0]] = (len(a.schedule.recomputed) +
                                  len(a.schedule.swapped))
+                hooked[k] = sum(1 for x in model.modules()
+                                if x._forward_pre_hooks)
     rounds = args.steps
     for _ in range(rounds):
         for k, s in variants.items():
             a = impls[k[1]](model, s) if s is not None else None
             if a is not None:
                 azc.step(model, inputs, loss_fn)  # first step: checks
+            CLOCK.seconds = 0.0
             t = time.perf_counter()
             for _ in range(args.inner):
                 azc.step(model, inputs, loss_fn)
             times[k].append((time.perf_counter() - t) / args.inner * 1e3)
+            replays[k].append(CLOCK.seconds / args.inner * 1e3)
             if a is not None:
                 a.remove()
     eager_ms = statistics.median(times[("eager", None)])
@@ -200,14 +241,20 @@ def bench_model(m, args, work, impls):
             continue
         applied_ms = statistics.median(times[k])
         over_us = (applied_ms - eager_ms) * 1e3
+        replay_ms = statistics.median(replays[k])
+        host_us = over_us - replay_ms * 1e3
         decisions = handles[k[0]]
         print(json.dumps(dict(
             model=m["name"], variant=k[0], impl=k[1], decisions=decisions,
             module_calls=calls, saved_tensors=saves,
+            modules=sum(1 for _ in model.modules()),
+            hooked_modules=hooked[k],
             batch=m["batch"], steps=rounds * args.inner,
             eager_ms=round(eager_ms, 3), applied_ms=round(applied_ms, 3),
             ratio=round(applied_ms / eager_ms, 3),
             overhead_us_per_call=round(over_us / calls, 2),
+            replay_ms=round(replay_ms, 3),
+            host_us_per_call=round(host_us / calls, 2),
             overhead_us_per_decision=(round(over_us / decisions, 1)
                                       if decisions else None),
             torch=torch.__version__, threads=torch.get_num_threads())),
@@ -258,9 +305,13 @@ def main():
             m = next(x for x in models if x["name"] == name)
             profile(m, label, args, work)
             return
+        from mutwo import _apply
+        CLOCK.patch(_apply)
         impls = {"after": mutwo.apply}
         if args.before:
-            impls["before"] = load_before(args.before, work).apply
+            before = load_before(args.before, work)
+            CLOCK.patch(before)
+            impls["before"] = before.apply
         wanted = set(filter(None, args.models.split(",")))
         for m in models:
             if wanted and m["name"] not in wanted:

@@ -208,6 +208,11 @@ class _FrameSpec:
     # depth): None until its first run. A frame that draws none reads no
     # RNG state per module call in forward and restores none at replay.
     random: Optional[bool] = None
+    # Plain batch norms inside the frame that carry no hooks: no pre-hook
+    # tells a replay they run, so their statistics are guarded from its
+    # start (updated once per step).
+    unhooked_buffers: List[nn.Module] = dataclasses.field(
+        default_factory=list)
 
     def dropping(self, path: str) -> Optional[Tuple[int, str]]:
         """(segment, decision's module path) if the frame drops tensors of
@@ -447,6 +452,8 @@ class _Frame:
             # no pre-hook sees it.
             for m in self.modules:
                 ctx.buffers.enter(m)
+        for m in self.spec.unhooked_buffers:
+            ctx.buffers.enter(m)
         rt.mode = "replay"
         rt.stats.replays[self.spec.label()] = (
             rt.stats.replays.get(self.spec.label(), 0) + 1)
@@ -1172,13 +1179,14 @@ class _Runtime:
             if _is_leaf(o):
                 continue
             path = self.producer_of(o)
-            if self.refined(o, path) not in (None, "RECOMPUTE"):
-                continue
             for f, index, _ in reversed(marks):
                 found = f.spec.dropping(path)
                 if found is not None:
-                    self.inner_outputs.setdefault(_storage_key(o), []).append(
-                        (weakref.ref(o), f, index, k, o._version, found[0]))
+                    if self.refined(o, path) in (None, "RECOMPUTE"):
+                        self.inner_outputs.setdefault(
+                            _storage_key(o), []).append(
+                                (weakref.ref(o), f, index, k, o._version,
+                                 found[0]))
                     break
 
     def inner_output(self, t: torch.Tensor) -> Optional["_CallOutput"]:
@@ -1283,8 +1291,9 @@ class _Runtime:
     def pack(self, t: torch.Tensor) -> Any:
         # Every open frame counts every save: its replay saves the same
         # sequence (inner frames included).
+        open_frames = self.open_frames
         indices = []
-        for frame in self.open_frames:
+        for frame in open_frames:
             indices.append(frame.count)
             frame.count += 1
         if t.numel() == 0 or self.alive_anyway(t):
@@ -1298,19 +1307,21 @@ class _Runtime:
             record.note_saved(t, key, nbytes)
         path = self.producer_of(t, key)
         refined = self.refined(t, path)
-        frames = ([] if refined in ("RETAIN", "SWAP") else
-                  list(zip(self.open_frames, indices)))
-        for frame, index in reversed(frames):
-            found = frame.spec.dropping(path)
-            if found is not None:  # the innermost frame dropping it
-                segment, decision_path = found
-                frame.dropped[index] = segment
-                self.stats.dropped += 1
-                self.stats.dropped_paths.add(decision_path)
-                record.dropped_paths.add(decision_path)
-                self._released(t, key, nbytes)
-                return _Dropped(frame, index, segment)
-        dropped = self.dropped_output(t, consume=True, key=key)
+        if refined not in ("RETAIN", "SWAP"):
+            for k in range(len(open_frames) - 1, -1, -1):
+                frame = open_frames[k]
+                found = frame.spec.dropping(path)
+                if found is not None:  # the innermost frame dropping it
+                    segment, decision_path = found
+                    index = indices[k]
+                    frame.dropped[index] = segment
+                    self.stats.dropped += 1
+                    self.stats.dropped_paths.add(decision_path)
+                    record.dropped_paths.add(decision_path)
+                    self._released(t, key, nbytes)
+                    return _Dropped(frame, index, segment)
+        dropped = (self.dropped_output(t, consume=True, key=key)
+                   if key in self.frame_outputs else None)
         if dropped is not None:
             self.stats.dropped += 1
             self.stats.dropped_paths.add(dropped.decision_path)
@@ -1727,6 +1738,57 @@ def _canonical_paths(model: nn.Module) -> Dict[str, str]:
     return {p: path_of[id(m)] for p, m in _all_modules(model).items()}
 
 
+def _hooked_modules(model: nn.Module, schedule: Schedule,
+                    specs: Sequence[_FrameSpec]) -> List[nn.Module]:
+    """The modules that need the attribution hooks: those with a RECOMPUTE
+    or SWAP decision, their ancestors (frames are ancestors too), the
+    children of all of these, and where there are frames, modules with
+    buffers other than plain batch norms; a schedule's every other module
+    runs without hooks (two Python calls per module call were most of apply's
+    host cost on a step with decisions).
+
+    Why attribution stays the same: an unhooked module lies inside a
+    hooked child of a decision's module or ancestor, one with no decision
+    in it or below it. That boundary module's forward hook claims what it
+    returns, and a tensor made and saved inside it is the innermost hooked
+    module's, the boundary's own: before, the module inside it that made
+    the tensor, equally without a decision. So each saved tensor is
+    credited to a path with the same decision (or none) as with a hook on
+    every module. Children of ancestors keep their hooks so that a replay
+    still skips a sibling call whose outputs are held, and a Sequential
+    range frame's first and last child still bound it."""
+    modules = _all_modules(model)
+    inner: Set[str] = {""}
+    canonical = _canonical_paths(model)
+    paths = [d.module_path for d in schedule.recomputed + schedule.swapped]
+    # A shared module's ancestors at each of its paths.
+    paths += [canonical[p] for p in paths]
+    paths += [spec.path for spec in specs]
+    for path in paths:
+        parts = path.split(".") if path else []
+        for k in range(1, len(parts) + 1):
+            inner.add(".".join(parts[:k]))
+    hooked: Dict[int, nn.Module] = {}
+    for path in inner:
+        module = modules.get(path)
+        if module is None:
+            continue
+        hooked[id(module)] = module
+        for child in module.children():
+            hooked[id(child)] = child
+    # A replay guards the buffers of each module it runs (_BufferGuard).
+    # Unhooked plain batch norms are guarded from its start at no cost
+    # (momentum 0); any other module with buffers keeps its hooks, so its
+    # buffers are copied only when a replay reaches it, as before (copied
+    # at every replay's start, a frame of the whole model would copy them
+    # all, e.g. every attention mask).
+    for m in modules.values() if specs else ():
+        if id(m) not in hooked and type(m) not in _PLAIN_BATCH_NORMS and \
+                any(b is not None for b in m._buffers.values()):
+            hooked[id(m)] = m
+    return list(hooked.values())
+
+
 def _check(model: nn.Module, schedule: Schedule) -> None:
     modules = _all_modules(model)
     if not schedule.decisions:
@@ -1994,38 +2056,70 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     rt.op_actions = _op_actions(schedule, canonical)
     undo: List[Callable[[], None]] = []
 
-    # Module stack and producers: every module, while it runs. A module's
-    # inputs that no module claimed were made by the module calling it (a
-    # functional op in its forward, as the TorchScript scope says: a
-    # block's residual add saved by the next LayerNorm is the block's).
-    def pre_hook(m: nn.Module, args: Any) -> None:
-        if rt.mode == "forward":
-            if rt.stack:
-                caller = rt.stack[-1]
-                for t in _flat_tensors(args):
-                    rt.produced(t, caller)
-            if m is not model:
-                rt.call_started(inputs=args, module=m)
-        elif rt.mode == "replay" and rt.replays:
-            rt.replays[-1].started(m)
-        rt.stack.append(path_of.get(id(m), ""))
+    # Module stack and producers: every hooked module, while it runs. A
+    # module's inputs that no module claimed were made by the module
+    # calling it (a functional op in its forward, as the TorchScript scope
+    # says: a block's residual add saved by the next LayerNorm is the
+    # block's). One pair of hooks per module, its path bound in: no
+    # lookup by id per call.
+    def hooks_for(path: str, is_model: bool
+                  ) -> Tuple[Callable[..., None], Callable[..., None]]:
+        stack = rt.stack
+        produced = rt.produced
 
-    def post_hook(m: nn.Module, _: Any, out: Any) -> None:
-        path = rt.stack.pop() if rt.stack else path_of.get(id(m), "")
-        if rt.mode == "forward":
-            for t in _flat_tensors(out):
-                rt.produced(t, path)
-            if m is not model:
-                rt.call_ended(out)
-        elif rt.mode == "replay" and rt.replays:
-            rt.replays[-1].ended(out)
+        def pre_hook(m: nn.Module, args: Any) -> None:
+            mode = rt.mode
+            if mode == "forward":
+                if stack:
+                    caller = stack[-1]
+                    # Most calls take one tensor: no flattened list.
+                    if len(args) == 1 and isinstance(args[0], torch.Tensor):
+                        produced(args[0], caller)
+                    else:
+                        for t in _flat_tensors(args):
+                            produced(t, caller)
+                if not is_model:
+                    rt.call_started(inputs=args, module=m)
+            elif mode == "replay" and rt.replays:
+                rt.replays[-1].started(m)
+            stack.append(path)
+
+        def post_hook(m: nn.Module, _: Any, out: Any) -> None:
+            own = stack.pop() if stack else path
+            mode = rt.mode
+            if mode == "forward":
+                if isinstance(out, torch.Tensor):
+                    produced(out, own)
+                else:
+                    for t in _flat_tensors(out):
+                        produced(t, own)
+                if not is_model:
+                    rt.call_ended(out)
+            elif mode == "replay" and rt.replays:
+                rt.replays[-1].ended(out)
+        return pre_hook, post_hook
 
     # No RECOMPUTE or SWAP decision: nothing to attribute, no hook (each
-    # module call paid two Python hooks for nothing).
-    for m in modules.values() if rt.active else ():
+    # module call paid two Python hooks for nothing). With decisions, only
+    # the modules on the way to one (_hooked_modules).
+    hooked = _hooked_modules(model, schedule, specs) if rt.active else []
+    hooked_ids = {id(m) for m in hooked}
+    for m in hooked:
+        pre_hook, post_hook = hooks_for(path_of.get(id(m), ""), m is model)
         h1 = m.register_forward_pre_hook(pre_hook)
         h2 = m.register_forward_hook(post_hook)
         undo += [h1.remove, h2.remove]
+    for spec in specs:
+        roots = ([modules[spec.path]] if spec.children is None else
+                 list(modules[spec.path].children())[
+                     spec.children[0]:spec.children[1] + 1])
+        seen: Set[int] = set()
+        for root in roots:
+            for m in root.modules():
+                if id(m) not in hooked_ids and id(m) not in seen and \
+                        any(b is not None for b in m._buffers.values()):
+                    seen.add(id(m))
+                    spec.unhooked_buffers.append(m)
 
     def wrap_forward(m: nn.Module,
                      make: Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -2147,7 +2241,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
 
     rt.skip_retained = skip_retained
     if skip_retained and specs:
-        for m in modules.values():
+        # Only hooked calls are recorded in forward and counted in a
+        # replay: an unhooked one runs inside its hooked parent.
+        for m in hooked:
             if m is not model:
                 wrap_forward(m, skip_wrapper)
     planned_inputs = PlannedInputs(

@@ -568,6 +568,70 @@ def test_a_functional_op_of_a_forward_is_that_modules() -> None:
     assert applied.unmatched() == []
 
 
+class Counting(nn.Module):
+    """Doubles its input and counts its calls in a buffer: a replay must
+    leave the count as one step left it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
+class DeepResidual(nn.Module):
+    """Residual with a child that has children of its own: the add is the
+    block's, the Linear's and GELU's outputs are theirs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Sequential(nn.Linear(16, 16), Counting(), nn.GELU())
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x + self.fc(x))
+
+
+def hooked_paths(model: nn.Module) -> List[str]:
+    return [p for p, m in model.named_modules()
+            if m._forward_pre_hooks or m._forward_hooks]
+
+
+def test_modules_off_the_way_to_a_decision_get_no_hook() -> None:
+    """Only a decision's module, its ancestors and the children of these
+    carry hooks (two Python calls per module call); each saved tensor is
+    still its producer's: block 0's add output is dropped, and the
+    tensors of 0.fc's Linear and GELU and of 0.ln (no decision) stay,
+    though 0.fc.0 and 0.fc.2 now run without hooks. A module with a
+    buffer other than a batch norm's keeps its hooks (a replay copies its
+    buffers when it runs it): block 0's replay runs 0.fc.1 again, and its
+    call count is one step's."""
+    torch.manual_seed(11)
+    model = nn.Sequential(DeepResidual(), DeepResidual())
+    plain = copy.deepcopy(model)
+    add_bytes = 4 * 16 * 4  # the add's [4, 16] fp32 output, saved by 0.ln
+    schedule = make_schedule(model, recompute=[(0, ["0"], ["0.fc"])],
+                             op_kinds={"0": "aten::add"},
+                             size_bytes=add_bytes)
+    applied = mutwo.apply(model, schedule)
+    assert hooked_paths(model) == ["", "0", "0.fc", "0.fc.1", "0.ln", "1",
+                                   "1.fc.1"]
+    x = (torch.randn(4, 16),)
+    assert_same_step(plain, model, x, lambda o: o.pow(2).sum())
+    assert applied.stats().dropped_paths == {"0"}
+    assert applied.stats().replays == {"0": 1}
+    assert applied.unmatched() == []
+    m = applied.measurements()
+    assert m is not None
+    # Exactly the add's output: a GELU input or a LayerNorm statistic
+    # credited to block 0 would be dropped too.
+    assert m.saving_bytes == add_bytes
+    applied.remove()
+    assert hooked_paths(model) == []
+
+
 def test_a_view_of_a_dropped_output_is_re_made_as_that_view() -> None:
     # A Linear on [B, T, D] saves its input reshaped to 2-D: a view.
     model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
