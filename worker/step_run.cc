@@ -289,7 +289,9 @@ void StepRun::RecordReads(int id, const InterpreterEnv& env) {
 // Observe. Without it as a reader, the storage freed once this segment
 // replayed (Unpin) stays freed when the replay's backward reads it.
 void StepRun::RecordSegmentReads(size_t s, int id, const InterpreterEnv& env) {
-  if (watched_.empty()) return;
+  // (An alias made inside the segment shares an input's storage: only the
+  // inputs that earlier segments made are looked for, most segments none.)
+  if (inputs_from_segments_.empty()) return;
   const int first = compiled_.segments[s].first_node;
   ForEachRead(ctx_.graph->nodes()[id].node, [&](const Value* v) {
     auto it = env.find(v);
@@ -297,7 +299,7 @@ void StepRun::RecordSegmentReads(size_t s, int id, const InterpreterEnv& env) {
     for (const torch::Tensor& t : FlattenTensors(it->second)) {
       if (!t.defined() || !t.has_storage()) continue;
       const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-      if (!watched_.contains(storage)) continue;
+      if (!inputs_from_segments_.contains(storage)) continue;
       for (size_t o = 0; o < segments_.size(); ++o) {
         if (o != s && compiled_.segments[o].last_node < first) {
           segments_[o]->AddReader(storage, id);
@@ -364,6 +366,13 @@ int StepRun::TakeOver(int id, InterpreterEnv& env) {
     for (const Value* v : plan.inputs) inputs.push_back(env.at(v));
     const std::vector<torch::Tensor> tensors = TensorsOf(inputs);
     for (auto& earlier : segments_) earlier->Pin(tensors, seg);
+    inputs_from_segments_.clear();
+    for (const torch::Tensor& t : tensors) {
+      if (t.defined() && t.has_storage() &&
+          watched_.contains(t.storage().unsafeGetStorageImpl())) {
+        inputs_from_segments_.insert(t.storage().unsafeGetStorageImpl());
+      }
+    }
   }
   if (tracing_) ctx_.backend->SetTag(plan.first_node);
   seg->Forward(env);

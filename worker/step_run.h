@@ -131,6 +131,9 @@ class StepRun {
   // Storages Observe may match: segments' outputs and swaps' stashes
   // (identity only; entries stay after a free, which costs one Observe).
   Storages watched_;
+  // The running segment's inputs that are earlier segments' outputs (what
+  // RecordSegmentReads looks for; empty: nothing to look for).
+  Storages inputs_from_segments_;
   std::vector<std::vector<std::unique_ptr<HostStash>>> stashes_;  // per swap
   std::vector<bool> offloaded_;
   std::vector<int> swap_free_after_;         // per swap, observed at run time
