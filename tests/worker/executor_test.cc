@@ -554,6 +554,23 @@ TEST(ExecutorTest, ASegmentOverAFeatureDictsWriteAndLastRead) {
   ExpectCorrect(*v, "feature_dict recomputing stage c and the head");
 }
 
+// A schedule for `profile` without decisions, and one decision (RETAIN)
+// for activation `a`, for the hand-made schedules below.
+v1::Schedule ScheduleFor(const v1::Profile& profile) {
+  v1::Schedule schedule;
+  schedule.set_graph_fingerprint(profile.graph_fingerprint());
+  schedule.set_batch_size(profile.batch_size());
+  return schedule;
+}
+v1::Decision* AddDecision(v1::Schedule& schedule, const v1::Activation& a) {
+  v1::Decision* d = schedule.add_decisions();
+  d->set_value_id(a.value_id());
+  d->set_producer_node(a.producer_node());
+  d->set_size_bytes(a.size_bytes());
+  d->set_action(v1::Decision::RETAIN);
+  return d;
+}
+
 // Two segments, the second starting with a dropout of probability 0 over
 // the first's output: ATen returns its input itself (an alias no schema
 // announces) and sin saves it. The first segment's output stays pinned
@@ -574,15 +591,9 @@ TEST(ExecutorTest, ASegmentReadingAnEarlierOutputThroughARuntimeAlias) {
   ASSERT_GE(relu, 0);
   ASSERT_GE(dropout, 0);
   ASSERT_GE(sin, 0);
-  v1::Schedule schedule;
-  schedule.set_graph_fingerprint(profile.graph_fingerprint());
-  schedule.set_batch_size(profile.batch_size());
+  v1::Schedule schedule = ScheduleFor(profile);
   for (const v1::Activation& a : profile.activations()) {
-    v1::Decision* d = schedule.add_decisions();
-    d->set_value_id(a.value_id());
-    d->set_producer_node(a.producer_node());
-    d->set_size_bytes(a.size_bytes());
-    d->set_action(v1::Decision::RETAIN);
+    v1::Decision* d = AddDecision(schedule, a);
     if (a.producer_node() == relu) {
       d->set_action(v1::Decision::RECOMPUTE);
       d->set_segment(0);
@@ -602,20 +613,13 @@ TEST(ExecutorTest, ASegmentReadingAnEarlierOutputThroughARuntimeAlias) {
 
 // Every activation of an op node recomputed: one segment over the graph.
 v1::Schedule AllRecomputed(const v1::Profile& profile) {
-  v1::Schedule schedule;
-  schedule.set_graph_fingerprint(profile.graph_fingerprint());
-  schedule.set_batch_size(profile.batch_size());
+  v1::Schedule schedule = ScheduleFor(profile);
   for (const v1::Activation& a : profile.activations()) {
-    v1::Decision* d = schedule.add_decisions();
-    d->set_value_id(a.value_id());
-    d->set_producer_node(a.producer_node());
-    d->set_size_bytes(a.size_bytes());
+    v1::Decision* d = AddDecision(schedule, a);
     if (profile.nodes(a.producer_node()).is_op()) {
       d->set_action(v1::Decision::RECOMPUTE);
       d->set_segment(0);
       for (int n : a.recompute_nodes()) d->add_recompute_nodes(n);
-    } else {
-      d->set_action(v1::Decision::RETAIN);
     }
   }
   return schedule;
@@ -647,17 +651,11 @@ INSTANTIATE_TEST_SUITE_P(FixtureModels, AllRecomputedTest,
 // op activation that is not used by the loss, offloaded after its last
 // forward use and prefetched at its first backward use.
 v1::Schedule Swapped(const v1::Profile& profile, bool every_other_recompute) {
-  v1::Schedule schedule;
-  schedule.set_graph_fingerprint(profile.graph_fingerprint());
-  schedule.set_batch_size(profile.batch_size());
+  v1::Schedule schedule = ScheduleFor(profile);
   const int n = profile.nodes_size();
   int k = 0;
   for (const v1::Activation& a : profile.activations()) {
-    v1::Decision* d = schedule.add_decisions();
-    d->set_value_id(a.value_id());
-    d->set_producer_node(a.producer_node());
-    d->set_size_bytes(a.size_bytes());
-    d->set_action(v1::Decision::RETAIN);
+    v1::Decision* d = AddDecision(schedule, a);
     if (!profile.nodes(a.producer_node()).is_op() ||
         a.last_forward_use() >= n - 1) {
       continue;
