@@ -384,7 +384,8 @@ namespace {
 
 constexpr char kLossKinds[] =
     "use mean, sum, model, cross_entropy:TARGET (like "
-    "cross_entropy:y:int64[B]{0,1000}) or mse:TARGET (like "
+    "cross_entropy:y:int64[B]{0,1000}), chunked_cross_entropy:TARGET (the "
+    "same without a whole log-softmax held) or mse:TARGET (like "
     "mse:z:float32[B,4]), optionally KIND@OUTPUT to read one dict entry or "
     "tuple element (like cross_entropy@logits:y:int64[B]{0,1000}), terms "
     "joined by + (like cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:"
@@ -443,7 +444,8 @@ absl::StatusOr<v1::LossSpec> ParseLossTerm(absl::string_view text,
   std::optional<v1::LossSpec::Kind> parsed;
   for (v1::LossSpec::Kind k :
        {v1::LossSpec::MEAN, v1::LossSpec::SUM, v1::LossSpec::MODEL,
-        v1::LossSpec::CROSS_ENTROPY, v1::LossSpec::MSE}) {
+        v1::LossSpec::CROSS_ENTROPY, v1::LossSpec::CHUNKED_CROSS_ENTROPY,
+        v1::LossSpec::MSE}) {
     if (kind == LossKindName(k)) parsed = k;
   }
   if (!parsed.has_value()) {
@@ -453,13 +455,15 @@ absl::StatusOr<v1::LossSpec> ParseLossTerm(absl::string_view text,
   const bool takes_target = LossKindTakesTarget(*parsed);
   if (takes_target && !with_target) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", kind, " needs a target spec after ':', like ",
-        *parsed == v1::LossSpec::MSE ? "mse:z:float32[B,4]"
-                                     : "cross_entropy:y:int64[B]{0,1000}"));
+        where, ": ", kind, " needs a target spec after ':', like ", kind,
+        *parsed == v1::LossSpec::MSE ? ":z:float32[B,4]"
+                                     : ":y:int64[B]{0,1000}"));
   }
   if (!takes_target && (with_target || !rest.empty())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": ", kind, " takes no target (only cross_entropy and mse do)"));
+        where, ": ", kind,
+        " takes no target (only cross_entropy, chunked_cross_entropy and mse "
+        "do)"));
   }
   loss.set_kind(*parsed);
   if (takes_target) {
@@ -510,6 +514,8 @@ const char* LossKindName(v1::LossSpec::Kind kind) {
       return "model";
     case v1::LossSpec::CROSS_ENTROPY:
       return "cross_entropy";
+    case v1::LossSpec::CHUNKED_CROSS_ENTROPY:
+      return "chunked_cross_entropy";
     case v1::LossSpec::MSE:
       return "mse";
     default:  // KIND_UNSPECIFIED is treated as MEAN
@@ -518,7 +524,9 @@ const char* LossKindName(v1::LossSpec::Kind kind) {
 }
 
 bool LossKindTakesTarget(v1::LossSpec::Kind kind) {
-  return kind == v1::LossSpec::CROSS_ENTROPY || kind == v1::LossSpec::MSE;
+  return kind == v1::LossSpec::CROSS_ENTROPY ||
+         kind == v1::LossSpec::CHUNKED_CROSS_ENTROPY ||
+         kind == v1::LossSpec::MSE;
 }
 
 std::string FormatLossSpec(const v1::LossSpec& loss) {
@@ -565,23 +573,23 @@ absl::Status ValidateLossSpec(const v1::LossSpec& loss) {
   if (!LossKindTakesTarget(loss.kind())) {
     if (loss.has_target()) {
       return absl::InvalidArgumentError(
-          "only cross_entropy and mse take a target");
+          "only cross_entropy, chunked_cross_entropy and mse take a target");
     }
     return absl::OkStatus();
   }
   const v1::TensorSpec& target = loss.target();
-  const char* kind = loss.kind() == v1::LossSpec::MSE ? "mse" : "cross_entropy";
+  const char* kind = LossKindName(loss.kind());
   if (!loss.has_target() || target.name().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kind, " needs a target spec, like ",
-        loss.kind() == v1::LossSpec::MSE ? "mse:z:float32[B,4]"
-                                         : "cross_entropy:y:int64[B]{0,1000}"));
-  }
-  if (loss.kind() == v1::LossSpec::CROSS_ENTROPY &&
-      target.dtype() != v1::INT64) {
     return absl::InvalidArgumentError(
-        "a cross_entropy target holds class indices and must be int64, like "
-        "y:int64[B]{0,1000}");
+        absl::StrCat(kind, " needs a target spec, like ", kind,
+                     loss.kind() == v1::LossSpec::MSE ? ":z:float32[B,4]"
+                                                      : ":y:int64[B]{0,1000}"));
+  }
+  if (loss.kind() != v1::LossSpec::MSE && target.dtype() != v1::INT64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", kind,
+                     " target holds class indices and must be int64, like "
+                     "y:int64[B]{0,1000}"));
   }
   if (loss.kind() == v1::LossSpec::MSE && !IsFloatingDType(target.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/parse.h"
 #include "common/status_macros.h"
+#include "worker/chunked_cross_entropy.h"
 #include "worker/foreach_optimizer.h"
 #include "worker/model_loader.h"
 
@@ -322,6 +323,35 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         }
         return torch::nn::functional::cross_entropy(
             logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+      }
+      case v1::LossSpec::CHUNKED_CROSS_ENTROPY: {
+        const torch::Tensor& logits = floats[0];
+        std::vector<int64_t> without_last(logits.sizes().begin(),
+                                          logits.sizes().end());
+        if (!without_last.empty()) without_last.pop_back();
+        if (logits.dim() < 2 ||
+            std::vector<int64_t>(target.sizes().begin(),
+                                 target.sizes().end()) != without_last) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "loss chunked_cross_entropy: output shape [",
+              absl::StrJoin(logits.sizes(), ","),
+              "] does not fit target shape [",
+              absl::StrJoin(target.sizes(), ","),
+              "] (classes must be the last output dimension and the target "
+              "shaped like the output without it; for classes in dimension "
+              "1 use cross_entropy)"));
+        }
+        const int64_t classes = logits.size(-1);
+        if (loss.target().has_range() &&
+            (loss.target().range().low() < 0 ||
+             loss.target().range().high() > static_cast<double>(classes))) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "loss chunked_cross_entropy: target \"",
+              FormatTensorSpec(loss.target()), "\" draws classes outside [0,",
+              classes, "), the output's last dimension"));
+        }
+        return ChunkedCrossEntropy(logits.reshape({-1, classes}),
+                                   target.reshape({-1}));
       }
       case v1::LossSpec::MSE: {
         const torch::Tensor& out = floats[0];

@@ -44,7 +44,10 @@ std::vector<torch::Tensor> FlattenTensors(const c10::IValue& outputs);
 // (default): sum over floating outputs of their mean; SUM: sum of their
 // sums; MODEL: the output, which must be a one-element floating tensor;
 // CROSS_ENTROPY: cross entropy of the output (classes in the last
-// dimension, or dimension 1) against its target; MSE: mean squared error
+// dimension, or dimension 1) against its target; CHUNKED_CROSS_ENTROPY:
+// the same with classes in the last dimension, computed by
+// ChunkedCrossEntropy (no log-softmax of the whole output held); MSE: mean
+// squared error
 // of the output against its target, of the same shape; terms: their sum.
 // `@OUTPUT` selects a dict entry or tuple/list element; MODEL,
 // CROSS_ENTROPY and MSE without one refuse a dict, tuple or list with

@@ -137,6 +137,11 @@ def model_report(model, anchors, run):
     ok = [a for a in anchors if "peak_bytes" in a]
     eager = next((a for a in ok if a["system"] == "eager"), None)
     lines = [f"### {model}, batch {ok[0]['batch'] if ok else '?'}", ""]
+    if run and run.get("loss") and not run["loss"].startswith("cross_entropy"):
+        # The anchors run torch's F.cross_entropy; say when mutwo's step
+        # computes the loss another way (docs/loss.md).
+        lines += [f"mutwo's loss: `{run['loss']}` (the anchors: "
+                  "F.cross_entropy)", ""]
     if eager is None:
         return lines + ["no eager step measured", ""], {}
     ref = eager["step_ms"]

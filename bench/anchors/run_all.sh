@@ -12,7 +12,8 @@
 # checkpoint per block and sqrt(n), torch.compile at 4 activation memory
 # budgets; bench/anchors/anchors.py, each in a fresh process) and
 # OUT_DIR/report.md + plots (bench/anchors/report.py). OUT_DIR/card.txt
-# names the card. A whole run takes longer than one 10-minute device
+# names the card. LOSS_KIND=chunked_cross_entropy runs mutwo's steps with
+# that loss (docs/loss.md; the anchors keep F.cross_entropy). A whole run takes longer than one 10-minute device
 # command: start it detached (setsid) and collect OUT_DIR while it runs;
 # OUT_DIR/DONE marks the end.
 set -uo pipefail
@@ -29,7 +30,7 @@ for m in ${MODELS//,/ }; do
   batch=$(python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from make_models import SPECS; print(SPECS['$m']['batch'])")
   python3 bench/gpu/run_benchmark.py --bin "$BUILD/bin" --models_dir "$MD" \
     --out "$OUT/mutwo" --models "$m" --batches "$m=$batch" --budgets 10 \
-    --iterations 5 2>> "$OUT/mutwo.err"
+    --iterations 5 --loss_kind "${LOSS_KIND:-cross_entropy}" 2>> "$OUT/mutwo.err"
   echo "$m mutwo rc $? $(( $(date +%s) - t0 )) s" >> "$OUT/progress.log"
   python3 bench/anchors/anchors.py --models "$m" --compile_budgets 1.0,0.5,0.2,0.05 \
     --out "$OUT/anchors.jsonl" --iterations 10 > /dev/null 2>> "$OUT/anchors.err"

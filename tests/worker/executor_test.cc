@@ -251,6 +251,44 @@ INSTANTIATE_TEST_SUITE_P(FixtureModels, PlannedMemoryTest,
                            return info.param.name;
                          });
 
+// The loss inside the plan: with chunked_cross_entropy the step holds no
+// log-softmax of the whole output, so the transformer's unscheduled peak
+// (set at the loss's backward) drops by about one logits tensor ([B,16,1000]
+// floats) and its floor drops too (here less: with the loss's tensors gone
+// another point of the step sets it); schedules planned from that profile,
+// at the floor and halfway up, execute within their budgets with the
+// baseline step's loss and gradients.
+TEST(ChunkedLossTest, ThePeakDropsByTheLogitsAndSchedulesHold) {
+  TestModel plain = Model("transformer");
+  plain.batch = TestDevice() == "cpu" ? 16 : plain.batch;
+  TestModel chunked = plain;
+  chunked.loss = "chunked_cross_entropy:y:int64[B,16]{0,1000}";
+  const int64_t logits_bytes = plain.batch * 16 * 1000 * 4;
+  const auto [plain_floor, plain_top] = FloorAndTop(ProfileOf(plain));
+  const v1::Profile& profile = ProfileOf(chunked);
+  const auto [floor, top] = FloorAndTop(profile);
+  std::cout << "logits " << logits_bytes << " B; floor " << plain_floor
+            << " -> " << floor << ", baseline " << plain_top << " -> " << top
+            << "\n";
+  EXPECT_LE(top, plain_top - logits_bytes * 8 / 10);
+  EXPECT_LT(floor, plain_floor);
+  auto executor = MakeExecutor(chunked);
+  ASSERT_NE(executor, nullptr);
+  for (double f : {0.0, 0.5}) {
+    const int64_t budget = floor + static_cast<int64_t>(f * (top - floor));
+    const v1::Schedule schedule = Plan(profile, budget);
+    ASSERT_TRUE(schedule.feasible()) << budget;
+    auto v = executor->Run(schedule);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const std::string what = absl::StrCat("chunked loss, budget ", budget, ", ",
+                                          schedule.recomputed(), " recomputed");
+    std::cout << what << ": measured " << v->scheduled().peak_bytes()
+              << ", predicted " << v->predicted().peak_bytes() << "\n";
+    ExpectCorrect(*v, what);
+    EXPECT_LE(v->scheduled().peak_bytes(), budget) << what;
+  }
+}
+
 // control_flow and two_inputs peak where every activation is in use: their
 // floor is their baseline, and the plan there retains everything. Planned
 // once (five budgets would give five copies of one schedule) and run:

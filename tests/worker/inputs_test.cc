@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/parse.h"
+#include "worker/chunked_cross_entropy.h"
 #include "worker/foreach_optimizer.h"
 
 namespace mutwo::worker {
@@ -133,6 +134,66 @@ TEST(StorageBytesTest, CountsSharedStoragesOnce) {
   torch::Tensor view = a.slice(0, 2, 5);
   torch::Tensor b = torch::zeros({3}, torch::kFloat64);
   EXPECT_EQ(StorageBytes({a, view, b}), 40 + 24);
+}
+
+// chunked_cross_entropy: the loss and the logits' gradient of torch's
+// cross_entropy (to rounding), whatever the chunking (here 3 rows a chunk:
+// 7 chunks, the last one short); classes only in the last dimension; a
+// target range past the classes is refused before anything runs.
+TEST(ComputeLossTest, ChunkedCrossEntropyIsCrossEntropy) {
+  torch::manual_seed(3);
+  const torch::Tensor logits = torch::randn({4, 5, 11}) * 3;
+  const torch::Tensor target = torch::randint(0, 11, {4, 5});
+  torch::Tensor a = logits.clone().requires_grad_();
+  torch::Tensor b = logits.clone().requires_grad_();
+  torch::Tensor expected = torch::nn::functional::cross_entropy(
+      a.reshape({-1, 11}), target.reshape({-1}));
+  torch::Tensor chunked = ChunkedCrossEntropy(
+      b.reshape({-1, 11}), target.reshape({-1}), /*chunk_bytes=*/3 * 11 * 4);
+  EXPECT_NEAR(chunked.item<float>(), expected.item<float>(), 1e-6);
+  (expected * 1.7).backward();
+  (chunked * 1.7).backward();
+  EXPECT_LE((a.grad() - b.grad()).abs().max().item<float>(), 1e-7);
+
+  // Through ComputeLoss, from the spec.
+  auto spec = ParseLossSpec("chunked_cross_entropy:y:int64[B,5]{0,11}");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto targets = MakeTargets(*spec, 4, torch::kCPU);
+  ASSERT_TRUE(targets.ok());
+  auto plain = ParseLossSpec("cross_entropy:y:int64[B,5]{0,11}");
+  auto loss = ComputeLoss(*spec, c10::IValue(logits), *targets);
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_NEAR(loss->item<float>(),
+              ComputeLoss(*plain, c10::IValue(logits), *targets)->item<float>(),
+              1e-6);
+
+  // Classes in dimension 1 ([B,C,H,W] with [B,H,W]): refused, naming both
+  // shapes and the loss that takes them.
+  auto seg = ParseLossSpec("chunked_cross_entropy:y:int64[B,3,3]{0,4}");
+  ASSERT_TRUE(seg.ok());
+  auto seg_targets = MakeTargets(*seg, 2, torch::kCPU);
+  ASSERT_TRUE(seg_targets.ok());
+  auto refused =
+      ComputeLoss(*seg, c10::IValue(torch::zeros({2, 4, 3, 3})), *seg_targets);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(
+                "output shape [2,4,3,3] does not fit target shape [2,3,3]"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("use cross_entropy"),
+            std::string::npos);
+
+  // Classes drawn past the output's last dimension.
+  auto wide = ParseLossSpec("chunked_cross_entropy:y:int64[B,5]{0,12}");
+  ASSERT_TRUE(wide.ok());
+  auto wide_targets = MakeTargets(*wide, 4, torch::kCPU);
+  ASSERT_TRUE(wide_targets.ok());
+  auto past = ComputeLoss(*wide, c10::IValue(logits), *wide_targets);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(past.status().message().find(
+                "target \"y:int64[B,5]{0,12}\" draws classes outside [0,11)"),
+            std::string::npos)
+      << past.status();
 }
 
 // mse: the mean squared error against a generated float target of the

@@ -14,6 +14,7 @@ a schedule file); the client needs grpcio and protobuf.
 """
 from typing import TYPE_CHECKING, Any
 
+from mutwo._loss import chunked_cross_entropy
 from mutwo._specs import (format_bytes, format_loss, make_job_spec,
                           parse_budget, parse_bytes, parse_loss,
                           parse_optimizer, parse_tensor_spec, read_token)
@@ -38,7 +39,7 @@ __all__ = [
     "MaxBatchCheck", "Model", "Worker", "TrainingLoopReport", "TrainingLoopAnswer", "make_job_spec", "parse_budget", "parse_bytes",
     "parse_loss", "format_loss", "parse_optimizer", "parse_tensor_spec",
     "format_bytes",
-    "read_token",
+    "read_token", "chunked_cross_entropy",
 ]
 
 

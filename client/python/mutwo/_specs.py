@@ -163,7 +163,9 @@ def parse_tensor_spec(text: str) -> types_pb2.TensorSpec:
 
 
 _LOSS_KINDS = ("use mean, sum, model, cross_entropy:TARGET (like "
-               "cross_entropy:y:int64[B]{0,1000}) or mse:TARGET (like "
+               "cross_entropy:y:int64[B]{0,1000}), chunked_cross_entropy:"
+               "TARGET (the same without a whole log-softmax held) or "
+               "mse:TARGET (like "
                "mse:z:float32[B,4]), optionally KIND@OUTPUT to read one dict "
                "entry or tuple element (like "
                "cross_entropy@logits:y:int64[B]{0,1000}), terms joined by + "
@@ -204,12 +206,17 @@ def _parse_loss_term(text: str, term: str) -> types_pb2.LossSpec:
     kind = kind_text.lower()
     if kind in kinds:
         if colon:
-            raise ValueError("%s: %s takes no target (only cross_entropy and "
-                             "mse do)" % (where, kind))
+            raise ValueError("%s: %s takes no target (only cross_entropy, "
+                             "chunked_cross_entropy and mse do)"
+                             % (where, kind))
         return types_pb2.LossSpec(kind=kinds[kind], output=output)
-    if kind in ("cross_entropy", "mse"):
-        example = ("mse:z:float32[B,4]" if kind == "mse"
-                   else "cross_entropy:y:int64[B]{0,1000}")
+    with_target = {"cross_entropy": types_pb2.LossSpec.CROSS_ENTROPY,
+                   "chunked_cross_entropy":
+                       types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
+                   "mse": types_pb2.LossSpec.MSE}
+    if kind in with_target:
+        example = kind + (":z:float32[B,4]" if kind == "mse"
+                          else ":y:int64[B]{0,1000}")
         if not colon:
             raise ValueError("%s: %s needs a target spec after ':', like %s"
                              % (where, kind, example))
@@ -217,19 +224,17 @@ def _parse_loss_term(text: str, term: str) -> types_pb2.LossSpec:
             target = parse_tensor_spec(rest)
         except ValueError as e:
             raise ValueError("%s: target %s" % (where, e)) from None
-        if kind == "cross_entropy" and target.dtype != types_pb2.INT64:
-            raise ValueError("%s: a cross_entropy target holds class "
+        if kind != "mse" and target.dtype != types_pb2.INT64:
+            raise ValueError("%s: a %s target holds class "
                              "indices and must be int64, like "
-                             "y:int64[B]{0,1000}" % where)
+                             "y:int64[B]{0,1000}" % (where, kind))
         if kind == "mse" and target.dtype not in _FLOAT_DTYPES:
             raise ValueError("%s: an mse target is compared with a "
                              "floating-point output and must be float32, "
                              "float64, float16 or bfloat16, like mse:%s:"
                              "float32[B,4]" % (where, target.name))
-        return types_pb2.LossSpec(
-            kind=(types_pb2.LossSpec.MSE if kind == "mse"
-                  else types_pb2.LossSpec.CROSS_ENTROPY),
-            target=target, output=output)
+        return types_pb2.LossSpec(kind=with_target[kind], target=target,
+                                  output=output)
     raise ValueError('%s: unknown loss kind "%s"; %s'
                      % (where, kind_text, _LOSS_KINDS))
 
@@ -237,7 +242,8 @@ def _parse_loss_term(text: str, term: str) -> types_pb2.LossSpec:
 def parse_loss(text: Union[str, Sequence[str]]) -> types_pb2.LossSpec:
     """`KIND[@OUTPUT][:TARGET]`, as the CLI's --loss (docs/loss.md): `mean`,
     `sum`, `model`, `cross_entropy:y:int64[B]{0,1000}` (int64 class
-    indices) or `mse:z:float32[B,4]` (a float target of the output's
+    indices), `chunked_cross_entropy:y:int64[B,T]{0,V}` (the same, computed
+    without a whole log-softmax: mutwo.chunked_cross_entropy) or `mse:z:float32[B,4]` (a float target of the output's
     shape); `KIND@OUTPUT` reads one dict entry or tuple element of the
     model's output (`cross_entropy@logits:y:int64[B]{0,1000}`, `mean@0`).
     Several terms, joined by `+` or given as a list, are summed
@@ -277,7 +283,9 @@ def format_loss(loss: types_pb2.LossSpec) -> str:
     text = types_pb2.LossSpec.Kind.Name(kind).lower()
     if loss.output:
         text += "@" + loss.output
-    if kind in (types_pb2.LossSpec.CROSS_ENTROPY, types_pb2.LossSpec.MSE):
+    if kind in (types_pb2.LossSpec.CROSS_ENTROPY,
+                types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
+                types_pb2.LossSpec.MSE):
         text += ":" + format_tensor_spec(loss.target)
     return text
 

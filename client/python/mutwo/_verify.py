@@ -19,7 +19,8 @@ MODEL_PY:FACTORY names a Python file and a function in it:
 - The loss: a function `loss(output, target)` defined in MODEL_PY if there
   is one and --loss is not given; else --loss as the worker takes it (`mean`
   and `sum` over the floating outputs, `model`: the model returns its loss,
-  `cross_entropy[:SPEC]`, `mse[:SPEC]`: against the target; terms joined
+  `cross_entropy[:SPEC]`, `chunked_cross_entropy[:SPEC]`, `mse[:SPEC]`:
+  against the target; terms joined
   by `+` are summed, each with its own target; docs/loss.md); default
   `cross_entropy` when there is an integer target, `mean` otherwise.
 
@@ -244,14 +245,13 @@ def make_loss(user: UserModel, loss: str, target: Any
                     not target.dtype.is_floating_point else "mean")
     head = text.partition(":")[0]
     name, at, output = head.partition("@")
-    if (name.lower() in ("cross_entropy", "mse") and ":" not in text
-            and "+" not in text):
+    if (name.lower() in ("cross_entropy", "chunked_cross_entropy", "mse")
+            and ":" not in text and "+" not in text):
         # Against the batch function's target: no target spec to parse.
         if at and not output:
             raise UsageError(f'loss "{text}": expected a dict key or tuple '
                              "index after '@', like cross_entropy@logits")
-        kind = (types_pb2.LossSpec.MSE if name.lower() == "mse"
-                else types_pb2.LossSpec.CROSS_ENTROPY)
+        kind = types_pb2.LossSpec.Kind.Value(name.upper())
         return _term_loss(kind, output, target)
     try:
         spec = parse_loss(text)
@@ -296,7 +296,9 @@ def _term_loss(kind: int, output: str, target: Any) -> Callable[[Any], Any]:
         key = refuse_ambiguous_logits(out, name)
         return out if key is None else select_output(out, str(key))
 
-    if kind in (types_pb2.LossSpec.CROSS_ENTROPY, types_pb2.LossSpec.MSE):
+    if kind in (types_pb2.LossSpec.CROSS_ENTROPY,
+                types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
+                types_pb2.LossSpec.MSE):
         if target is None:
             raise UsageError(f"--loss {name} needs a target: the batch "
                              f"function's target or {name}:SPEC")
@@ -308,6 +310,16 @@ def _term_loss(kind: int, output: str, target: Any) -> Callable[[Any], Any]:
             return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                    target.reshape(-1))
         return cross_entropy
+    if kind == types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY:
+        def chunked(out: Any) -> Any:
+            from mutwo._loss import chunked_cross_entropy
+            out = selected(out)
+            logits = out if isinstance(out, torch.Tensor) else floats(out)[0]
+            try:
+                return chunked_cross_entropy(logits, target)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+        return chunked
     if kind == types_pb2.LossSpec.MSE:
         def mse(out: Any) -> Any:
             out = selected(out)

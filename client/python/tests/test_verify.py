@@ -553,3 +553,66 @@ def test_mse_and_terms_parse_format_and_compute_as_the_worker() -> None:
             (torch.ones(()), torch.ones(1), logits))
     assert float(_verify.make_loss(user, "model", None)(
         (logits, torch.full((), 2.0)))) == 2.0
+
+
+def test_chunked_cross_entropy_is_cross_entropy_without_a_log_softmax(
+) -> None:
+    """`mutwo.chunked_cross_entropy` (the loss `chunked_cross_entropy:SPEC`
+    the worker computes): the loss and logits' gradient of F.cross_entropy
+    over [B,T,V] logits, whatever the chunking, and what autograd keeps for
+    its backward is the logits themselves, not a new logits-sized
+    log-softmax; verify's --loss computes it; other shapes are refused,
+    naming them."""
+    from types import SimpleNamespace
+
+    from mutwo import _verify
+    from mutwo.v1 import types_pb2
+    torch.manual_seed(0)
+    logits = (torch.randn(4, 5, 11) * 3).requires_grad_()
+    y = torch.randint(0, 11, (4, 5))
+    ref = logits.detach().clone().requires_grad_()
+    expected = F.cross_entropy(ref.reshape(-1, 11), y.reshape(-1))
+    for chunk_bytes in (3 * 11 * 4, 1 << 20):
+        logits.grad = None
+        loss = mutwo.chunked_cross_entropy(logits, y, chunk_bytes=chunk_bytes)
+        assert abs(float(loss) - float(expected)) < 1e-6
+        (loss * 1.7).backward()
+        ref.grad = None
+        (expected * 1.7).backward(retain_graph=True)
+        assert float((logits.grad - ref.grad).abs().max()) < 1e-6
+
+    def saved_new_storage(fn: Any) -> List[int]:
+        """Bytes of tensors autograd saves that are not the logits'."""
+        sizes: List[int] = []
+        x = logits.detach().clone().requires_grad_()
+
+        def pack(t: Any) -> Any:
+            if t.data_ptr() != x.data_ptr() and t.is_floating_point():
+                sizes.append(t.numel() * t.element_size())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(x)
+        return sizes
+    logits_bytes = logits.numel() * 4
+    assert max(saved_new_storage(lambda x: F.cross_entropy(
+        x.reshape(-1, 11), y.reshape(-1)))) >= logits_bytes
+    assert sum(saved_new_storage(
+        lambda x: mutwo.chunked_cross_entropy(x, y))) < logits_bytes
+
+    spec = mutwo.parse_loss("chunked_cross_entropy:y:int64[B,5]{0,11}")
+    assert spec.kind == types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY
+    assert mutwo.format_loss(spec) == "chunked_cross_entropy:y:int64[B,5]{0,11}"
+    user = SimpleNamespace(loss_fn=None)
+    for text in ("chunked_cross_entropy:y:int64[B,5]{0,11}",
+                 "chunked_cross_entropy"):
+        fn = _verify.make_loss(user, text, y)
+        assert abs(float(fn(logits)) - float(expected)) < 1e-6
+    with pytest.raises(_verify.UsageError,
+                       match=r"output shape \[2, 4, 3, 3\] does not fit "
+                             r"target shape \[2, 3, 3\].*use cross_entropy"):
+        _verify.make_loss(user, "chunked_cross_entropy",
+                          torch.zeros(2, 3, 3, dtype=torch.int64))(
+            torch.randn(2, 4, 3, 3))
+    with pytest.raises(ValueError, match="chunked_cross_entropy target holds "
+                                         "class indices"):
+        mutwo.parse_loss("chunked_cross_entropy:y:float32[B]")

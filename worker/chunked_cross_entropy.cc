@@ -1,0 +1,87 @@
+#include "worker/chunked_cross_entropy.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace mutwo::worker {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t RowsPerChunk(const torch::Tensor& logits, int64_t chunk_bytes) {
+  const int64_t row_bytes =
+      std::max<int64_t>(1, logits.size(1) * logits.element_size());
+  return std::max<int64_t>(1, chunk_bytes / row_bytes);
+}
+
+class ChunkedCrossEntropyFunction
+    : public torch::autograd::Function<ChunkedCrossEntropyFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& target,
+                               int64_t chunk_bytes) {
+    const int64_t n = logits.size(0);
+    const int64_t rows = RowsPerChunk(logits, chunk_bytes);
+    // Two kernels a chunk: its log-softmax (the one temporary), and the
+    // target's entry of it into `picked`; one sum at the end, in float (or
+    // double) whatever the logits' dtype, like torch's reduction.
+    torch::Tensor picked = torch::empty({n, 1}, logits.options());
+    const torch::Tensor index = target.unsqueeze(1);
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t len = std::min(rows, n - start);
+      torch::Tensor out = picked.narrow(0, start, len);
+      torch::gather_out(out,
+                        torch::log_softmax(logits.narrow(0, start, len), 1), 1,
+                        index.narrow(0, start, len));
+    }
+    ctx->save_for_backward({logits, target});
+    ctx->saved_data["chunk_bytes"] = chunk_bytes;
+    const auto sum_type = logits.scalar_type() == torch::kDouble
+                              ? torch::kDouble
+                              : torch::kFloat;
+    return (picked.sum(sum_type) / static_cast<double>(-n))
+        .to(logits.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx,
+                                variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& target = saved[1];
+    const int64_t n = logits.size(0);
+    const int64_t rows =
+        RowsPerChunk(logits, ctx->saved_data["chunk_bytes"].toInt());
+    // d loss / d logits = (softmax(logits) - onehot(target)) * g / N:
+    // softmax and scale a chunk at a time (the chunk still in cache), then
+    // one scatter of -g/N at the targets.
+    const torch::Tensor scale =
+        (grad_outputs[0] / static_cast<double>(n)).to(logits.scalar_type());
+    torch::Tensor grad = torch::empty(logits.sizes(), logits.options());
+    for (int64_t start = 0; start < n; start += rows) {
+      const int64_t len = std::min(rows, n - start);
+      torch::Tensor g = grad.narrow(0, start, len);
+      torch::softmax_out(g, logits.narrow(0, start, len), 1);
+      g.mul_(scale);
+    }
+    grad.scatter_add_(1, target.unsqueeze(1),
+                      scale.neg().reshape({1, 1}).expand({n, 1}));
+    return {grad, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
+                                  const torch::Tensor& target,
+                                  int64_t chunk_bytes) {
+  TORCH_CHECK(logits.dim() == 2, "chunked cross entropy: logits must be [N,V]");
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
+              "chunked cross entropy: target must be [N] for logits [N,V]");
+  TORCH_CHECK(logits.size(0) > 0, "chunked cross entropy: no rows");
+  return ChunkedCrossEntropyFunction::apply(logits, target, chunk_bytes);
+}
+
+}  // namespace mutwo::worker
