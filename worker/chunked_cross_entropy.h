@@ -25,7 +25,7 @@ namespace mutwo::worker {
 
 // Bytes of logits one chunk covers (rows of [N,V] at most this many bytes,
 // at least one row).
-inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{32} << 20;
+inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{128} << 20;
 
 // The mean cross entropy of `logits` [N,V] (floating point) against class
 // indices `target` [N] (int64, each in [0,V)). Differentiable in `logits`.

@@ -9,7 +9,7 @@ compile's own activation_memory_budget points: the dominance line says
 whether at least one mutwo_compile point is at or under both the peak and
 the step time of a compile:B point.
 
-    report.py --anchors anchors.jsonl --mutwo DIR --out DIR
+    report.py --anchors anchors.jsonl --mutwo DIR[,DIR] --out DIR
 
 Writes DIR/report.md (tables, bars, dominance), DIR/summary.json and
 DIR/<model>.png (peak vs step time, every system's points; matplotlib via
@@ -33,7 +33,7 @@ ANCHOR_COLORS = {"eager": "#4d4d4d", "ckpt_block": "#2ca02c",
 # The goals at the benchmark batch, what a user would need to prefer mutwo:
 # (model, GB, max overhead vs eager).
 BARS = [("resnet152", 4.0, 0.20), ("resnet152", 8.0, 0.03),
-        ("transformer", 3.5, 0.10)]
+        ("transformer", 3.3, 0.10)]  # issue 27's bars
 
 
 def gb(n):
@@ -50,16 +50,39 @@ def load_anchors(path):
     return points
 
 
-def load_mutwo(directory):
+def load_mutwo(directories):
+    """run_benchmark.py's results per model from one or more directories
+    (comma-separated): the points of runs with different losses are
+    merged, each point labelled with its run's loss."""
     runs = {}
-    for path in sorted(glob.glob(os.path.join(directory, "*_b*.json"))):
-        if path.endswith("_profile.json") or ".schedule" in path:
-            continue
-        with open(path) as f:
-            run = json.load(f)
-        if "points" in run:
-            runs[run["model"]] = run
+    for directory in directories.split(","):
+        for path in sorted(glob.glob(os.path.join(directory, "*_b*.json"))):
+            if path.endswith("_profile.json") or ".schedule" in path:
+                continue
+            with open(path) as f:
+                run = json.load(f)
+            if "points" not in run:
+                continue
+            loss = run.get("loss", "")
+            for p in run["points"]:
+                p["loss"] = loss
+            if run["model"] in runs:
+                merged = runs[run["model"]]
+                merged["points"] += run["points"]
+                merged["losses"].append(loss)
+            else:
+                run["losses"] = [loss]
+                runs[run["model"]] = run
     return runs
+
+
+def loss_label(loss):
+    """'' for torch's cross_entropy (the anchors' loss), else ' chunked'
+    and the like (the loss kind without its target)."""
+    kind = (loss or "").split(":")[0].split("@")[0]
+    if kind in ("", "cross_entropy"):
+        return ""
+    return " " + kind.replace("_cross_entropy", "")
 
 
 def mutwo_points(run):
@@ -69,6 +92,9 @@ def mutwo_points(run):
             continue
         label = p["policy"] if p["policy"] != "mutwo" else \
             "mutwo %.2f GB" % gb(p["budget_bytes"])
+        label = label.replace("mutwo", "mutwo" + loss_label(p.get("loss")))
+        if p["policy"] != "mutwo":
+            label += loss_label(p.get("loss"))
         out.append({"system": label, "policy": p["policy"],
                     "peak_bytes": p["measured_peak_bytes"],
                     "step_ms": p["measured_iteration_ms"],
@@ -137,11 +163,13 @@ def model_report(model, anchors, run):
     ok = [a for a in anchors if "peak_bytes" in a]
     eager = next((a for a in ok if a["system"] == "eager"), None)
     lines = [f"### {model}, batch {ok[0]['batch'] if ok else '?'}", ""]
-    if run and run.get("loss") and not run["loss"].startswith("cross_entropy"):
+    other = [l for l in (run or {}).get("losses", []) if loss_label(l)]
+    if other:
         # The anchors run torch's F.cross_entropy; say when mutwo's step
         # computes the loss another way (docs/loss.md).
-        lines += [f"mutwo's loss: `{run['loss']}` (the anchors: "
-                  "F.cross_entropy)", ""]
+        lines += ["mutwo rows named `" + loss_label(other[0]).strip() +
+                  f"`: mutwo's step with the loss `{other[0]}` (docs/loss.md;"
+                  " the anchors: F.cross_entropy)", ""]
     if eager is None:
         return lines + ["no eager step measured", ""], {}
     ref = eager["step_ms"]
@@ -260,7 +288,9 @@ def plot(model, summary, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--anchors", required=True)
-    ap.add_argument("--mutwo", required=True)
+    ap.add_argument("--mutwo", required=True,
+                    help="run_benchmark.py's output directory; several, "
+                    "comma-separated, are merged (one per loss)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--no_plots", action="store_true")
     args = ap.parse_args()

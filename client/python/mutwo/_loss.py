@@ -13,7 +13,7 @@ weights, no ignored index), to rounding.
 """
 from typing import Any
 
-CHUNK_BYTES = 32 << 20  # as the worker's kCrossEntropyChunkBytes
+CHUNK_BYTES = 128 << 20  # as the worker's kCrossEntropyChunkBytes
 
 
 def _rows_per_chunk(logits: Any, chunk_bytes: int) -> int:
