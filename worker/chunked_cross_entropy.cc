@@ -20,7 +20,8 @@ int64_t RowsPerChunk(const torch::Tensor& logits, int64_t chunk_bytes) {
 class ChunkedCrossEntropyFunction
     : public torch::autograd::Function<ChunkedCrossEntropyFunction> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits,
+  static torch::Tensor forward(AutogradContext* ctx,
+                               const torch::Tensor& logits,
                                const torch::Tensor& target,
                                int64_t chunk_bytes) {
     const int64_t n = logits.size(0);
@@ -39,9 +40,8 @@ class ChunkedCrossEntropyFunction
     }
     ctx->save_for_backward({logits, target});
     ctx->saved_data["chunk_bytes"] = chunk_bytes;
-    const auto sum_type = logits.scalar_type() == torch::kDouble
-                              ? torch::kDouble
-                              : torch::kFloat;
+    const auto sum_type =
+        logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
     return (picked.sum(sum_type) / static_cast<double>(-n))
         .to(logits.scalar_type());
   }

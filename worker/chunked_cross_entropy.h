@@ -30,9 +30,9 @@ inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{128} << 20;
 // The mean cross entropy of `logits` [N,V] (floating point) against class
 // indices `target` [N] (int64, each in [0,V)). Differentiable in `logits`.
 // `chunk_bytes` as kCrossEntropyChunkBytes (tests pass a small one).
-torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
-                                  const torch::Tensor& target,
-                                  int64_t chunk_bytes = kCrossEntropyChunkBytes);
+torch::Tensor ChunkedCrossEntropy(
+    const torch::Tensor& logits, const torch::Tensor& target,
+    int64_t chunk_bytes = kCrossEntropyChunkBytes);
 
 }  // namespace mutwo::worker
 
