@@ -63,6 +63,12 @@ std::string NoRoomReason(const v1::Schedule& replanned, int64_t measured_bytes,
       FormatBytes(replanned.floor_bytes()));
 }
 
+int64_t MeasuredFloorBytes(int64_t measured_bytes) {
+  return measured_bytes +
+         static_cast<int64_t>(std::ceil(kMeasuredFloorMargin *
+                                        static_cast<double>(measured_bytes)));
+}
+
 std::string MeasuredFloorReason(int64_t measured_bytes,
                                 int64_t predicted_floor_bytes) {
   return absl::StrCat(
@@ -73,7 +79,10 @@ std::string MeasuredFloorReason(int64_t measured_bytes,
                                    static_cast<double>(std::max<int64_t>(
                                        1, predicted_floor_bytes)) -
                                1)),
-      "): the lowest budget this schedule is proved to fit");
+      "); ", FormatBytes(MeasuredFloorBytes(measured_bytes)),
+      absl::StrFormat(" with a %.2f%%", 100.0 * kMeasuredFloorMargin),
+      " margin for the peak's run-to-run jitter is the lowest budget this "
+      "schedule is proved to fit");
 }
 
 RoundDecision JudgeRound(const v1::Schedule& schedule,
@@ -127,9 +136,11 @@ v1::Schedule MarkMeasured(v1::Schedule schedule, int64_t measured_bytes,
   schedule.set_measured_peak_bytes(measured_bytes);
   if (measured_bytes <= schedule.budget_bytes()) return schedule;
   if (schedule.budget().floor()) {
-    // Nothing is planned below the floor: the floor is what was measured.
-    schedule.set_budget_bytes(measured_bytes);
-    schedule.set_floor_bytes(std::max(schedule.floor_bytes(), measured_bytes));
+    // Nothing is planned below the floor: the floor is what was measured,
+    // with the margin another process's run of it needs.
+    const int64_t floor = MeasuredFloorBytes(measured_bytes);
+    schedule.set_budget_bytes(floor);
+    schedule.set_floor_bytes(std::max(schedule.floor_bytes(), floor));
   } else {
     schedule.set_feasible(false);
   }

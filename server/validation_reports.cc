@@ -227,11 +227,11 @@ absl::StatusOr<JobCore::RoundResult> JobCore::CloseRound(
       outcome.set_state(v1::BudgetOutcome::OVER_BUDGET);
       break;
     case RoundDecision::Next::kFloorMeasured:
-      // Proved at the peak measured (MarkMeasured raises the schedule's
-      // budget to it below): the floor is what the step took.
+      // Proved at the peak measured, plus the margin for its run-to-run
+      // jitter (MarkMeasured raises the schedule's budget to it below).
       outcome.set_state(v1::BudgetOutcome::FITS);
       outcome.set_fits(true);
-      outcome.set_budget_bytes(measured);
+      outcome.set_budget_bytes(MeasuredFloorBytes(measured));
       break;
     case RoundDecision::Next::kReplan: {
       MUTWO_ASSIGN_OR_RETURN(

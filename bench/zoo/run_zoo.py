@@ -217,7 +217,9 @@ def run_model(m, args, work):
                 if pt.get("floor_measured"):
                     break  # the measured floor did not hold a second time
                 pt.update(floor_measured=True, predicted_floor_bytes=budget)
-                budget = rnd["measured_peak_bytes"]
+                # As the service (server/closed_loop.h MeasuredFloorBytes):
+                # the measured peak plus 0.25% for its run-to-run jitter.
+                budget = measured_floor_bytes(rnd["measured_peak_bytes"])
                 pt["budget_bytes"] = budget
                 schedule = rnd["schedule_path"]
                 continue
@@ -230,6 +232,15 @@ def run_model(m, args, work):
         rec["points"].append(pt)
         emit(pt)
     return rec
+
+
+MEASURED_FLOOR_MARGIN = 0.0025  # server/closed_loop.h kMeasuredFloorMargin
+
+
+def measured_floor_bytes(measured):
+    """The budget a floor measured over its prediction is re-run and shown
+    at: the peak plus 0.25% (ceil), as the service's MeasuredFloorBytes."""
+    return measured + int(-(-MEASURED_FLOOR_MARGIN * measured // 1))
 
 
 def emulate_link(profile, bytes_per_second):

@@ -96,13 +96,15 @@ def _run_fake(tmp_path, monkeypatch, peaks, fractions=(0.0,)):
 
 def test_a_floor_measured_over_its_prediction_is_the_measured_floor_and_holds_again(
         tmp_path, monkeypatch):
-    rec, fake = _run_fake(tmp_path, monkeypatch, peaks=[1040, 1040])
+    # The second run peaks 2 B higher (run-to-run jitter): within the
+    # measured floor's 0.25% margin (1040 + 3 B).
+    rec, fake = _run_fake(tmp_path, monkeypatch, peaks=[1040, 1042])
     (pt,) = rec["points"]
     assert fake.plans == ["100%", "floor"]  # the floor is never re-planned
     assert fake.executes == 2  # the same schedule, executed again
     assert pt["floor_measured"] and pt["predicted_floor_bytes"] == 1000
-    assert pt["budget_bytes"] == 1040 and pt["within_budget"]
-    assert rec["measured_floor_bytes"] == 1040
+    assert pt["budget_bytes"] == 1043 and pt["within_budget"]
+    assert rec["measured_floor_bytes"] == 1043
     s = run_zoo.summarize([rec])
     assert (s["floor_points"], s["floors_within_budget"], s["floors_measured"]) == (1, 1, 1)
 

@@ -53,6 +53,17 @@ struct ScheduledStepOptions {
   bool require_feasible = true;
 };
 
+// The loss `chunked_cross_entropy` (docs/loss.md) for your loss callback
+// when the schedule was planned with it (the schedule's `loss`): the mean
+// cross entropy of `logits` (classes in the last dimension: [N,V],
+// [B,T,V]) against class indices `target` (the logits' shape without the
+// last dimension), computed without a log-softmax of the whole output held,
+// so the step peaks where the plan says. torch's cross_entropy holds one
+// logits-sized tensor more. Throws std::runtime_error naming shapes that do
+// not fit.
+torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
+                                  const torch::Tensor& target);
+
 class ScheduledStep {
  public:
   // `model` is trained in place (its parameters get the gradients); it must

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/plan_request.h"
+#include "server/closed_loop.h"
 #include "server/job_progress.h"
 #include "tests/testing/model_archive.h"
 #include "tests/testing/synthetic_profile.h"
@@ -255,18 +256,22 @@ TEST_F(JobCoreTest, FloorBudgetIsMeasuredAndTheMeasuredFloorIsShown) {
   EXPECT_EQ(job.state(), v1::Job::SUCCEEDED);
   const v1::BudgetOutcome& o = Outcome(job);
   EXPECT_EQ(o.state(), v1::BudgetOutcome::FITS);
-  EXPECT_EQ(o.budget_bytes(), measured);
+  // Proved for the peak plus the margin for its run-to-run jitter: a run
+  // in another process that peaks 0.05% higher still fits.
+  const int64_t proved = MeasuredFloorBytes(measured);
+  EXPECT_GE(proved, measured + measured / 400);
+  EXPECT_EQ(o.budget_bytes(), proved);
   EXPECT_EQ(o.measured_peak_bytes(), measured);
   EXPECT_THAT(o.reason(), HasSubstr("the floor measured"));
-  EXPECT_EQ(job.results(0).measured_floor_bytes(), measured);
+  EXPECT_EQ(job.results(0).measured_floor_bytes(), proved);
   EXPECT_EQ(job.results(0).floor_bytes(), predicted);
   EXPECT_TRUE(job.results(0).schedules(0).feasible());
-  EXPECT_EQ(job.results(0).schedules(0).budget_bytes(), measured);
+  EXPECT_EQ(job.results(0).schedules(0).budget_bytes(), proved);
   // The next job is served the measured floor and validates it again.
   auto cached = CachedSchedule(id, "floor");
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_TRUE(cached->feasible());
-  EXPECT_EQ(cached->budget_bytes(), measured);
+  EXPECT_EQ(cached->budget_bytes(), proved);
 
   // Measured within its prediction: the predicted floor stands, proved.
   std::string id2;

@@ -142,5 +142,32 @@ TEST_F(ScheduledStepTest, AScheduleWithoutRecordedInputsHoldsToTheFirstCall) {
                         "float32[4,3,16,16] (batch 4)"));
 }
 
+// A LibTorch loop's loss for a schedule planned with chunked_cross_entropy:
+// torch's cross entropy over [B,T,V] logits, loss and gradient; shapes that
+// do not fit are refused naming them.
+TEST(ChunkedCrossEntropyTest, IsCrossEntropyAndRefusesShapesNamingThem) {
+  torch::manual_seed(5);
+  torch::Tensor a = (torch::randn({3, 4, 9}) * 2).requires_grad_();
+  torch::Tensor b = a.detach().clone().requires_grad_();
+  const torch::Tensor y = torch::randint(0, 9, {3, 4});
+  const torch::Tensor ours = ChunkedCrossEntropy(a, y);
+  const torch::Tensor theirs =
+      torch::nn::functional::cross_entropy(b.reshape({-1, 9}), y.reshape({-1}));
+  EXPECT_NEAR(ours.item<float>(), theirs.item<float>(), 1e-6);
+  ours.backward();
+  theirs.backward();
+  EXPECT_LE((a.grad() - b.grad()).abs().max().item<float>(), 1e-7);
+  try {
+    ChunkedCrossEntropy(torch::randn({2, 5, 3, 3}),
+                        torch::zeros({2, 3, 3}, torch::kLong));
+    ADD_FAILURE() << "classes in dimension 1 accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("logits [2,5,3,3] (Float) and target "
+                                    "[2,3,3] (Long) do not fit"));
+  }
+  EXPECT_THROW(ChunkedCrossEntropy(torch::randn({4, 9}), torch::zeros({4})),
+               std::runtime_error);  // float targets
+}
+
 }  // namespace
 }  // namespace mutwo
