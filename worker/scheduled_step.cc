@@ -97,6 +97,7 @@ absl::Status CheckPlannedInputs(const std::vector<v1::TensorSpec>& planned,
                                 const std::vector<torch::IValue>& inputs) {
   auto planned_text = [&]() {
     std::vector<std::string> texts;
+    texts.reserve(planned.size());
     for (const v1::TensorSpec& spec : planned) {
       texts.push_back(FormatTensorSpec(spec));
     }
