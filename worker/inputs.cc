@@ -218,6 +218,17 @@ absl::StatusOr<std::string> OnlyCandidate(const v1::LossSpec& loss,
       "@", first, example, " (terms over several outputs are joined by +)"));
 }
 
+// "loss KIND: output shape [..] does not fit target shape [..] (RULE)".
+absl::Status ClassesDoNotFit(const v1::LossSpec& loss,
+                             const torch::Tensor& logits,
+                             const torch::Tensor& target,
+                             absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "loss ", LossKindName(loss.kind()), ": output shape [",
+      absl::StrJoin(logits.sizes(), ","), "] does not fit target shape [",
+      absl::StrJoin(target.sizes(), ","), "] (", rule, ")"));
+}
+
 }  // namespace
 
 absl::StatusOr<torch::Tensor> ComputeLoss(
@@ -313,13 +324,10 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         }
         if (logits.dim() < 2 ||
             logits.numel() != target.numel() * logits.size(-1)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "loss cross_entropy: output shape [",
-              absl::StrJoin(logits.sizes(), ","),
-              "] does not fit target shape [",
-              absl::StrJoin(target.sizes(), ","),
-              "] (classes must be the last output dimension, or dimension 1 "
-              "with a target shaped like the output without it)"));
+          return ClassesDoNotFit(loss, logits, target,
+                                 "classes must be the last output dimension, "
+                                 "or dimension 1 with a target shaped like "
+                                 "the output without it");
         }
         return torch::nn::functional::cross_entropy(
             logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
@@ -332,14 +340,11 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         if (logits.dim() < 2 ||
             std::vector<int64_t>(target.sizes().begin(),
                                  target.sizes().end()) != without_last) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "loss chunked_cross_entropy: output shape [",
-              absl::StrJoin(logits.sizes(), ","),
-              "] does not fit target shape [",
-              absl::StrJoin(target.sizes(), ","),
-              "] (classes must be the last output dimension and the target "
+          return ClassesDoNotFit(
+              loss, logits, target,
+              "classes must be the last output dimension and the target "
               "shaped like the output without it; for classes in dimension "
-              "1 use cross_entropy)"));
+              "1 use cross_entropy");
         }
         const int64_t classes = logits.size(-1);
         if (loss.target().has_range() &&
