@@ -1110,7 +1110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss", default="",
                    help="KIND[@OUTPUT][:TARGET] as the worker takes it "
                    "(docs/loss.md): mean, sum, model, cross_entropy[:y:"
-                   "int64[B]{0,1000}] or mse[:z:float32[B,4]] (without "
+                   "int64[B]{0,1000}], chunked_cross_entropy[:SPEC] or "
+                   "mse[:z:float32[B,4]] (without "
                    "TARGET: the batch function's target); @OUTPUT reads one "
                    "dict key or tuple index; terms joined by + are summed, "
                    "e.g. cross_entropy@logits:y:int64[B]{0,10}+mse@aux:z:"
