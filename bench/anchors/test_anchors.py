@@ -68,3 +68,53 @@ def test_compile_dominance_needs_one_point_at_or_under_both():
     lines, summary = report.compile_dominance(slower)
     assert not summary["met"] and "NOT met" in lines[0]
     assert report.compile_dominance(pts[:2]) == ([], None)
+
+
+def write_run(directory, loss, points):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "transformer_b64.json"), "w") as f:
+        json.dump({"model": "transformer", "batch": 64, "loss": loss,
+                   "points": [dict(p, predicted_peak_bytes=p[
+                       "measured_peak_bytes"], predicted_iteration_ms=p[
+                       "measured_iteration_ms"]) for p in points]}, f)
+
+
+def mutwo_point(policy, budget_gb, peak_gb, ms):
+    return {"policy": policy, "budget_bytes": int(budget_gb * 1e9),
+            "measured_peak_bytes": int(peak_gb * 1e9),
+            "measured_iteration_ms": ms}
+
+
+def test_mutwo_folders_of_two_losses_are_merged_and_labelled(tmp_path):
+    """report.py --mutwo A,B: one run_benchmark.py folder per loss, merged
+    per model; rows of a loss other than torch's cross entropy (the
+    anchors') are named by it, and every mutwo point, whatever its loss,
+    can match an anchor."""
+    ce, chunked = str(tmp_path / "ce"), str(tmp_path / "chunked")
+    write_run(ce, "cross_entropy:y:int64[B,128]{0,30000}",
+              [mutwo_point("mutwo", 5.51, 5.50, 46.4),
+               mutwo_point("none", 5.51, 5.50, 46.8)])
+    write_run(chunked, "chunked_cross_entropy:y:int64[B,128]{0,30000}",
+              [mutwo_point("mutwo", 3.85, 3.58, 52.2),
+               mutwo_point("per_block", 4.52, 2.96, 55.0)])
+    runs = report.load_mutwo(ce + "," + chunked)
+    systems = [p["system"] for p in report.mutwo_points(runs["transformer"])]
+    assert systems == ["mutwo 5.51 GB", "none", "mutwo chunked 3.85 GB",
+                       "per_block chunked"]
+    anchors_ = [{"model": "transformer", "batch": 64, "system": "eager",
+                 "peak_bytes": int(5.50e9), "step_ms": 46.4},
+                {"model": "transformer", "batch": 64, "system": "ckpt_sqrt",
+                 "peak_bytes": int(3.67e9), "step_ms": 55.9}]
+    lines, _ = report.model_report("transformer", anchors_,
+                                   runs["transformer"])
+    text = "\n".join(lines)
+    assert ("mutwo rows named `chunked`: mutwo's step with the loss "
+            "`chunked_cross_entropy:y:int64[B,128]{0,30000}`") in text
+    assert "- eager (5.50 GB, 46.4 ms): matched by mutwo 5.51 GB" in text
+    assert ("- ckpt_sqrt (3.67 GB, 55.9 ms): matched by mutwo chunked "
+            "3.85 GB") in text
+    # One folder of torch's loss alone: no loss line, plain labels.
+    alone = report.load_mutwo(ce)
+    lines, _ = report.model_report("transformer", anchors_,
+                                   alone["transformer"])
+    assert not any("mutwo rows named" in line for line in lines)
