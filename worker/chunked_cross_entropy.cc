@@ -74,14 +74,21 @@ class ChunkedCrossEntropyFunction
 
 }  // namespace
 
+bool ClassesLast(const torch::Tensor& logits, const torch::Tensor& target) {
+  return logits.dim() >= 2 && target.dim() == logits.dim() - 1 &&
+         target.sizes() == logits.sizes().slice(0, target.dim());
+}
+
 torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
                                   const torch::Tensor& target,
                                   int64_t chunk_bytes) {
-  TORCH_CHECK(logits.dim() == 2, "chunked cross entropy: logits must be [N,V]");
-  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0),
-              "chunked cross entropy: target must be [N] for logits [N,V]");
-  TORCH_CHECK(logits.size(0) > 0, "chunked cross entropy: no rows");
-  return ChunkedCrossEntropyFunction::apply(logits, target, chunk_bytes);
+  TORCH_CHECK(ClassesLast(logits, target),
+              "chunked cross entropy: target must be the logits' shape "
+              "without the last dimension");
+  TORCH_CHECK(target.numel() > 0, "chunked cross entropy: no rows");
+  const int64_t classes = logits.size(-1);
+  return ChunkedCrossEntropyFunction::apply(logits.reshape({-1, classes}),
+                                            target.reshape({-1}), chunk_bytes);
 }
 
 }  // namespace mutwo::worker

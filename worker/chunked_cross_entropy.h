@@ -27,9 +27,15 @@ namespace mutwo::worker {
 // at least one row).
 inline constexpr int64_t kCrossEntropyChunkBytes = int64_t{128} << 20;
 
-// The mean cross entropy of `logits` [N,V] (floating point) against class
-// indices `target` [N] (int64, each in [0,V)). Differentiable in `logits`.
-// `chunk_bytes` as kCrossEntropyChunkBytes (tests pass a small one).
+// Whether `target` has `logits`' shape without its last dimension (the
+// classes), `logits` being at least 2-D: [N,V] with [N], [B,T,V] with
+// [B,T].
+bool ClassesLast(const torch::Tensor& logits, const torch::Tensor& target);
+
+// The mean cross entropy of `logits` (floating point, classes in the last
+// dimension) against class indices `target` (int64, each in [0,V), shaped
+// as ClassesLast says). Differentiable in `logits`. `chunk_bytes` as
+// kCrossEntropyChunkBytes (tests pass a small one).
 torch::Tensor ChunkedCrossEntropy(
     const torch::Tensor& logits, const torch::Tensor& target,
     int64_t chunk_bytes = kCrossEntropyChunkBytes);

@@ -305,9 +305,6 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         // Classes in the last dimension ([B,C], [B,T,V] with target [B,T]),
         // or in dimension 1 with a target shaped like the rest
         // ([B,C,H,W] with target [B,H,W], as PyTorch's cross_entropy).
-        std::vector<int64_t> without_last(logits.sizes().begin(),
-                                          logits.sizes().end());
-        if (!without_last.empty()) without_last.pop_back();
         std::vector<int64_t> without_dim1(logits.sizes().begin(),
                                           logits.sizes().end());
         if (without_dim1.size() >= 3) {
@@ -315,7 +312,7 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
         }
         const std::vector<int64_t> target_shape(target.sizes().begin(),
                                                 target.sizes().end());
-        if (logits.dim() >= 2 && target_shape == without_last) {
+        if (ClassesLast(logits, target)) {
           return torch::nn::functional::cross_entropy(
               logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
         }
@@ -334,12 +331,7 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
       }
       case v1::LossSpec::CHUNKED_CROSS_ENTROPY: {
         const torch::Tensor& logits = floats[0];
-        std::vector<int64_t> without_last(logits.sizes().begin(),
-                                          logits.sizes().end());
-        if (!without_last.empty()) without_last.pop_back();
-        if (logits.dim() < 2 ||
-            std::vector<int64_t>(target.sizes().begin(),
-                                 target.sizes().end()) != without_last) {
+        if (!ClassesLast(logits, target)) {
           return ClassesDoNotFit(
               loss, logits, target,
               "classes must be the last output dimension and the target "
@@ -355,8 +347,7 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
               FormatTensorSpec(loss.target()), "\" draws classes outside [0,",
               classes, "), the output's last dimension"));
         }
-        return ChunkedCrossEntropy(logits.reshape({-1, classes}),
-                                   target.reshape({-1}));
+        return ChunkedCrossEntropy(logits, target);
       }
       case v1::LossSpec::MSE: {
         const torch::Tensor& out = floats[0];

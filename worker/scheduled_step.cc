@@ -33,24 +33,18 @@ void ThrowIfError(const absl::Status& status, const std::string& what) {
 
 torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
                                   const torch::Tensor& target) {
-  const std::vector<int64_t> shape(logits.sizes().begin(),
-                                   logits.sizes().end());
-  if (logits.dim() < 2 || !logits.is_floating_point() ||
-      target.scalar_type() != torch::kLong ||
-      std::vector<int64_t>(target.sizes().begin(), target.sizes().end()) !=
-          std::vector<int64_t>(shape.begin(), shape.end() - 1) ||
-      target.numel() == 0) {
+  if (!logits.is_floating_point() || target.scalar_type() != torch::kLong ||
+      !worker::ClassesLast(logits, target) || target.numel() == 0) {
     throw std::runtime_error(absl::StrCat(
-        "mutwo::ChunkedCrossEntropy: logits [", absl::StrJoin(shape, ","),
-        "] (", std::string(c10::toString(logits.scalar_type())),
-        ") and target [", absl::StrJoin(target.sizes(), ","), "] (",
+        "mutwo::ChunkedCrossEntropy: logits [",
+        absl::StrJoin(logits.sizes(), ","), "] (",
+        std::string(c10::toString(logits.scalar_type())), ") and target [",
+        absl::StrJoin(target.sizes(), ","), "] (",
         std::string(c10::toString(target.scalar_type())),
         ") do not fit: floating-point logits with classes in the last "
         "dimension, int64 class indices shaped like the logits without it"));
   }
-  const int64_t classes = logits.size(-1);
-  return worker::ChunkedCrossEntropy(logits.reshape({-1, classes}),
-                                     target.reshape({-1}));
+  return worker::ChunkedCrossEntropy(logits, target);
 }
 
 ScheduleJson ReadScheduleFile(const std::string& path) {

@@ -90,11 +90,9 @@ def mutwo_points(run):
     for p in run["points"]:
         if "measured_peak_bytes" not in p:
             continue
-        label = p["policy"] if p["policy"] != "mutwo" else \
-            "mutwo %.2f GB" % gb(p["budget_bytes"])
-        label = label.replace("mutwo", "mutwo" + loss_label(p.get("loss")))
-        if p["policy"] != "mutwo":
-            label += loss_label(p.get("loss"))
+        suffix = loss_label(p.get("loss"))
+        label = ("mutwo%s %.2f GB" % (suffix, gb(p["budget_bytes"]))
+                 if p["policy"] == "mutwo" else p["policy"] + suffix)
         out.append({"system": label, "policy": p["policy"],
                     "peak_bytes": p["measured_peak_bytes"],
                     "step_ms": p["measured_iteration_ms"],

@@ -13,8 +13,9 @@
 # budgets; bench/anchors/anchors.py, each in a fresh process) and
 # OUT_DIR/report.md + plots (bench/anchors/report.py). OUT_DIR/card.txt
 # names the card. LOSS_KIND=chunked_cross_entropy runs mutwo's steps with
-# that loss (docs/loss.md; the anchors keep F.cross_entropy). A whole run takes longer than one 10-minute device
-# command: start it detached (setsid) and collect OUT_DIR while it runs;
+# that loss (docs/loss.md; the anchors keep F.cross_entropy). A whole run
+# takes longer than one 10-minute device command: start it detached
+# (setsid) and collect OUT_DIR while it runs;
 # OUT_DIR/DONE marks the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -173,6 +173,15 @@ _LOSS_KINDS = ("use mean, sum, model, cross_entropy:TARGET (like "
                "float32[B,4])")
 
 
+# The loss kinds that take a target, by name (common/parse.cc
+# LossKindTakesTarget).
+TARGET_LOSS_KINDS = {
+    "cross_entropy": types_pb2.LossSpec.CROSS_ENTROPY,
+    "chunked_cross_entropy": types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
+    "mse": types_pb2.LossSpec.MSE,
+}
+
+
 def _split_loss_terms(text: str) -> List[str]:
     """The `+`-separated terms; a `+` inside a target's brackets
     (`{0,1e+3}`) does not separate."""
@@ -210,11 +219,7 @@ def _parse_loss_term(text: str, term: str) -> types_pb2.LossSpec:
                              "chunked_cross_entropy and mse do)"
                              % (where, kind))
         return types_pb2.LossSpec(kind=kinds[kind], output=output)
-    with_target = {"cross_entropy": types_pb2.LossSpec.CROSS_ENTROPY,
-                   "chunked_cross_entropy":
-                       types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
-                   "mse": types_pb2.LossSpec.MSE}
-    if kind in with_target:
+    if kind in TARGET_LOSS_KINDS:
         example = kind + (":z:float32[B,4]" if kind == "mse"
                           else ":y:int64[B]{0,1000}")
         if not colon:
@@ -233,8 +238,8 @@ def _parse_loss_term(text: str, term: str) -> types_pb2.LossSpec:
                              "floating-point output and must be float32, "
                              "float64, float16 or bfloat16, like mse:%s:"
                              "float32[B,4]" % (where, target.name))
-        return types_pb2.LossSpec(kind=with_target[kind], target=target,
-                                  output=output)
+        return types_pb2.LossSpec(kind=TARGET_LOSS_KINDS[kind],
+                                  target=target, output=output)
     raise ValueError('%s: unknown loss kind "%s"; %s'
                      % (where, kind_text, _LOSS_KINDS))
 
@@ -243,8 +248,8 @@ def parse_loss(text: Union[str, Sequence[str]]) -> types_pb2.LossSpec:
     """`KIND[@OUTPUT][:TARGET]`, as the CLI's --loss (docs/loss.md): `mean`,
     `sum`, `model`, `cross_entropy:y:int64[B]{0,1000}` (int64 class
     indices), `chunked_cross_entropy:y:int64[B,T]{0,V}` (the same, computed
-    without a whole log-softmax: mutwo.chunked_cross_entropy) or `mse:z:float32[B,4]` (a float target of the output's
-    shape); `KIND@OUTPUT` reads one dict entry or tuple element of the
+    without a whole log-softmax: mutwo.chunked_cross_entropy) or
+    `mse:z:float32[B,4]` (a float target of the output's shape); `KIND@OUTPUT` reads one dict entry or tuple element of the
     model's output (`cross_entropy@logits:y:int64[B]{0,1000}`, `mean@0`).
     Several terms, joined by `+` or given as a list, are summed
     (`LossSpec.terms`)."""
@@ -283,9 +288,7 @@ def format_loss(loss: types_pb2.LossSpec) -> str:
     text = types_pb2.LossSpec.Kind.Name(kind).lower()
     if loss.output:
         text += "@" + loss.output
-    if kind in (types_pb2.LossSpec.CROSS_ENTROPY,
-                types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
-                types_pb2.LossSpec.MSE):
+    if kind in TARGET_LOSS_KINDS.values():
         text += ":" + format_tensor_spec(loss.target)
     return text
 

@@ -236,8 +236,7 @@ def make_loss(user: UserModel, loss: str, target: Any
     """The scalar loss of the model's output (several terms: their sum,
     each term taking the next of `target`'s tensors)."""
     import torch
-    from mutwo._specs import parse_loss
-    from mutwo.v1 import types_pb2
+    from mutwo._specs import TARGET_LOSS_KINDS, parse_loss
     if not loss and user.loss_fn is not None:
         fn = user.loss_fn
         return lambda out: fn(out, target)
@@ -245,14 +244,13 @@ def make_loss(user: UserModel, loss: str, target: Any
                     not target.dtype.is_floating_point else "mean")
     head = text.partition(":")[0]
     name, at, output = head.partition("@")
-    if (name.lower() in ("cross_entropy", "chunked_cross_entropy", "mse")
-            and ":" not in text and "+" not in text):
+    if (name.lower() in TARGET_LOSS_KINDS and ":" not in text
+            and "+" not in text):
         # Against the batch function's target: no target spec to parse.
         if at and not output:
             raise UsageError(f'loss "{text}": expected a dict key or tuple '
                              "index after '@', like cross_entropy@logits")
-        kind = types_pb2.LossSpec.Kind.Value(name.upper())
-        return _term_loss(kind, output, target)
+        return _term_loss(TARGET_LOSS_KINDS[name.lower()], output, target)
     try:
         spec = parse_loss(text)
     except ValueError as e:
@@ -296,9 +294,8 @@ def _term_loss(kind: int, output: str, target: Any) -> Callable[[Any], Any]:
         key = refuse_ambiguous_logits(out, name)
         return out if key is None else select_output(out, str(key))
 
-    if kind in (types_pb2.LossSpec.CROSS_ENTROPY,
-                types_pb2.LossSpec.CHUNKED_CROSS_ENTROPY,
-                types_pb2.LossSpec.MSE):
+    from mutwo._specs import TARGET_LOSS_KINDS
+    if kind in TARGET_LOSS_KINDS.values():
         if target is None:
             raise UsageError(f"--loss {name} needs a target: the batch "
                              f"function's target or {name}:SPEC")
