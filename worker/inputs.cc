@@ -347,7 +347,9 @@ absl::StatusOr<torch::Tensor> ComputeLoss(
               FormatTensorSpec(loss.target()), "\" draws classes outside [0,",
               classes, "), the output's last dimension"));
         }
-        return ChunkedCrossEntropy(logits, target);
+        // The worker drops the model's outputs after the loss: the logits'
+        // memory takes their gradient unless the graph holds them too.
+        return ChunkedCrossEntropy(logits, target, LogitsReuse::kSoleHolder);
       }
       case v1::LossSpec::MSE: {
         const torch::Tensor& out = floats[0];

@@ -46,9 +46,10 @@ std::vector<torch::Tensor> FlattenTensors(const c10::IValue& outputs);
 // CROSS_ENTROPY: cross entropy of the output (classes in the last
 // dimension, or dimension 1) against its target; CHUNKED_CROSS_ENTROPY:
 // the same with classes in the last dimension, computed by
-// ChunkedCrossEntropy (no log-softmax of the whole output held); MSE: mean
-// squared error
-// of the output against its target, of the same shape; terms: their sum.
+// ChunkedCrossEntropy (no log-softmax of the whole output held, and the
+// gradient written over the logits when nothing else holds them: outputs
+// are not read after the loss's backward); MSE: mean squared error of the
+// output against its target, of the same shape; terms: their sum.
 // `@OUTPUT` selects a dict entry or tuple/list element; MODEL,
 // CROSS_ENTROPY and MSE without one refuse a dict, tuple or list with
 // floating-point tensors in several entries, naming them. `targets` as

@@ -32,7 +32,8 @@ void ThrowIfError(const absl::Status& status, const std::string& what) {
 }  // namespace
 
 torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
-                                  const torch::Tensor& target) {
+                                  const torch::Tensor& target,
+                                  bool reuse_logits) {
   if (!logits.is_floating_point() || target.scalar_type() != torch::kLong ||
       !worker::ClassesLast(logits, target) || target.numel() == 0) {
     throw std::runtime_error(absl::StrCat(
@@ -44,7 +45,10 @@ torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
         ") do not fit: floating-point logits with classes in the last "
         "dimension, int64 class indices shaped like the logits without it"));
   }
-  return worker::ChunkedCrossEntropy(logits, target);
+  return worker::ChunkedCrossEntropy(logits, target,
+                                     reuse_logits
+                                         ? worker::LogitsReuse::kCallerDone
+                                         : worker::LogitsReuse::kNever);
 }
 
 ScheduleJson ReadScheduleFile(const std::string& path) {

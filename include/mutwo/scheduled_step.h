@@ -59,10 +59,15 @@ struct ScheduledStepOptions {
 // [B,T,V]) against class indices `target` (the logits' shape without the
 // last dimension), computed without a log-softmax of the whole output held,
 // so the step peaks where the plan says. torch's cross_entropy holds one
-// logits-sized tensor more. Throws std::runtime_error naming shapes that do
-// not fit.
+// logits-sized tensor more. `reuse_logits`: you do not read `logits` after
+// the backward, so it writes their gradient over them (the worker does, so
+// its plans count one logits-sized tensor at the loss's backward, not two);
+// it does not where another tensor shares their memory (a view of them, an
+// autograd node's saved copy) or they are a leaf. Throws std::runtime_error
+// naming shapes that do not fit.
 torch::Tensor ChunkedCrossEntropy(const torch::Tensor& logits,
-                                  const torch::Tensor& target);
+                                  const torch::Tensor& target,
+                                  bool reuse_logits = false);
 
 class ScheduledStep {
  public:

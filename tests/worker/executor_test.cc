@@ -252,12 +252,13 @@ INSTANTIATE_TEST_SUITE_P(FixtureModels, PlannedMemoryTest,
                          });
 
 // The loss inside the plan: with chunked_cross_entropy the step holds no
-// log-softmax of the whole output, so the transformer's unscheduled peak
-// (set at the loss's backward) drops by about one logits tensor ([B,16,1000]
-// floats) and its floor drops too (here less: with the loss's tensors gone
-// another point of the step sets it); schedules planned from that profile,
-// at the floor and halfway up, execute within their budgets with the
-// baseline step's loss and gradients.
+// log-softmax of the whole output (one logits tensor, [B,16,1000] floats),
+// and the logits' gradient is written over the logits (another), so the
+// transformer's unscheduled peak (set at the loss's backward) drops by about
+// two logits tensors (5.02 -> 3.14 MB; 4.00 MB without the reuse) and its
+// floor drops too; schedules planned from that profile, at the floor and
+// halfway up, execute within their budgets with the baseline step's loss
+// and gradients.
 TEST(ChunkedLossTest, ThePeakDropsByTheLogitsAndSchedulesHold) {
   TestModel plain = Model("transformer");
   plain.batch = TestDevice() == "cpu" ? 16 : plain.batch;
@@ -270,7 +271,7 @@ TEST(ChunkedLossTest, ThePeakDropsByTheLogitsAndSchedulesHold) {
   std::cout << "logits " << logits_bytes << " B; floor " << plain_floor
             << " -> " << floor << ", baseline " << plain_top << " -> " << top
             << "\n";
-  EXPECT_LE(top, plain_top - logits_bytes * 8 / 10);
+  EXPECT_LE(top, plain_top - logits_bytes * 16 / 10);
   EXPECT_LT(floor, plain_floor);
   auto executor = MakeExecutor(chunked);
   ASSERT_NE(executor, nullptr);

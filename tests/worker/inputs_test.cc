@@ -149,7 +149,8 @@ TEST(ComputeLossTest, ChunkedCrossEntropyIsCrossEntropy) {
   torch::Tensor expected = torch::nn::functional::cross_entropy(
       a.reshape({-1, 11}), target.reshape({-1}));
   torch::Tensor chunked = ChunkedCrossEntropy(
-      b.reshape({-1, 11}), target.reshape({-1}), /*chunk_bytes=*/3 * 11 * 4);
+      b.reshape({-1, 11}), target.reshape({-1}), LogitsReuse::kNever,
+      /*chunk_bytes=*/3 * 11 * 4);
   EXPECT_NEAR(chunked.item<float>(), expected.item<float>(), 1e-6);
   (expected * 1.7).backward();
   (chunked * 1.7).backward();
@@ -194,6 +195,65 @@ TEST(ComputeLossTest, ChunkedCrossEntropyIsCrossEntropy) {
                 "target \"y:int64[B,5]{0,12}\" draws classes outside [0,11)"),
             std::string::npos)
       << past.status();
+}
+
+// The logits' gradient written over the logits (LogitsReuse): where the
+// caller is done with them (kCallerDone) and where nothing but the loss holds
+// them (kSoleHolder, the worker), the gradient is torch's and it lands in the
+// logits' memory; where a handle the rule forbids is alive (the caller's under
+// kSoleHolder, tanh's saved output, a leaf) the logits stay intact and the
+// gradient is still torch's.
+TEST(ComputeLossTest, ChunkedCrossEntropyReusesTheLogitsOnlyWhereNothingHolds) {
+  torch::manual_seed(5);
+  const torch::Tensor h0 = torch::randn({4, 5, 11});
+  const torch::Tensor target = torch::randint(0, 11, {4, 5});
+  const auto reference = [&](bool tanh) {
+    torch::Tensor h = h0.clone().requires_grad_();
+    torch::Tensor logits = tanh ? h.tanh() : h * 2;
+    torch::nn::functional::cross_entropy(logits.reshape({-1, 11}),
+                                         target.reshape({-1}))
+        .backward();
+    return h.grad();
+  };
+  struct Case {
+    std::string name;
+    LogitsReuse reuse;
+    bool tanh;          // logits = tanh(h) (saves its output), else h * 2
+    bool caller_holds;  // the test keeps a handle on the logits
+    bool reused;        // expected
+  };
+  for (const Case& c : std::vector<Case>{
+           {"caller done", LogitsReuse::kCallerDone, false, true, true},
+           {"sole holder", LogitsReuse::kSoleHolder, false, false, true},
+           {"sole holder, caller holds", LogitsReuse::kSoleHolder, false, true,
+            false},
+           {"tanh saved its output", LogitsReuse::kCallerDone, true, true,
+            false},
+           {"never", LogitsReuse::kNever, false, true, false}}) {
+    torch::Tensor h = h0.clone().requires_grad_();
+    torch::Tensor logits = c.tanh ? h.tanh() : h * 2;
+    const torch::Tensor before = logits.detach().clone();
+    void* grad_data = nullptr;
+    logits.register_hook([&](const torch::Tensor& g) {
+      grad_data = g.data_ptr();
+      return torch::Tensor();
+    });
+    void* logits_data = logits.data_ptr();
+    torch::Tensor loss = ChunkedCrossEntropy(logits, target, c.reuse,
+                                             /*chunk_bytes=*/3 * 11 * 4);
+    if (!c.caller_holds) logits = torch::Tensor();
+    loss.backward();
+    EXPECT_LE((h.grad() - reference(c.tanh)).abs().max().item<float>(), 1e-6)
+        << c.name;
+    EXPECT_EQ(grad_data == logits_data, c.reused) << c.name;
+    if (c.caller_holds && !c.reused) {
+      EXPECT_TRUE(torch::equal(logits.detach(), before)) << c.name;
+    }
+  }
+  // A leaf's memory is its own: never written over.
+  torch::Tensor leaf = h0.clone().requires_grad_();
+  ChunkedCrossEntropy(leaf, target, LogitsReuse::kCallerDone).backward();
+  EXPECT_TRUE(torch::equal(leaf.detach(), h0));
 }
 
 // mse: the mean squared error against a generated float target of the

@@ -157,6 +157,23 @@ TEST(ChunkedCrossEntropyTest, IsCrossEntropyAndRefusesShapesNamingThem) {
   ours.backward();
   theirs.backward();
   EXPECT_LE((a.grad() - b.grad()).abs().max().item<float>(), 1e-7);
+
+  // reuse_logits: the same gradient, written over the logits' memory (a
+  // leaf, `a` above, is never written over).
+  torch::Tensor h = torch::randn({3, 4, 9}).requires_grad_();
+  torch::Tensor h_ref = h.detach().clone().requires_grad_();
+  torch::nn::functional::cross_entropy((h_ref * 2).reshape({-1, 9}),
+                                       y.reshape({-1}))
+      .backward();
+  torch::Tensor logits = h * 2;
+  void* grad_data = nullptr;
+  logits.register_hook([&](const torch::Tensor& g) {
+    grad_data = g.data_ptr();
+    return torch::Tensor();
+  });
+  ChunkedCrossEntropy(logits, y, /*reuse_logits=*/true).backward();
+  EXPECT_EQ(grad_data, logits.data_ptr());
+  EXPECT_LE((h.grad() - h_ref.grad()).abs().max().item<float>(), 1e-6);
   try {
     ChunkedCrossEntropy(torch::randn({2, 5, 3, 3}),
                         torch::zeros({2, 3, 3}, torch::kLong));

@@ -313,7 +313,10 @@ def _term_loss(kind: int, output: str, target: Any) -> Callable[[Any], Any]:
             out = selected(out)
             logits = out if isinstance(out, torch.Tensor) else floats(out)[0]
             try:
-                return chunked_cross_entropy(logits, target)
+                # As the worker: the step reads no output after the
+                # backward, so the logits take their gradient.
+                return chunked_cross_entropy(logits, target,
+                                             reuse_logits=True)
             except ValueError as e:
                 raise UsageError(str(e)) from None
         return chunked
