@@ -16,7 +16,10 @@ each system in a fresh process (clean allocator statistics):
                     one point per schedule of --mutwo_schedules DIR (the
                     *_b<batch>_mutwo_<budget>.schedule.json files
                     bench/gpu/run_benchmark.py writes), at most
-                    --mutwo_compile_points of them, spread over the budgets
+                    --mutwo_compile_points of them, spread over the budgets;
+                    its step computes the schedule's loss (a schedule
+                    planned with chunked_cross_entropy: that loss, with
+                    reuse_logits, as the worker; docs/loss.md)
 
     anchors.py --models resnet152,transformer --out FILE.jsonl
                [--compile_budgets 1.0,0.5,0.2,0.05] [--iterations 10]
@@ -26,12 +29,11 @@ Appends one JSON line per point: model, batch, system, peak_bytes
 (torch.cuda.max_memory_allocated over the timed steps), reserved_bytes,
 step_ms (median), warmup_s; or error. mutwo_compile points also carry
 method "mutwo_compile", schedule, budget_bytes, predicted_peak_bytes,
-predicted_iteration_ms, swaps_ignored (SWAP decisions kept on the device:
-SAC cannot swap) and policy_report (mutwo._compile's report: frames,
-decisions no op matched).
+predicted_iteration_ms, loss (the schedule's loss kind), swaps_ignored
+(SWAP decisions kept on the device: SAC cannot swap) and policy_report
+(mutwo._compile's report: frames, decisions no op matched).
 """
 import argparse
-import functools
 import glob
 import json
 import math
@@ -135,8 +137,14 @@ def child(args):
     elif system != "eager":
         raise SystemExit(f"unknown system {system!r}")
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    chunked = system.startswith("mutwo_compile:") and \
+        schedule.proto.loss.kind == schedule.proto.loss.CHUNKED_CROSS_ENTROPY
+    if chunked:
+        extra["loss"] = "chunked_cross_entropy"
 
     def loss_of(out):
+        if chunked:
+            return mutwo.chunked_cross_entropy(out, y, reuse_logits=True)
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
     def step():

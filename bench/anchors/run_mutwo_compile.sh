@@ -33,6 +33,12 @@ EXECUTE=${EXECUTE:-0}
 # Flags for `mutwo plan`, e.g. PLAN_FLAGS=--swap=false: recomputation only,
 # what the selective-checkpointing policy runs under torch.compile.
 PLAN_FLAGS=${PLAN_FLAGS:-}
+# LOSS_KIND=chunked_cross_entropy: mutwo's schedules planned with that loss
+# (docs/loss.md); verify and the mutwo_compile points then compute it too.
+LOSS_KIND=${LOSS_KIND:-cross_entropy}
+# MUTWO_DIR=DIR: schedules already planned there (run_benchmark.py --out),
+# for stage 4; stage 2 is skipped.
+MUTWO_DIR=${MUTWO_DIR:-}
 # torch.compile's own points, and whether stages 1 and 3 run (TESTS=0 and
 # VERIFY=0 skip them, for a run split over cards that only compares).
 COMPILE_BUDGETS=${COMPILE_BUDGETS:-1.0,0.5,0.2,0.05}
@@ -48,7 +54,7 @@ if [ "$TESTS" = 1 ]; then
     client/python/tests/test_verify.py bench/anchors/test_anchors.py > "$OUT/tests.log" 2>&1
   log "tests rc $?"
 fi
-if [ ! -x "$BUILD/bin/mutwo-worker" ]; then
+if [ -z "$MUTWO_DIR" ] && [ ! -x "$BUILD/bin/mutwo-worker" ]; then
   export CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')}
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUTWO_BUILD_TESTS=OFF > "$OUT/build.log" 2>&1 &&
     cmake --build "$BUILD" --target mutwo mutwo-worker >> "$OUT/build.log" 2>&1 || { log "build failed"; exit 1; }
@@ -60,12 +66,16 @@ for m in ${MODELS//,/ }; do
   batch=$(python3 -c "import sys; sys.path.insert(0, 'bench/gpu'); from make_models import SPECS; print(SPECS['$m']['batch'])")
   exec_flag=()
   [ "$EXECUTE" = 1 ] || exec_flag=(--execute_batches "$m=0")
-  python3 bench/gpu/run_benchmark.py --bin "$BUILD/bin" --models_dir "$MD" \
-    --out "$OUT/mutwo" --models "$m" --batches "$m=$batch" --budgets "$BUDGETS" \
-    --iterations 5 "${exec_flag[@]}" --plan_flags="$PLAN_FLAGS" 2>> "$OUT/mutwo.err"
-  log "$m planned rc $?"
+  SCHED=${MUTWO_DIR:-$OUT/mutwo}
+  if [ -z "$MUTWO_DIR" ]; then
+    python3 bench/gpu/run_benchmark.py --bin "$BUILD/bin" --models_dir "$MD" \
+      --out "$OUT/mutwo" --models "$m" --batches "$m=$batch" --budgets "$BUDGETS" \
+      --iterations 5 "${exec_flag[@]}" --plan_flags="$PLAN_FLAGS" \
+      --loss_kind "$LOSS_KIND" 2>> "$OUT/mutwo.err"
+    log "$m planned rc $?"
+  fi
   # verify: the lowest feasible budget and the middle one.
-  for s in $([ "$VERIFY" = 1 ] && python3 - "$OUT/mutwo" "$m" "$batch" <<'PY'
+  for s in $([ "$VERIFY" = 1 ] && python3 - "$SCHED" "$m" "$batch" <<'PY'
 import sys
 sys.path.insert(0, "bench/anchors")
 from anchors import mutwo_schedules
@@ -83,11 +93,11 @@ PY
     log "$m verify $name rc $(cat "$OUT/verify/$name.rc")"
   done
   python3 bench/anchors/anchors.py --models "$m" --systems eager,mutwo_compile \
-    --compile_budgets "$COMPILE_BUDGETS" --mutwo_schedules "$OUT/mutwo" \
+    --compile_budgets "$COMPILE_BUDGETS" --mutwo_schedules "$SCHED" \
     --mutwo_compile_points "$POINTS" --out "$OUT/anchors.jsonl" --iterations 10 \
     --timeout 600 > /dev/null 2>> "$OUT/anchors.err"
   log "$m anchors rc $?"
-  python3 bench/anchors/report.py --anchors "$OUT/anchors.jsonl" --mutwo "$OUT/mutwo" \
+  python3 bench/anchors/report.py --anchors "$OUT/anchors.jsonl" --mutwo "$SCHED" \
     --out "$OUT" > "$OUT/report.log" 2>&1
   log "$m report rc $?"
 done

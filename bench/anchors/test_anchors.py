@@ -118,3 +118,27 @@ def test_mutwo_folders_of_two_losses_are_merged_and_labelled(tmp_path):
     lines, _ = report.model_report("transformer", anchors_,
                                    alone["transformer"])
     assert not any("mutwo rows named" in line for line in lines)
+
+
+def test_an_anchor_is_matched_by_mutwo_under_torch_compile_too(tmp_path):
+    """Issue 27's bar counts mutwo's plan under torch.compile as an
+    answer: an anchor no worker point matches is matched by a mutwo_compile
+    point at or under its peak and time, and the row says that point's
+    loss as the worker's rows do."""
+    chunked = str(tmp_path / "chunked")
+    write_run(chunked, "chunked_cross_entropy:y:int64[B,128]{0,30000}",
+              [mutwo_point("mutwo", 3.76, 3.75, 46.8)])
+    runs = report.load_mutwo(chunked)
+    anchors_ = [{"model": "transformer", "batch": 64, "system": "eager",
+                 "peak_bytes": int(5.50e9), "step_ms": 46.4},
+                {"model": "transformer", "batch": 64,
+                 "system": "mutwo_compile:3.76GB", "method": "mutwo_compile",
+                 "loss": "chunked_cross_entropy",
+                 "peak_bytes": int(3.40e9), "step_ms": 44.5}]
+    lines, _ = report.model_report("transformer", anchors_,
+                                   runs["transformer"])
+    text = "\n".join(lines)
+    assert "| mutwo_compile:3.76GB chunked | 3.40 | 44.5 |" in text
+    assert ("- eager (5.50 GB, 46.4 ms): matched by mutwo_compile:3.76GB "
+            "chunked (3.40 GB, 44.5 ms)") in text
+    assert "- mutwo_compile:3.76GB chunked (3.40 GB" not in text

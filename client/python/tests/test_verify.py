@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -238,7 +239,11 @@ def test_gradients_that_differ_exit_1_naming_the_parameter(
                                          "--batch", "4"])
     assert code == 1
     assert "gradients       DIFFER" in out
-    assert "gradients (max |diff|" in err and "worst at block.lin" in err
+    # Both the block's and the head's gradients differ (the head reads the
+    # replayed output); which is worst depends on the torch build (block.lin
+    # under 1.13, head.weight under 2.11): the message names one of them.
+    assert "gradients (max |diff|" in err
+    assert re.search(r"worst at (block\.lin|head)\.", err), err
 
 
 def test_apply_measurements_and_budget_warnings_are_reported(
