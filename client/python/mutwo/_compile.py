@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 from torch import nn
 
@@ -335,10 +335,14 @@ class _Runtime:
         self.matched: Set[Tuple[str, str, int]] = set()
         self.calls = 0
         self.unattributed = 0
+        # A module path torch.compile gave that names no module (the
+        # report shows it).
+        self.unknown: Optional[str] = None
 
-    def module_now(self) -> Optional[str]:
+    def module_now(self, frame: Optional[str] = None) -> Optional[str]:
         """The innermost running module: torch.compile's nn_module_stack
-        while tracing, else the eager hooks' stack."""
+        while tracing, else the eager hooks' stack. `frame`: the path of
+        the checkpointed module whose policy asks."""
         try:
             from torch.fx import traceback as fx_traceback
             meta = getattr(fx_traceback, "current_meta", None) or {}
@@ -351,6 +355,18 @@ class _Runtime:
             path = _normalize_module_path(str(raw))
             if path in self.paths:
                 return path
+            # Reached through the checkpointed function itself (the frame's
+            # forward, bound to the frame's module: "L['forward'].__closure__
+            # [2].cell_contents.__self__.encoder.layers[0]" when the frame
+            # is the whole model): relative to the frame's module.
+            parts = path.split(".")
+            if frame is not None and "__self__" in parts:
+                k = len(parts) - 1 - parts[::-1].index("__self__")
+                full = ".".join(p for p in [frame] + parts[k + 1:] if p)
+                if full in self.paths:
+                    return full
+            if self.unknown is None:
+                self.unknown = str(raw)
             return None
         return self.stack[-1] if self.stack else None
 
@@ -397,7 +413,7 @@ class _Policy:
         name = getattr(packet, "__name__", None) or getattr(
             func, "__name__", str(func))
         self.rt.calls += 1
-        policy = self.decide(name, self.rt.module_now(),
+        policy = self.decide(name, self.rt.module_now(self.frame.path),
                              bool(getattr(ctx, "is_recompute", False)))
         return getattr(CheckpointPolicy, policy)
 
@@ -442,11 +458,17 @@ class CompiledSchedule:
         rows = [r for f in self.frames for r in f.rows]
         rec = sum(r.policy in (MUST_RECOMPUTE, PREFER_RECOMPUTE)
                   for r in rows)
+        trees = [p for f in self.frames for p in f.subtrees.values()]
+        tree_rec = sum(p == PREFER_RECOMPUTE for p in trees)
         lines = [f"mutwo torch.compile policy: {len(self.frames)} "
                  f"checkpointed frames ({', '.join(f.label for f in self.frames) or 'none'}); "
-                 f"{rec} recompute and {len(rows) - rec} save rows",
+                 f"{rec} recompute and {len(rows) - rec} save rows" + (
+                     f", {len(trees)} control-flow subtrees ({tree_rec} "
+                     "recomputed)" if trees else ""),
                  f"  policy calls {self._rt.calls}, without a known module "
-                 f"{self._rt.unattributed}"]
+                 f"{self._rt.unattributed}" + (
+                     f" (e.g. torch.compile's module path {self._rt.unknown!r})"
+                     if self._rt.unknown else "")]
         if self.schedule.swapped:
             lines.append(f"  note: {len(self.schedule.swapped)} SWAP "
                          "decisions ignored (kept on the device)")

@@ -8,7 +8,6 @@ bench/anchors/anchors.py --systems mutwo_compile)."""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
@@ -247,6 +246,34 @@ def test_compile_module_paths_are_normalized() -> None:
     assert n("getattr(L['self'].layer1, '0').bn1") == "layer1.0.bn1"
     assert n("L['self']") == ""
     assert n("layer1.0.conv1") == "layer1.0.conv1"
+
+
+def test_a_compile_module_path_through_the_checkpointed_forward(
+        monkeypatch: Any) -> None:
+    """Under torch.compile the policy reads the module from
+    nn_module_stack. When the compiler reached a module through the
+    checkpointed function (the frame's forward, bound to the frame's module:
+    how a frame that is the whole model is seen under torch 2.11), the path
+    is relative to the frame's module; a path naming no module is None and
+    shows in the report."""
+    from torch.fx import traceback as fx_traceback
+    rt = _compile._Runtime({"", "encoder", "encoder.layers.0",
+                            "encoder.layers.0.linear1", "linear1"})
+    through = "L['forward'].__closure__[2].cell_contents.__self__"
+
+    def at(raw: str, frame: Optional[str] = "") -> Optional[str]:
+        monkeypatch.setattr(fx_traceback, "current_meta", {
+            "nn_module_stack": {"k": (raw, object)}}, raising=False)
+        return rt.module_now(frame)
+    assert at("L['self'].encoder.layers[0]") == "encoder.layers.0"
+    assert at(through + ".encoder.layers[0].linear1") == \
+        "encoder.layers.0.linear1"
+    assert at(through) == ""
+    assert at(through + ".linear1", "encoder.layers.0") == \
+        "encoder.layers.0.linear1"
+    assert rt.unknown is None
+    assert at(through + ".decoder") is None
+    assert rt.unknown == through + ".decoder"
 
 
 @pytest.mark.skipif(hasattr(torch.utils.checkpoint, "CheckpointPolicy"),
