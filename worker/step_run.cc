@@ -39,6 +39,22 @@ std::vector<torch::Tensor> TensorsOf(const std::vector<c10::IValue>& values) {
   return out;
 }
 
+// Calls `fn` with the storage of every tensor `node` reads from `env`
+// (inside its blocks too), once per tensor.
+template <typename Fn>
+void ForEachStorageRead(const torch::jit::Node* node, const InterpreterEnv& env,
+                        const Fn& fn) {
+  ForEachRead(node, [&](const Value* v) {
+    auto it = env.find(v);
+    if (it == env.end()) return;
+    for (const torch::Tensor& t : FlattenTensors(it->second)) {
+      if (t.defined() && t.has_storage()) {
+        fn(t.storage().unsafeGetStorageImpl());
+      }
+    }
+  });
+}
+
 }  // namespace
 
 StepRun::StepRun(const StepContext& context, bool tracing)
@@ -271,15 +287,9 @@ void StepRun::Observe(int first, int last,
 void StepRun::RecordReads(int id, const InterpreterEnv& env) {
   if (!reader_[id]) return;  // no hook asks MayRead about it
   Storages& read = reads_[id];
-  ForEachRead(ctx_.graph->nodes()[id].node, [&](const Value* v) {
-    auto it = env.find(v);
-    if (it == env.end()) return;
-    for (const torch::Tensor& t : FlattenTensors(it->second)) {
-      if (t.defined() && t.has_storage()) {
-        read.insert(t.storage().unsafeGetStorageImpl());
-      }
-    }
-  });
+  ForEachStorageRead(
+      ctx_.graph->nodes()[id].node, env,
+      [&](const c10::StorageImpl* storage) { read.insert(storage); });
 }
 
 // A node inside a segment may read an earlier segment's output through an
@@ -293,20 +303,15 @@ void StepRun::RecordSegmentReads(size_t s, int id, const InterpreterEnv& env) {
   // inputs that earlier segments made are looked for, most segments none.)
   if (inputs_from_segments_.empty()) return;
   const int first = compiled_.segments[s].first_node;
-  ForEachRead(ctx_.graph->nodes()[id].node, [&](const Value* v) {
-    auto it = env.find(v);
-    if (it == env.end()) return;
-    for (const torch::Tensor& t : FlattenTensors(it->second)) {
-      if (!t.defined() || !t.has_storage()) continue;
-      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-      if (!inputs_from_segments_.contains(storage)) continue;
-      for (size_t o = 0; o < segments_.size(); ++o) {
-        if (o != s && compiled_.segments[o].last_node < first) {
-          segments_[o]->AddReader(storage, id);
+  ForEachStorageRead(
+      ctx_.graph->nodes()[id].node, env, [&](const c10::StorageImpl* storage) {
+        if (!inputs_from_segments_.contains(storage)) return;
+        for (size_t o = 0; o < segments_.size(); ++o) {
+          if (o != s && compiled_.segments[o].last_node < first) {
+            segments_[o]->AddReader(storage, id);
+          }
         }
-      }
-    }
-  });
+      });
 }
 
 void StepRun::Discover(int first, int last,
