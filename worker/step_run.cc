@@ -374,7 +374,7 @@ int StepRun::TakeOver(int id, InterpreterEnv& env) {
     inputs_from_segments_.clear();
     for (const torch::Tensor& t : tensors) {
       if (t.defined() && t.has_storage() &&
-          watched_.contains(t.storage().unsafeGetStorageImpl())) {
+          segment_outputs_.contains(t.storage().unsafeGetStorageImpl())) {
         inputs_from_segments_.insert(t.storage().unsafeGetStorageImpl());
       }
     }
@@ -383,7 +383,10 @@ int StepRun::TakeOver(int id, InterpreterEnv& env) {
   seg->Forward(env);
   *ctx_.current_step = "forward";
   for (const c10::StorageImpl* storage : seg->output_storages()) {
-    if (storage != nullptr) watched_.insert(storage);
+    if (storage != nullptr) {
+      watched_.insert(storage);
+      segment_outputs_.insert(storage);
+    }
   }
   std::vector<c10::IValue> outputs;
   for (const Value* v : plan.outputs) outputs.push_back(env.at(v));

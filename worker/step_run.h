@@ -131,6 +131,8 @@ class StepRun {
   // Storages Observe may match: segments' outputs and swaps' stashes
   // (identity only; entries stay after a free, which costs one Observe).
   Storages watched_;
+  // The segments' outputs among them (a swap's stash is not one).
+  Storages segment_outputs_;
   // The running segment's inputs that are earlier segments' outputs (what
   // RecordSegmentReads looks for; empty: nothing to look for).
   Storages inputs_from_segments_;
