@@ -1950,6 +1950,16 @@ def _refuse_infeasible(schedule: Schedule) -> None:
         "budget will not hold)")
 
 
+def _planned_with_chunked_loss(schedule: Schedule) -> bool:
+    """Whether the schedule's loss (or a term of it) is
+    chunked_cross_entropy."""
+    if schedule.proto is None:
+        return False
+    loss = schedule.proto.loss
+    kind = type(loss).CHUNKED_CROSS_ENTROPY
+    return loss.kind == kind or any(t.kind == kind for t in loss.terms)
+
+
 def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
           *, strict: bool = True, force: bool = False,
           prefetch_ahead: int = 2, skip_retained: bool = True,
@@ -2249,6 +2259,13 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     planned_inputs = PlannedInputs(
         schedule.proto.inputs if schedule.proto is not None else (),
         schedule.batch_size, model.forward)
+    if _planned_with_chunked_loss(schedule):
+        notes.append("the schedule was planned with the loss "
+                     "chunked_cross_entropy: compute it in your loop with "
+                     "mutwo.chunked_cross_entropy(logits, target, "
+                     "reuse_logits=True), or the step holds one to two "
+                     "logits-sized tensors more than the plan "
+                     "(docs/loss.md)")
     if not planned_inputs.recorded:
         notes.append("the schedule records no inputs (planned before "
                      "schedules recorded their step): forward's inputs are "

@@ -467,8 +467,8 @@ class CompiledSchedule:
                      "recomputed)" if trees else ""),
                  f"  policy calls {self._rt.calls}, without a known module "
                  f"{self._rt.unattributed}" + (
-                     f" (e.g. torch.compile's module path {self._rt.unknown!r})"
-                     if self._rt.unknown else "")]
+                     " (e.g. torch.compile's module path "
+                     f"{self._rt.unknown!r})" if self._rt.unknown else "")]
         if self.schedule.swapped:
             lines.append(f"  note: {len(self.schedule.swapped)} SWAP "
                          "decisions ignored (kept on the device)")

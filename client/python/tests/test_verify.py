@@ -695,3 +695,9 @@ def test_a_schedule_planned_with_the_chunked_loss_holds_in_the_eager_loop(
     m = v["apply_measurements"]
     assert m["saving_fraction"] >= 0.9, m
     assert v["apply_warnings"] == []
+    # mutwo.apply itself says which loss the plan counts on.
+    applied = mutwo.apply(load(model_py, "make_lm"),
+                          mutwo.Schedule.from_json(str(schedule)))
+    assert "mutwo.chunked_cross_entropy(logits, target, reuse_logits=True)" \
+        in applied.report()
+    applied.remove()
