@@ -119,6 +119,7 @@ def child(args):
     elif system.startswith("mutwo_compile:"):
         import copy
         import mutwo
+        from mutwo._apply import _planned_with_chunked_loss
         from mutwo._compile import apply_compiled, compiled_schedule_of
         schedule = mutwo.Schedule.from_json(args.schedule)
         # The eager step's gradients are reported beside the compiled
@@ -138,7 +139,7 @@ def child(args):
         raise SystemExit(f"unknown system {system!r}")
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     chunked = system.startswith("mutwo_compile:") and \
-        schedule.proto.loss.kind == schedule.proto.loss.CHUNKED_CROSS_ENTROPY
+        _planned_with_chunked_loss(schedule)
     if chunked:
         extra["loss"] = "chunked_cross_entropy"
 

@@ -158,7 +158,9 @@ def compile_dominance(ok):
 
 
 def model_report(model, anchors, run):
-    ok = [a for a in anchors if "peak_bytes" in a]
+    # mutwo_compile rows say their loss as the worker's rows do.
+    ok = [dict(a, system=a["system"] + loss_label(a.get("loss")))
+          for a in anchors if "peak_bytes" in a]
     eager = next((a for a in ok if a["system"] == "eager"), None)
     lines = [f"### {model}, batch {ok[0]['batch'] if ok else '?'}", ""]
     other = [l for l in (run or {}).get("losses", []) if loss_label(l)]
@@ -177,10 +179,6 @@ def model_report(model, anchors, run):
     answers = [m for m in mpts if m["policy"] == "mutwo"]
     lines += ["| system | peak GB | step ms | vs eager | predicted ms | "
               "pred/meas |", "| --- | --- | --- | --- | --- | --- |"]
-    for a in ok:
-        # mutwo_compile rows say their loss as the worker's rows do.
-        a["system"] += loss_label(a.get("loss")) \
-            if not a["system"].endswith(loss_label(a.get("loss"))) else ""
     for a in sorted(ok, key=lambda a: -a["peak_bytes"]):
         lines.append(f"| {a['system']} | {gb(a['peak_bytes']):.2f} | "
                      f"{a['step_ms']:.1f} | {a['step_ms'] / ref - 1:+.0%} | | |")
