@@ -24,6 +24,11 @@ each system in a fresh process (clean allocator statistics):
     anchors.py --models resnet152,transformer --out FILE.jsonl
                [--compile_budgets 1.0,0.5,0.2,0.05] [--iterations 10]
                [--systems eager,...,mutwo_compile --mutwo_schedules DIR]
+               [--warm_in_parallel N]
+
+--warm_in_parallel N: N children warm up (torch.compile takes 1-3 minutes
+a point on ResNet-152) at once; each is still timed alone, after all N are
+warm, with the others waiting idle; points record warmed_in_parallel.
 
 Appends one JSON line per point: model, batch, system, peak_bytes
 (torch.cuda.max_memory_allocated over the timed steps), reserved_bytes,
@@ -175,6 +180,12 @@ def child(args):
         step()
     torch.cuda.synchronize()
     warmup = time.time() - t0
+    if args.turn_dir:
+        # Warmed beside other children: wait for this one's turn to time,
+        # then one more untimed step (the card idled while waiting).
+        wait_for_turn(args.turn_dir, args.turn)
+        step()
+        torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(args.iterations):
@@ -193,6 +204,64 @@ def child(args):
         **({"policy_report": handle.report()} if handle else {})}))
 
 
+def wait_for_turn(turn_dir, turn):
+    """(child) Says it is warm (turn_dir/ready.TURN) and waits for
+    turn_dir/go.TURN; gives up when the parent is gone."""
+    open(os.path.join(turn_dir, f"ready.{turn}"), "w").close()
+    go = os.path.join(turn_dir, f"go.{turn}")
+    parent = os.getppid()
+    while not os.path.exists(go):
+        if os.getppid() != parent:
+            raise SystemExit("anchors.py: the parent is gone")
+        time.sleep(0.05)
+
+
+def run_in_turns(commands, width, timeout):
+    """Runs the child command lines `commands`, `width` at a time: each
+    group warms up (compiles) together, then, once every child of the group
+    is warm, times one child at a time while the others wait idle (nothing
+    else runs on the card or the host's cores during a timed step). Yields
+    (index, returncode or None on a timeout, stdout, stderr, seconds from
+    start to exit) in order."""
+    import tempfile
+    for start in range(0, len(commands), width):
+        group = list(enumerate(commands[start:start + width], start))
+        with tempfile.TemporaryDirectory(prefix="anchors-turns-") as d:
+            procs = {}
+            for k, cmd in group:
+                out = open(os.path.join(d, f"out.{k}"), "w+")
+                err = open(os.path.join(d, f"err.{k}"), "w+")
+                procs[k] = (subprocess.Popen(
+                    cmd + ["--turn_dir", d, "--turn", str(k)],
+                    stdout=out, stderr=err, text=True), out, err, time.time())
+            deadline = time.time() + timeout
+
+            def warm_or_done(k):
+                return (os.path.exists(os.path.join(d, f"ready.{k}"))
+                        or procs[k][0].poll() is not None)
+
+            while not all(warm_or_done(k) for k, _ in group) and \
+                    time.time() < deadline:
+                time.sleep(0.2)
+            for k, _ in group:
+                p, out, err, t0 = procs[k]
+                code = None
+                if warm_or_done(k):
+                    open(os.path.join(d, f"go.{k}"), "w").close()
+                    try:
+                        code = p.wait(timeout=timeout)
+                    except subprocess.TimeoutExpired:
+                        pass
+                if code is None:
+                    p.kill()
+                    p.wait()
+                out.seek(0)
+                err.seek(0)
+                yield k, code, out.read(), err.read(), time.time() - t0
+                out.close()
+                err.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", action="store_true")
@@ -208,6 +277,12 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out")
     ap.add_argument("--schedule", help="(child) a mutwo schedule JSON")
+    ap.add_argument("--turn_dir", help="(child) run_in_turns' folder")
+    ap.add_argument("--turn", type=int, default=0, help="(child)")
+    ap.add_argument("--warm_in_parallel", type=int, default=1,
+                    help="children warming up (compiling) at once; each is "
+                    "still timed alone, once all of its group are warm "
+                    "(1: one child after another)")
     ap.add_argument("--mutwo_schedules", "--mutwo-schedules",
                     help="directory of mutwo schedule JSONs "
                     "(bench/gpu/run_benchmark.py --out) for mutwo_compile")
@@ -240,6 +315,7 @@ def main():
                                   f"{args.mutwo_schedules}"}), flush=True)
             runs += [(f"mutwo_compile:{label}", path)
                      for label, path in found]
+        commands = []
         for system, schedule in runs:
             cmd = [sys.executable, __file__, "--child", "--model", model,
                    "--system", system, "--device", args.device,
@@ -247,27 +323,47 @@ def main():
                    "--batch", str(args.batch)]
             if schedule:
                 cmd += ["--schedule", schedule]
-            t0 = time.time()
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True,
-                                   timeout=args.timeout)
-                lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-                point = (json.loads(lines[-1]) if p.returncode == 0 and lines
-                         else {"model": model, "system": system,
-                               "error": p.stderr.strip()[-800:]})
-                if schedule:
-                    point.setdefault("method", "mutwo_compile")
-                    point.setdefault("schedule", schedule)
-            except subprocess.TimeoutExpired:
+            commands.append(cmd)
+        if args.warm_in_parallel > 1:
+            finished = run_in_turns(commands, args.warm_in_parallel,
+                                    args.timeout)
+        else:
+            finished = (run_one(k, cmd, args.timeout)
+                        for k, cmd in enumerate(commands))
+        for k, code, stdout, stderr, wall in finished:
+            system, schedule = runs[k]
+            lines = [l for l in stdout.splitlines() if l.startswith("{")]
+            if code is None:
                 point = {"model": model, "system": system,
                          "error": f"timed out after {args.timeout} s"}
-            point["wall_s"] = time.time() - t0
+            elif code == 0 and lines:
+                point = json.loads(lines[-1])
+            else:
+                point = {"model": model, "system": system,
+                         "error": stderr.strip()[-800:]}
+            if schedule:
+                point.setdefault("method", "mutwo_compile")
+                point.setdefault("schedule", schedule)
+            point["wall_s"] = wall
+            if args.warm_in_parallel > 1:
+                point["warmed_in_parallel"] = args.warm_in_parallel
             line = json.dumps(point)
             print(line, flush=True)
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(line + "\n")
 
+
+def run_one(k, cmd, timeout):
+    """One child alone: (k, returncode or None on a timeout, stdout,
+    stderr, seconds)."""
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=timeout)
+        return k, p.returncode, p.stdout, p.stderr, time.time() - t0
+    except subprocess.TimeoutExpired:
+        return k, None, "", "", time.time() - t0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -142,3 +142,40 @@ def test_an_anchor_is_matched_by_mutwo_under_torch_compile_too(tmp_path):
     assert ("- eager (5.50 GB, 46.4 ms): matched by mutwo_compile:3.76GB "
             "chunked (3.40 GB, 44.5 ms)") in text
     assert "- mutwo_compile:3.76GB chunked (3.40 GB" not in text
+
+
+FAKE_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, %r)
+import anchors
+args = sys.argv[1:]
+turn_dir = args[args.index("--turn_dir") + 1]
+k = int(args[args.index("--turn") + 1])
+if "fail" in args:
+    sys.exit(3)
+if "hang" in args:
+    time.sleep(60)
+time.sleep(0.1 * (4 - k))  # warm in another order than they are timed
+warm = time.time()
+anchors.wait_for_turn(turn_dir, k)
+go = time.time()
+time.sleep(0.05)
+print(json.dumps({"k": k, "warm": warm, "go": go, "end": time.time()}))
+""" % HERE
+
+
+def test_children_warmed_together_are_timed_one_at_a_time():
+    commands = [[sys.executable, "-c", FAKE_CHILD, what]
+                for what in ("ok", "ok", "fail", "ok", "ok", "hang")]
+    done = list(anchors.run_in_turns(commands, 3, timeout=4))
+    assert [k for k, *_ in done] == list(range(6))
+    codes = [code for _, code, *_ in done]
+    assert codes == [0, 0, 3, 0, 0, None]  # the hang is killed
+    runs = [json.loads(out) for _, code, out, _, _ in done if code == 0]
+    groups = [[r for r in runs if r["k"] < 3], [r for r in runs if r["k"] >= 3]]
+    for group in groups:
+        # Every child of a group is warm before the first is timed ...
+        assert min(r["go"] for r in group) >= max(r["warm"] for r in group)
+    # ... and no two timed windows overlap.
+    windows = sorted((r["go"], r["end"]) for r in runs)
+    assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:]))
