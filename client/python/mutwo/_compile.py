@@ -431,6 +431,68 @@ def _require_sac() -> None:
             "mutwo.apply(model, schedule)")
 
 
+class _PeakCheck:
+    """Compile mode's check of the budget where the device reports a peak
+    (CUDA): torch.cuda.max_memory_allocated from the second forward with
+    gradients to the third, that is the second training step with its
+    backward and optimizer step (the first one compiles), against the
+    schedule's budget. Warns once (BudgetWarning), with the figures, when
+    the peak is over the budget. Called outside the compiled graph at each
+    forward with gradients, with the model's CUDA device (None elsewhere:
+    nothing measured)."""
+
+    def __init__(self, budget_bytes: int, predicted_peak_bytes: int):
+        self.budget_bytes = budget_bytes
+        self.predicted_peak_bytes = predicted_peak_bytes
+        self.forwards = 0
+        self.peak_bytes: Optional[int] = None
+
+    def over_budget(self) -> bool:
+        return (self.peak_bytes is not None and self.budget_bytes > 0
+                and self.peak_bytes > self.budget_bytes)
+
+    def __call__(self, device: Any) -> None:
+        if device is None or self.peak_bytes is not None:
+            return
+        import torch
+        memory = torch.cuda
+        self.forwards += 1
+        if self.forwards == 2:
+            memory.synchronize(device)
+            memory.reset_peak_memory_stats(device)
+        elif self.forwards == 3:
+            memory.synchronize(device)
+            self.peak_bytes = int(memory.max_memory_allocated(device))
+            if self.over_budget():
+                import warnings
+                from mutwo._apply import BudgetWarning
+                from mutwo._specs import format_bytes
+                warnings.warn(
+                    "mutwo.apply(mode=\"compile\"): the second training "
+                    f"step peaked at {format_bytes(self.peak_bytes)} "
+                    "(torch.cuda.max_memory_allocated), over the budget "
+                    f"{format_bytes(self.budget_bytes)} (predicted peak "
+                    f"{format_bytes(self.predicted_peak_bytes)}): under "
+                    "torch.compile the partitioner decides the ops the "
+                    "schedule does not name; eager mutwo.apply holds the "
+                    "budget", BudgetWarning, stacklevel=2)
+
+    def report_line(self) -> Optional[str]:
+        if self.peak_bytes is None:
+            return None
+        from mutwo._specs import format_bytes
+        return (f"  second step: peak {format_bytes(self.peak_bytes)} "
+                "(torch.cuda.max_memory_allocated), budget "
+                f"{format_bytes(self.budget_bytes)}: "
+                f"{'OVER' if self.over_budget() else 'within'}")
+
+
+def _cuda_device(model: nn.Module) -> Any:
+    """The device of the model's first parameter when it is a CUDA one."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None and param.is_cuda else None
+
+
 class CompiledSchedule:
     """A schedule applied for torch.compile: the frames checkpointed, the
     policy rows, what matched; `remove()` restores the forwards."""
@@ -438,9 +500,10 @@ class CompiledSchedule:
     def __init__(self, model: nn.Module, schedule: Schedule,
                  frames: List[FramePolicy], rt: _Runtime,
                  undo: List[Callable[[], None]], swaps: str,
-                 step_check: Any):
+                 step_check: Any, peak_check: _PeakCheck):
         self.model = model
         self.step_check = step_check
+        self.peak_check = peak_check
         self.schedule = schedule
         self.frames = frames
         self._rt = rt
@@ -478,6 +541,9 @@ class CompiledSchedule:
                          "inputs are not checked against its batch "
                          f"{self.schedule.batch_size}")
         lines += self.step_check.report_lines()
+        peak = self.peak_check.report_line()
+        if peak:
+            lines.append(peak)
         if self._rt.calls:
             for r in self.unmatched():
                 lines.append(f"  not matched: {r.policy} "
@@ -485,6 +551,12 @@ class CompiledSchedule:
                              f"{r.decision.op_kind} (looked for "
                              f"{'/'.join(r.ops)} #{r.occurrence})")
         return "\n".join(lines)
+
+    @property
+    def measured_peak_bytes(self) -> Optional[int]:
+        """The second training step's peak on a CUDA device (None before
+        three forwards with gradients ran, or off CUDA)."""
+        return self.peak_check.peak_bytes
 
     def remove(self) -> None:
         for undo in reversed(self._undo):
@@ -495,15 +567,23 @@ class CompiledSchedule:
 
 
 def _check_inputs_first(model: nn.Module, step_check: Any,
+                        peak_check: _PeakCheck,
                         undo: List[Callable[[], None]]) -> None:
     """Wraps the model's forward (outermost, around any frame) to check a
-    forward with gradients against the planned step before it runs."""
+    forward with gradients against the planned step before it runs, and
+    to measure the second step's peak (`_PeakCheck`)."""
     import torch
     from mutwo import _apply
-    # torch.compile runs the check in Python (a graph break before the
-    # model's graph) rather than tracing inspect's argument binding.
+    # torch.compile runs the checks in Python (a graph break before the
+    # model's graph) rather than tracing inspect's argument binding or the
+    # allocator's statistics.
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    check = disable(step_check) if disable is not None else step_check
+
+    def checks(args: Any, kwargs: Any) -> None:
+        step_check(args, kwargs)
+        peak_check(_cuda_device(model))
+
+    check = disable(checks) if disable is not None else checks
 
     def make(forward: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(forward)
@@ -619,8 +699,10 @@ def apply_compiled(model: nn.Module,
         PlannedInputs(schedule.proto.inputs if schedule.proto is not None
                       else (), schedule.batch_size, model.forward),
         strict, "compiled_schedule_of(model).report()")
-    _check_inputs_first(model, step_check, undo)
+    peak_check = _PeakCheck(schedule.budget_bytes,
+                            schedule.predicted_peak_bytes)
+    _check_inputs_first(model, step_check, peak_check, undo)
     handle = CompiledSchedule(model, schedule, frames, rt, undo, swaps,
-                              step_check)
+                              step_check, peak_check)
     model._mutwo_compiled = handle  # type: ignore[assignment]
     return model

@@ -216,3 +216,57 @@ def test_mode_compile_strict_false_runs_another_step_and_warns_once(
         model(torch.randn(8, 8)).sum().backward()
     report = _compile.compiled_schedule_of(model).report()
     assert "not the planned step: 2 forward(s)" in report, report
+
+
+@pytest.mark.parametrize("peak,over", [(5000, True), (3000, False)])
+def test_mode_compile_measures_the_second_step_and_warns_once_over_budget(
+        monkeypatch: pytest.MonkeyPatch, peak: int, over: bool) -> None:
+    # On a CUDA device compile mode reads torch.cuda's peak over the second
+    # training step (reset at its forward, read at the next one; the first
+    # compiles) and warns once, with the figures, when it is over the
+    # budget. Here the device and torch.cuda's calls are stand-ins.
+    stand_in_sac(monkeypatch)
+    from mutwo import _compile
+    calls: list = []
+    monkeypatch.setattr(_compile, "_cuda_device", lambda model: "cuda:7")
+    monkeypatch.setattr(torch.cuda, "synchronize",
+                        lambda d=None: calls.append(("sync", d)))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda d=None: calls.append(("reset", d)))
+
+    def read(d: object = None) -> int:
+        calls.append(("read", d))
+        return peak
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", read)
+    model = mlp()
+    proto = planned(model, ["x:float32[B,8]"], 32).proto
+    proto.budget_bytes, proto.predicted_peak_bytes = 4000, 3900
+    mutwo.apply(model, mutwo.Schedule.from_proto(proto), mode="compile")
+    handle = _compile.compiled_schedule_of(model)
+
+    def step() -> None:
+        model(torch.randn(32, 8)).sum().backward()
+
+    step()
+    with torch.no_grad():
+        model(torch.randn(32, 8))  # not a training step: not counted
+    assert calls == [] and handle.measured_peak_bytes is None
+    step()
+    assert calls == [("sync", "cuda:7"), ("reset", "cuda:7")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step()
+        step()
+    assert calls[2:] == [("sync", "cuda:7"), ("read", "cuda:7")]
+    assert handle.measured_peak_bytes == peak
+    budget = [w for w in caught if issubclass(w.category, mutwo.BudgetWarning)]
+    if over:
+        assert len(budget) == 1
+        text = str(budget[0].message)
+        assert "second training step peaked at 4.88 KiB" in text, text
+        assert "over the budget 3.91 KiB" in text, text
+        assert "OVER" in handle.report()
+    else:
+        assert budget == []
+        assert "second step: peak 2.93 KiB" in handle.report()
+        assert "within" in handle.report()
