@@ -501,13 +501,22 @@ absl::Status Executor::PrepareUserStep(const v1::Schedule& schedule) {
 
 absl::StatusOr<torch::Tensor> Executor::UserStep(
     std::vector<c10::IValue> inputs,
-    const std::function<torch::Tensor(const c10::IValue&)>& loss) {
+    const std::function<torch::Tensor(const c10::IValue&)>& loss,
+    int64_t* peak_bytes) {
   State& s = *state_;
   s.inputs = std::move(inputs);
   s.user_loss = loss;
+  if (peak_bytes != nullptr) {
+    s.backend->Synchronize();
+    s.backend->ResetPeak();
+  }
   absl::StatusOr<torch::Tensor> out = s.Step(/*scheduled=*/true);
   s.user_loss = nullptr;
   s.inputs.clear();  // the caller's tensors are not held between steps
+  if (peak_bytes != nullptr && out.ok()) {
+    s.backend->Synchronize();
+    *peak_bytes = s.backend->PeakBytes();
+  }
   return out;
 }
 

@@ -110,9 +110,13 @@ class Executor {
   // parameters (.grad), as after loss.backward(). Returns the loss.
   // Errors: ResourceExhausted for an out-of-memory, InvalidArgument naming
   // the step for other LibTorch errors (those of `loss` too).
+  // `peak_bytes`: the device backend's high-water mark over the step (reset
+  // when it starts; what the caller holds counts, as it does in the
+  // worker's measure), written when the step succeeds.
   [[nodiscard]] absl::StatusOr<at::Tensor> UserStep(
       std::vector<c10::IValue> inputs,
-      const std::function<at::Tensor(const c10::IValue&)>& loss);
+      const std::function<at::Tensor(const c10::IValue&)>& loss,
+      int64_t* peak_bytes = nullptr);
 
   const std::string& graph_fingerprint() const;
   int num_nodes() const;

@@ -15,6 +15,7 @@
 #include "common/parse.h"
 #include "common/proto_io.h"
 #include "mutwo/v1/types.pb.h"
+#include "spdlog/spdlog.h"
 #include "worker/chunked_cross_entropy.h"
 #include "worker/executor.h"
 #include "worker/inputs.h"
@@ -165,6 +166,9 @@ struct ScheduledStep::Impl {
   // specialised to them).
   std::vector<v1::TensorSpec> planned_inputs;
   int64_t planned_batch = 0;
+  // Runs that completed; the second one's peak (measured_peak_bytes()).
+  int runs = 0;
+  int64_t measured_peak = 0;
 };
 
 ScheduledStep::ScheduledStep(const torch::jit::Module& model,
@@ -224,9 +228,37 @@ torch::Tensor ScheduledStep::Run(
     ThrowIfError((*executor)->PrepareUserStep(s), "applying the schedule");
     impl_->executor = *std::move(executor);
   }
-  absl::StatusOr<torch::Tensor> out = impl_->executor->UserStep(inputs, loss);
+  // The second Run is measured: the first runs before the caller's
+  // optimizer has made its state.
+  const bool measure = impl_->runs == 1;
+  int64_t peak = 0;
+  absl::StatusOr<torch::Tensor> out =
+      impl_->executor->UserStep(inputs, loss, measure ? &peak : nullptr);
   ThrowIfError(out.status(), "training step");
+  ++impl_->runs;
+  if (measure) {
+    impl_->measured_peak = peak;
+    if (over_budget()) {
+      const v1::Schedule& s = impl_->schedule;
+      spdlog::warn(
+          "mutwo::ScheduledStep: the second step peaked at {} (forward, "
+          "loss and backward), over the schedule's budget {} (predicted "
+          "peak {}): the budget does not hold in this loop",
+          FormatBytes(peak), FormatBytes(s.budget_bytes()),
+          FormatBytes(s.predicted_peak_bytes()));
+    }
+  }
   return *std::move(out);
+}
+
+int64_t ScheduledStep::measured_peak_bytes() const {
+  return impl_->measured_peak;
+}
+
+bool ScheduledStep::over_budget() const {
+  const int64_t budget = impl_->schedule.budget_bytes();
+  return impl_->measured_peak > 0 && budget > 0 &&
+         impl_->measured_peak > budget;
 }
 
 int ScheduledStep::recomputed() const {

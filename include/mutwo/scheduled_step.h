@@ -101,6 +101,17 @@ class ScheduledStep {
   // The executor's graph's once Run ran, the schedule's before.
   const std::string& graph_fingerprint() const;
 
+  // The second Run's peak (the first after your optimizer made its state):
+  // the device's high-water mark from its start to the end of its backward
+  // (on CUDA the caching allocator's allocated bytes, on the CPU mutwo's
+  // counting allocator: the worker's measure), what your loop holds
+  // included; your optimizer step is not in it. 0 before the second Run.
+  // When it is over the schedule's budget, Run logs a warning once (spdlog)
+  // naming both: the budget does not hold in this loop (an optimizer with
+  // more state than the planned one, tensors your loss keeps).
+  int64_t measured_peak_bytes() const;
+  bool over_budget() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -142,6 +142,49 @@ TEST_F(ScheduledStepTest, AScheduleWithoutRecordedInputsHoldsToTheFirstCall) {
                         "float32[4,3,16,16] (batch 4)"));
 }
 
+// The second Run's peak is measured (the device backend's high-water mark
+// over forward, loss and backward) and judged against the schedule's
+// budget: within it for a loop that releases its gradients before each
+// step (the planned step's), over it when the loop's loss holds a tensor
+// of the budget's size.
+TEST_F(ScheduledStepTest, TheSecondStepsPeakIsMeasuredAgainstTheBudget) {
+  v1::Schedule schedule;
+  ASSERT_TRUE(ProtoFromJson(Schedule().text, "schedule", &schedule).ok());
+  const int64_t budget = schedule.budget_bytes();
+  ASSERT_GT(budget, 0);
+  const torch::Tensor x = torch::randn({4, 3, 16, 16});
+  auto release_grads = [](torch::jit::Module& model) {
+    for (torch::Tensor p : model.parameters())
+      p.mutable_grad() = torch::Tensor();
+  };
+  {
+    torch::jit::Module model = Model();
+    ScheduledStep step(model, Schedule());
+    step.Run({x}, Loss);
+    EXPECT_EQ(step.measured_peak_bytes(), 0);
+    release_grads(model);
+    step.Run({x}, Loss);
+    const int64_t peak = step.measured_peak_bytes();
+    // At least the parameters and the input are resident.
+    EXPECT_GT(peak, x.nbytes());
+    EXPECT_LE(peak, budget) << "peak " << peak << ", budget " << budget;
+    EXPECT_FALSE(step.over_budget());
+    step.Run({x}, Loss);
+    EXPECT_EQ(step.measured_peak_bytes(), peak);  // the second Run's
+  }
+  torch::jit::Module model = Model();
+  ScheduledStep step(model, Schedule());
+  std::vector<torch::Tensor> held;
+  auto holding = [&](const torch::IValue& out) {
+    held.push_back(torch::zeros({budget / 4 + 1}));
+    return Loss(out);
+  };
+  step.Run({x}, Loss);
+  step.Run({x}, holding);
+  EXPECT_GT(step.measured_peak_bytes(), budget);
+  EXPECT_TRUE(step.over_budget());
+}
+
 // A LibTorch loop's loss for a schedule planned with chunked_cross_entropy:
 // torch's cross entropy over [B,T,V] logits, loss and gradient; shapes that
 // do not fit are refused naming them.
