@@ -17,6 +17,12 @@
 # takes longer than one 10-minute device command: start it detached
 # (setsid) and collect OUT_DIR while it runs;
 # OUT_DIR/DONE marks the end.
+# MUTWO_COMPILE_POINTS=N also measures N of mutwo's schedules under
+# torch.compile (anchors.py's mutwo_compile points: the schedules the worker
+# just planned, SWAP decisions kept on the device), so one run answers every
+# anchor with the worker's points and mutwo's plan under the compiler.
+# WARM_IN_PARALLEL=N: N anchor processes compile at once (anchors.py
+# --warm_in_parallel; each is still timed alone).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: bench/anchors/run_all.sh OUT_DIR [MODELS]}
@@ -33,7 +39,12 @@ for m in ${MODELS//,/ }; do
     --out "$OUT/mutwo" --models "$m" --batches "$m=$batch" --budgets 10 \
     --iterations 5 --loss_kind "${LOSS_KIND:-cross_entropy}" 2>> "$OUT/mutwo.err"
   echo "$m mutwo rc $? $(( $(date +%s) - t0 )) s" >> "$OUT/progress.log"
+  systems=eager,ckpt_block,ckpt_sqrt
+  [ "${MUTWO_COMPILE_POINTS:-0}" -gt 0 ] && systems=$systems,mutwo_compile
   python3 bench/anchors/anchors.py --models "$m" --compile_budgets 1.0,0.5,0.2,0.05 \
+    --systems "$systems" --mutwo_schedules "$OUT/mutwo" \
+    --mutwo_compile_points "${MUTWO_COMPILE_POINTS:-0}" \
+    --warm_in_parallel "${WARM_IN_PARALLEL:-1}" \
     --out "$OUT/anchors.jsonl" --iterations 10 > /dev/null 2>> "$OUT/anchors.err"
   echo "$m anchors rc $? $(( $(date +%s) - t0 )) s" >> "$OUT/progress.log"
   python3 bench/anchors/report.py --anchors "$OUT/anchors.jsonl" --mutwo "$OUT/mutwo" \
