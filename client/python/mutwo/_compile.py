@@ -446,13 +446,16 @@ class _PeakCheck:
         self.predicted_peak_bytes = predicted_peak_bytes
         self.forwards = 0
         self.peak_bytes: Optional[int] = None
+        # False: nothing measured (`mutwo verify` measures the steps itself
+        # and resets the statistics between them).
+        self.active = True
 
     def over_budget(self) -> bool:
         return (self.peak_bytes is not None and self.budget_bytes > 0
                 and self.peak_bytes > self.budget_bytes)
 
     def __call__(self, device: Any) -> None:
-        if device is None or self.peak_bytes is not None:
+        if device is None or self.peak_bytes is not None or not self.active:
             return
         import torch
         memory = torch.cuda

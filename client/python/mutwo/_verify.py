@@ -527,6 +527,8 @@ class Session:
         self.device = device
         self.cuda = device.type == "cuda"
         self.model = user.model.to(device).train()
+        # What a step calls: the model, or torch.compile's module of it.
+        self.forward: Callable[..., Any] = self.model
         self.batch = batch
         self.target = target
         self.loss_fn = loss_fn
@@ -554,7 +556,7 @@ class Session:
         and buffers, copied to the CPU."""
         self.reset()
         self.seeded()
-        loss = self.loss_fn(self.model(*self.batch))
+        loss = self.loss_fn(self.forward(*self.batch))
         loss.backward()
         value = float(loss.detach())
         del loss
@@ -579,7 +581,7 @@ class Session:
                 opt.zero_grad(set_to_none=True)
             else:
                 self.model.zero_grad(set_to_none=True)
-            self.loss_fn(self.model(*self.batch)).backward()
+            self.loss_fn(self.forward(*self.batch)).backward()
             if opt is not None:
                 opt.step()
 
@@ -690,8 +692,11 @@ def format_bytes(n: float) -> str:
 def format_table(v: Dict[str, Any]) -> str:
     """The table `mutwo-worker execute` prints (FormatValidationText), plus
     the peak measure and what mutwo.apply reported."""
-    out = [f"device          {v['device']['name']} ({v['device']['kind']})",
-           f"batch size      {v['batch_size']}",
+    out = [f"device          {v['device']['name']} ({v['device']['kind']})"]
+    if v.get("mode") == "compile":
+        out.append("mode            torch.compile (baseline: the model "
+                   "compiled without the schedule)")
+    out += [f"batch size      {v['batch_size']}",
            f"decisions       {v['recomputed']} recomputed, {v['swapped']} "
            "swapped"]
     if v["oom"]:
@@ -755,6 +760,10 @@ def problems_of(v: Dict[str, Any]) -> str:
         m, b = v["scheduled"]["peak_bytes"], v["budget_bytes"]
         problems.append("measured peak %s exceeds the budget %s by %.1f%%" % (
             format_bytes(m), format_bytes(b), 100.0 * (m - b) / b))
+    if v.get("mode") == "compile" and v.get("decisions_unmatched"):
+        problems.append(f"{v['decisions_unmatched']} recompute decisions "
+                        "matched no op torch.compile traced (report lists "
+                        "them)")
     if not v["oom"] and "gradients_match" in v:
         differ = []
         if not v["gradients_match"]:
@@ -870,6 +879,94 @@ def use_planned_step(args: argparse.Namespace, schedule: Any,
         args.optimizer = "sgd"
 
 
+def _measure_eager(args: argparse.Namespace, v: Dict[str, Any],
+                   session: Session, schedule: Any, warned: List[Any],
+                   phase: List[str]) -> None:
+    """The unmodified step beside eager mutwo.apply: comparison steps,
+    then timed steps; fills `v`, `phase[0]` says where it is."""
+    import mutwo._apply as apply_mod
+    with deterministic_kernels(session.cuda):
+        base = session.compare_step()
+        again = session.compare_step() if session.cuda else None
+        phase[0] = "scheduled comparison step"
+        # The first step under the schedule: mutwo.apply checks every
+        # decision matched a saved tensor (strict) and measures it.
+        with _budget_warnings(warned), \
+                apply_mod.apply(session.model, schedule,
+                                force=args.force) as applied:
+            sched = session.compare_step()
+            m = applied.measurements()
+            v["decisions_unmatched"] = len(applied.unmatched())
+    v["apply_measurements"] = measurements_dict(m)
+    v.update(compare(base, sched, again, args.grad_rtol, args.grad_atol))
+    phase[0] = "unmodified timed steps"
+    peak, ms, _ = session.timed(args.steps)
+    v["baseline"] = {"peak_bytes": peak, "iteration_ms": ms}
+    phase[0] = "scheduled timed steps"
+    with _budget_warnings(warned), \
+            apply_mod.apply(session.model, schedule,
+                            force=args.force) as applied:
+        peak, ms, _ = session.timed(args.steps)
+        report = applied.report()
+    v["scheduled"] = {"peak_bytes": peak, "iteration_ms": ms}
+    v["apply_report"] = report
+
+
+def _compile_precheck(model: Any, schedule: Any, force: bool) -> None:
+    """--mode compile: what apply_compiled refuses (PyTorch < 2.4, SWAP
+    decisions, another model's schedule) before anything runs; the model
+    is left as it was."""
+    from mutwo._compile import apply_compiled, compiled_schedule_of
+    try:
+        apply_compiled(model, schedule, force=force)
+    except RuntimeError as e:
+        raise UsageError(f"--mode compile: {e}") from None
+    compiled_schedule_of(model).remove()
+
+
+def _measure_compiled(args: argparse.Namespace, v: Dict[str, Any],
+                      session: Session, schedule: Any, warned: List[Any],
+                      phase: List[str]) -> None:
+    """--mode compile: torch.compile of the unmodified model (the baseline:
+    the compiler's own step), then torch.compile of the same model with
+    the schedule's selective-checkpointing policy
+    (mutwo._compile.apply_compiled): comparison steps (gradients against
+    the compiled unmodified step; a second one measures its noise), then
+    timed steps; fills `v`."""
+    import torch
+    from mutwo._compile import apply_compiled, compiled_schedule_of
+    session.forward = torch.compile(session.model)
+    base = session.compare_step()
+    again = session.compare_step()
+    phase[0] = "unmodified timed steps"
+    peak, ms, _ = session.timed(args.steps)
+    v["baseline"] = {"peak_bytes": peak, "iteration_ms": ms}
+    phase[0] = "scheduled comparison step"
+    # The same module object with the policy's frames: compiled afresh.
+    torch.compiler.reset()
+    apply_compiled(session.model, schedule, force=args.force)
+    handle = compiled_schedule_of(session.model)
+    handle.peak_check.active = False  # the session measures the steps
+    session.forward = torch.compile(session.model)
+    try:
+        with _budget_warnings(warned):
+            sched = session.compare_step()
+            # RECOMPUTE decisions no op the compiler traced matched: the
+            # partitioner decides those (SAVE rows left unmatched are
+            # the partitioner's as well, but cost no planned saving).
+            v["decisions_unmatched"] = sum(
+                r.decision.action == "RECOMPUTE" for r in handle.unmatched())
+            v.update(compare(base, sched, again, args.grad_rtol,
+                             args.grad_atol))
+            phase[0] = "scheduled timed steps"
+            peak, ms, _ = session.timed(args.steps)
+        v["scheduled"] = {"peak_bytes": peak, "iteration_ms": ms}
+        v["apply_report"] = handle.report()
+    finally:
+        handle.remove()
+        session.forward = session.model
+
+
 def verify(args: argparse.Namespace, out: Any = None,
            err: Any = None) -> int:
     """Runs `verify`; returns the exit code."""
@@ -926,6 +1023,11 @@ def verify(args: argparse.Namespace, out: Any = None,
                             force=args.force).remove()
         except apply_mod.ScheduleMismatchError as e:
             raise UsageError(f"--schedule {args.schedule}: {e}") from None
+        if args.mode == "compile":
+            try:
+                _compile_precheck(session.model, schedule, args.force)
+            except ValueError as e:  # SWAP decisions, another model's
+                raise UsageError(f"--schedule {args.schedule}: {e}") from None
     except UsageError as e:
         print(f"{prog}: {e}", file=err)
         return EXIT_BAD_INPUT
@@ -948,41 +1050,21 @@ def verify(args: argparse.Namespace, out: Any = None,
         else CPU_PEAK_MEASURE, "torch": torch.__version__,
         "feasible": schedule.feasible, "forced": bool(args.force and not schedule.feasible),
         "apply_measurements": None, "apply_warnings": [],
+        "mode": args.mode,
     }
     oom_types: Tuple[type, ...] = tuple(
         t for t in (getattr(torch.cuda, "OutOfMemoryError", None),)
         if t is not None)
-    phase = "unmodified comparison step"
+    phase = ["unmodified comparison step"]
     warned: List[Any] = []
     try:
-        with deterministic_kernels(session.cuda):
-            base = session.compare_step()
-            again = session.compare_step() if session.cuda else None
-            phase = "scheduled comparison step"
-            # The first step under the schedule: mutwo.apply checks every
-            # decision matched a saved tensor (strict) and measures it.
-            with _budget_warnings(warned), \
-                    apply_mod.apply(session.model, schedule,
-                                    force=args.force) as applied:
-                sched = session.compare_step()
-                m = applied.measurements()
-                v["decisions_unmatched"] = len(applied.unmatched())
-        v["apply_measurements"] = measurements_dict(m)
-        v.update(compare(base, sched, again, args.grad_rtol, args.grad_atol))
-        phase = "unmodified timed steps"
-        peak, ms, _ = session.timed(args.steps)
-        v["baseline"] = {"peak_bytes": peak, "iteration_ms": ms}
-        phase = "scheduled timed steps"
-        with _budget_warnings(warned), \
-                apply_mod.apply(session.model, schedule,
-                                force=args.force) as applied:
-            peak, ms, _ = session.timed(args.steps)
-            report = applied.report()
-        v["scheduled"] = {"peak_bytes": peak, "iteration_ms": ms}
-        v["apply_report"] = report
+        if args.mode == "compile":
+            _measure_compiled(args, v, session, schedule, warned, phase)
+        else:
+            _measure_eager(args, v, session, schedule, warned, phase)
     except oom_types as e:  # type: ignore[misc]
         v["oom"] = True
-        v["error"] = f"{phase}: {str(e).splitlines()[0]}"
+        v["error"] = f"{phase[0]}: {str(e).splitlines()[0]}"
     except apply_mod.ScheduleMismatchError as e:
         # Raised by the first forward, before any backward: decisions that
         # matched no tensor autograd saved in this model's forward.
@@ -990,7 +1072,7 @@ def verify(args: argparse.Namespace, out: Any = None,
               f"forward of {args.model}: {e}", file=err)
         return EXIT_BAD_INPUT
     except Exception as e:
-        print(f"{prog}: model {args.model}: {phase} failed: "
+        print(f"{prog}: model {args.model}: {phase[0]} failed: "
               f"{type(e).__name__}: {e}", file=err)
         return EXIT_FAILURE
     v["apply_warnings"] = list(dict.fromkeys(
@@ -1060,7 +1142,9 @@ def report_to_server(args: argparse.Namespace, v: Dict[str, Any],
                     token_file=args.token_file or None,
                     tls_ca=args.tls_ca or None) as client:
             answer = client.report_training_loop(
-                args.report, training_loop_report(v, schedule))
+                args.report, training_loop_report(
+                    v, schedule, "COMPILE" if v.get("mode") == "compile"
+                    else "EAGER"))
         stored, outcome = answer.report, answer.outcome
     except (MutwoError, ValueError, OSError) as e:
         print(f"mutwo verify: --report {args.report}: {e}", file=err)
@@ -1123,6 +1207,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="none, sgd, sgd_momentum, adam, adamw "
                    "(optionally :lr=0.01,...; default: the schedule's "
                    "optimizer, else sgd)")
+    p.add_argument("--mode", choices=("eager", "compile"), default="eager",
+                   help="eager: mutwo.apply in an eager loop beside the "
+                   "unmodified step; compile: torch.compile of the model "
+                   "with the schedule's selective-checkpointing policy "
+                   "(mutwo.apply(mode=\"compile\"), PyTorch >= 2.4, no "
+                   "SWAP decisions) beside torch.compile of the unmodified "
+                   "model")
     p.add_argument("--steps", type=int, default=3,
                    help="timed steps after one warm-up step (median time)")
     p.add_argument("--seed", type=int, default=0)

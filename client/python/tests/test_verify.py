@@ -701,3 +701,102 @@ def test_a_schedule_planned_with_the_chunked_loss_holds_in_the_eager_loop(
     assert "mutwo.chunked_cross_entropy(logits, target, reuse_logits=True)" \
         in applied.report()
     applied.remove()
+
+
+# --mode compile (PyTorch >= 2.4) on torch 1.13: stand-ins for selective
+# checkpointing (each frame's forward runs as it is, its policy asked about
+# every op it dispatches, as eager SAC asks) and for torch.compile (the
+# module itself), so the command's flow runs here: the compiled unmodified
+# model as the baseline, the policy's model beside it.
+def stand_in_compile(monkeypatch: pytest.MonkeyPatch) -> List[str]:
+    import types
+    import torch.utils.checkpoint as ckpt
+    from torch.utils._python_dispatch import TorchDispatchMode
+    calls: List[str] = []
+    monkeypatch.setattr(ckpt, "CheckpointPolicy", types.SimpleNamespace(
+        MUST_SAVE=1, PREFER_SAVE=2, MUST_RECOMPUTE=3, PREFER_RECOMPUTE=4),
+        raising=False)
+    monkeypatch.setattr(ckpt, "create_selective_checkpoint_contexts",
+                        lambda policy, **k: policy, raising=False)
+
+    class Ask(TorchDispatchMode):
+        def __init__(self, policy: Any) -> None:
+            super().__init__()
+            self.policy = policy
+
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            self.policy(types.SimpleNamespace(is_recompute=False), func,
+                        *args, **(kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    def checkpoint(fn: Any, *args: Any, use_reentrant: bool,
+                   context_fn: Any, **kwargs: Any) -> Any:
+        with Ask(context_fn()):
+            return fn(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "checkpoint", checkpoint)
+
+    def compile_(module: Any, **kwargs: Any) -> Any:
+        calls.append("compile")
+        return module
+
+    monkeypatch.setattr(torch, "compile", compile_, raising=False)
+    monkeypatch.setattr(torch, "compiler", types.SimpleNamespace(
+        reset=lambda: calls.append("reset"), disable=lambda f: f),
+        raising=False)
+    return calls
+
+
+@pytest.mark.parametrize("budget,code", [(1 << 30, 0), (1000, 1)])
+def test_mode_compile_measures_the_compiled_step_beside_compiles_own(
+        model_py: Path, tmp_path: Path, capsys: Any,
+        monkeypatch: pytest.MonkeyPatch, budget: int, code: int) -> None:
+    calls = stand_in_compile(monkeypatch)
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "s.json",
+                              [FEATURES], budget_bytes=budget)
+    got, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule", str(schedule), "--batch", "4",
+        "--mode", "compile", "--output", "json"])
+    assert got == code, err
+    v = json.loads(out)
+    assert v["mode"] == "compile"
+    # Compiled twice: the unmodified model, then with the policy's frames.
+    assert calls == ["compile", "reset", "compile"]
+    assert v["gradients_match"], v
+    assert v["baseline"]["peak_bytes"] > 100_000
+    assert v["scheduled"]["peak_bytes"] > 100_000
+    assert v["decisions_unmatched"] == 0
+    assert "mutwo torch.compile policy: 1 checkpointed frames" in \
+        v["apply_report"]
+    if code:
+        assert "exceeds the budget 1000 B" in err
+    got, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule", str(schedule), "--batch", "4",
+        "--mode", "compile"])
+    assert "mode            torch.compile" in out
+
+
+def test_mode_compile_refuses_swaps_and_old_pytorch_before_running(
+        model_py: Path, tmp_path: Path, capsys: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule = write_schedule(tmp_path, load(model_py, "make"), "s.json",
+                              [FEATURES], budget_bytes=1 << 30)
+    args = [f"{model_py}:make", "--schedule", str(schedule), "--batch", "4",
+            "--mode", "compile"]
+    import torch.utils.checkpoint as ckpt
+    if not hasattr(ckpt, "create_selective_checkpoint_contexts"):
+        code, out, err = run_verify(capsys, args)
+        assert code == 2 and out == ""
+        assert "--mode compile: mutwo._compile.apply_compiled needs " \
+            "PyTorch >= 2.4" in err, err
+    stand_in_compile(monkeypatch)
+    s = make_schedule(load(model_py, "make"), swap=["features.2"]).proto
+    s.batch_size, s.budget_bytes = 4, 1 << 30
+    swapped = tmp_path / "swap.json"
+    swapped.write_text(json_format_message(s))
+    code, out, err = run_verify(capsys, [
+        f"{model_py}:make", "--schedule", str(swapped), "--batch", "4",
+        "--mode", "compile"])
+    assert code == 2 and out == "", err
+    assert "the schedule swaps 1 activations" in err, err
+    assert "selective checkpointing cannot move tensors to the host" in err
