@@ -11,6 +11,8 @@
 #   - worker_test and executor_test, the graph/interpreter/profiler/executor
 #     cases (CLI and metrics cases start processes and servers: their
 #     code is the service's, covered by the Release suite);
+#   - scheduled_step_test: mutwo::ScheduledStep, the executor over the
+#     caller's own module (its peak measurement included);
 #   - mutwo-worker itself on the fixtures whose outcome depended on
 #     addresses (diffusion_unet profile, seq2seq floor execute), 3 runs each.
 # Not the service tests: an ASan build of gRPC-heavy tests plus the worker
@@ -30,7 +32,7 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
 cmake --preset asan >&2
 cmake --build build-asan -j"$JOBS" --target mutwo-worker mutwo planner_test \
-  worker_test executor_test worker_test_models storage_test >&2
+  worker_test executor_test scheduled_step_test worker_test_models storage_test >&2
 export ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0:detect_container_overflow=0:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TEST_TMPDIR=$PWD/build-asan/test_tmp
@@ -57,6 +59,7 @@ check storage_test "$BIN/storage_test"
 check worker_test "$BIN/worker_test" \
   --gtest_filter='Graph*:Interpreter*:Profiler*:Alias*:Specialize*:SpecializedControlFlow*:MakeInputs*:ComputeLoss*:CountingCpuAllocator*:StorageBytes*:ModelLoader*'
 check executor_test "$BIN/executor_test"
+check scheduled_step_test "$BIN/scheduled_step_test"
 UNET=(--input 'x:float32[B,3,32,32]' --loss 'cross_entropy:y:int64[B]{0,10}'
       --optimizer sgd --batch 2 --device cpu --iterations 1)
 S2S=(--input 'src:int64[B,8]{0,64}' --input 'tgt:int64[B,8]{0,64}'
