@@ -1674,12 +1674,9 @@ class Applied:
                 m.peak_bytes = int(torch.cuda.max_memory_allocated())
             if m.peak_bytes is not None and m.budget_bytes > 0 and \
                     m.peak_bytes > m.budget_bytes:
-                warnings.warn(
-                    f"mutwo.apply: the first step peaked at "
-                    f"{format_bytes(m.peak_bytes)} "
-                    "(torch.cuda.max_memory_allocated), over the budget "
-                    f"{format_bytes(m.budget_bytes)} (predicted peak "
-                    f"{format_bytes(m.predicted_peak_bytes)})", BudgetWarning)
+                warnings.warn(peak_over_budget_text(
+                    "mutwo.apply", "first step", m.peak_bytes,
+                    m.budget_bytes, m.predicted_peak_bytes), BudgetWarning)
 
         queued = [False]
 
@@ -1948,6 +1945,16 @@ def _refuse_infeasible(schedule: Schedule) -> None:
         + "; `mutwo-worker execute` refuses it too. Plan at a budget at "
         "or above the floor, or pass force=True to apply it anyway (the "
         "budget will not hold)")
+
+
+def peak_over_budget_text(who: str, step: str, peak: int, budget: int,
+                          predicted: int) -> str:
+    """The BudgetWarning of a CUDA peak over the budget (eager apply's first
+    step, compile mode's second)."""
+    return (f"{who}: the {step} peaked at {format_bytes(peak)} "
+            "(torch.cuda.max_memory_allocated), over the budget "
+            f"{format_bytes(budget)} (predicted peak "
+            f"{format_bytes(predicted)})")
 
 
 def _planned_with_chunked_loss(schedule: Schedule) -> bool:

@@ -438,8 +438,8 @@ class _PeakCheck:
     backward and optimizer step (the first one compiles), against the
     schedule's budget. Warns once (BudgetWarning), with the figures, when
     the peak is over the budget. Called outside the compiled graph at each
-    forward with gradients, with the model's CUDA device (None elsewhere:
-    nothing measured)."""
+    forward with gradients, with the model (off CUDA nothing is
+    measured)."""
 
     def __init__(self, budget_bytes: int, predicted_peak_bytes: int):
         self.budget_bytes = budget_bytes
@@ -454,31 +454,30 @@ class _PeakCheck:
         return (self.peak_bytes is not None and self.budget_bytes > 0
                 and self.peak_bytes > self.budget_bytes)
 
-    def __call__(self, device: Any) -> None:
-        if device is None or self.peak_bytes is not None or not self.active:
+    def __call__(self, model: nn.Module) -> None:
+        if self.peak_bytes is not None or not self.active:
+            return  # measured, or not to be: no work per forward
+        device = _cuda_device(model)
+        if device is None:
             return
         import torch
-        memory = torch.cuda
         self.forwards += 1
         if self.forwards == 2:
-            memory.synchronize(device)
-            memory.reset_peak_memory_stats(device)
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
         elif self.forwards == 3:
-            memory.synchronize(device)
-            self.peak_bytes = int(memory.max_memory_allocated(device))
+            torch.cuda.synchronize(device)
+            self.peak_bytes = int(torch.cuda.max_memory_allocated(device))
             if self.over_budget():
                 import warnings
-                from mutwo._apply import BudgetWarning
-                from mutwo._specs import format_bytes
-                warnings.warn(
-                    "mutwo.apply(mode=\"compile\"): the second training "
-                    f"step peaked at {format_bytes(self.peak_bytes)} "
-                    "(torch.cuda.max_memory_allocated), over the budget "
-                    f"{format_bytes(self.budget_bytes)} (predicted peak "
-                    f"{format_bytes(self.predicted_peak_bytes)}): under "
-                    "torch.compile the partitioner decides the ops the "
-                    "schedule does not name; eager mutwo.apply holds the "
-                    "budget", BudgetWarning, stacklevel=2)
+                from mutwo._apply import BudgetWarning, peak_over_budget_text
+                warnings.warn(peak_over_budget_text(
+                    'mutwo.apply(mode="compile")', "second training step",
+                    self.peak_bytes, self.budget_bytes,
+                    self.predicted_peak_bytes) +
+                    ": under torch.compile the partitioner decides the ops "
+                    "the schedule does not name; eager mutwo.apply holds "
+                    "the budget", BudgetWarning, stacklevel=2)
 
     def report_line(self) -> Optional[str]:
         if self.peak_bytes is None:
@@ -584,7 +583,7 @@ def _check_inputs_first(model: nn.Module, step_check: Any,
 
     def checks(args: Any, kwargs: Any) -> None:
         step_check(args, kwargs)
-        peak_check(_cuda_device(model))
+        peak_check(model)
 
     check = disable(checks) if disable is not None else checks
 
