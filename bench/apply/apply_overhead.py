@@ -61,6 +61,15 @@ def suite():
     out = [img("resnet18", tv("resnet18"), size=16, batch=2),
            img("squeezenet1_1", tv("squeezenet1_1"), size=64, batch=2),
            img("mobilenet_v2", tv("mobilenet_v2"), size=32, batch=2)]
+    # Only with --models NAME: the GPU apply zoo's slowest ratios to the
+    # worker (frames spanning a model's own forward, many small frames).
+    out += [dict(img("resnet50", tv("resnet50"), size=32, batch=2),
+                 default=False),
+            dict(img("googlenet", tv("googlenet", aux_logits=False,
+                                     init_weights=False), size=64, batch=2),
+                 default=False),
+            dict(img("densenet121", tv("densenet121"), size=32, batch=2),
+                 default=False)]
     repo = {m["name"]: m for m in zoo.repo_models("cpu")}
     for name in ("gpt", "transformer"):
         for key, m in repo.items():
@@ -314,7 +323,8 @@ def main():
             impls["before"] = before.apply
         wanted = set(filter(None, args.models.split(",")))
         for m in models:
-            if wanted and m["name"] not in wanted:
+            if (m["name"] not in wanted) if wanted else \
+                    not m.get("default", True):
                 continue
             try:
                 bench_model(m, args, work, impls)

@@ -230,10 +230,31 @@ def apply_point(m, schedule_path, point, time_steps=0):
                                 for d in e.decisions])
         return
     point["apply_step_s"] = round(time.perf_counter() - t0, 3)
+    # A second step: the first learned where apply's saved-tensor hook is
+    # needed; from the second on it is on only there. Same decisions
+    # applied (dropped, swapped, replayed), same gradients.
+    first = applied.stats()
+    first_counts = (first.dropped, first.swapped_out, first.swapped_in,
+                    sum(first.replays.values()))
+    applied.reset_stats()
+    g_second = step(model, inputs, loss_fn)
+    later = applied.stats()
+    later_counts = (later.dropped, later.swapped_out, later.swapped_in,
+                    sum(later.replays.values()))
     g_plain = step(plain, inputs, loss_fn)
     scale = max(g.abs().max().item() for g in g_plain.values())
-    diff = max((g_plain[n] - g_applied[n]).abs().max().item()
-               for n in g_plain) if set(g_plain) == set(g_applied) else None
+
+    def max_diff(g):
+        return max((g_plain[n] - g[n]).abs().max().item()
+                   for n in g_plain) if set(g_plain) == set(g) else None
+    diff = max_diff(g_applied)
+    second_diff = max_diff(g_second)
+    second_ok = (second_diff is not None and second_diff <= GRAD_RTOL * scale
+                 and later_counts == first_counts)
+    point.update(second_step_counts=list(later_counts),
+                 first_step_counts=list(first_counts),
+                 second_step_grad_max_abs_diff=second_diff,
+                 second_step_ok=second_ok)
     meas = applied.measurements()
     planned = meas.planned_saving_bytes
     saving = unmodified - meas.saved_bytes
@@ -252,7 +273,7 @@ def apply_point(m, schedule_path, point, time_steps=0):
         replays=sum(applied.stats().replays.values()),
         budget_warnings=[str(w.message)[:300] for w in caught
                          if issubclass(w.category, mutwo.BudgetWarning)],
-        ok=gradients_ok and saving_ok)
+        ok=gradients_ok and saving_ok and second_ok)
     if time_steps:
         # Median step (forward, loss, backward) of the unmodified model, the
         # applied one, and the applied one whose replays run every module
