@@ -65,7 +65,9 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+# MUTWO_PY: another copy of the package (an A/B of two revisions).
+sys.path.insert(0, os.environ.get("MUTWO_PY",
+                                  os.path.join(ROOT, "client", "python")))
 sys.path.insert(0, os.path.join(ROOT, "bench", "zoo"))
 sys.path.insert(0, HERE)
 
