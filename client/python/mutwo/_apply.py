@@ -977,7 +977,9 @@ class _Swapped:
 class ApplyStats:
     """What the hooks did (cumulative; `Applied.reset_stats()`)."""
     dropped: int = 0           # saved tensors dropped for a replay
-    kept: int = 0              # saved tensors left to autograd
+    # Saved tensors left to autograd that apply's hook saw: every save in
+    # the first forward, later only those in calls that need the hook.
+    kept: int = 0
     swapped_out: int = 0       # copies to host memory
     swapped_out_bytes: int = 0
     swapped_in: int = 0        # copies back from host memory
