@@ -1120,10 +1120,9 @@ class _Runtime:
         # calls turn the hooks on only from such a call's pre-hook to its
         # forward hook (its descendants included; -1: the model's own code,
         # the whole forward). Every other save goes to autograd without a
-        # Python call in forward or backward (ResNet-50: two of three
-        # crossings per saved tensor were most of apply's own GPU step
-        # cost). A forward whose calls differ turns the hooks on for the
-        # rest of it, and the next forward learns again.
+        # Python call in forward or backward (two per saved tensor before).
+        # A forward whose calls differ turns the hooks on for the rest of
+        # it, and the next forward learns again.
         self.regions: Optional[Set[int]] = None
         self.region_paths: List[str] = []
         self.regions_training = True
