@@ -1130,6 +1130,13 @@ class _Runtime:
         self.region_stack: List[int] = []
         self.ncalls = 0
         self.pushed: Optional[int] = None  # the call that turned hooks on
+        # learn | sparse | diverged | plain: how this forward ran the hook.
+        self.forward_kind = "plain"
+        # Weak references to the tensors this forward dropped or swapped;
+        # how many the learning forward left alive at its end.
+        self.released_refs: List[Any] = []
+        self.learned_alive = 0
+        self.missed_warned = False
         self.hooks_on = torch.autograd.graph.saved_tensors_hooks(
             self.pack, self.unpack)
         self.stats = ApplyStats()
@@ -1266,6 +1273,7 @@ class _Runtime:
         self.region_stack = []
         self.ncalls = 0
         self.pushed = None
+        self.released_refs = []
         self.calls = []
         self.call_inputs = []
         self.inner_outputs.clear()
@@ -1293,6 +1301,31 @@ class _Runtime:
         self.frame_outputs.clear()
         self.swap_entries.clear()
         self.swapped_storages.clear()
+        self.check_released()
+
+    def check_released(self) -> None:
+        """Dropped and swapped tensors still alive at the end of forward,
+        against the learning forward's count: more means a save of one of
+        them ran where the hook was off (code that saved it elsewhere than
+        in the learning forward, with the same module calls). That step
+        keeps it; the next forward learns again."""
+        alive = sum(1 for r in self.released_refs if r() is not None)
+        self.released_refs = []
+        kind = self.forward_kind
+        if kind == "learn":
+            self.learned_alive = alive
+        elif kind == "sparse" and alive > self.learned_alive:
+            self.regions = None
+            if not self.missed_warned:
+                self.missed_warned = True
+                warnings.warn(
+                    f"mutwo.apply: {alive - self.learned_alive} tensor(s) "
+                    "the schedule drops or swaps stayed in memory after "
+                    "this forward: code saved them where the first forward "
+                    "did not (a branch inside a module's forward?), where "
+                    "apply's saved-tensor hook was off. The next forward "
+                    "runs the hook everywhere and learns again; this "
+                    "warning is shown once.", BudgetWarning, stacklevel=4)
 
     def refined(self, t: torch.Tensor, path: str) -> Optional[str]:
         """For a module path with decisions of different actions, the
@@ -1342,6 +1375,7 @@ class _Runtime:
         return self.stack[-1] if self.stack else ""
 
     def _released(self, t: torch.Tensor, key: int, nbytes: int) -> None:
+        self.released_refs.append(weakref.ref(t))
         # Bookkeeping of the measured (first) forward only.
         if self.recording:
             self.record.released.append((weakref.ref(t), key, nbytes))
@@ -1364,6 +1398,7 @@ class _Runtime:
             # of this forward (saves so far were in calls that matched),
             # and the next forward learns again.
             self.regions = None
+            self.forward_kind = "diverged"
             if self.pushed is None:
                 self.hooks_on.__enter__()
                 self.pushed = -2
@@ -2353,6 +2388,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
             rt.mode = "forward"
             rt.stack.append(path_of.get(id(model), ""))
             try:
+                rt.forward_kind = "plain"
                 if not rt.active:
                     # Nothing to drop or swap: the hook only measures the
                     # first forward's saved bytes; later ones run without.
@@ -2363,11 +2399,13 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                 elif rt.regions is None or \
                         rt.regions_training != model.training:
                     rt.learn_regions(model.training)
+                    rt.forward_kind = "learn"
                     with torch.autograd.graph.saved_tensors_hooks(
                             rt.pack_learning, rt.unpack):
                         out = inner(*args, **kwargs)
                     rt.learning = False  # learned: a whole forward ran
                 else:
+                    rt.forward_kind = "sparse"
                     if -1 in rt.regions:  # the model's own code saves
                         rt.hooks_on.__enter__()
                         rt.pushed = -1

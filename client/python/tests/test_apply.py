@@ -206,6 +206,62 @@ def test_a_forward_with_other_calls_learns_again_and_applies_everything(
                 name].grad, g, rtol=1e-5, atol=1e-6)
 
 
+class Sometimes(nn.Module):
+    """Saves a's output in its own code only when `square` is set: the
+    same module calls either way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.a = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
+        self.b = nn.Linear(16, 4)
+        self.square = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        out = self.b(h)
+        if self.square:
+            out = out + (h * h).mean()
+        return out
+
+
+def test_a_save_where_the_hook_was_off_is_found_and_learned_again() -> None:
+    """Code that saves a swapped tensor where the learning forward did not
+    (same module calls): that step keeps it, says so once, and the next
+    forward learns again and swaps it."""
+    model = Sometimes()
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(model, swap=["a.2"])
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(6))
+    refs = outputs_of(model, ["a.2"])
+    applied = mutwo.apply(model, schedule)
+
+    def run(square: bool) -> Tuple[bool, List[str]]:
+        model.square = plain.square = square
+        model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = model(x).pow(2).mean()
+        gc.collect()
+        held = refs["a.2"]() is not None
+        loss.backward()
+        _, want, _ = step(plain, (x,), lambda out: out.pow(2).mean())
+        for name, g in want.items():
+            torch.testing.assert_close(dict(model.named_parameters())[
+                name].grad, g, rtol=1e-5, atol=1e-6)
+        return held, [str(w.message) for w in caught
+                      if issubclass(w.category, mutwo.BudgetWarning)]
+
+    assert run(False) == (False, [])  # learns: saved by b only
+    assert run(False) == (False, [])
+    held, said = run(True)  # also saved by the model's own code
+    assert held and len(said) == 1 and "stayed in memory" in said[0]
+    assert run(True) == (False, [])  # learned again: swapped
+    assert run(True) == (False, [])
+    assert run(False) == (False, [])
+    applied.remove()
+
+
 def test_a_forward_that_raises_leaves_no_hook_behind() -> None:
     model = resnet()
     plain = copy.deepcopy(model)
