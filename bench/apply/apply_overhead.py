@@ -323,8 +323,9 @@ def main():
             impls["before"] = before.apply
         wanted = set(filter(None, args.models.split(",")))
         for m in models:
-            if (m["name"] not in wanted) if wanted else \
-                    not m.get("default", True):
+            chosen = (m["name"] in wanted if wanted
+                      else m.get("default", True))
+            if not chosen:
                 continue
             try:
                 bench_model(m, args, work, impls)

@@ -233,14 +233,13 @@ def apply_point(m, schedule_path, point, time_steps=0):
     # A second step: the first learned where apply's saved-tensor hook is
     # needed; from the second on it is on only there. Same decisions
     # applied (dropped, swapped, replayed), same gradients.
-    first = applied.stats()
-    first_counts = (first.dropped, first.swapped_out, first.swapped_in,
-                    sum(first.replays.values()))
+    def counts(s):
+        return (s.dropped, s.swapped_out, s.swapped_in,
+                sum(s.replays.values()))
+    first_counts = counts(applied.stats())
     applied.reset_stats()
     g_second = step(model, inputs, loss_fn)
-    later = applied.stats()
-    later_counts = (later.dropped, later.swapped_out, later.swapped_in,
-                    sum(later.replays.values()))
+    later_counts = counts(applied.stats())
     g_plain = step(plain, inputs, loss_fn)
     scale = max(g.abs().max().item() for g in g_plain.values())
 

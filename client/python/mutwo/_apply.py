@@ -736,6 +736,13 @@ class _DroppedOutput:
         return t
 
 
+# Saved-tensor hook regions besides module calls' indices (>= 0): the
+# model's own code (the whole forward), and the rest of a forward whose
+# calls differ from the learned ones.
+_MODEL_REGION = -1
+_DIVERGED = -2
+
+
 class _HostPool:
     """Pinned host buffers for swapped tensors, reused from step to step.
     A new pinned buffer per swap went through PyTorch's caching host
@@ -1118,8 +1125,8 @@ class _Runtime:
         # had a save that needed them: one inside an open frame, or one the
         # hook dropped or swapped. Later forwards with the same sequence of
         # calls turn the hooks on only from such a call's pre-hook to its
-        # forward hook (its descendants included; -1: the model's own code,
-        # the whole forward). Every other save goes to autograd without a
+        # forward hook (its descendants included; _MODEL_REGION: the model's
+        # own code, the whole forward). Every other save goes to autograd without a
         # Python call in forward or backward (two per saved tensor before).
         # A forward whose calls differ turns the hooks on for the rest of
         # it, and the next forward learns again.
@@ -1129,7 +1136,9 @@ class _Runtime:
         self.learning = False
         self.region_stack: List[int] = []
         self.ncalls = 0
-        self.pushed: Optional[int] = None  # the call that turned hooks on
+        # The region that turned the hooks on in this forward (a call's
+        # index, _MODEL_REGION or _DIVERGED), None while they are off.
+        self.pushed: Optional[int] = None
         # learn | sparse | diverged | plain: how this forward ran the hook.
         self.forward_kind = "plain"
         # Weak references to the tensors this forward dropped or swapped;
@@ -1375,10 +1384,11 @@ class _Runtime:
         return self.stack[-1] if self.stack else ""
 
     def _released(self, t: torch.Tensor, key: int, nbytes: int) -> None:
-        self.released_refs.append(weakref.ref(t))
+        ref = weakref.ref(t)
+        self.released_refs.append(ref)
         # Bookkeeping of the measured (first) forward only.
         if self.recording:
-            self.record.released.append((weakref.ref(t), key, nbytes))
+            self.record.released.append((ref, key, nbytes))
 
     # Where the saved-tensor hooks are on (see `regions`)
     def region_started(self, path: str) -> None:
@@ -1401,7 +1411,7 @@ class _Runtime:
             self.forward_kind = "diverged"
             if self.pushed is None:
                 self.hooks_on.__enter__()
-                self.pushed = -2
+                self.pushed = _DIVERGED
             return
         if self.pushed is None and idx in regions:
             self.hooks_on.__enter__()
@@ -1409,8 +1419,9 @@ class _Runtime:
 
     def region_ended(self) -> None:
         """A hooked module call ends in forward (its forward hook)."""
-        idx = self.region_stack.pop() if self.region_stack else -3
-        if self.pushed == idx:
+        if not self.region_stack:
+            return
+        if self.pushed == self.region_stack.pop():
             self.hooks_on.__exit__()
             self.pushed = None
 
@@ -1438,7 +1449,8 @@ class _Runtime:
         out = self.pack(t)
         if needed or out is not t:
             self.regions.add(  # type: ignore[union-attr]
-                self.region_stack[-1] if self.region_stack else -1)
+                self.region_stack[-1] if self.region_stack
+                else _MODEL_REGION)
         return out
 
     # saved_tensors_hooks of the forward pass
@@ -2406,9 +2418,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     rt.learning = False  # learned: a whole forward ran
                 else:
                     rt.forward_kind = "sparse"
-                    if -1 in rt.regions:  # the model's own code saves
+                    if _MODEL_REGION in rt.regions:  # its own code saves
                         rt.hooks_on.__enter__()
-                        rt.pushed = -1
+                        rt.pushed = _MODEL_REGION
                     out = inner(*args, **kwargs)
             finally:
                 rt.hooks_off()
