@@ -63,7 +63,7 @@ def suite():
            img("mobilenet_v2", tv("mobilenet_v2"), size=32, batch=2)]
     # Only with --models NAME: the GPU apply zoo's slowest ratios to the
     # worker (frames spanning a model's own forward, many small frames).
-    out += [dict(img("resnet50", tv("resnet50"), size=32, batch=2),
+    out += [dict(img("resnet50", tv("resnet50"), size=64, batch=4),
                  default=False),
             dict(img("googlenet", tv("googlenet", aux_logits=False,
                                      init_weights=False), size=64, batch=2),
@@ -280,15 +280,38 @@ def profile(m, label, args, work):
          if label == "empty" else mutwo.Schedule.from_json(
              open(paths[label]).read()))
     with mutwo.apply(model, s):
-        azc.step(model, inputs, loss_fn)
+        # The first steps learn (where frames stop counting saves, then
+        # where the saved-tensor hook is needed): not profiled.
+        for _ in range(3):
+            azc.step(model, inputs, loss_fn)
         pr = cProfile.Profile()
         pr.enable()
         for _ in range(args.steps):
             azc.step(model, inputs, loss_fn)
         pr.disable()
     buf = io.StringIO()
-    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+    st = pstats.Stats(pr, stream=buf)
+    st.sort_stats("tottime").print_stats(25)
     print(buf.getvalue(), file=sys.stderr)
+    # Calls of apply's saved-tensor hook per step (pack in forward, unpack
+    # in backward: _Runtime's, not a replay's) and of its own functions.
+    from mutwo import _apply
+    hooks = {name: sum(v[1] for k, v in st.stats.items()
+                       if k[0].endswith("_apply.py") and k[2] == name and
+                       k[1] == getattr(_apply._Runtime,
+                                       name).__code__.co_firstlineno)
+             for name in ("pack", "unpack")}
+    own = sum(v[1] for k, v in st.stats.items()
+              if k[0].endswith("_apply.py"))
+    print(json.dumps(dict(
+        model=m["name"], variant=label, steps=args.steps,
+        pack_calls_per_step=hooks["pack"] / args.steps,
+        unpack_calls_per_step=hooks["unpack"] / args.steps,
+        apply_calls_per_step=own / args.steps,
+        apply_tottime_ms_per_step=round(
+            sum(v[2] for k, v in st.stats.items()
+                if k[0].endswith("_apply.py")) / args.steps * 1e3, 3))),
+        flush=True)
 
 
 def main():

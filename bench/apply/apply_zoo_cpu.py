@@ -19,7 +19,11 @@ must match a tensor autograd saves) in a plain eager step. Bars per point:
             same way for both runs (storages of the tensors autograd saved,
             once each; parameters and inputs excluded), unmodified minus
             applied, is at least 90% of the planned saving (the RECOMPUTE
-            and SWAP decisions' size_bytes).
+            and SWAP decisions' size_bytes);
+  later     two more steps (where recompute frames stop counting saves
+            past their last dropped one, then where apply's saved-tensor
+            hook is on only where needed) drop, swap and replay as many
+            tensors as the first, with gradients equal as above.
 
 A budget below the floor gives an infeasible schedule (`mutwo plan` exit
 3): the bar is that apply refuses it (InfeasibleScheduleError) before any
@@ -230,16 +234,19 @@ def apply_point(m, schedule_path, point, time_steps=0):
                                 for d in e.decisions])
         return
     point["apply_step_s"] = round(time.perf_counter() - t0, 3)
-    # A second step: the first learned where apply's saved-tensor hook is
-    # needed; from the second on it is on only there. Same decisions
-    # applied (dropped, swapped, replayed), same gradients.
+    # Two more steps: the first learned where recompute frames stop
+    # counting saves, the second where apply's saved-tensor hook is needed
+    # with them; from the third on it is on only there. Same decisions
+    # applied (dropped, swapped, replayed), same gradients, every step.
     def counts(s):
         return (s.dropped, s.swapped_out, s.swapped_in,
                 sum(s.replays.values()))
     first_counts = counts(applied.stats())
-    applied.reset_stats()
-    g_second = step(model, inputs, loss_fn)
-    later_counts = counts(applied.stats())
+    later = []
+    for _ in range(2):
+        applied.reset_stats()
+        g = step(model, inputs, loss_fn)
+        later.append((g, counts(applied.stats())))
     g_plain = step(plain, inputs, loss_fn)
     scale = max(g.abs().max().item() for g in g_plain.values())
 
@@ -247,13 +254,13 @@ def apply_point(m, schedule_path, point, time_steps=0):
         return max((g_plain[n] - g[n]).abs().max().item()
                    for n in g_plain) if set(g_plain) == set(g) else None
     diff = max_diff(g_applied)
-    second_diff = max_diff(g_second)
-    second_ok = (second_diff is not None and second_diff <= GRAD_RTOL * scale
-                 and later_counts == first_counts)
-    point.update(second_step_counts=list(later_counts),
+    later_diffs = [max_diff(g) for g, _ in later]
+    later_ok = all(d is not None and d <= GRAD_RTOL * scale and c ==
+                   first_counts for d, (_, c) in zip(later_diffs, later))
+    point.update(later_step_counts=[list(c) for _, c in later],
                  first_step_counts=list(first_counts),
-                 second_step_grad_max_abs_diff=second_diff,
-                 second_step_ok=second_ok)
+                 later_step_grad_max_abs_diff=later_diffs,
+                 later_steps_ok=later_ok)
     meas = applied.measurements()
     planned = meas.planned_saving_bytes
     saving = unmodified - meas.saved_bytes
@@ -272,7 +279,7 @@ def apply_point(m, schedule_path, point, time_steps=0):
         replays=sum(applied.stats().replays.values()),
         budget_warnings=[str(w.message)[:300] for w in caught
                          if issubclass(w.category, mutwo.BudgetWarning)],
-        ok=gradients_ok and saving_ok and second_ok)
+        ok=gradients_ok and saving_ok and later_ok)
     if time_steps:
         # Median step (forward, loss, backward) of the unmodified model, the
         # applied one, and the applied one whose replays run every module

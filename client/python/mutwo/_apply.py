@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import re
 import time
 import warnings
@@ -213,6 +214,12 @@ class _FrameSpec:
     # start (updated once per step).
     unhooked_buffers: List[nn.Module] = dataclasses.field(
         default_factory=list)
+    # Learned per training mode (see _Runtime.retire_learned): how many of
+    # the frame's module calls had started when it last needed to count a
+    # save (its last dropped save, or an output a later frame takes from
+    # it); _NEVER_RETIRE when it needs every save to its end (its own
+    # outputs are dropped, or it runs more than once a forward).
+    retire: Dict[bool, int] = dataclasses.field(default_factory=dict)
 
     def dropping(self, path: str) -> Optional[Tuple[int, str]]:
         """(segment, decision's module path) if the frame drops tensors of
@@ -291,6 +298,13 @@ class _Frame:
         self.tracked = spec.random is not False
         self.drew = True
         self.untracked = False
+        # Module calls started (self.calls) at the last save this run
+        # needed to count; the call count at which it retires (stops
+        # counting saves and recording calls: its replay stops earlier),
+        # None when it does not (not learned yet).
+        self.last_needed = 0
+        self.retire_at = rt.retire_point(spec)
+        self.outputs_dropped = False
 
     def closed(self) -> None:
         """The frame's forward returned: did it draw random numbers?"""
@@ -741,6 +755,8 @@ class _DroppedOutput:
 # calls differ from the learned ones.
 _MODEL_REGION = -1
 _DIVERGED = -2
+# _FrameSpec.retire: the frame counts every save to its end.
+_NEVER_RETIRE = -1
 
 
 class _HostPool:
@@ -1109,6 +1125,25 @@ class _Runtime:
         self.open_frames: List[_Frame] = []
         # Weak: a frame nothing was dropped into goes when it closes.
         self.closed_frames: List[Any] = []
+        # Frames still running that retired: past the last save their
+        # replays re-make, they no longer count saves or record calls, so
+        # that later saves need no hook (a frame spanning the model's
+        # forward for a segment at its start kept every save of the
+        # forward under the hook). Where a frame retires is learned by a
+        # forward that runs it to its end (retire_learned, committed by
+        # end_forward; the next forward then learns the hook regions
+        # again, without the retired frames). `retiring`: off for the rest
+        # of a forward whose module calls differ from the learned ones.
+        # A forward that retired frames and dropped fewer saves than one
+        # that did not (`full_drops`) forgets where frames retire.
+        self.retired: List[_Frame] = []
+        self.retiring = True
+        self.retired_any = False
+        self.training = True
+        self.retire_learned: Dict[int, Tuple[_FrameSpec, int]] = {}
+        self.forward_drops = 0
+        self.full_drops: Dict[bool, int] = {}
+        self.retire_warned = False
         self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
         self.swapped_storages: Dict[int, List[_SwapEntry]] = {}
         self.swap_order: List[_SwapEntry] = []
@@ -1144,7 +1179,7 @@ class _Runtime:
         # Weak references to the tensors this forward dropped or swapped;
         # how many the learning forward left alive at its end.
         self.released_refs: List[Any] = []
-        self.learned_alive = 0
+        self.learned_alive: Dict[bool, int] = {}
         self.missed_warned = False
         self.hooks_on = torch.autograd.graph.saved_tensors_hooks(
             self.pack, self.unpack)
@@ -1173,6 +1208,41 @@ class _Runtime:
         return (torch.get_rng_state(),
                 [torch.cuda.get_rng_state(d) for d in devices])
 
+    def retire_point(self, spec: _FrameSpec) -> Optional[int]:
+        """The call count at which a new frame of `spec` retires, None
+        when it runs counting to its end."""
+        if not self.retiring:
+            return None
+        at = spec.retire.get(self.training)
+        return at if at is not None and at >= 0 else None
+
+    def retire_due(self) -> None:
+        """Retires the open frames whose last needed save is behind them
+        (a module call starts after it)."""
+        frames = self.open_frames
+        if not any(f.retire_at is not None and f.calls >= f.retire_at
+                   for f in frames):
+            return
+        kept = []
+        for f in frames:
+            if f.retire_at is not None and f.calls >= f.retire_at:
+                self.retired.append(f)
+            else:
+                kept.append(f)
+        frames[:] = kept
+        self.retired_any = True
+
+    def learn_retire(self, frame: _Frame) -> None:
+        """A frame that ran to its end closes: where its spec's frames can
+        retire (committed by end_forward)."""
+        spec = frame.spec
+        if self.training in spec.retire:
+            return
+        key = id(spec)
+        value = (_NEVER_RETIRE if key in self.retire_learned or
+                 frame.outputs_dropped else frame.last_needed)
+        self.retire_learned[key] = (spec, value)
+
     def call_started(self, first_of: Optional[_Frame] = None,
                      inputs: Any = None,
                      module: Optional[nn.Module] = None) -> None:
@@ -1189,6 +1259,8 @@ class _Runtime:
             first_of.calls = 1
             entry[0].append((first_of, 0, 0))
             return
+        if self.open_frames:
+            self.retire_due()
         if not self.open_frames:
             self.calls.append(None)
             self.call_inputs.append(None)
@@ -1259,6 +1331,7 @@ class _Runtime:
                             _storage_key(o), []).append(
                                 (weakref.ref(o), f, index, k, o._version,
                                  found[0]))
+                        f.last_needed = max(f.last_needed, f.calls)
                     break
 
     def inner_output(self, t: torch.Tensor) -> Optional["_CallOutput"]:
@@ -1290,6 +1363,12 @@ class _Runtime:
         self.frame_outputs.clear()
         self.open_frames = []
         self.closed_frames = []
+        self.retired = []
+        self.retiring = True
+        self.retired_any = False
+        self.training = self.model.training
+        self.retire_learned = {}
+        self.forward_drops = 0
         self.swap_entries.clear()
         self.swapped_storages.clear()
         self.swap_order = []
@@ -1310,31 +1389,82 @@ class _Runtime:
         self.frame_outputs.clear()
         self.swap_entries.clear()
         self.swapped_storages.clear()
+        self.retired = []
         self.check_released()
+        self.check_retired()
+
+    def forget_learned(self) -> None:
+        """The next forward runs every frame to its end and the hook
+        everywhere, and learns both again."""
+        for spec in self.frames:
+            spec.retire.pop(self.training, None)
+        self.retire_learned = {}
+        self.regions = None
+
+    def check_retired(self) -> None:
+        """Commits where frames retire (learned by this forward), and
+        checks a forward that retired frames dropped as many saves as one
+        that did not: fewer means a frame retired before a save it drops
+        (the same module calls saving elsewhere than in the forward that
+        learned it); then frames run to their end again and relearn."""
+        kind = self.forward_kind
+        training = self.training
+        if kind in ("learn", "sparse"):
+            if not self.retired_any:
+                self.full_drops[training] = self.forward_drops
+            elif self.forward_drops < self.full_drops.get(training, 0):
+                self.forget_learned()
+                if not self.retire_warned:
+                    self.retire_warned = True
+                    warnings.warn(
+                        f"mutwo.apply: this forward dropped "
+                        f"{self.full_drops[training] - self.forward_drops} "
+                        "saved tensor(s) fewer than the schedule's first "
+                        "forward: a recompute frame stopped counting saves "
+                        "before one it drops (code that saves later than in "
+                        "the first forward?). Those stayed in memory this "
+                        "step; frames count to their end again and relearn. "
+                        "This warning is shown once.", BudgetWarning,
+                        stacklevel=4)
+        if self.retire_learned:
+            learned = False
+            for spec, value in self.retire_learned.values():
+                spec.retire[training] = value
+                learned = learned or value >= 0
+            self.retire_learned = {}
+            if learned:
+                # Hook regions as they are with these frames retiring.
+                self.regions = None
 
     def check_released(self) -> None:
         """Dropped and swapped tensors still alive at the end of forward,
         against the learning forward's count: more means a save of one of
         them ran where the hook was off (code that saved it elsewhere than
         in the learning forward, with the same module calls). That step
-        keeps it; the next forward learns again."""
+        keeps it; the next forward learns again. A forward learning the
+        hook regions with frames that retire is checked as a sparse one is
+        (a save past a frame's retirement is kept as one where the hook was
+        off), against the count of one with no frame retiring."""
         alive = sum(1 for r in self.released_refs if r() is not None)
         self.released_refs = []
         kind = self.forward_kind
-        if kind == "learn":
-            self.learned_alive = alive
-        elif kind == "sparse" and alive > self.learned_alive:
-            self.regions = None
+        learned = self.learned_alive.get(self.training, 0)
+        if kind == "learn" and not self.retired_any:
+            self.learned_alive[self.training] = alive
+        elif kind in ("learn", "sparse") and alive > learned:
+            self.forget_learned()
             if not self.missed_warned:
                 self.missed_warned = True
                 warnings.warn(
-                    f"mutwo.apply: {alive - self.learned_alive} tensor(s) "
+                    f"mutwo.apply: {alive - learned} tensor(s) "
                     "the schedule drops or swaps stayed in memory after "
                     "this forward: code saved them where the first forward "
                     "did not (a branch inside a module's forward?), where "
-                    "apply's saved-tensor hook was off. The next forward "
-                    "runs the hook everywhere and learns again; this "
-                    "warning is shown once.", BudgetWarning, stacklevel=4)
+                    "apply's saved-tensor hook was off or its recompute "
+                    "frame had stopped counting saves. The next forward "
+                    "runs the hook everywhere and frames to their end, and "
+                    "learns again; this warning is shown once.",
+                    BudgetWarning, stacklevel=4)
 
     def refined(self, t: torch.Tensor, path: str) -> Optional[str]:
         """For a module path with decisions of different actions, the
@@ -1406,9 +1536,11 @@ class _Runtime:
         if idx >= len(paths) or paths[idx] != path:
             # Not the learned sequence of calls: the hooks on for the rest
             # of this forward (saves so far were in calls that matched),
-            # and the next forward learns again.
+            # and the next forward learns again; frames opened from here
+            # count to their end.
             self.regions = None
             self.forward_kind = "diverged"
+            self.retiring = False
             if self.pushed is None:
                 self.hooks_on.__enter__()
                 self.pushed = _DIVERGED
@@ -1481,6 +1613,8 @@ class _Runtime:
                     segment, decision_path = found
                     index = indices[k]
                     frame.dropped[index] = segment
+                    frame.last_needed = frame.calls
+                    self.forward_drops += 1
                     self.stats.dropped += 1
                     self.stats.dropped_paths.add(decision_path)
                     record.dropped_paths.add(decision_path)
@@ -1490,6 +1624,7 @@ class _Runtime:
                    if key in self.frame_outputs else None)
         if dropped is not None:
             self.stats.dropped += 1
+            self.forward_drops += 1
             self.stats.dropped_paths.add(dropped.decision_path)
             record.dropped_paths.add(dropped.decision_path)
             self._released(t, key, nbytes)
@@ -1579,6 +1714,8 @@ class _Runtime:
         frame.closed()
         if frame in self.open_frames:
             del self.open_frames[self.open_frames.index(frame):]
+        elif frame in self.retired:
+            self.retired.remove(frame)
         self.closed_frames.append(weakref.ref(frame))
         frame.release_swapped_inputs()
         for k, o in enumerate(_flat_tensors(out)):
@@ -1590,6 +1727,9 @@ class _Runtime:
                     (_Ident(o), frame, k, o._version, found[0], found[1],
                      weakref.ref(o), *_extent(o), o.storage_offset(),
                      o.dtype, o.device))
+                frame.outputs_dropped = True
+        if frame.retire_at is None:
+            self.learn_retire(frame)
 
 
 def _wrap_forward(module: nn.Module,
@@ -2361,7 +2501,8 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                        spec: _FrameSpec = spec) -> None:
             if rt.mode != "forward":
                 return
-            for frame in reversed(rt.open_frames):
+            for frame in itertools.chain(reversed(rt.open_frames),
+                                         reversed(rt.retired)):
                 if frame.spec is spec:
                     rt.close_frame(frame, out)
                     break

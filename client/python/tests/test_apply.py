@@ -128,8 +128,8 @@ def outer_saves(model: nn.Module, applied: mutwo.Applied
 
 
 def test_after_the_first_step_only_calls_that_need_the_hook_have_it() -> None:
-    """The first forward runs apply's saved-tensor hook on every save and
-    learns which module calls needed it; later ones turn it on only there:
+    """The first forwards run apply's saved-tensor hook on every save and
+    learn which module calls need it; later ones turn it on only there:
     most saves then reach autograd without a Python call, and every
     decision is applied as in the first step."""
     model = resnet()
@@ -137,6 +137,7 @@ def test_after_the_first_step_only_calls_that_need_the_hook_have_it() -> None:
     # An empty schedule: no hook after its first (measured) step.
     empty = mutwo.apply(plain, make_schedule(plain))
     outer_saves(plain, empty)
+    outer_saves(plain, empty)  # as many steps as `model` takes below
     every, _ = outer_saves(plain, empty)
     empty.remove()
     applied = mutwo.apply(model, resnet_schedule(model))
@@ -145,8 +146,12 @@ def test_after_the_first_step_only_calls_that_need_the_hook_have_it() -> None:
     # caller's sees the loss's only (and the unapplied model's, all).
     loss_saves = first_outer
     assert 0 < loss_saves < 10 and every > 100
+    # The second learns again, with frames that stop counting saves past
+    # the last one they drop (layer1.0's after its bn1): from the third
+    # step the hook is on only where needed.
+    _, second = outer_saves(model, applied)
     later_outer, later = outer_saves(model, applied)
-    assert later == first and first["dropped"] > 0 and \
+    assert later == second == first and first["dropped"] > 0 and \
         first["swapped_out"] > 0
     # Most saves of ResNet-18 are in calls with no decision in reach.
     assert later_outer - loss_saves > 0.5 * (every - loss_saves)
@@ -1616,3 +1621,112 @@ def test_a_call_before_an_undeclared_in_place_call_is_run_again() -> None:
     assert applied.frames == ["0"]
     assert_same_step(plain, model, CNN_INPUT, lambda o: o.pow(2).mean())
     assert runs["0.bn"] == 2  # forward, and the replay
+
+
+def test_a_frame_spanning_the_model_stops_counting_after_its_segment(
+) -> None:
+    """A segment across the model's own children (conv1, bn1 of a ResNet,
+    whose forward is no Sequential) is replayed by a frame around the whole
+    forward. Past its last dropped save it stops counting: from the third
+    step the rest of the forward's saves reach autograd with no Python
+    call, the same tensors are dropped and gradients stay equal."""
+    model = resnet()
+    plain = copy.deepcopy(model)
+    schedule = make_schedule(
+        model, recompute=[(0, ["conv1", "bn1"], ["relu"])])
+    empty = mutwo.apply(plain, make_schedule(plain))
+    for _ in range(3):
+        every, _ = outer_saves(plain, empty)
+    empty.remove()
+    applied = mutwo.apply(model, schedule)
+    assert applied.frames == ["(model)"]
+    first_outer, first = outer_saves(model, applied)
+    assert first_outer < 10  # the loss's: apply's hook on every save
+    _, second = outer_saves(model, applied)
+    later_outer, later = outer_saves(model, applied)
+    assert later == second == first and first["dropped"] > 0
+    assert first["replays"] == 1
+    # All but the saves up to bn1's output (conv1's input and weight, bn1's)
+    # and the loss's reach the caller's hook.
+    assert later_outer > 0.9 * every
+    assert_same_step(plain, model, CNN_INPUT, cnn_loss)
+    for m in (plain, model):
+        torch.optim.AdamW(m.parameters(), lr=1e-2).step()
+    assert_same_step(plain, model, CNN_INPUT, cnn_loss)
+    applied.remove()
+
+
+class Late(nn.Module):
+    """A recompute segment across the model's own children (a and c): its
+    frame stops counting after d's input, c's output. `late`: "again", the
+    model's code also saves a's output after e; "moved", c's output is
+    saved there instead of by d. The same module calls either way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.a, self.b, self.c, self.d, self.e = (
+            nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 16),
+            nn.Linear(16, 16), nn.Linear(16, 16))
+        self.late = ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        z = self.c(self.b(h))
+        # z * 1.0 saves nothing of z (a product by a number).
+        out = self.e(self.d(z * 1.0 if self.late == "moved" else z))
+        if self.late == "again":
+            out = out * h
+        elif self.late == "moved":
+            out = out * z
+        return out
+
+
+@pytest.mark.parametrize("late,late_from", [("again", 1), ("again", 3),
+                                             ("moved", 3)])
+def test_a_save_after_a_frame_stopped_counting_is_found_and_learned_again(
+        late: str, late_from: int) -> None:
+    """A save of a dropped tensor later than in the forward that learned
+    where the frame stops counting (from the second step, while the hook
+    regions are learned again, or from the fourth): that step keeps it and
+    says so once; the next forward counts to the frame's end and drops it,
+    and so do the later ones. "again": a's output is kept alive past the
+    end of forward; "moved": c's output is not dropped at all, which the
+    count of dropped saves finds."""
+    model = Late()
+    plain = copy.deepcopy(model)
+    applied = mutwo.apply(model, make_schedule(
+        model, recompute=[(0, ["a", "c"], [])]))
+    assert applied.frames == ["(model)"]
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(8))
+    watched = "a" if late == "again" else "c"
+    refs = outputs_of(model, [watched])
+
+    def run(mode: str) -> Tuple[bool, List[str]]:
+        model.late = plain.late = mode
+        model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = model(x).pow(2).mean()
+        gc.collect()
+        held = refs[watched]() is not None
+        loss.backward()
+        _, want, _ = step(plain, (x,), lambda out: out.pow(2).mean())
+        for name, g in want.items():
+            torch.testing.assert_close(dict(model.named_parameters())[
+                name].grad, g, rtol=1e-5, atol=1e-6)
+        return held, [str(w.message) for w in caught
+                      if issubclass(w.category, mutwo.BudgetWarning)]
+
+    assert run("") == (False, [])  # learns where the frame stops
+    for _ in range(late_from - 1):
+        assert run("") == (False, [])
+    held, said = run(late)
+    assert held and len(said) == 1
+    assert ("stayed in memory" if late == "again" else
+            "fewer than the schedule's first forward") in said[0]
+    for _ in range(4):
+        assert run(late) == (False, [])
+    assert run("") == (False, [])
+    assert applied.stats().dropped_paths == {"a", "c"}
+    applied.remove()
