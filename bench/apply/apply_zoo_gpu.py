@@ -19,9 +19,10 @@ the floor lies above the baseline), and each schedule
     median step time over --iterations, gradients against its plain step),
   - applied with `mutwo.apply` (strict) to the eager module in a fresh
     process (the child mode of this script): one step of the unmodified
-    model and one of the applied model from the same weights and seed,
-    TF32 off and cuDNN deterministic, compared (|diff| <= 1e-4 of the
-    largest gradient, apply_bench.py's tolerance); then, with PyTorch's
+    model and four of the applied model from the same weights and seed
+    (apply learns in the first three), TF32 off and cuDNN deterministic,
+    each compared (|diff| <= 1e-4 of the largest gradient, apply_bench.py's
+    tolerance); then, with PyTorch's
     defaults, 2 warm-up and --iterations timed steps (forward, loss,
     backward, Adam step): `torch.cuda.max_memory_allocated` over the timed
     steps and the median step time; `Applied.unmatched()` after them. At
@@ -45,6 +46,12 @@ fails (0 with --no-fail).
     apply_zoo_gpu.py --trace --model M --schedule S.json --out DIR
         # torch.profiler of 3 applied and 3 unmodified steps (where the
         # step time goes), tables in DIR
+    apply_zoo_gpu.py --ab --model M --schedule S.json [--before REV_PY]
+        # step time of eager, applied and (--before: _apply.py of another
+        # revision) applied-before, interleaved in one process: R rounds
+        # (--rounds) of each variant's 3 warm-up + --iterations timed
+        # steps; one JSON line of medians (a host-bound step varies by
+        # tens of percent between processes on a lent machine)
 
 Writes DIR/points.jsonl (one line per point) and DIR/summary.json; prints
 the same lines. Works with torch 1.13 (CPU smoke: --device cpu, no peak
@@ -273,19 +280,30 @@ def child(args):
                  for a, b in zip(plain.buffers(), model.buffers())
                  if a.numel()), default=0.0)
     res.update(buffers_max_abs_diff=bdiff)
+    # Three more applied steps from the same weights: the first two learn
+    # (where recompute frames stop counting saves, then where the
+    # saved-tensor hook is needed), the third runs as every later step
+    # does. Each must give the unmodified step's gradients.
+    later = [grads_of(model, inputs, loss_fn) for _ in range(3)]
     scale = max(g.abs().max().item() for g in g_plain.values())
-    same = set(g_plain) == set(g_applied)
-    diff = (max((g_plain[n] - g_applied[n]).abs().max().item()
-                for n in g_plain) if same else None)
+
+    def max_diff(g):
+        return (max((g_plain[n] - g[n]).abs().max().item() for n in g_plain)
+                if set(g_plain) == set(g) else None)
+    diff = max_diff(g_applied)
+    later_diffs = [max_diff(g) for g in later]
+    equal = [d is not None and d <= GRAD_RTOL * scale
+             for d in [diff] + later_diffs]
     res.update(grad_max_abs_diff=diff, grad_scale=scale,
-               gradients_equal=same and diff <= GRAD_RTOL * scale,
+               later_grad_max_abs_diff=later_diffs,
+               gradients_equal=all(equal),
                frames=len(applied.frames))
     if meas is not None:
         res.update(first_step_peak_bytes=meas.peak_bytes,
                    saving_bytes=meas.saving_bytes,
                    planned_saving_bytes=meas.planned_saving_bytes,
                    swapped_bytes=meas.swapped_bytes)
-    del plain, g_plain, g_applied
+    del plain, g_plain, g_applied, later
     gc.collect()
     (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
      torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = tf32
@@ -419,6 +437,83 @@ def trace(args):
     with open(os.path.join(args.out, "trace_summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(json.dumps(summary))
+    return 0
+
+
+def load_apply_from(path, name="mutwo._apply_before"):
+    """_apply.py from another revision (a file), imported as its own
+    module beside the package (it imports the rest of it absolutely)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def ab(args):
+    """Interleaved step times of one schedule: eager, this tree's apply
+    and (--before) another revision's, in one process."""
+    import torch
+    import mutwo
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    m = by_name(args.model, args.tier)
+    m["loss_spec"] = args.loss_spec or m["loss"]
+    m["batch"] = args.batch or m["batch"]
+    model = build_model(m).to(dev)
+    inputs, loss_fn = inputs_of(m, dev)
+    schedule = mutwo.Schedule.from_json(args.schedule)
+    variants = {"eager": None, "after": mutwo.apply}
+    if args.before:
+        variants["before"] = load_apply_from(args.before).apply
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(*inputs)).backward()
+        opt.step()
+
+    times = {k: [] for k in variants}
+    peaks = {k: 0 for k in variants}
+    for _ in range(args.rounds):
+        for k, impl in variants.items():
+            applied = impl(model, schedule) if impl is not None else None
+            # Warm-up: apply's first steps learn (where frames stop
+            # counting, where the saved-tensor hook is needed).
+            for _ in range(3):
+                step()
+            sync()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(dev)
+            t = time.perf_counter()
+            for _ in range(args.iterations):
+                step()
+            sync()
+            times[k].append((time.perf_counter() - t) * 1e3 /
+                            args.iterations)
+            if cuda:
+                peaks[k] = max(peaks[k], torch.cuda.max_memory_allocated(dev))
+            if applied is not None:
+                applied.remove()
+    med = {k: round(statistics.median(v), 3) for k, v in times.items()}
+    res = {"model": m["name"], "schedule": os.path.basename(args.schedule),
+           "rounds": args.rounds, "steps_per_round": args.iterations,
+           "median_ms": med, "all_ms": {k: [round(x, 3) for x in v]
+                                        for k, v in times.items()},
+           "peak_bytes": peaks if cuda else None,
+           "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+           "torch": torch.__version__}
+    for k in variants:
+        if k != "eager":
+            res[f"{k}_over_eager"] = round(med[k] / med["eager"], 4)
+    if "before" in med:
+        res["after_over_before"] = round(med["after"] / med["before"], 4)
+    print(json.dumps(res), flush=True)
     return 0
 
 
@@ -806,6 +901,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--trace", action="store_true")
+    ap.add_argument("--ab", action="store_true",
+                    help="interleaved step times of one schedule (--model, "
+                    "--schedule): eager, applied, and applied with "
+                    "--before's _apply.py")
+    ap.add_argument("--before", default="",
+                    help="--ab: path of another revision's _apply.py")
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--probe", action="store_true",
                     help="peak per phase and variant of one model "
                     "(--model, optional --schedule)")
@@ -837,6 +939,8 @@ def main():
         return child(args)
     if args.trace:
         return trace(args)
+    if args.ab:
+        return ab(args)
     if args.probe:
         return probe(args)
     if args.merge:

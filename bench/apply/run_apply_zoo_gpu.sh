@@ -10,7 +10,10 @@
 #   run_apply_zoo_gpu.sh collect  # merge the shards, tar into $OUT
 #
 # Environment: WORK (default /tmp/az), BUILD (default /tmp/bg), NGPU
-# (default: every card nvidia-smi lists), WAIT_S (default 480), TRACE (a
+# (default: every card nvidia-smi lists), SHARDS (default NGPU: shard k
+# runs on card k mod NGPU; more shards than cards share a card, which
+# leaves the memory, gradient and applied bars valid but not the time
+# bar), WAIT_S (default 480), TRACE (a
 # model whose lowest-budget schedule its shard traces with torch.profiler
 # and cProfile after its points; default resnet50, "" for none), PROBE
 # (models whose shard runs apply_zoo_gpu.py --probe after its points, with
@@ -36,12 +39,13 @@ if [ "$cmd" = start ]; then
     cmake --build "$B" --target mutwo mutwo-worker; } >"$W/build.log" 2>&1 ||
     { tail -30 "$W/build.log"; exit 1; }
   echo "built in $(( $(date +%s) - t0 )) s"
-  n=${NGPU:-$(nvidia-smi -L | wc -l)}
+  cards=${NGPU:-$(nvidia-smi -L | wc -l)}
+  n=${SHARDS:-$cards}
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader >"$W/cards.txt"
   for k in $(seq 0 $((n - 1))); do
     # A session of its own: the device tool ends what a call leaves
     # running, except such processes.
-    setsid nohup bash "$0" shard "$k" "$n" >"$W/shard$k.log" 2>&1 </dev/null &
+    setsid nohup bash "$0" shard "$k" "$n" "$cards" >"$W/shard$k.log" 2>&1 </dev/null &
     echo $! >"$W/shard$k.pid"
   done
   echo "started $n shards"
@@ -49,8 +53,8 @@ if [ "$cmd" = start ]; then
 fi
 
 if [ "$cmd" = shard ]; then
-  k=$2 n=$3
-  export CUDA_VISIBLE_DEVICES=$k PYTHONUNBUFFERED=1
+  k=$2 n=$3 cards=${4:-$3}
+  export CUDA_VISIBLE_DEVICES=$((k % cards)) PYTHONUNBUFFERED=1
   "$PYTHON" "$PY" --bin "$B/bin" --out "$W/shard$k" --shard "$k/$n" \
     --specialize transformer_encoder --no-fail ${EXTRA:-}
   s=$(ls "$W/shard$k/$T".*B.schedule.json 2>/dev/null | sort -t. -k2,2n |
