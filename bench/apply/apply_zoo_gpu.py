@@ -287,13 +287,11 @@ def child(args):
     later = [grads_of(model, inputs, loss_fn) for _ in range(3)]
     scale = max(g.abs().max().item() for g in g_plain.values())
 
-    def max_diff(g):
-        return (max((g_plain[n] - g[n]).abs().max().item() for n in g_plain)
-                if set(g_plain) == set(g) else None)
-    diff = max_diff(g_applied)
-    later_diffs = [max_diff(g) for g in later]
-    equal = [d is not None and d <= GRAD_RTOL * scale
-             for d in [diff] + later_diffs]
+    diffs = [(max((g_plain[n] - g[n]).abs().max().item() for n in g_plain)
+              if set(g_plain) == set(g) else None)
+             for g in [g_applied] + later]
+    diff, later_diffs = diffs[0], diffs[1:]
+    equal = [d is not None and d <= GRAD_RTOL * scale for d in diffs]
     res.update(grad_max_abs_diff=diff, grad_scale=scale,
                later_grad_max_abs_diff=later_diffs,
                gradients_equal=all(equal),
