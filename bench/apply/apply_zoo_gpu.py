@@ -200,22 +200,29 @@ def grads_of(model, inputs, loss_fn, seed=7):
     return g
 
 
-def timed_steps(model, inputs, loss_fn, iterations, dev, applied=None):
-    """2 warm-up and `iterations` timed Adam steps: (median ms, all ms,
-    max_memory_allocated over the timed steps or None)."""
+def adam_steps(model, inputs, loss_fn, dev):
+    """(step, sync): one training step with Adam (lr 1e-4), and a wait for
+    the device's queued work (nothing on the CPU)."""
     import torch
-    cuda = dev.type == "cuda"
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
     def sync():
-        if cuda:
+        if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss_fn(model(*inputs)).backward()
         opt.step()
+    return step, sync
 
+
+def timed_steps(model, inputs, loss_fn, iterations, dev, applied=None):
+    """2 warm-up and `iterations` timed Adam steps: (median ms, all ms,
+    max_memory_allocated over the timed steps or None)."""
+    import torch
+    cuda = dev.type == "cuda"
+    step, sync = adam_steps(model, inputs, loss_fn, dev)
     for _ in range(2):
         step()
     sync()
@@ -231,7 +238,7 @@ def timed_steps(model, inputs, loss_fn, iterations, dev, applied=None):
         sync()
         times.append(round((time.perf_counter() - t) * 1e3, 3))
     peak = torch.cuda.max_memory_allocated(dev) if cuda else None
-    opt.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     return statistics.median(times), times, peak
 
 
@@ -465,17 +472,7 @@ def ab(args):
     variants = {"eager": None, "after": mutwo.apply}
     if args.before:
         variants["before"] = load_apply_from(args.before).apply
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(dev)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(*inputs)).backward()
-        opt.step()
-
+    step, sync = adam_steps(model, inputs, loss_fn, dev)
     times = {k: [] for k in variants}
     peaks = {k: 0 for k in variants}
     for _ in range(args.rounds):

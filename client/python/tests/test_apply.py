@@ -211,6 +211,26 @@ def test_a_forward_with_other_calls_learns_again_and_applies_everything(
                 name].grad, g, rtol=1e-5, atol=1e-6)
 
 
+def checked_step(model: nn.Module, plain: nn.Module, x: torch.Tensor,
+                 watched: Callable[[], Any]) -> Tuple[bool, List[str]]:
+    """One step of the applied model and of the unmodified one (the caller
+    set both alike): whether `watched()` (a weak reference) still held its
+    tensor after forward, and the BudgetWarnings said; gradients equal."""
+    model.zero_grad(set_to_none=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = model(x).pow(2).mean()
+    gc.collect()
+    held = watched() is not None
+    loss.backward()
+    _, want, _ = step(plain, (x,), lambda out: out.pow(2).mean())
+    for name, g in want.items():
+        torch.testing.assert_close(dict(model.named_parameters())[
+            name].grad, g, rtol=1e-5, atol=1e-6)
+    return held, [str(w.message) for w in caught
+                  if issubclass(w.category, mutwo.BudgetWarning)]
+
+
 class Sometimes(nn.Module):
     """Saves a's output in its own code only when `square` is set: the
     same module calls either way."""
@@ -243,19 +263,7 @@ def test_a_save_where_the_hook_was_off_is_found_and_learned_again() -> None:
 
     def run(square: bool) -> Tuple[bool, List[str]]:
         model.square = plain.square = square
-        model.zero_grad(set_to_none=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loss = model(x).pow(2).mean()
-        gc.collect()
-        held = refs["a.2"]() is not None
-        loss.backward()
-        _, want, _ = step(plain, (x,), lambda out: out.pow(2).mean())
-        for name, g in want.items():
-            torch.testing.assert_close(dict(model.named_parameters())[
-                name].grad, g, rtol=1e-5, atol=1e-6)
-        return held, [str(w.message) for w in caught
-                      if issubclass(w.category, mutwo.BudgetWarning)]
+        return checked_step(model, plain, x, lambda: refs["a.2"]())
 
     assert run(False) == (False, [])  # learns: saved by b only
     assert run(False) == (False, [])
@@ -1706,19 +1714,7 @@ def test_a_save_after_a_frame_stopped_counting_is_found_and_learned_again(
 
     def run(mode: str) -> Tuple[bool, List[str]]:
         model.late = plain.late = mode
-        model.zero_grad(set_to_none=True)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loss = model(x).pow(2).mean()
-        gc.collect()
-        held = refs[watched]() is not None
-        loss.backward()
-        _, want, _ = step(plain, (x,), lambda out: out.pow(2).mean())
-        for name, g in want.items():
-            torch.testing.assert_close(dict(model.named_parameters())[
-                name].grad, g, rtol=1e-5, atol=1e-6)
-        return held, [str(w.message) for w in caught
-                      if issubclass(w.category, mutwo.BudgetWarning)]
+        return checked_step(model, plain, x, lambda: refs[watched]())
 
     assert run("") == (False, [])  # learns where the frame stops
     for _ in range(late_from - 1):
