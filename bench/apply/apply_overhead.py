@@ -142,7 +142,6 @@ def empty_schedule(path):
 def load_before(rev, work):
     """_apply.py at git revision `rev`, imported as its own module (it
     imports the rest of the package absolutely: the working tree's)."""
-    import importlib.util
     import subprocess
     root = os.path.dirname(os.path.dirname(HERE))
     text = subprocess.run(["git", "-C", root, "show",
@@ -151,12 +150,7 @@ def load_before(rev, work):
     path = os.path.join(work, "_apply_before.py")
     with open(path, "w") as f:
         f.write(text)
-    spec = importlib.util.spec_from_file_location("mutwo._apply_before",
-                                                  path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return azc.load_apply_file(path)
 
 
 class ReplayClock:

@@ -143,6 +143,18 @@ def make_loss(spec: str, batch: int, gen: torch.Generator):
     raise ValueError(f"loss {spec!r}")
 
 
+def load_apply_file(path, name="mutwo._apply_before"):
+    """An _apply.py file (another revision's), imported as its own module
+    beside the package: it imports the rest of the package absolutely, so
+    it runs against this tree's. For before/after comparisons."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run(cmd, timeout=300):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout, p.stderr

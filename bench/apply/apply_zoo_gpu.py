@@ -445,22 +445,12 @@ def trace(args):
     return 0
 
 
-def load_apply_from(path, name="mutwo._apply_before"):
-    """_apply.py from another revision (a file), imported as its own
-    module beside the package (it imports the rest of it absolutely)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def ab(args):
     """Interleaved step times of one schedule: eager, this tree's apply
     and (--before) another revision's, in one process."""
     import torch
     import mutwo
+    from apply_zoo_cpu import load_apply_file
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     m = by_name(args.model, args.tier)
@@ -471,7 +461,7 @@ def ab(args):
     schedule = mutwo.Schedule.from_json(args.schedule)
     variants = {"eager": None, "after": mutwo.apply}
     if args.before:
-        variants["before"] = load_apply_from(args.before).apply
+        variants["before"] = load_apply_file(args.before).apply
     step, sync = adam_steps(model, inputs, loss_fn, dev)
     times = {k: [] for k in variants}
     peaks = {k: 0 for k in variants}

@@ -1233,8 +1233,9 @@ class _Runtime:
         self.retired_any = True
 
     def learn_retire(self, frame: _Frame) -> None:
-        """A frame that ran to its end closes: where its spec's frames can
-        retire (committed by end_forward)."""
+        """A frame closes: where its spec's frames can retire, if not known
+        yet for this mode (committed by end_forward). A frame that retires
+        had it known."""
         spec = frame.spec
         if self.training in spec.retire:
             return
@@ -1728,8 +1729,7 @@ class _Runtime:
                      weakref.ref(o), *_extent(o), o.storage_offset(),
                      o.dtype, o.device))
                 frame.outputs_dropped = True
-        if frame.retire_at is None:
-            self.learn_retire(frame)
+        self.learn_retire(frame)
 
 
 def _wrap_forward(module: nn.Module,
