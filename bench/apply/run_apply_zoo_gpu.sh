@@ -18,7 +18,10 @@
 # and cProfile after its points; default resnet50, "" for none), PROBE
 # (models whose shard runs apply_zoo_gpu.py --probe after its points, with
 # the model's higher-budget schedule; "" for none), EXTRA
-# (more apply_zoo_gpu.py flags), TRACE_FLAGS (more --trace flags). Run
+# (more apply_zoo_gpu.py flags), TRACE_FLAGS (more --trace flags), MEMSNAP
+# (models whose shard runs apply_memsnap.py after its points: where the
+# peak of a step lies, eager, applied and applied without its swaps, with
+# the model's lowest-budget schedule; default none). Run
 # from the source root, after `source .gpu/device-env.sh` (docs/gpu.md).
 set -u
 cmd=${1:-wait}
@@ -71,6 +74,15 @@ if [ "$cmd" = shard ]; then
     [ -n "$ps" ] || continue
     "$PYTHON" "$PY" --probe --model "$pm" --schedule "$ps" \
       --out "$W/probe" || true
+  done
+  # Where the step's peak lies (allocator history) for the MEMSNAP models.
+  for mm in $(echo "${MEMSNAP:-}" | tr , ' '); do
+    ms=$(ls "$W/shard$k/$mm".*B.schedule.json 2>/dev/null | sort -t. -k2,2n |
+      head -1)
+    [ -n "$ms" ] || continue
+    "$PYTHON" "$SRC/bench/apply/apply_memsnap.py" --model "$mm" \
+      --schedule "$ms" --out "$W/memsnap" \
+      --variants eager,applied,applied_no_swaps >>"$W/memsnap.log" 2>&1 || true
   done
   echo done >"$W/shard$k.done"
   exit 0

@@ -808,6 +808,12 @@ class _SwapEntry:
         self.position = len(rt.swap_order)
         self.restored: Optional[torch.Tensor] = None
         self.event: Any = None
+        # Every saved reference of this backward read it: a prefetch for a
+        # later entry's unpack must not copy it back again (backward does
+        # not unpack in exactly the reverse order of forward's packs; such
+        # copies stayed alive in swap_order through the optimizer step:
+        # the Transformer encoder's floor, 0.69 GB over its budget).
+        self.consumed = False
         if t.is_cuda:
             stream = rt.side_stream(t.device)
             self.host = rt.host_pool.take(self, t)
@@ -822,7 +828,8 @@ class _SwapEntry:
         rt.stats.swapped_out_bytes += t.numel() * t.element_size()
 
     def prefetch(self) -> None:
-        if self.restored is not None or self.event is not None:
+        if self.restored is not None or self.event is not None or \
+                self.consumed:
             return
         if self.device.type != "cuda":
             return
@@ -840,6 +847,7 @@ class _SwapEntry:
 
     def get(self) -> torch.Tensor:
         if self.restored is None:
+            self.consumed = False  # read again (a second backward)
             self.prefetch()
         if self.restored is None:  # CPU: a copy back into a new tensor
             self.restored = self.host.clone()
@@ -853,7 +861,14 @@ class _SwapEntry:
         self.uses -= 1
         if self.uses <= 0:
             self.restored = None  # a second backward copies again
+            self.consumed = True
         return t
+
+    def backward_done(self) -> None:
+        """Its backward is over: a copy back that no unpack took goes."""
+        self.restored = None
+        self.event = None
+        self.consumed = False
 
 
 class _CallOutput:
@@ -1040,6 +1055,10 @@ class ApplyMeasurements:
     # CUDA: torch.cuda.max_memory_allocated over that forward and backward
     # (peak statistics are reset when it starts); None on the CPU.
     peak_bytes: Optional[int] = None
+    # CUDA: the same from that forward to the next forward with gradients
+    # (the optimizer step and whatever else ran between the two); None
+    # until that forward.
+    step_peak_bytes: Optional[int] = None
 
     @property
     def saving_bytes(self) -> int:
@@ -1147,6 +1166,7 @@ class _Runtime:
         self.swap_entries: Dict[Tuple[Any, ...], _SwapEntry] = {}
         self.swapped_storages: Dict[int, List[_SwapEntry]] = {}
         self.swap_order: List[_SwapEntry] = []
+        self.swap_backward_queued = False
         # (autograd node, output number) of a swapped tensor that is no
         # view -> its entry, while a saved reference or a frame holds it:
         # a replay reads a swapped module output from here.
@@ -1373,6 +1393,7 @@ class _Runtime:
         self.swap_entries.clear()
         self.swapped_storages.clear()
         self.swap_order = []
+        self.swap_backward_queued = False
         self.swap_nodes = weakref.WeakValueDictionary()
         self.record = _StepRecord()
 
@@ -1703,6 +1724,8 @@ class _Runtime:
             return packed.get(consume=True)
         if isinstance(packed, _Swapped):
             order = self.swap_order
+            if not self.swap_backward_queued:
+                self.queue_swap_cleanup(order)
             for p in range(packed.position - 1,
                            max(-1, packed.position - 1 - self.prefetch_ahead),
                            -1):
@@ -1710,6 +1733,32 @@ class _Runtime:
                     order[p].prefetch()
             return packed.entry.get()
         return packed
+
+    def queue_swap_cleanup(self, order: List[_SwapEntry]) -> None:
+        """At the end of the backward now running, every copy back of
+        `order` (this forward's swap entries) that no unpack took is
+        dropped: a prefetch ahead of an unpack that never came would hold
+        device memory until the next forward; and the forward's swap
+        order and its table of swapped module outputs go. Outside a
+        backward (a saved tensor read directly) nothing is queued."""
+        def done() -> None:
+            self.swap_backward_queued = False
+            for entry in order:
+                entry.backward_done()
+            if order is self.swap_order:
+                # Entries hold the autograd node that made their tensor,
+                # and this table's keys hold nodes: a branch this backward
+                # did not reach (an output outside the loss) would keep its
+                # saved tensors until the next forward. A second backward
+                # copies back without prefetch, and its replays re-make
+                # swapped module outputs.
+                self.swap_order = []
+                self.swap_nodes = weakref.WeakValueDictionary()
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(done)
+        except RuntimeError:
+            return
+        self.swap_backward_queued = True
 
     def close_frame(self, frame: _Frame, out: Any) -> None:
         frame.closed()
@@ -1841,6 +1890,10 @@ class Applied:
         self._canonical = canonical
         self._measurements: Optional[ApplyMeasurements] = None
         self._checked = False
+        # CUDA devices whose peak statistics the first step reset: read at
+        # the next forward with gradients after its backward (the whole
+        # step, optimizer included).
+        self._peak_devices: List[torch.device] = []
         self._step_check = StepCheck(planned_inputs, strict,
                                      "Applied.report()")
 
@@ -1899,6 +1952,9 @@ class Applied:
             if m.peak_bytes is not None:
                 line += (f"; peak {format_bytes(m.peak_bytes)}, budget "
                          f"{format_bytes(m.budget_bytes)}")
+            if m.step_peak_bytes is not None:
+                line += (f"; with what ran until the next forward (the "
+                         f"optimizer step) {format_bytes(m.step_peak_bytes)}")
             lines.append(line)
         lines += [f"  note: {n}" for n in self.notes]
         lines += self._step_check.report_lines()
@@ -1996,6 +2052,23 @@ class Applied:
         for t in tensors:
             if t.requires_grad:
                 t.register_hook(on_grad)
+
+    # Called by the forward wrapper at each forward with gradients after
+    # the first; reads the first step's whole peak once its backward ran.
+    def _next_forward(self) -> None:
+        m = self._measurements
+        if not self._peak_devices or m is None or m.step_seconds is None:
+            return
+        devices, self._peak_devices = self._peak_devices, []
+        for d in devices:
+            torch.cuda.synchronize(d)
+        m.step_peak_bytes = max(int(torch.cuda.max_memory_allocated(d))
+                                for d in devices)
+        if m.budget_bytes > 0 and m.step_peak_bytes > m.budget_bytes and \
+                m.peak_bytes is not None and m.peak_bytes <= m.budget_bytes:
+            warnings.warn(optimizer_peak_text(
+                "mutwo.apply", "first step", m.step_peak_bytes, m.peak_bytes,
+                m.budget_bytes), BudgetWarning, stacklevel=4)
 
     def remove(self) -> None:
         for undo in reversed(self._undo):
@@ -2262,6 +2335,23 @@ def peak_over_budget_text(who: str, step: str, peak: int, budget: int,
             "(torch.cuda.max_memory_allocated), over the budget "
             f"{format_bytes(budget)} (predicted peak "
             f"{format_bytes(predicted)})")
+
+
+def optimizer_peak_text(who: str, step: str, peak: int, fwd_bwd: int,
+                        budget: int) -> str:
+    """The BudgetWarning of a CUDA step whose peak came after its backward
+    (forward and backward within the budget)."""
+    return (f"{who}: the {step} peaked at {format_bytes(peak)} "
+            "(torch.cuda.max_memory_allocated) after its backward, over the "
+            f"budget {format_bytes(budget)}; its forward and backward peaked "
+            f"at {format_bytes(fwd_bwd)}, within it. What ran between the "
+            "end of backward and the next forward (the optimizer step) is "
+            "planned with update temporaries no larger than the largest "
+            "parameter (the worker updates in chunks of that size); "
+            "torch.optim's foreach implementation (its default on CUDA) "
+            "holds temporaries the size of all parameters during step(): "
+            "construct the optimizer with fused=True or foreach=False to "
+            "keep to the plan")
 
 
 def _planned_with_chunked_loss(schedule: Schedule) -> bool:
@@ -2535,6 +2625,9 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     torch.cuda.synchronize(d)
                     torch.cuda.reset_peak_memory_stats(d)
                     peak_reset = True
+                applied._peak_devices = sorted(devices, key=str)
+            elif applied._peak_devices:
+                applied._next_forward()
             started = time.perf_counter()
             rt.recording = first
             rt.begin_forward((args, kwargs))

@@ -30,16 +30,18 @@ def make_schedule(model: nn.Module,
                                             Sequence[str]]] = (),
                   swap: Sequence[str] = (),
                   sha: str = "f" * 64, size_bytes: int = 0,
-                  op_kinds: Optional[Dict[str, str]] = None) -> Schedule:
+                  op_kinds: Optional[Dict[str, str]] = None,
+                  budget_bytes: int = 0) -> Schedule:
     """One decision per module of `model` (RETAIN unless named).
     `recompute`: (segment, member module paths, extra replayed module paths).
     `size_bytes` of every decision (0: no planned saving to measure
     against); `op_kinds`: module path -> op kind, instead of the module
-    type's (a module's own forward: its functional ops).
+    type's (a module's own forward: its functional ops); `budget_bytes`
+    the schedule's budget (0: none to check a peak against).
     """
     s = types_pb2.Schedule(policy=types_pb2.MUTWO, model_sha256=sha,
                            graph_fingerprint="test", batch_size=2,
-                           feasible=True)
+                           feasible=True, budget_bytes=budget_bytes)
     action: Dict[str, Tuple[int, int, List[str]]] = {}
     for segment, members, extra in recompute:
         for m in members:
