@@ -625,38 +625,47 @@ absl::StatusOr<v1::OptimizerSpec> ParseOptimizerSpec(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer ", Quote(text),
         ": use none, sgd, sgd_momentum, adam or adamw (optionally with "
-        ":lr=0.01,momentum=0.9,weight_decay=0.01)"));
+        ":lr=0.01,momentum=0.9,weight_decay=0.01,foreach)"));
   }
   if (kind_args.second.empty()) return opt;
   for (absl::string_view kv : absl::StrSplit(kind_args.second, ',')) {
+    if (absl::StripAsciiWhitespace(kv) == "foreach") {
+      opt.set_foreach_update(true);
+      continue;
+    }
     std::pair<absl::string_view, absl::string_view> p =
         absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    using Setter = void (v1::OptimizerSpec::*)(double);
+    static const std::pair<absl::string_view, Setter> kSettings[] = {
+        {"lr", &v1::OptimizerSpec::set_learning_rate},
+        {"momentum", &v1::OptimizerSpec::set_momentum},
+        {"weight_decay", &v1::OptimizerSpec::set_weight_decay}};
+    Setter set = nullptr;
+    for (const auto& [name, setter] : kSettings) {
+      if (p.first == name) set = setter;
+    }
+    if (set == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", Quote(text), ": unknown setting ", Quote(p.first),
+          "; use lr, momentum, weight_decay or foreach"));
+    }
     double value = 0;
     if (!absl::SimpleAtod(p.second, &value) || value < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer ", Quote(text), ": ", Quote(kv),
                        " must be NAME=NON_NEGATIVE_NUMBER"));
     }
-    if (p.first == "lr") {
-      opt.set_learning_rate(value);
-    } else if (p.first == "momentum") {
-      opt.set_momentum(value);
-    } else if (p.first == "weight_decay") {
-      opt.set_weight_decay(value);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer ", Quote(text), ": unknown setting ",
-                       Quote(p.first), "; use lr, momentum or weight_decay"));
-    }
+    (opt.*set)(value);
   }
   return opt;
 }
 
 std::string FormatOptimizerSpec(const v1::OptimizerSpec& optimizer) {
+  std::string name = "sgd";
   for (const auto& o : kOptimizers) {
-    if (o.kind == optimizer.kind()) return o.name;
+    if (o.kind == optimizer.kind()) name = o.name;
   }
-  return "sgd";
+  return optimizer.foreach_update() ? name + ":foreach" : name;
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseBatchSizes(absl::string_view text) {

@@ -27,7 +27,9 @@ inline constexpr char kLossFlagHelp[] =
 
 inline constexpr char kOptimizerFlagHelp[] =
     "none, sgd, sgd_momentum, adam or adamw, optionally "
-    ":lr=...,momentum=...,weight_decay=...";
+    ":lr=...,momentum=...,weight_decay=...,foreach (foreach: the update's "
+    "temporaries span all parameters at once, as torch.optim's default on "
+    "CUDA; without: at most the largest parameter)";
 
 }  // namespace mutwo
 

@@ -104,6 +104,7 @@ std::string CanonicalOptimizer(const v1::OptimizerSpec& optimizer) {
         &out, ",momentum=", Double(o.momentum() == 0 ? 0.9 : o.momentum()));
   }
   absl::StrAppend(&out, ",weight_decay=", Double(o.weight_decay()));
+  if (o.foreach_update()) absl::StrAppend(&out, ",foreach");
   return out;
 }
 

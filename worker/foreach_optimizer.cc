@@ -59,10 +59,12 @@ ForeachOptimizer::ForeachOptimizer(const std::vector<torch::Tensor>& parameters,
       exp_avg_sq_(params_.size()),
       steps_(params_.size(), 0) {
   // Chunks of one device and dtype, in parameter order, of at most the
-  // largest parameter's bytes.
+  // largest parameter's bytes (all_at_once: all of them).
   int64_t chunk_bytes = 0;
   for (const torch::Tensor& p : params_) {
-    chunk_bytes = std::max(chunk_bytes, static_cast<int64_t>(p.nbytes()));
+    chunk_bytes = options.all_at_once
+                      ? chunk_bytes + static_cast<int64_t>(p.nbytes())
+                      : std::max(chunk_bytes, static_cast<int64_t>(p.nbytes()));
   }
   std::map<std::pair<std::string, int>, std::vector<size_t>> open;
   std::map<std::pair<std::string, int>, int64_t> open_bytes;

@@ -10,7 +10,8 @@
 // largest parameter, which bounds the update's temporaries (Adam's
 // denominators, weight decay's sums) by what LibTorch's per-parameter loop
 // held: the floor of a model whose optimizer step sets its peak stays where
-// it was.
+// it was. With `all_at_once` a chunk holds all of them, as torch.optim's
+// foreach implementation does: the step a user of its default on CUDA runs.
 //
 // Internal to the worker (includes LibTorch). Not thread-safe.
 #ifndef MUTWO_WORKER_FOREACH_OPTIMIZER_H_
@@ -33,6 +34,10 @@ struct ForeachOptions {
   double beta1 = 0.9;  // Adam, AdamW
   double beta2 = 0.999;
   double eps = 1e-8;
+  // The update's temporaries span all parameters of one device and dtype
+  // (torch.optim's foreach implementation), instead of chunks of at most
+  // the largest parameter.
+  bool all_at_once = false;
 };
 
 class ForeachOptimizer final : public torch::optim::Optimizer {

@@ -407,6 +407,7 @@ absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
   ForeachOptions options;
   options.lr = lr;
   options.weight_decay = spec.weight_decay();
+  options.all_at_once = spec.foreach_update();
   switch (spec.kind()) {
     case v1::OptimizerSpec::NONE:
       return std::unique_ptr<torch::optim::Optimizer>();

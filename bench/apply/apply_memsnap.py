@@ -9,6 +9,7 @@ there, grouped by where it was allocated.
     apply_memsnap.py --model M [--schedule S.json] --out DIR
                      [--device cuda:0] [--batch N] [--loss-spec L]
                      [--variants eager,applied,applied_no_swaps]
+                     [--optimizer adam:foreach]
 
 M is a model of apply_zoo_gpu.py's suite (its GPU-tier size and batch);
 S a schedule planned for it (apply_zoo_gpu.py writes them beside its
@@ -33,8 +34,6 @@ line on stdout:
   freed_before      bytes of blocks older than the step freed before the peak
 """
 import argparse
-import copy
-import gc
 import json
 import os
 import sys
@@ -43,7 +42,7 @@ import warnings
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from apply_zoo_gpu import build_model, by_name, inputs_of  # noqa: E402
+from apply_zoo_gpu import by_name, fresh_model, without_swaps  # noqa: E402
 
 PHASES = ("zero_grad", "forward", "backward", "optimizer")
 # Frames that say where an allocation was asked for, innermost first.
@@ -157,19 +156,11 @@ def replay(trace, base, marks):
 
 def one(args, m, label, schedule):
     import torch
-    import mutwo
     dev = torch.device(args.device)
-    gc.collect()
-    torch.cuda.empty_cache()
-    model = build_model(m).to(dev)
-    inputs, loss_fn = inputs_of(m, dev)
-    applied = None
-    if schedule is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            applied = mutwo.apply(model, schedule,
-                                  strict=label == "applied")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, inputs, loss_fn, applied = fresh_model(
+        m, dev, schedule, strict=label == "applied")
+    from mutwo._verify import make_optimizer
+    opt = make_optimizer(args.optimizer, model.parameters())
 
     def step(marks=None):
         opt.zero_grad(set_to_none=True)
@@ -222,6 +213,10 @@ def main():
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--loss-spec", default="")
     ap.add_argument("--variants", default="eager,applied")
+    ap.add_argument("--optimizer", default="adam:foreach",
+                    help="as planned; torch.optim's as `mutwo verify` "
+                    "makes it (adam:foreach: torch.optim.Adam's default "
+                    "on CUDA)")
     args = ap.parse_args()
     import torch
     import mutwo
@@ -239,13 +234,7 @@ def main():
         if label == "applied":
             sched = schedule
         elif label == "applied_no_swaps":
-            with open(args.schedule) as f:
-                doc = json.JSONDecoder().raw_decode(f.read())[0]
-            doc = copy.deepcopy(doc)
-            for d in doc["decisions"]:
-                if d.get("action") == "SWAP":
-                    d["action"] = "RETAIN"
-            sched = mutwo.Schedule.from_json(json.dumps(doc))
+            sched = without_swaps(args.schedule)
         elif label != "eager":
             raise SystemExit(f"unknown variant {label!r}")
         if label != "eager" and schedule is None:

@@ -11,7 +11,9 @@ Per model (MODELS below: the five repo families of bench/zoo/models.py at
 their GPU-tier architecture, batch chosen for a peak of a few GB, and 22
 torchvision classifiers at 224 px, 1000 classes, weights=None): the eager
 module (weights from a seed of the model's own) is scripted, profiled
-(`mutwo-worker profile --optimizer adam`), planned by `mutwo plan` at
+(`mutwo-worker profile --optimizer adam:foreach`, --optimizer: the update's
+temporaries as torch.optim.Adam's default on CUDA holds them, all
+parameters at once), planned by `mutwo plan` at
 budgets floor + f * (baseline - floor) for f in --fractions (default 0.1,
 "low", near the floor, and 0.5, "mid"; at least floor * 1.0005 + 1 B when
 the floor lies above the baseline), and each schedule
@@ -24,7 +26,7 @@ the floor lies above the baseline), and each schedule
     each compared (|diff| <= 1e-4 of the largest gradient, apply_bench.py's
     tolerance); then, with PyTorch's
     defaults, 2 warm-up and --iterations timed steps (forward, loss,
-    backward, Adam step): `torch.cuda.max_memory_allocated` over the timed
+    backward, the same Adam step): `torch.cuda.max_memory_allocated` over the timed
     steps and the median step time; `Applied.unmatched()` after them. At
     the first budget the child also times the unmodified eager model the
     same way after `applied.remove()` (the "eager" columns).
@@ -187,6 +189,37 @@ def by_name(name, tier):
 # ---------------------------------------------------------------------------
 # Child: one schedule applied in a fresh process.
 
+def fresh_model(m, dev, schedule=None, strict=True):
+    """(model, inputs, loss_fn, applied): a new model of `m` on `dev` (the
+    last one's cached memory released first), its inputs and loss, and
+    `schedule` applied to it (None: not applied), apply's warnings
+    silenced (the callers measure, they do not train)."""
+    import torch
+    import mutwo
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    model = build_model(m).to(dev)
+    inputs, loss_fn = inputs_of(m, dev)
+    applied = None
+    if schedule is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            applied = mutwo.apply(model, schedule, strict=strict)
+    return model, inputs, loss_fn, applied
+
+
+def without_swaps(path):
+    """The schedule at `path` with its SWAP decisions made RETAIN."""
+    import mutwo
+    with open(path) as f:
+        doc = json.JSONDecoder().raw_decode(f.read())[0]
+    for d in doc["decisions"]:
+        if d.get("action") == "SWAP":
+            d["action"] = "RETAIN"
+    return mutwo.Schedule.from_json(json.dumps(doc))
+
+
 def grads_of(model, inputs, loss_fn, seed=7):
     import torch
     model.zero_grad(set_to_none=True)
@@ -200,11 +233,14 @@ def grads_of(model, inputs, loss_fn, seed=7):
     return g
 
 
-def adam_steps(model, inputs, loss_fn, dev):
-    """(step, sync): one training step with Adam (lr 1e-4), and a wait for
-    the device's queued work (nothing on the CPU)."""
+def adam_steps(model, inputs, loss_fn, dev, optimizer="adam:foreach"):
+    """(step, sync): one training step with the optimizer the schedules
+    were planned with (`--optimizer`; torch.optim's as `mutwo verify` makes
+    it: `adam:foreach` is its default Adam on CUDA), and a wait for the
+    device's queued work (nothing on the CPU)."""
     import torch
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    from mutwo._verify import make_optimizer
+    opt = make_optimizer(optimizer, model.parameters())
 
     def sync():
         if dev.type == "cuda":
@@ -217,12 +253,13 @@ def adam_steps(model, inputs, loss_fn, dev):
     return step, sync
 
 
-def timed_steps(model, inputs, loss_fn, iterations, dev, applied=None):
+def timed_steps(model, inputs, loss_fn, iterations, dev, applied=None,
+                optimizer="adam:foreach"):
     """2 warm-up and `iterations` timed Adam steps: (median ms, all ms,
     max_memory_allocated over the timed steps or None)."""
     import torch
     cuda = dev.type == "cuda"
-    step, sync = adam_steps(model, inputs, loss_fn, dev)
+    step, sync = adam_steps(model, inputs, loss_fn, dev, optimizer)
     for _ in range(2):
         step()
     sync()
@@ -315,7 +352,7 @@ def child(args):
     if cuda:
         torch.cuda.empty_cache()
     ms, all_ms, peak = timed_steps(model, inputs, loss_fn, args.iterations,
-                                   dev, applied)
+                                   dev, applied, args.optimizer)
     s = applied.stats()
     unmatched = applied.unmatched()
     res.update(peak_bytes=peak, step_ms=round(ms, 3), step_ms_all=all_ms,
@@ -332,7 +369,8 @@ def child(args):
         if cuda:
             torch.cuda.empty_cache()
         ms, all_ms, peak = timed_steps(model, inputs, loss_fn,
-                                       args.iterations, dev)
+                                       args.iterations, dev,
+                                       optimizer=args.optimizer)
         res.update(eager_peak_bytes=peak, eager_step_ms=round(ms, 3))
     print(json.dumps(res))
     return 0
@@ -462,7 +500,7 @@ def ab(args):
     variants = {"eager": None, "after": mutwo.apply}
     if args.before:
         variants["before"] = load_apply_file(args.before).apply
-    step, sync = adam_steps(model, inputs, loss_fn, dev)
+    step, sync = adam_steps(model, inputs, loss_fn, dev, args.optimizer)
     times = {k: [] for k in variants}
     peaks = {k: 0 for k in variants}
     for _ in range(args.rounds):
@@ -531,30 +569,12 @@ def probe(args):
     if schedule is not None:
         variants.append(("applied", schedule, {}, True))
         if schedule.swapped:
-            doc = json.loads(schedule.to_json()) if hasattr(
-                schedule, "to_json") else None
-            if doc is None:
-                with open(args.schedule) as f:
-                    doc = json.JSONDecoder().raw_decode(f.read())[0]
-            for d in doc["decisions"]:
-                if d.get("action") == "SWAP":
-                    d["action"] = "RETAIN"
-            variants.append(("applied_no_swaps",
-                             mutwo.Schedule.from_json(json.dumps(doc)), {},
-                             True))
+            variants.append(("applied_no_swaps", without_swaps(args.schedule),
+                             {}, True))
     out = []
     for label, sched, adam, set_to_none in variants:
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
-        model = build_model(m).to(dev)
-        inputs, loss_fn = inputs_of(m, dev)
-        applied = None
-        if sched is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                applied = mutwo.apply(model, sched,
-                                      strict=label == "applied")
+        model, inputs, loss_fn, applied = fresh_model(
+            m, dev, sched, strict=label == "applied")
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, **adam)
         steps = []
         for i in range(6):
@@ -625,21 +645,22 @@ def run(cmd, timeout=600):
         return 124, "", f"timeout after {timeout}s: {' '.join(cmd[:3])}"
 
 
-def worker_args(m, device, extra_flags):
+def worker_args(m, device, extra_flags, optimizer="adam:foreach"):
     a = []
     for i in m["inputs"]:
         a += ["--input", i]
     for u in m.get("unbatched", []):
         a += ["--unbatched", u]
     return a + ["--batch", str(m["batch"]), "--loss", m["loss_spec"],
-                "--optimizer", "adam", "--device", device] + extra_flags
+                "--optimizer", optimizer, "--device", device] + extra_flags
 
 
 def run_child(args, m, schedule, eager, log):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model",
            m["name"], "--schedule", schedule, "--device", args.device,
            "--tier", args.tier, "--batch", str(m["batch"]), "--loss-spec",
-           m["loss_spec"], "--iterations", str(args.iterations)]
+           m["loss_spec"], "--iterations", str(args.iterations),
+           "--optimizer", args.optimizer]
     if eager:
         cmd.append("--eager")
     rc, out, err = run(cmd, timeout=600)
@@ -709,7 +730,7 @@ def run_model(m, args, log):
     if flags:
         head["worker_flags"] = flags
     rc, out, err = run([worker, "profile", base + ".pt"] +
-                       worker_args(m, args.device, flags) +
+                       worker_args(m, args.device, flags, args.optimizer) +
                        ["--output", "json"])
     if rc != 0 or not out.strip().startswith("{"):
         return [dict(head, ok=False, error="profile: " + one_line(err, rc))]
@@ -747,7 +768,7 @@ def run_model(m, args, log):
                  decisions_swap=sum(1 for d in s.get("decisions", [])
                                     if d.get("action") == "SWAP"))
         cmd = [worker, "execute", base + ".pt", "--schedule", sched] + \
-            worker_args(m, args.device, flags) + \
+            worker_args(m, args.device, flags, args.optimizer) + \
             ["--iterations", str(args.iterations), "--output", "json"]
         if i > 0:
             cmd.append("--baseline=false")
@@ -913,6 +934,11 @@ def main():
                     help="override every model's batch")
     ap.add_argument("--fractions", default="0.1,0.5")
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--optimizer", default="adam:foreach",
+                    help="the step's optimizer, planned (mutwo-worker "
+                    "--optimizer) and run (torch.optim, as `mutwo verify` "
+                    "makes it); adam:foreach is torch.optim.Adam's default "
+                    "on CUDA")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--time-bar", type=float, default=DEFAULT_TIME_BAR)
     ap.add_argument("--specialize", default="",

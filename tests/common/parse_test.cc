@@ -311,6 +311,15 @@ TEST(ParseOptimizerSpec, KindsAndSettings) {
   EXPECT_THAT(std::string(ParseOptimizerSpec("adam:beta=1").status().message()),
               HasSubstr("unknown setting \"beta\""));
   EXPECT_FALSE(ParseOptimizerSpec("lamb").ok());
+  EXPECT_FALSE(ParseOptimizerSpec("adam")->foreach_update());
+  auto all = ParseOptimizerSpec("adamw:lr=0.01,foreach");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->foreach_update());
+  EXPECT_DOUBLE_EQ(all->learning_rate(), 0.01);
+  EXPECT_EQ(FormatOptimizerSpec(*all), "adamw:foreach");
+  EXPECT_EQ(FormatOptimizerSpec(*ParseOptimizerSpec("adam")), "adam");
+  EXPECT_THAT(std::string(ParseOptimizerSpec("adam:fused").status().message()),
+              HasSubstr("use lr, momentum, weight_decay or foreach"));
 }
 
 TEST(ParseBatchSizes, Forms) {

@@ -125,6 +125,11 @@ TEST(ScheduleKeyTest, EveryPlanningInputChangesTheKey) {
   v1::JobSpec adam = Spec();
   adam.mutable_optimizer()->set_kind(v1::OptimizerSpec::ADAM);
   EXPECT_NE(Key(adam, "60%"), base);
+  // Temporaries of all parameters at once: another floor, another key.
+  v1::JobSpec adam_foreach = adam;
+  adam_foreach.mutable_optimizer()->set_foreach_update(true);
+  EXPECT_NE(Key(adam_foreach, "60%"), Key(adam, "60%"));
+  EXPECT_THAT(Key(adam_foreach, "60%"), HasSubstr(",weight_decay=0,foreach|"));
   v1::JobSpec ce = Spec();
   *ce.mutable_loss() = *ParseLossSpec("cross_entropy:y:int64[B]{0,1000}");
   EXPECT_NE(Key(ce, "60%"), base);

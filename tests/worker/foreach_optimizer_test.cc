@@ -1,12 +1,16 @@
 // ForeachOptimizer updates parameters as LibTorch's optimizers do, over
-// several steps, chunks of mixed shapes and parameters without a gradient.
+// several steps, chunks of mixed shapes and parameters without a gradient;
+// its temporaries per chunk, or of all parameters with `all_at_once`.
 #include "worker/foreach_optimizer.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
+
+#include "worker/memory.h"
 
 namespace mutwo::worker {
 namespace {
@@ -101,6 +105,41 @@ TEST(ForeachOptimizerTest, AdamWMatchesLibTorch) {
       params,
       {.kind = ForeachOptions::Kind::kAdamW, .lr = 1e-2, .weight_decay = 0.05});
   ExpectSameUpdates(reference, ref, opt, params, 4);
+}
+
+// The update's temporaries: chunks of at most the largest parameter hold
+// one largest parameter's denominators; `all_at_once` holds all of them
+// (torch.optim's foreach implementation), and updates the same.
+TEST(ForeachOptimizerTest, AllAtOnceHoldsTemporariesOfAllParameters) {
+  auto backend = CreateDeviceBackend("cpu", 0);  // the counting allocator
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::vector<torch::Tensor> base = MakeParameters();
+  int64_t all = 0, largest = 0;
+  for (const torch::Tensor& p : base) {
+    all += static_cast<int64_t>(p.nbytes());
+    largest = std::max(largest, static_cast<int64_t>(p.nbytes()));
+  }
+  auto peak_of_second_step = [&](bool all_at_once,
+                                 std::vector<torch::Tensor>& params) {
+    ForeachOptimizer opt(params, {.kind = ForeachOptions::Kind::kAdam,
+                                  .lr = 1e-2,
+                                  .all_at_once = all_at_once});
+    torch::manual_seed(9);
+    for (torch::Tensor& p : params) p.mutable_grad() = torch::randn_like(p);
+    opt.step();  // the states are made here
+    (*backend)->ResetPeak();
+    const int64_t before = (*backend)->AllocatedBytes();
+    opt.step();
+    return (*backend)->PeakBytes() - before;
+  };
+  std::vector<torch::Tensor> chunked = Copy(base), whole = Copy(base);
+  const int64_t chunked_peak = peak_of_second_step(false, chunked);
+  const int64_t whole_peak = peak_of_second_step(true, whole);
+  EXPECT_LE(chunked_peak, largest + 4096) << "largest " << largest;
+  EXPECT_GE(whole_peak, all) << "all " << all;
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(chunked[i], whole[i], 1e-6, 1e-7)) << i;
+  }
 }
 
 // A tied weight listed twice (under the embedding's and the head's names)

@@ -2066,9 +2066,11 @@ class Applied:
                                 for d in devices)
         if m.budget_bytes > 0 and m.step_peak_bytes > m.budget_bytes and \
                 m.peak_bytes is not None and m.peak_bytes <= m.budget_bytes:
+            planned = self.schedule.proto
             warnings.warn(optimizer_peak_text(
                 "mutwo.apply", "first step", m.step_peak_bytes, m.peak_bytes,
-                m.budget_bytes), BudgetWarning, stacklevel=4)
+                m.budget_bytes, planned is not None and
+                planned.optimizer.foreach_update), BudgetWarning, stacklevel=4)
 
     def remove(self) -> None:
         for undo in reversed(self._undo):
@@ -2338,20 +2340,23 @@ def peak_over_budget_text(who: str, step: str, peak: int, budget: int,
 
 
 def optimizer_peak_text(who: str, step: str, peak: int, fwd_bwd: int,
-                        budget: int) -> str:
+                        budget: int, planned_foreach: bool) -> str:
     """The BudgetWarning of a CUDA step whose peak came after its backward
     (forward and backward within the budget)."""
-    return (f"{who}: the {step} peaked at {format_bytes(peak)} "
+    text = (f"{who}: the {step} peaked at {format_bytes(peak)} "
             "(torch.cuda.max_memory_allocated) after its backward, over the "
             f"budget {format_bytes(budget)}; its forward and backward peaked "
-            f"at {format_bytes(fwd_bwd)}, within it. What ran between the "
-            "end of backward and the next forward (the optimizer step) is "
-            "planned with update temporaries no larger than the largest "
-            "parameter (the worker updates in chunks of that size); "
-            "torch.optim's foreach implementation (its default on CUDA) "
-            "holds temporaries the size of all parameters during step(): "
-            "construct the optimizer with fused=True or foreach=False to "
-            "keep to the plan")
+            f"at {format_bytes(fwd_bwd)}, within it: what ran between the "
+            "end of backward and the next forward (the optimizer step) holds "
+            "more than the plan")
+    if planned_foreach:
+        return text
+    return text + (
+        ". The schedule was planned with the update's temporaries no "
+        "larger than the largest parameter; torch.optim's foreach "
+        "implementation (its default on CUDA) holds them for all "
+        "parameters at once: construct the optimizer with fused=True, or "
+        "plan with the optimizer adam:foreach (--optimizer; docs/apply.md)")
 
 
 def _planned_with_chunked_loss(schedule: Schedule) -> bool:

@@ -294,20 +294,26 @@ def format_loss(loss: types_pb2.LossSpec) -> str:
 
 
 def parse_optimizer(text: str) -> types_pb2.OptimizerSpec:
-    """`sgd`, `adam:lr=0.01`, `sgd_momentum:lr=0.1,momentum=0.9`."""
+    """`sgd`, `adam:lr=0.01`, `sgd_momentum:lr=0.1,momentum=0.9`,
+    `adam:foreach` (the update's temporaries span all parameters at once,
+    as torch.optim's foreach default on CUDA)."""
     kind, _, args = str(text).strip().partition(":")
     if kind not in _OPTIMIZERS:
         raise ValueError('optimizer "%s": use %s (optionally with '
-                         ":lr=0.01,momentum=0.9,weight_decay=0.01)"
+                         ":lr=0.01,momentum=0.9,weight_decay=0.01,foreach)"
                          % (text, ", ".join(_OPTIMIZERS)))
     opt = types_pb2.OptimizerSpec(kind=_OPTIMIZERS[kind])
     fields = {"lr": "learning_rate", "momentum": "momentum",
               "weight_decay": "weight_decay"}
     for kv in filter(None, args.split(",")):
+        if kv.strip() == "foreach":
+            opt.foreach_update = True
+            continue
         key, _, value = kv.partition("=")
         if key not in fields:
             raise ValueError('optimizer "%s": unknown setting "%s"; use lr, '
-                             "momentum or weight_decay" % (text, key))
+                             "momentum, weight_decay or foreach"
+                             % (text, key))
         try:
             number = float(value)
         except ValueError:

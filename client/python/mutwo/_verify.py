@@ -410,16 +410,29 @@ def make_optimizer(text: str, params: Any) -> Any:
     kind = spec.kind
     if kind == types_pb2.OptimizerSpec.NONE:
         return None
+    params = list(params)
+    # The update's temporaries as planned: `:foreach`, all parameters at
+    # once (torch.optim's foreach); else at most the largest parameter:
+    # Adam's fused kernel on CUDA holds none, its single-tensor update
+    # elsewhere one parameter's (torch.optim's default on CUDA, foreach,
+    # would hold them all: over the plan where the step sets the peak).
+    update: Dict[str, Any] = {"foreach": bool(spec.foreach_update)}
+    if kind in (types_pb2.OptimizerSpec.ADAM, types_pb2.OptimizerSpec.ADAMW) \
+            and not spec.foreach_update and params and \
+            all(p.is_cuda for p in params):
+        update = {"fused": True}
     if kind == types_pb2.OptimizerSpec.ADAM:
         return torch.optim.Adam(params, lr=lr,
-                                weight_decay=spec.weight_decay)
+                                weight_decay=spec.weight_decay, **update)
     if kind == types_pb2.OptimizerSpec.ADAMW:
         return torch.optim.AdamW(params, lr=lr,
-                                 weight_decay=spec.weight_decay or 0.01)
+                                 weight_decay=spec.weight_decay or 0.01,
+                                 **update)
     momentum = (spec.momentum or 0.9) if kind == \
         types_pb2.OptimizerSpec.SGD_MOMENTUM else 0.0
     return torch.optim.SGD(params, lr=lr, momentum=momentum,
-                           weight_decay=spec.weight_decay)
+                           weight_decay=spec.weight_decay,
+                           foreach=bool(spec.foreach_update))
 
 
 @contextlib.contextmanager
@@ -815,6 +828,8 @@ def _optimizer_text(opt: Any) -> str:
     settings = [f"{name}={value:g}" for name, value in
                 (("lr", opt.learning_rate), ("momentum", opt.momentum),
                  ("weight_decay", opt.weight_decay)) if value]
+    if opt.foreach_update:
+        settings.append("foreach")
     return text + (":" + ",".join(settings) if settings else "")
 
 

@@ -496,7 +496,7 @@ def test_a_step_over_budget_in_the_optimizer_step_is_said(
     if foreach:
         assert m.step_peak_bytes > budget
         assert len(said) == 1 and "after its backward" in str(said[0].message)
-        assert "foreach=False" in str(said[0].message)
+        assert "fused=True" in str(said[0].message)
         assert "optimizer step" in applied.report()
     else:
         assert m.step_peak_bytes <= budget

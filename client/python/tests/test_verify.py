@@ -800,3 +800,22 @@ def test_mode_compile_refuses_swaps_and_old_pytorch_before_running(
     assert code == 2 and out == "", err
     assert "the schedule swaps 1 activations" in err, err
     assert "selective checkpointing cannot move tensors to the host" in err
+
+
+def test_the_optimizer_updates_as_planned() -> None:
+    """verify's optimizer holds the update's temporaries the schedule was
+    planned with: `:foreach`, torch.optim's foreach (all parameters at
+    once); without, not foreach (on CUDA Adam's fused kernel), where
+    torch.optim's default on CUDA would be foreach, over the plan where the
+    optimizer step sets the peak."""
+    from mutwo import _specs
+    from mutwo._verify import UsageError, _optimizer_text, make_optimizer
+    w = [torch.zeros(3, requires_grad=True)]
+    assert make_optimizer("adam:foreach", w).defaults["foreach"] is True
+    assert make_optimizer("adamw", w).defaults["foreach"] is False
+    assert make_optimizer("sgd_momentum:foreach", w).defaults["foreach"]
+    assert make_optimizer("sgd", w).defaults["foreach"] is False
+    assert _optimizer_text(_specs.parse_optimizer(
+        "adam:lr=0.01,foreach")) == "adam:lr=0.01,foreach"
+    with pytest.raises(UsageError, match="or foreach"):
+        make_optimizer("adam:fused", w)
