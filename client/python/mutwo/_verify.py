@@ -663,20 +663,28 @@ def compare(base: StepResult, sched: StepResult,
 
 @contextlib.contextmanager
 def _budget_warnings(into: List[Any]) -> Any:
-    """Collects mutwo.apply's BudgetWarnings (reported in the output)."""
+    """Collects mutwo.apply's BudgetWarnings (reported in the output);
+    other warnings are warned again once the recording is over (warned
+    inside it, each was recorded again, forever: verify hung at the first
+    warning from PyTorch, such as a CUDA kernel without a deterministic
+    implementation)."""
     import warnings
     from mutwo._apply import BudgetWarning
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", BudgetWarning)
-        try:
-            yield
-        finally:
-            for w in caught:
-                if issubclass(w.category, BudgetWarning):
-                    into.append(w)
-                else:
-                    warnings.warn_explicit(w.message, w.category,
-                                           w.filename, w.lineno)
+    caught: List[Any] = []
+    try:
+        with warnings.catch_warnings(record=True) as log:
+            warnings.simplefilter("always", BudgetWarning)
+            try:
+                yield
+            finally:
+                caught = list(log)
+    finally:
+        for w in caught:
+            if issubclass(w.category, BudgetWarning):
+                into.append(w)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename,
+                                       w.lineno)
 
 
 def measurements_dict(m: Any) -> Optional[Dict[str, Any]]:

@@ -819,3 +819,30 @@ def test_the_optimizer_updates_as_planned() -> None:
         "adam:lr=0.01,foreach")) == "adam:lr=0.01,foreach"
     with pytest.raises(UsageError, match="or foreach"):
         make_optimizer("adam:fused", w)
+
+
+def test_other_warnings_pass_through_the_measured_steps() -> None:
+    """A warning that is not apply's (PyTorch's note on a CUDA kernel
+    without a deterministic implementation, AlexNet on an H200) is warned
+    again after the steps, and apply's are collected: re-warned inside
+    the recording, each was recorded again, and verify never ended."""
+    import signal
+    import warnings
+    from mutwo._verify import _budget_warnings
+
+    def stuck(*_: Any) -> None:
+        raise TimeoutError("_budget_warnings did not return")
+    before = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(20)
+    try:
+        into: List[Any] = []
+        with warnings.catch_warnings(record=True) as outer:
+            warnings.simplefilter("always")
+            with _budget_warnings(into):
+                warnings.warn("no deterministic kernel", UserWarning)
+                warnings.warn("over the budget", mutwo.BudgetWarning)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    assert [str(w.message) for w in into] == ["over the budget"]
+    assert [str(w.message) for w in outer] == ["no deterministic kernel"]
