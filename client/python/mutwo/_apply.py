@@ -1441,11 +1441,13 @@ class _Runtime:
                     warnings.warn(
                         f"mutwo.apply: this forward dropped "
                         f"{self.full_drops[training] - self.forward_drops} "
-                        "saved tensor(s) fewer than the schedule's first "
-                        "forward: a recompute frame stopped counting saves "
-                        "before one it drops (code that saves later than in "
-                        "the first forward?). Those stayed in memory this "
-                        "step; frames count to their end again and relearn. "
+                        "saved tensor(s) fewer than the last forward in "
+                        "which every recompute frame counted to its end: a "
+                        "frame stopped counting saves before one it drops "
+                        "(code that saves later than in the forward that "
+                        "learned where it stops?). Those stayed in memory "
+                        "this step; frames count to their end again and "
+                        "relearn. "
                         "This warning is shown once.", BudgetWarning,
                         stacklevel=4)
         if self.retire_learned:

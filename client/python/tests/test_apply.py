@@ -1863,7 +1863,8 @@ def test_a_save_after_a_frame_stopped_counting_is_found_and_learned_again(
     held, said = run(late)
     assert held and len(said) == 1
     assert ("stayed in memory" if late == "again" else
-            "fewer than the schedule's first forward") in said[0]
+            "fewer than the last forward in which every recompute frame "
+            "counted to its end") in said[0]
     for _ in range(4):
         assert run(late) == (False, [])
     assert run("") == (False, [])
