@@ -2064,8 +2064,17 @@ class Applied:
         devices, self._peak_devices = self._peak_devices, []
         for d in devices:
             torch.cuda.synchronize(d)
-        m.step_peak_bytes = max(int(torch.cuda.max_memory_allocated(d))
-                                for d in devices)
+        read = max(int(torch.cuda.max_memory_allocated(d)) for d in devices)
+        if m.peak_bytes is not None and read < m.peak_bytes:
+            # Below the peak read at the end of backward: someone reset
+            # the statistics in between (verify does before its timed
+            # steps); what ran after backward was not all seen.
+            self.notes.append(
+                "the first step's peak through the optimizer step was not "
+                "measured: the CUDA peak statistics were reset before the "
+                "next forward (torch.cuda.reset_peak_memory_stats)")
+            return
+        m.step_peak_bytes = read
         if m.budget_bytes > 0 and m.step_peak_bytes > m.budget_bytes and \
                 m.peak_bytes is not None and m.peak_bytes <= m.budget_bytes:
             planned = self.schedule.proto

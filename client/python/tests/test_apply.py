@@ -503,6 +503,34 @@ def test_a_step_over_budget_in_the_optimizer_step_is_said(
         assert not said
 
 
+@CUDA
+def test_a_peak_reset_between_the_steps_is_not_read_as_the_steps_peak(
+        ) -> None:
+    """Statistics reset after the first backward (as verify does before
+    its timed steps) hide what ran between: apply says it did not measure
+    the step's peak rather than report the little seen since the reset."""
+    torch.manual_seed(6)
+    model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False)
+                            for _ in range(4)]).cuda().train()
+    # Activations (4 x 32 MiB) above the parameters and Adam's states
+    # (48 MiB), so the reset leaves the counter below backward's peak.
+    x = torch.randn(8192, 1024, device="cuda")
+    applied = mutwo.apply(model, make_schedule(model, budget_bytes=1 << 34))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for i in range(2):
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+        if i == 0:
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+    m = applied.measurements()
+    assert m is not None and m.peak_bytes is not None
+    assert m.step_peak_bytes is None
+    assert "peak statistics were reset" in applied.report()
+
+
 class DropoutMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()

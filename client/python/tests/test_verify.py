@@ -741,9 +741,16 @@ def stand_in_compile(monkeypatch: pytest.MonkeyPatch) -> List[str]:
         return module
 
     monkeypatch.setattr(torch, "compile", compile_, raising=False)
-    monkeypatch.setattr(torch, "compiler", types.SimpleNamespace(
-        reset=lambda: calls.append("reset"), disable=lambda f: f),
-        raising=False)
+    # Only what verify calls is replaced: torch itself reads the rest
+    # (torch 2.11's manual_seed asks torch.compiler.is_exporting()).
+    compiler = getattr(torch, "compiler", None)
+    if compiler is None:
+        compiler = types.SimpleNamespace()
+        monkeypatch.setattr(torch, "compiler", compiler, raising=False)
+    monkeypatch.setattr(compiler, "reset", lambda: calls.append("reset"),
+                        raising=False)
+    monkeypatch.setattr(compiler, "disable", lambda f, **k: f,
+                        raising=False)
     return calls
 
 
