@@ -24,11 +24,18 @@ each system in a fresh process (clean allocator statistics):
     anchors.py --models resnet152,transformer --out FILE.jsonl
                [--compile_budgets 1.0,0.5,0.2,0.05] [--iterations 10]
                [--systems eager,...,mutwo_compile --mutwo_schedules DIR]
-               [--warm_in_parallel N]
+               [--warm_in_parallel N] [--rounds R]
 
 --warm_in_parallel N: N children warm up (torch.compile takes 1-3 minutes
-a point on ResNet-152) at once; each is still timed alone, after all N are
-warm, with the others waiting idle; points record warmed_in_parallel.
+a point on ResNet-152) at once; each is still timed alone, after all
+children are warm, with the others alive and waiting idle (their cached
+blocks given back: each holds its parameters, gradients and optimizer
+state); points record warmed_in_parallel.
+--rounds R: every child is timed R times (--iterations steps each), in
+turns, one child after the other; step_ms is the median over all its
+steps, step_ms_rounds each round's. One timing per process moved a
+point by up to 20% on an H200 host (bench/results/anchors/2026-11-29-h200-7/:
+compile:1.0's own program measured 56.6 and 68.6 ms in two processes).
 
 Appends one JSON line per point: model, batch, system, peak_bytes
 (torch.cuda.max_memory_allocated over the timed steps), reserved_bytes,
@@ -180,86 +187,132 @@ def child(args):
         step()
     torch.cuda.synchronize()
     warmup = time.time() - t0
+    rounds = max(1, args.rounds) if args.turn_dir else 1
     if args.turn_dir:
-        # Warmed beside other children: wait for this one's turn to time,
-        # then one more untimed step (the card idled while waiting).
-        wait_for_turn(args.turn_dir, args.turn)
-        step()
-        torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(args.iterations):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t) * 1e3)
+        # Warm beside other children, which stay alive until all are timed:
+        # give back the cached blocks while waiting.
+        torch.cuda.empty_cache()
+        say_warm(args.turn_dir, args.turn)
+    times, round_ms = [], []
+    for r in range(rounds):
+        if args.turn_dir:
+            # This child's turn in round r, then one untimed step (the
+            # card idled and the cache was emptied while waiting).
+            wait_for_go(args.turn_dir, args.turn, r)
+            step()
+            torch.cuda.synchronize()
+        if r == 0:
+            torch.cuda.reset_peak_memory_stats()
+        these = []
+        for _ in range(args.iterations):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            these.append((time.perf_counter() - t) * 1e3)
+        times += these
+        round_ms.append(statistics.median(these))
+        if args.turn_dir:
+            torch.cuda.empty_cache()
+            say_done(args.turn_dir, args.turn, r)
     print(json.dumps({
         "model": args.model, "batch": batch, "system": system,
         "peak_bytes": torch.cuda.max_memory_allocated(),
         "reserved_bytes": torch.cuda.max_memory_reserved(),
         "step_ms": statistics.median(times), "step_ms_all": times,
+        "rounds": rounds, "step_ms_rounds": round_ms,
         "warmup_s": warmup, "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__, **extra,
         **({"policy_report": handle.report()} if handle else {})}))
 
 
-def wait_for_turn(turn_dir, turn):
-    """(child) Says it is warm (turn_dir/ready.TURN) and waits for
-    turn_dir/go.TURN; gives up when the parent is gone."""
+def say_warm(turn_dir, turn):
+    """(child) Says it is warm: turn_dir/ready.TURN."""
     open(os.path.join(turn_dir, f"ready.{turn}"), "w").close()
-    go = os.path.join(turn_dir, f"go.{turn}")
+
+
+def say_done(turn_dir, turn, round_):
+    """(child) Says its timed steps of round ROUND are over."""
+    open(os.path.join(turn_dir, f"done.{turn}.{round_}"), "w").close()
+
+
+def wait_for_go(turn_dir, turn, round_):
+    """(child) Waits for turn_dir/go.TURN.ROUND; gives up when the parent
+    is gone."""
+    go = os.path.join(turn_dir, f"go.{turn}.{round_}")
     parent = os.getppid()
     while not os.path.exists(go):
         if os.getppid() != parent:
             raise SystemExit("anchors.py: the parent is gone")
-        time.sleep(0.05)
+        time.sleep(0.01)
 
 
-def run_in_turns(commands, width, timeout):
-    """Runs the child command lines `commands`, `width` at a time: each
-    group warms up (compiles) together, then, once every child of the group
-    is warm, times one child at a time while the others wait idle (nothing
-    else runs on the card or the host's cores during a timed step). Yields
-    (index, returncode or None on a timeout, stdout, stderr, seconds from
-    start to exit) in order."""
+def run_in_turns(commands, width, timeout, rounds=1):
+    """Runs the child command lines `commands` (each gets --turn_dir,
+    --turn and --rounds): they warm up (compile) `width` at a time, and a
+    warm child stays alive, its cached memory given back; once all are
+    warm, each of `rounds` rounds times every child once, one at a time in
+    order, with the others waiting idle (nothing else runs on the card or
+    the host's cores during a timed window). Over several rounds a drift
+    of the machine falls on every point alike, not on whichever point ran
+    when it came. A child that is not warm within `timeout` seconds of its
+    wave's start, or takes longer than that for one turn, is killed.
+    Yields (index, returncode or None when killed, stdout, stderr, seconds
+    from start to exit) in order."""
     import tempfile
-    for start in range(0, len(commands), width):
-        group = list(enumerate(commands[start:start + width], start))
-        with tempfile.TemporaryDirectory(prefix="anchors-turns-") as d:
-            procs = {}
-            for k, cmd in group:
+    with tempfile.TemporaryDirectory(prefix="anchors-turns-") as d:
+        procs, killed = {}, set()
+
+        def ready(k):
+            return (os.path.exists(os.path.join(d, f"ready.{k}"))
+                    or procs[k][0].poll() is not None)
+
+        def kill(k):
+            procs[k][0].kill()
+            procs[k][0].wait()
+            killed.add(k)
+
+        for start in range(0, len(commands), width):
+            wave = range(start, min(start + width, len(commands)))
+            for k in wave:
                 out = open(os.path.join(d, f"out.{k}"), "w+")
                 err = open(os.path.join(d, f"err.{k}"), "w+")
                 procs[k] = (subprocess.Popen(
-                    cmd + ["--turn_dir", d, "--turn", str(k)],
+                    commands[k] + ["--turn_dir", d, "--turn", str(k),
+                                   "--rounds", str(rounds)],
                     stdout=out, stderr=err, text=True), out, err, time.time())
             deadline = time.time() + timeout
-
-            def warm_or_done(k):
-                return (os.path.exists(os.path.join(d, f"ready.{k}"))
-                        or procs[k][0].poll() is not None)
-
-            while not all(warm_or_done(k) for k, _ in group) and \
-                    time.time() < deadline:
+            while not all(ready(k) for k in wave) and time.time() < deadline:
                 time.sleep(0.2)
-            for k, _ in group:
-                p, out, err, t0 = procs[k]
-                code = None
-                if warm_or_done(k):
-                    open(os.path.join(d, f"go.{k}"), "w").close()
-                    try:
-                        code = p.wait(timeout=timeout)
-                    except subprocess.TimeoutExpired:
-                        pass
-                if code is None:
-                    p.kill()
-                    p.wait()
-                out.seek(0)
-                err.seek(0)
-                yield k, code, out.read(), err.read(), time.time() - t0
-                out.close()
-                err.close()
+            for k in wave:
+                if not ready(k):
+                    kill(k)
+        for r in range(rounds):
+            for k in sorted(procs):
+                p = procs[k][0]
+                if k in killed or p.poll() is not None:
+                    continue
+                open(os.path.join(d, f"go.{k}.{r}"), "w").close()
+                done = os.path.join(d, f"done.{k}.{r}")
+                deadline = time.time() + timeout
+                while not os.path.exists(done) and p.poll() is None and \
+                        time.time() < deadline:
+                    time.sleep(0.01)
+                if not os.path.exists(done) and p.poll() is None:
+                    kill(k)
+        for k in sorted(procs):
+            p, out, err, t0 = procs[k]
+            code = None
+            if k not in killed:
+                try:
+                    code = p.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    kill(k)
+            out.seek(0)
+            err.seek(0)
+            yield k, code, out.read(), err.read(), time.time() - t0
+            out.close()
+            err.close()
 
 
 def main():
@@ -279,6 +332,10 @@ def main():
     ap.add_argument("--schedule", help="(child) a mutwo schedule JSON")
     ap.add_argument("--turn_dir", help="(child) run_in_turns' folder")
     ap.add_argument("--turn", type=int, default=0, help="(child)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --warm_in_parallel: time every point this "
+                    "many times, in turns (step_ms is the median over all "
+                    "rounds' steps)")
     ap.add_argument("--warm_in_parallel", type=int, default=1,
                     help="children warming up (compiling) at once; each is "
                     "still timed alone, once all of its group are warm "
@@ -324,9 +381,9 @@ def main():
             if schedule:
                 cmd += ["--schedule", schedule]
             commands.append(cmd)
-        if args.warm_in_parallel > 1:
+        if args.warm_in_parallel > 1 or args.rounds > 1:
             finished = run_in_turns(commands, args.warm_in_parallel,
-                                    args.timeout)
+                                    args.timeout, args.rounds)
         else:
             finished = (run_one(k, cmd, args.timeout)
                         for k, cmd in enumerate(commands))
@@ -345,7 +402,7 @@ def main():
                 point.setdefault("method", "mutwo_compile")
                 point.setdefault("schedule", schedule)
             point["wall_s"] = wall
-            if args.warm_in_parallel > 1:
+            if args.warm_in_parallel > 1 or args.rounds > 1:
                 point["warmed_in_parallel"] = args.warm_in_parallel
             line = json.dumps(point)
             print(line, flush=True)

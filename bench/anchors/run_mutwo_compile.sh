@@ -47,6 +47,10 @@ VERIFY=${VERIFY:-1}
 # Children warming up (compiling) at once in stage 4 (anchors.py
 # --warm_in_parallel): each point is still timed alone.
 WARM_IN_PARALLEL=${WARM_IN_PARALLEL:-1}
+# Every point timed ROUNDS times in turns (anchors.py --rounds), ITERATIONS
+# steps each: a drift of the machine then falls on all points alike.
+ROUNDS=${ROUNDS:-1}
+ITERATIONS=${ITERATIONS:-10}
 mkdir -p "$OUT/mutwo" "$OUT/verify"
 log() { echo "$(date -u +%H:%M:%S) $*" >> "$OUT/progress.log"; }
 nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv > "$OUT/card.txt" 2>&1
@@ -97,8 +101,8 @@ PY
   done
   python3 bench/anchors/anchors.py --models "$m" --systems eager,mutwo_compile \
     --compile_budgets "$COMPILE_BUDGETS" --mutwo_schedules "$SCHED" \
-    --mutwo_compile_points "$POINTS" --out "$OUT/anchors.jsonl" --iterations 10 \
-    --warm_in_parallel "$WARM_IN_PARALLEL" --timeout 600 > /dev/null 2>> "$OUT/anchors.err"
+    --mutwo_compile_points "$POINTS" --out "$OUT/anchors.jsonl" --iterations "$ITERATIONS" \
+    --warm_in_parallel "$WARM_IN_PARALLEL" --rounds "$ROUNDS" --timeout 600 > /dev/null 2>> "$OUT/anchors.err"
   log "$m anchors rc $?"
   python3 bench/anchors/report.py --anchors "$OUT/anchors.jsonl" --mutwo "$SCHED" \
     --out "$OUT" > "$OUT/report.log" 2>&1

@@ -151,31 +151,54 @@ import anchors
 args = sys.argv[1:]
 turn_dir = args[args.index("--turn_dir") + 1]
 k = int(args[args.index("--turn") + 1])
+rounds = int(args[args.index("--rounds") + 1])
 if "fail" in args:
     sys.exit(3)
 if "hang" in args:
     time.sleep(60)
 time.sleep(0.1 * (4 - k))  # warm in another order than they are timed
 warm = time.time()
-anchors.wait_for_turn(turn_dir, k)
-go = time.time()
-time.sleep(0.05)
-print(json.dumps({"k": k, "warm": warm, "go": go, "end": time.time()}))
+anchors.say_warm(turn_dir, k)
+windows = []
+for r in range(rounds):
+    anchors.wait_for_go(turn_dir, k, r)
+    go = time.time()
+    time.sleep(0.03)
+    windows.append((go, time.time()))
+    anchors.say_done(turn_dir, k, r)
+print(json.dumps({"k": k, "warm": warm, "windows": windows}))
 """ % HERE
 
 
+def run_fakes(whats, width, rounds):
+    commands = [[sys.executable, "-c", FAKE_CHILD, what] for what in whats]
+    return list(anchors.run_in_turns(commands, width, timeout=4,
+                                     rounds=rounds))
+
+
 def test_children_warmed_together_are_timed_one_at_a_time():
-    commands = [[sys.executable, "-c", FAKE_CHILD, what]
-                for what in ("ok", "ok", "fail", "ok", "ok", "hang")]
-    done = list(anchors.run_in_turns(commands, 3, timeout=4))
+    done = run_fakes(("ok", "ok", "fail", "ok", "ok", "hang"), 3, 1)
     assert [k for k, *_ in done] == list(range(6))
     codes = [code for _, code, *_ in done]
     assert codes == [0, 0, 3, 0, 0, None]  # the hang is killed
     runs = [json.loads(out) for _, code, out, _, _ in done if code == 0]
-    groups = [[r for r in runs if r["k"] < 3], [r for r in runs if r["k"] >= 3]]
-    for group in groups:
-        # Every child of a group is warm before the first is timed ...
-        assert min(r["go"] for r in group) >= max(r["warm"] for r in group)
+    # Every child is warm before the first is timed ...
+    first = min(w[0] for r in runs for w in r["windows"])
+    assert first >= max(r["warm"] for r in runs)
     # ... and no two timed windows overlap.
-    windows = sorted((r["go"], r["end"]) for r in runs)
+    windows = sorted(w for r in runs for w in r["windows"])
+    assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:]))
+
+
+def test_rounds_time_every_child_in_turn_each_round():
+    done = run_fakes(("ok", "ok", "ok"), 2, 3)
+    assert [code for _, code, *_ in done] == [0, 0, 0]
+    runs = [json.loads(out) for _, _, out, _, _ in done]
+    assert all(len(r["windows"]) == 3 for r in runs)
+    # Round r of every child comes before round r + 1 of any child, and
+    # within a round the children take their turns in order.
+    order = [k for _, k in sorted(
+        (w[0], r["k"]) for r in runs for w in r["windows"])]
+    assert order == [0, 1, 2] * 3
+    windows = sorted(w for r in runs for w in r["windows"])
     assert all(a[1] <= b[0] for a, b in zip(windows, windows[1:]))
