@@ -425,9 +425,10 @@ def make_optimizer(text: str, params: Any) -> Any:
         return torch.optim.Adam(params, lr=lr,
                                 weight_decay=spec.weight_decay, **update)
     if kind == types_pb2.OptimizerSpec.ADAMW:
+        # The worker's AdamW decays by the spec's weight_decay, 0 unset
+        # (worker/inputs.cc), not torch.optim's default 0.01.
         return torch.optim.AdamW(params, lr=lr,
-                                 weight_decay=spec.weight_decay or 0.01,
-                                 **update)
+                                 weight_decay=spec.weight_decay, **update)
     momentum = (spec.momentum or 0.9) if kind == \
         types_pb2.OptimizerSpec.SGD_MOMENTUM else 0.0
     return torch.optim.SGD(params, lr=lr, momentum=momentum,
@@ -670,16 +671,13 @@ def _budget_warnings(into: List[Any]) -> Any:
     implementation)."""
     import warnings
     from mutwo._apply import BudgetWarning
-    caught: List[Any] = []
+    log: List[Any] = []
     try:
         with warnings.catch_warnings(record=True) as log:
             warnings.simplefilter("always", BudgetWarning)
-            try:
-                yield
-            finally:
-                caught = list(log)
+            yield
     finally:
-        for w in caught:
+        for w in log:
             if issubclass(w.category, BudgetWarning):
                 into.append(w)
             else:

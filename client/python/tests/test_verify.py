@@ -820,6 +820,10 @@ def test_the_optimizer_updates_as_planned() -> None:
     w = [torch.zeros(3, requires_grad=True)]
     assert make_optimizer("adam:foreach", w).defaults["foreach"] is True
     assert make_optimizer("adamw", w).defaults["foreach"] is False
+    # Weight decay as the worker's: the spec's, 0 when unset.
+    assert make_optimizer("adamw", w).defaults["weight_decay"] == 0
+    assert make_optimizer("adamw:weight_decay=0.1",
+                          w).defaults["weight_decay"] == pytest.approx(0.1)
     assert make_optimizer("sgd_momentum:foreach", w).defaults["foreach"]
     assert make_optimizer("sgd", w).defaults["foreach"] is False
     assert _optimizer_text(_specs.parse_optimizer(
