@@ -1041,6 +1041,9 @@ class ApplyMeasurements:
     copies in host memory are `swapped_bytes`, not counted as held."""
     device: str
     saved_bytes: int
+    # Of saved_bytes: inputs frames hold for their replays that no saved
+    # tensor keeps (eager would free them; the planner did not hold them).
+    frame_input_bytes: int
     unmodified_saved_bytes: int
     # Sum of size_bytes of the RECOMPUTE and SWAP decisions: the activation
     # memory the planner expects gone at the end of forward.
@@ -1097,17 +1100,25 @@ class _StepRecord:
         self.saved[key] = (weakref.ref(base), nbytes)
         self.saved_bytes += nbytes
 
-    def held_bytes(self, frames: Iterable[Any]) -> int:
+    def held_bytes(self, frames: Iterable[Any]) -> Tuple[int, int]:
+        """Bytes held at the end of forward (saved tensors autograd keeps,
+        dropped or swapped ones still referenced, frames' inputs), and the
+        part of it only frames hold: inputs stashed for their replays that
+        no saved tensor keeps, which eager frees (a DenseNet layer's list
+        of earlier features, at its block's end)."""
         held = dict(self.kept)
         for ref, key, nbytes in self.released:
             if ref() is not None:
                 held[key] = nbytes
+        only_frames: Dict[int, int] = {}
         for ref in frames:
             frame = ref()
             for t in frame.held_inputs() if frame is not None else ():
-                if not _is_leaf(t):
-                    held[_storage_key(t)] = _storage_bytes(t)
-        return sum(held.values())
+                key = _storage_key(t)
+                if not _is_leaf(t) and key not in held:
+                    only_frames[key] = _storage_bytes(t)
+        extra = sum(only_frames.values())
+        return sum(held.values()) + extra, extra
 
 
 class _Runtime:
@@ -1951,6 +1962,9 @@ class Applied:
                     f"{format_bytes(m.unmodified_saved_bytes)}): saving "
                     f"{format_bytes(m.saving_bytes)}, planned "
                     f"{format_bytes(m.planned_saving_bytes)}")
+            if m.frame_input_bytes:
+                line += (f"; held only as frames' inputs for their replays "
+                         f"{format_bytes(m.frame_input_bytes)}")
             if m.peak_bytes is not None:
                 line += (f"; peak {format_bytes(m.peak_bytes)}, budget "
                          f"{format_bytes(m.budget_bytes)}")
@@ -2004,9 +2018,11 @@ class Applied:
         if tensors:
             device = str(tensors[0].device)
         s = self.schedule
+        held, frame_inputs = record.held_bytes(rt.closed_frames)
         m = ApplyMeasurements(
             device=device,
-            saved_bytes=record.held_bytes(rt.closed_frames),
+            saved_bytes=held,
+            frame_input_bytes=frame_inputs,
             unmodified_saved_bytes=record.saved_bytes,
             planned_saving_bytes=planned,
             swapped_bytes=record.swapped_bytes,
@@ -2018,10 +2034,14 @@ class Applied:
         fraction = m.saving_fraction
         cuda = device.startswith("cuda")
         if not cuda and fraction is not None and fraction < _SAVING_BAR:
+            frames = (f" ({format_bytes(m.frame_input_bytes)} of it held "
+                      f"only as frames' inputs for their replays)"
+                      if m.frame_input_bytes else "")
             warnings.warn(
                 f"mutwo.apply: the first step held "
                 f"{format_bytes(m.saved_bytes)} of saved tensors at the end "
-                f"of forward against {format_bytes(m.unmodified_saved_bytes)}"
+                f"of forward{frames} against "
+                f"{format_bytes(m.unmodified_saved_bytes)}"
                 f" without the schedule: a saving of "
                 f"{format_bytes(m.saving_bytes)}, {fraction:.0%} of the "
                 f"{format_bytes(planned)} planned; the budget "

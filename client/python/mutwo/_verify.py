@@ -696,6 +696,7 @@ def measurements_dict(m: Any) -> Optional[Dict[str, Any]]:
             "saving_bytes": m.saving_bytes,
             "planned_saving_bytes": m.planned_saving_bytes,
             "saving_fraction": m.saving_fraction,
+            "frame_input_bytes": m.frame_input_bytes,
             "swapped_bytes": m.swapped_bytes,
             "first_step_peak_bytes": m.peak_bytes,
             "forward_ms": m.forward_seconds * 1e3,

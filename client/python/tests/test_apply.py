@@ -1898,3 +1898,65 @@ def test_a_save_after_a_frame_stopped_counting_is_found_and_learned_again(
     assert run("") == (False, [])
     assert applied.stats().dropped_paths == {"a", "c"}
     applied.remove()
+
+
+class _DenseLayer(nn.Module):
+    """A DenseNet layer: its input is the list of earlier features, which
+    only the concatenation reads (it saves nothing)."""
+
+    def __init__(self, c_in: int, growth: int) -> None:
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(c_in)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(c_in, growth, 3, padding=1, bias=False)
+
+    def forward(self, inputs: List[torch.Tensor]) -> torch.Tensor:
+        return self.conv1(self.relu1(self.norm1(torch.cat(inputs, 1))))
+
+
+class _DenseBlock(nn.Module):
+    def __init__(self, c_in: int, growth: int, n: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [_DenseLayer(c_in + i * growth, growth) for i in range(n)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+def test_inputs_only_frames_hold_are_measured_and_said() -> None:
+    """A dense layer is a frame (the concatenation is its own op), and a
+    frame holds its input for its replay: here the list of earlier
+    features, which eager frees at the block's end and nothing saves. The
+    first step's measurement counts them apart and the report says so."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1),
+                          _DenseBlock(4, 4, 3), nn.Flatten())
+    x = torch.randn(2, 3, 8, 8)
+    # Each layer's norm1 recomputed, replayed from the layer's start (the
+    # concatenation is the layer's own op): the frame is the layer.
+    layers = [f"1.layers.{i}" for i in range(3)]
+    schedule = make_schedule(model, recompute=[
+        (i, [f"{p}.norm1"], [p]) for i, p in enumerate(layers)])
+    applied = mutwo.apply(model, schedule)
+    model(x).square().mean().backward()
+    m = applied.measurements()
+    assert m is not None
+    # The stem's output and the first two layers' outputs: each an input
+    # of a later layer, saved by none (2 x 4 x 8 x 8 floats each).
+    assert m.frame_input_bytes == 3 * 2 * 4 * 8 * 8 * 4
+    assert m.saved_bytes >= m.frame_input_bytes
+    assert "held only as frames' inputs for their replays" in applied.report()
+    applied.remove()
+    # A frame whose input autograd saves anyway holds nothing more.
+    plain = nn.Sequential(nn.Linear(8, 8), nn.Sequential(
+        nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)))
+    applied = mutwo.apply(plain, make_schedule(
+        plain, recompute=[(0, ["1.1"], ["1.0"])]))
+    plain(torch.randn(4, 8)).sum().backward()
+    m = applied.measurements()
+    assert m is not None and m.frame_input_bytes == 0
+    assert "frames' inputs" not in applied.report()
