@@ -1915,10 +1915,14 @@ class _DenseLayer(nn.Module):
 
 
 class _DenseBlock(nn.Module):
-    def __init__(self, c_in: int, growth: int, n: int) -> None:
+    def __init__(self, c_in: int, growth: int, n: int,
+                 layer: type = _DenseLayer) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(
-            [_DenseLayer(c_in + i * growth, growth) for i in range(n)])
+        # A sum of the inputs (_SumLayer) keeps c_in channels.
+        width = (lambda i: c_in + i * growth) if layer is _DenseLayer \
+            else (lambda i: c_in)
+        self.layers = nn.ModuleList([layer(width(i), growth)
+                                     for i in range(n)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         features = [x]
@@ -1927,27 +1931,78 @@ class _DenseBlock(nn.Module):
         return torch.cat(features, 1)
 
 
-def test_inputs_only_frames_hold_are_measured_and_said() -> None:
-    """A dense layer is a frame (the concatenation is its own op), and a
-    frame holds its input for its replay: here the list of earlier
-    features, which eager frees at the block's end and nothing saves. The
-    first step's measurement counts them apart and the report says so."""
+def _dense_model(layer: type) -> nn.Module:
     torch.manual_seed(8)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1),
-                          _DenseBlock(4, 4, 3), nn.Flatten())
-    x = torch.randn(2, 3, 8, 8)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1),
+                         _DenseBlock(4, 4, 3, layer), nn.Flatten())
+
+
+def _dense_schedule(model: nn.Module) -> Any:
     # Each layer's norm1 recomputed, replayed from the layer's start (the
     # concatenation is the layer's own op): the frame is the layer.
     layers = [f"1.layers.{i}" for i in range(3)]
-    schedule = make_schedule(model, recompute=[
+    return make_schedule(model, recompute=[
         (i, [f"{p}.norm1"], [p]) for i, p in enumerate(layers)])
-    applied = mutwo.apply(model, schedule)
-    model(x).square().mean().backward()
+
+
+def test_a_frame_holds_its_concatenated_inputs_as_views_of_the_kept_concatenation(
+        ) -> None:
+    """A dense layer is a frame (the concatenation is its own op), and a
+    frame holds its input for its replay: the list of earlier features,
+    which only torch.cat reads and eager frees at the block's end. The
+    concatenation is saved (by norm1), so the frame holds views of it
+    instead: nothing is held only for the replays, the saving is the
+    planned one, and gradients and batch-norm statistics equal the
+    unmodified step's over two optimizer steps."""
+    model = _dense_model(_DenseLayer)
+    plain = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    applied = mutwo.apply(model, _dense_schedule(model))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, plain)]
+    for step in range(2):
+        for m, opt in zip((model, plain), opts):
+            opt.zero_grad(set_to_none=True)
+            m(x).square().mean().backward()
+        for (n, a), b in zip(model.named_parameters(), plain.parameters()):
+            assert torch.allclose(a.grad, b.grad, atol=1e-6), (step, n)
+        for m, opt in zip((model, plain), opts):
+            opt.step()
+    for a, b in zip(model.buffers(), plain.buffers()):
+        assert torch.equal(a, b)
+    m = applied.measurements()
+    assert m is not None and m.frame_input_bytes == 0
+    # Dropped: each layer's norm1 output (4 + 4i channels), which relu1
+    # and conv1 save, and the per-channel mean and inverse deviation
+    # norm1 saves.
+    dropped = sum(2 * c * 8 * 8 * 4 + 2 * c * 4 for c in (4, 8, 12))
+    assert m.saving_bytes == dropped
+    assert applied.stats().replays == {f"1.layers.{i}": 2 for i in range(3)}
+    assert "frames' inputs" not in applied.report()
+
+
+class _SumLayer(_DenseLayer):
+    """As _DenseLayer, its inputs summed: no op keeps a copy of them."""
+
+    def forward(self, inputs: List[torch.Tensor]) -> torch.Tensor:
+        x = inputs[0]
+        for t in inputs[1:]:
+            x = x + t
+        return self.conv1(self.relu1(self.norm1(x)))
+
+
+def test_inputs_only_frames_hold_are_measured_and_said() -> None:
+    """Where nothing saved holds a copy of a frame's inputs (summed, not
+    concatenated), the frame holds them for its replay: the first step's
+    measurement counts them apart and the report says so."""
+    model = _dense_model(_SumLayer)
+    applied = mutwo.apply(model, _dense_schedule(model))
+    model(torch.randn(2, 3, 8, 8)).square().mean().backward()
     m = applied.measurements()
     assert m is not None
-    # The stem's output and the first two layers' outputs: each an input
-    # of a later layer, saved by none (2 x 4 x 8 x 8 floats each).
-    assert m.frame_input_bytes == 3 * 2 * 4 * 8 * 8 * 4
+    # The first two layers' outputs: inputs of later layers, saved by
+    # none (2 x 4 x 8 x 8 floats each; the stem's output is the first
+    # layer's whole input, which its norm1 saves).
+    assert m.frame_input_bytes == 2 * 2 * 4 * 8 * 8 * 4
     assert m.saved_bytes >= m.frame_input_bytes
     assert "held only as frames' inputs for their replays" in applied.report()
     applied.remove()
