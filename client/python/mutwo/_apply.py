@@ -293,6 +293,9 @@ class _Frame:
         # Concatenations saved (kept) inside the frame, with their version:
         # release_cat_inputs' candidates.
         self.kept_cats: List[Tuple[Any, int]] = []
+        # Inputs stashed as _Deferred, with what made them (the autograd
+        # node and output number) and their version: also candidates.
+        self.deferred_made: List[Tuple[Any, ...]] = []
         self.args = self._stash(args)
         self.kwargs = self._stash(kwargs)
         self.cpu_rng = torch.get_rng_state()
@@ -326,12 +329,21 @@ class _Frame:
 
     def _stash(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
+            deferred = None
             dropped = self.rt.dropped_output(value, consume=False)
             if dropped is not None:
-                return _Deferred(dropped, value)
-            inner = self.rt.inner_output(value)
-            if inner is not None:
-                return _Deferred(inner, value)
+                deferred = _Deferred(dropped, value)
+            else:
+                inner = self.rt.inner_output(value)
+                if inner is not None:
+                    deferred = _Deferred(inner, value)
+            if deferred is not None:
+                if value.grad_fn is not None:
+                    # Until the frame closes (release_cat_inputs).
+                    self.deferred_made.append(
+                        (deferred, value.grad_fn, value.output_nr,
+                         weakref.ref(value), value._version))
+                return deferred
             self.input_versions.append((weakref.ref(value), value._version))
             return value
         if isinstance(value, tuple):
@@ -377,18 +389,26 @@ class _Frame:
         block's end, in eager), the gap between planned and measured
         saving on DenseNet-121."""
         cats = [(ref(), v) for ref, v in self.kept_cats]
+        deferred, self.deferred_made = self.deferred_made, []
         self.kept_cats = []
         cats = [(c, v) for c, v in cats if c is not None and c._version == v]
         if not cats:
             return
         versions = {id(r()): v for r, v in self.input_versions
                     if r() is not None}
-        # (autograd node, output number) -> the stashed input it made; the
-        # nodes are held here, so next_functions gives the same objects.
-        made: Dict[Tuple[int, int], Tuple[Any, torch.Tensor]] = {}
+        # (autograd node, output number) -> (the node, the stash entry,
+        # its layout); the nodes are held here, so next_functions gives
+        # the same objects. An input stashed as _Deferred (another
+        # frame's replay would re-make it) counts when it is still the
+        # value the frame saw.
+        made: Dict[Tuple[int, int], Tuple[Any, Any, Any]] = {}
         for t in _flat_tensors((self.args, self.kwargs)):
             if t.grad_fn is not None and versions.get(id(t)) == t._version:
-                made[(id(t.grad_fn), t.output_nr)] = (t.grad_fn, t)
+                made[(id(t.grad_fn), t.output_nr)] = (t.grad_fn, t, t)
+        for entry, node, nr, ref, version in deferred:
+            t = ref()
+            if t is not None and t._version == version:
+                made[(id(node), nr)] = (node, entry, t)
         views: Dict[int, torch.Tensor] = {}
         for c, _ in cats:
             node = c.grad_fn
@@ -397,23 +417,24 @@ class _Frame:
                      for f, nr in node.next_functions]
             if not parts or any(p is None for p in parts):
                 continue
-            inputs = [p[1] for p in parts]  # type: ignore[index]
+            inputs = [p[2] for p in parts]  # type: ignore[index]
             if any(t.dtype != c.dtype or t.device != c.device or
                    t.dim() != c.dim() or t.shape[:dim] != c.shape[:dim] or
                    t.shape[dim + 1:] != c.shape[dim + 1:] for t in inputs) \
                     or sum(t.shape[dim] for t in inputs) != c.shape[dim]:
                 continue
             whole, offset = c.detach(), 0
-            for t in inputs:
+            for part, t in zip(parts, inputs):
                 view = whole.narrow(dim, offset, t.shape[dim])
                 offset += t.shape[dim]
-                views[id(t)] = view.requires_grad_(t.requires_grad)
+                views[id(part[1])] = view.requires_grad_(  # type: ignore
+                    t.requires_grad)
         if views:
             self.args = self._as_views(self.args, views)
             self.kwargs = self._as_views(self.kwargs, views)
 
     def _as_views(self, value: Any, views: Dict[int, torch.Tensor]) -> Any:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, (torch.Tensor, _Deferred)):
             return views.get(id(value), value)
         if isinstance(value, tuple):
             return tuple(self._as_views(v, views) for v in value)

@@ -1933,31 +1933,39 @@ class _DenseBlock(nn.Module):
 
 def _dense_model(layer: type) -> nn.Module:
     torch.manual_seed(8)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1),
-                         _DenseBlock(4, 4, 3, layer), nn.Flatten())
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4),
+                         nn.ReLU(inplace=True), _DenseBlock(4, 4, 3, layer),
+                         nn.Flatten())
 
 
-def _dense_schedule(model: nn.Module) -> Any:
+def _dense_schedule(model: nn.Module, stem: bool = False) -> Any:
     # Each layer's norm1 recomputed, replayed from the layer's start (the
     # concatenation is the layer's own op): the frame is the layer.
-    layers = [f"1.layers.{i}" for i in range(3)]
+    # `stem`: the stem's batch norm too (a range frame [0:2], whose output,
+    # the block's input, the layers' frames then do not hold: another
+    # frame re-makes it).
+    layers = [f"3.layers.{i}" for i in range(3)]
     return make_schedule(model, recompute=[
-        (i, [f"{p}.norm1"], [p]) for i, p in enumerate(layers)])
+        (i + 1, [f"{p}.norm1"], [p]) for i, p in enumerate(layers)] +
+        ([(0, ["1"], ["2"])] if stem else []))
 
 
+@pytest.mark.parametrize("stem", [False, True])
 def test_a_frame_holds_its_concatenated_inputs_as_views_of_the_kept_concatenation(
-        ) -> None:
+        stem: bool) -> None:
     """A dense layer is a frame (the concatenation is its own op), and a
     frame holds its input for its replay: the list of earlier features,
     which only torch.cat reads and eager frees at the block's end. The
     concatenation is saved (by norm1), so the frame holds views of it
     instead: nothing is held only for the replays, the saving is the
     planned one, and gradients and batch-norm statistics equal the
-    unmodified step's over two optimizer steps."""
+    unmodified step's over two optimizer steps. With the stem's output
+    dropped, the layers' replays read it from the views too, rather than
+    replaying the stem's frame again."""
     model = _dense_model(_DenseLayer)
     plain = copy.deepcopy(model)
     x = torch.randn(2, 3, 8, 8)
-    applied = mutwo.apply(model, _dense_schedule(model))
+    applied = mutwo.apply(model, _dense_schedule(model, stem))
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, plain)]
     for step in range(2):
         for m, opt in zip((model, plain), opts):
@@ -1973,10 +1981,14 @@ def test_a_frame_holds_its_concatenated_inputs_as_views_of_the_kept_concatenatio
     assert m is not None and m.frame_input_bytes == 0
     # Dropped: each layer's norm1 output (4 + 4i channels), which relu1
     # and conv1 save, and the per-channel mean and inverse deviation
-    # norm1 saves.
-    dropped = sum(2 * c * 8 * 8 * 4 + 2 * c * 4 for c in (4, 8, 12))
+    # norm1 saves; with `stem`, the stem's batch norm's the same way.
+    dropped = sum(2 * c * 8 * 8 * 4 + 2 * c * 4
+                  for c in (4, 8, 12) + ((4,) if stem else ()))
     assert m.saving_bytes == dropped
-    assert applied.stats().replays == {f"1.layers.{i}": 2 for i in range(3)}
+    replays = {f"3.layers.{i}": 2 for i in range(3)}
+    if stem:
+        replays["(model)[1:3]"] = 2  # for its own saves only
+    assert applied.stats().replays == replays
     assert "frames' inputs" not in applied.report()
 
 
