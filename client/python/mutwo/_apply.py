@@ -412,7 +412,10 @@ class _Frame:
         views: Dict[int, torch.Tensor] = {}
         for c, _ in cats:
             node = c.grad_fn
-            dim = node._saved_dim % c.dim()
+            dim = getattr(node, "_saved_dim", None)
+            if not isinstance(dim, int) or c.dim() == 0:
+                continue
+            dim %= c.dim()
             parts = [made.get((id(f), nr)) if f is not None else None
                      for f, nr in node.next_functions]
             if not parts or any(p is None for p in parts):
