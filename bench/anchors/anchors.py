@@ -381,7 +381,8 @@ def main():
             if schedule:
                 cmd += ["--schedule", schedule]
             commands.append(cmd)
-        if args.warm_in_parallel > 1 or args.rounds > 1:
+        in_turns = args.warm_in_parallel > 1 or args.rounds > 1
+        if in_turns:
             finished = run_in_turns(commands, args.warm_in_parallel,
                                     args.timeout, args.rounds)
         else:
@@ -402,7 +403,7 @@ def main():
                 point.setdefault("method", "mutwo_compile")
                 point.setdefault("schedule", schedule)
             point["wall_s"] = wall
-            if args.warm_in_parallel > 1 or args.rounds > 1:
+            if in_turns:
                 point["warmed_in_parallel"] = args.warm_in_parallel
             line = json.dumps(point)
             print(line, flush=True)

@@ -173,6 +173,18 @@ def _flat_tensors(value: Any) -> List[torch.Tensor]:
     return []
 
 
+def _map_nested(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`value` with `leaf` applied to everything inside its tuples, lists
+    and dicts (a frame's stashed inputs)."""
+    if isinstance(value, tuple):
+        return tuple(_map_nested(v, leaf) for v in value)
+    if isinstance(value, list):
+        return [_map_nested(v, leaf) for v in value]
+    if isinstance(value, dict):
+        return {k: _map_nested(v, leaf) for k, v in value.items()}
+    return leaf(value)
+
+
 # torch.cat's autograd node type (release_cat_inputs).
 _CAT_NODE = type(torch.cat([torch.zeros(1, requires_grad=True)]).grad_fn)
 
@@ -296,8 +308,8 @@ class _Frame:
         # Inputs stashed as _Deferred, with what made them (the autograd
         # node and output number) and their version: also candidates.
         self.deferred_made: List[Tuple[Any, ...]] = []
-        self.args = self._stash(args)
-        self.kwargs = self._stash(kwargs)
+        self.args = _map_nested(args, self._stash)
+        self.kwargs = _map_nested(kwargs, self._stash)
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = [torch.cuda.get_rng_state(d)
                          for d in self.cuda_devices]
@@ -345,26 +357,11 @@ class _Frame:
                          weakref.ref(value), value._version))
                 return deferred
             self.input_versions.append((weakref.ref(value), value._version))
-            return value
-        if isinstance(value, tuple):
-            return tuple(self._stash(v) for v in value)
-        if isinstance(value, list):
-            return [self._stash(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self._stash(v) for k, v in value.items()}
         return value
 
     @staticmethod
     def _unstash(value: Any) -> Any:
-        if isinstance(value, _Deferred):
-            return _LazyInput(value)
-        if isinstance(value, tuple):
-            return tuple(_Frame._unstash(v) for v in value)
-        if isinstance(value, list):
-            return [_Frame._unstash(v) for v in value]
-        if isinstance(value, dict):
-            return {k: _Frame._unstash(v) for k, v in value.items()}
-        return value
+        return _LazyInput(value) if isinstance(value, _Deferred) else value
 
     def held_inputs(self) -> List[torch.Tensor]:
         return [t for t in _flat_tensors((self.args, self.kwargs))]
@@ -375,8 +372,8 @@ class _Frame:
         the frame: its replay copies it back from the host copy, as the
         planner's replay reads the swapped-in value."""
         if self.rt.swap_entries:
-            self.args = self._release(self.args)
-            self.kwargs = self._release(self.kwargs)
+            self.args = _map_nested(self.args, self._release)
+            self.kwargs = _map_nested(self.kwargs, self._release)
 
     def release_cat_inputs(self) -> None:
         """Inputs that a concatenation inside the frame read, all of them,
@@ -433,19 +430,10 @@ class _Frame:
                 views[id(part[1])] = view.requires_grad_(  # type: ignore
                     t.requires_grad)
         if views:
-            self.args = self._as_views(self.args, views)
-            self.kwargs = self._as_views(self.kwargs, views)
-
-    def _as_views(self, value: Any, views: Dict[int, torch.Tensor]) -> Any:
-        if isinstance(value, (torch.Tensor, _Deferred)):
-            return views.get(id(value), value)
-        if isinstance(value, tuple):
-            return tuple(self._as_views(v, views) for v in value)
-        if isinstance(value, list):
-            return [self._as_views(v, views) for v in value]
-        if isinstance(value, dict):
-            return {k: self._as_views(v, views) for k, v in value.items()}
-        return value
+            def as_view(value: Any) -> Any:
+                return views.get(id(value), value)
+            self.args = _map_nested(self.args, as_view)
+            self.kwargs = _map_nested(self.kwargs, as_view)
 
     # A method, not a closure calling itself: such a closure is a reference
     # cycle holding the frame, and with it the frame's inputs on the
@@ -471,13 +459,6 @@ class _Frame:
                     return _Deferred(_SwappedInput(entry,
                                                    value.requires_grad,
                                                    value), value)
-            return value
-        if isinstance(value, tuple):
-            return tuple(self._release(v) for v in value)
-        if isinstance(value, list):
-            return [self._release(v) for v in value]
-        if isinstance(value, dict):
-            return {k: self._release(v) for k, v in value.items()}
         return value
 
     def tensor(self, index: int, segment: int) -> torch.Tensor:
@@ -569,7 +550,8 @@ class _Frame:
                 with torch.enable_grad(), \
                         torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                     try:
-                        args, kwargs = self._unstash((self.args, self.kwargs))
+                        args, kwargs = _map_nested((self.args, self.kwargs),
+                                                   self._unstash)
                         rt.replays.append(ctx)
                         out = self.call(*args, **kwargs)
                     except (_Stop, RuntimeError) as e:

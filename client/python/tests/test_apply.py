@@ -1941,9 +1941,9 @@ def _dense_model(layer: type) -> nn.Module:
 def _dense_schedule(model: nn.Module, stem: bool = False) -> Any:
     # Each layer's norm1 recomputed, replayed from the layer's start (the
     # concatenation is the layer's own op): the frame is the layer.
-    # `stem`: the stem's batch norm too (a range frame [0:2], whose output,
-    # the block's input, the layers' frames then do not hold: another
-    # frame re-makes it).
+    # `stem`: the stem's batch norm too (the range frame (model)[1:3],
+    # whose output, the block's input, the layers' frames then do not
+    # hold: another frame re-makes it).
     layers = [f"3.layers.{i}" for i in range(3)]
     return make_schedule(model, recompute=[
         (i + 1, [f"{p}.norm1"], [p]) for i, p in enumerate(layers)] +
