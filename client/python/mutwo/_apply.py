@@ -530,6 +530,7 @@ class _Frame:
         previous = rt.mode
         depth = len(rt.stack)
         ctx = _ReplayContext(self, counter, set(wanted), capture)
+        ctx.hooks = (pack, unpack)
         if self.spec.children is None:
             # A module frame calls its module's forward, not the module:
             # no pre-hook sees it.
@@ -554,6 +555,10 @@ class _Frame:
                                                    self._unstash)
                         rt.replays.append(ctx)
                         out = self.call(*args, **kwargs)
+                        if outputs:
+                            # A deferred call's output runs it here, with
+                            # the replay's hooks and buffer guard.
+                            out = _materialize(out)
                     except (_Stop, RuntimeError) as e:
                         if _STOP not in str(e):
                             raise
@@ -591,7 +596,8 @@ class _CallRecord:
 
 
 class _Held:
-    __slots__ = ("ref", "version", "node", "output_nr", "requires_grad")
+    __slots__ = ("ref", "version", "node", "output_nr", "requires_grad",
+                 "like")
 
     def __init__(self, t: torch.Tensor):
         self.ref, self.version = weakref.ref(t), t._version
@@ -600,6 +606,8 @@ class _Held:
         self.node = t.grad_fn
         self.output_nr = t.output_nr
         self.requires_grad = t.requires_grad
+        # Its layout, for a replay that defers the call (_Deferred).
+        self.like = (t.size(), t.stride(), t.dtype, t.device)
 
 
 _NOT_HELD = object()
@@ -708,6 +716,9 @@ class _ReplayContext:
         self.capture = capture
         self.buffers = _BufferGuard()
         self.restored: Dict[int, torch.Tensor] = {}
+        # The replay's saved-tensor hooks (pack, unpack), for deferred
+        # calls (run_deferred).
+        self.hooks: Optional[Tuple[Callable[..., Any], ...]] = None
 
     def started(self, module: nn.Module) -> None:
         self.buffers.enter(module)
@@ -722,17 +733,20 @@ class _ReplayContext:
                 _flat_tensors(out)[self.capture[1]].detach())
             raise _Stop()
 
-    def skip(self) -> Any:
+    def skip(self, module: nn.Module, run: Callable[[], Any]) -> Any:
         """The outputs of the module call starting now, if it can be
         skipped: it makes none of the wanted saved tensors and its outputs
         are still held, unmodified (a convolution before the segment whose
-        output the next batch norm saved); else _NOT_HELD. Skipping moves
-        the saved-tensor index and the RNG past it as running it would."""
+        output the next batch norm saved), or it can be deferred
+        (_defer); else _NOT_HELD. Skipping moves the saved-tensor index
+        and the RNG past it as running it would."""
         index, self.current = self.current, None
         record = self.frame.records.get(index) if index is not None else None
         if record is None or self.frame.untracked:
             return _NOT_HELD
         out = self._outputs(index, record)
+        if out is _NOT_HELD:
+            out = self._defer(index, record, module, run)
         if out is _NOT_HELD:
             return out
         self.counter[0] += record.pack_end - record.pack_start
@@ -766,11 +780,62 @@ class _ReplayContext:
                 out = self._outputs(record.overwritten_by, nxt, depth + 1)
         return out
 
+    def _defer(self, index: int, record: "_CallRecord", module: nn.Module,
+               run: Callable[[], Any]) -> Any:
+        """A call whose one output is gone (dropped: its own frame re-makes
+        it) and which makes none of the wanted saved tensors: not run now
+        but when an op reads its output (a _LazyInput). The replay of a
+        frame that starts at the model's first call skips every call whose
+        output is held: a stem output the schedule drops or swaps is read
+        by nobody when the next call is skipped too (resnet18's maxpool,
+        then layer1 held: 154 MB re-made for nothing, and the swapped
+        conv1 output copied back, 205 MB, at the peak of backward).
+        Frames that draw random numbers run every such call in order."""
+        held = record.outputs
+        if not isinstance(held, _Held) or self.frame.drew or \
+                any(record.pack_start <= w < record.pack_end
+                    for w in self.wanted) or \
+                (self.capture is not None and
+                 index <= self.capture[0] < record.call_end):
+            return _NOT_HELD
+        size, stride, dtype, device = held.like
+        return _LazyInput(_Deferred.of(
+            _DeferredCall(self, index, record, module, run), size, stride,
+            dtype, device, held.requires_grad))
+
+    def run_deferred(self, index: int, record: "_CallRecord",
+                     run: Callable[[], Any]) -> Any:
+        """A deferred call, run when an op reads its output: as if at its
+        place in the replay (the saved-tensor index and module calls
+        counted from its own, so its inner calls skip what is held), then
+        the replay goes on where that op is."""
+        rt = self.frame.rt
+        if self not in rt.replays or self.hooks is None:
+            raise RuntimeError(
+                f"mutwo.apply: internal error: a deferred call of "
+                f"{self.frame.spec.label()}'s replay was read after it")
+        state = (self.counter[0], self.calls, self.current, self.open)
+        depth = len(rt.replays)
+        previous, rt.mode = rt.mode, "replay"
+        self.counter[0], self.calls = record.pack_start, index + 1
+        self.current, self.open = None, [index]
+        rt.replays.append(self)
+        try:
+            with torch.enable_grad(), \
+                    torch.autograd.graph.saved_tensors_hooks(*self.hooks):
+                return run()
+        finally:
+            del rt.replays[depth:]
+            rt.mode = previous
+            self.counter[0], self.calls, self.current, self.open = state
+
     def restore(self, held: _Held) -> Optional[torch.Tensor]:
         """A call's output that is gone because the schedule swapped it
-        (its saved reference was the last): copied back from its host copy,
-        once per replay, as the planner's replay reads the swapped-in
-        value instead of re-making it from further back."""
+        (its saved reference was the last): copied back from its host copy
+        when an op of the replay reads it (once per replay), as the
+        planner's replay reads the swapped-in value instead of re-making it
+        from further back. A replay that skips the next call too never
+        reads it."""
         if held.node is None:
             return None
         entry = self.frame.rt.swap_nodes.get((held.node, held.output_nr))
@@ -778,7 +843,11 @@ class _ReplayContext:
             return None
         t = self.restored.get(id(entry))
         if t is None:
-            t = _SwappedInput(entry, held.requires_grad).get(consume=False)
+            host = entry.host
+            t = _LazyInput(_Deferred.of(
+                _SwappedInput(entry, held.requires_grad), host.size(),
+                host.stride(), entry.dtype, entry.device,
+                held.requires_grad))
             self.restored[id(entry)] = t
         return t
 
@@ -999,6 +1068,36 @@ class _Deferred:
         self.size, self.stride = like.size(), like.stride()
         self.dtype, self.device = like.dtype, like.device
         self.requires_grad = like.requires_grad
+
+    @classmethod
+    def of(cls, handle: Any, size: Any, stride: Any, dtype: torch.dtype,
+           device: torch.device, requires_grad: bool) -> "_Deferred":
+        d = cls.__new__(cls)
+        d.handle, d.size, d.stride = handle, size, stride
+        d.dtype, d.device, d.requires_grad = dtype, device, requires_grad
+        return d
+
+
+class _DeferredCall:
+    """A module call a replay deferred (_ReplayContext._defer): run by
+    the first op that reads its output."""
+    __slots__ = ("ctx", "index", "record", "module", "run")
+
+    def __init__(self, ctx: "_ReplayContext", index: int,
+                 record: "_CallRecord", module: nn.Module,
+                 run: Callable[[], Any]):
+        self.ctx, self.index, self.record = ctx, index, record
+        self.module, self.run = module, run
+
+    def get(self, consume: bool) -> torch.Tensor:
+        out = self.ctx.run_deferred(self.index, self.record, self.run)
+        if not isinstance(out, torch.Tensor):
+            raise RuntimeError(
+                f"mutwo.apply: replaying {self.ctx.frame.spec.label()}: a "
+                f"deferred {type(self.module).__name__} call returned "
+                f"{type(out).__name__} where its forward returned a tensor "
+                "(data-dependent control flow?)")
+        return out
 
 
 def _tensor_attributes() -> Set[Any]:
@@ -2778,15 +2877,19 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
 
     # Replays skip module calls whose outputs are still held (outermost
     # wrapper: a frame's own forward, which its replay calls, stays whole).
-    def skip_wrapper(forward: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(forward)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if rt.mode == "replay" and rt.replays:
-                out = rt.replays[-1].skip()
-                if out is not _NOT_HELD:
-                    return out
-            return forward(*args, **kwargs)
-        return run
+    def skip_wrapper(m: nn.Module
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(forward: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(forward)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if rt.mode == "replay" and rt.replays:
+                    out = rt.replays[-1].skip(
+                        m, lambda: forward(*args, **kwargs))
+                    if out is not _NOT_HELD:
+                        return out
+                return forward(*args, **kwargs)
+            return run
+        return make
 
     rt.skip_retained = skip_retained
     if skip_retained and specs:
@@ -2794,7 +2897,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
         # replay: an unhooked one runs inside its hooked parent.
         for m in hooked:
             if m is not model:
-                wrap_forward(m, skip_wrapper)
+                wrap_forward(m, skip_wrapper(m))
     planned_inputs = PlannedInputs(
         schedule.proto.inputs if schedule.proto is not None else (),
         schedule.batch_size, model.forward)
