@@ -236,6 +236,10 @@ class _FrameSpec:
     # it); _NEVER_RETIRE when it needs every save to its end (its own
     # outputs are dropped, or it runs more than once a forward).
     retire: Dict[bool, int] = dataclasses.field(default_factory=dict)
+    # Whether the frame may hold views of a kept concatenation in place of
+    # its inputs (release_cat_inputs); False once its forward could not
+    # read them (_Frame.replay).
+    views: bool = True
 
     def dropping(self, path: str) -> Optional[Tuple[int, str]]:
         """(segment, decision's module path) if the frame drops tensors of
@@ -308,6 +312,8 @@ class _Frame:
         # Inputs stashed as _Deferred, with what made them (the autograd
         # node and output number) and their version: also candidates.
         self.deferred_made: List[Tuple[Any, ...]] = []
+        # Ids of the views of a kept concatenation held in place of inputs.
+        self.views: Set[int] = set()
         self.args = _map_nested(args, self._stash)
         self.kwargs = _map_nested(kwargs, self._stash)
         self.cpu_rng = torch.get_rng_state()
@@ -389,7 +395,7 @@ class _Frame:
         deferred, self.deferred_made = self.deferred_made, []
         self.kept_cats = []
         cats = [(c, v) for c, v in cats if c is not None and c._version == v]
-        if not cats:
+        if not cats or not self.spec.views:
             return
         versions = {id(r()): v for r, v in self.input_versions
                     if r() is not None}
@@ -434,6 +440,13 @@ class _Frame:
                 return views.get(id(value), value)
             self.args = _map_nested(self.args, as_view)
             self.kwargs = _map_nested(self.kwargs, as_view)
+            self.views = {id(v) for v in views.values()}
+
+    def _copy_view(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and id(value) in self.views:
+            return value.detach().contiguous().requires_grad_(
+                value.requires_grad)
+        return value
 
     # A method, not a closure calling itself: such a closure is a reference
     # cycle holding the frame, and with it the frame's inputs on the
@@ -499,6 +512,27 @@ class _Frame:
 
     def replay(self, segment: int, outputs: Sequence[int],
                capture: Optional[Tuple[int, int]] = None) -> None:
+        try:
+            self._replay(segment, outputs, capture)
+        except RuntimeError:
+            if not self.views:
+                raise
+            # Views of a kept concatenation stand for the frame's inputs
+            # (release_cat_inputs): slices, not contiguous. A forward that
+            # needs one contiguous (`.view(-1)`) cannot read them: the
+            # frame holds contiguous copies from now on (what it held
+            # before), its later runs hold their inputs, and it replays
+            # again; an error that was not theirs comes again.
+            self.args = _map_nested(self.args, self._copy_view)
+            self.kwargs = _map_nested(self.kwargs, self._copy_view)
+            self.views = set()
+            self.spec.views = False
+            replays = self.rt.stats.replays
+            replays[self.spec.label()] -= 1  # the attempt that failed
+            self._replay(segment, outputs, capture)
+
+    def _replay(self, segment: int, outputs: Sequence[int],
+                capture: Optional[Tuple[int, int]]) -> None:
         for ref, version in self.input_versions:
             t = ref()
             if t is not None and t._version != version:

@@ -1920,8 +1920,8 @@ class _DenseBlock(nn.Module):
                  layer: type = _DenseLayer) -> None:
         super().__init__()
         # A sum of the inputs (_SumLayer) keeps c_in channels.
-        width = (lambda i: c_in + i * growth) if layer is _DenseLayer \
-            else (lambda i: c_in)
+        width = (lambda i: c_in) if issubclass(layer, _SumLayer) \
+            else (lambda i: c_in + i * growth)
         self.layers = nn.ModuleList([layer(width(i), growth)
                                      for i in range(n)])
 
@@ -2082,3 +2082,29 @@ def test_a_replay_defers_a_call_whose_output_is_gone_until_an_op_reads_it(
                     "layer1.0.conv1": 1,
                     "layer1.0.conv2": 2 if read else 1}
     assert copies_back[0] == 0
+
+
+class _FlatReadLayer(_DenseLayer):
+    """As _DenseLayer, and it reads its last input flattened
+    (`.view(-1)`), which needs that input contiguous."""
+
+    def forward(self, inputs: List[torch.Tensor]) -> torch.Tensor:
+        level = inputs[-1].view(-1).mean()
+        return super().forward(inputs) + level
+
+
+def test_a_frame_whose_forward_needs_its_input_contiguous_replays_from_copies(
+        ) -> None:
+    """The views of the kept concatenation a frame holds in place of its
+    inputs are slices of it, not contiguous: a forward that flattens one
+    with `.view(-1)` raised in its replay, in backward. The replay now
+    runs again from contiguous copies, which the frame holds from then
+    on; gradients and batch-norm statistics equal the unmodified step's."""
+    model = _dense_model(_FlatReadLayer)
+    plain = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    applied = mutwo.apply(model, _dense_schedule(model))
+    loss_fn: Callable[[Any], torch.Tensor] = lambda out: out.square().mean()
+    assert_same_step(plain, model, (x,), loss_fn)
+    assert_same_step(plain, model, (x,), loss_fn)
+    assert applied.stats().replays == {f"3.layers.{i}": 2 for i in range(3)}
