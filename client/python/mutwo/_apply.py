@@ -1346,6 +1346,15 @@ class _Runtime:
         # decisions differ (a block's own ops: one add recomputed, another
         # retained); other paths take their decisions' one action.
         self.op_actions: Dict[str, Dict[str, str]] = {}
+        # (module path, op kind) -> per op of that kind the module's
+        # forward makes, in order: output index -> (action, segment)
+        # (_op_sequences); which of them a saved tensor's producer is,
+        # counted per forward (`occurrences`, the nodes held meanwhile).
+        self.op_sequences: Dict[Tuple[str, str],
+                                List[Dict[int, Tuple[str, int]]]] = {}
+        self.occurrences: Dict[Tuple[str, str], Dict[int, int]] = {}
+        self.occurrence_nodes: List[Any] = []
+        self.notes: List[str] = []  # Applied's (report())
         self.prefetch_ahead = prefetch_ahead
         self.mode = "off"  # off | forward | replay
         self.stack: List[str] = []
@@ -1626,6 +1635,7 @@ class _Runtime:
         self.swap_entries.clear()
         self.swapped_storages.clear()
         self.retired = []
+        self.check_occurrences()
         self.check_released()
         self.check_retired()
 
@@ -1711,13 +1721,52 @@ class _Runtime:
         strongest action applies (one action only, or an op that cannot be
         told: a tensor without gradient such as nonzero's indices, or an
         autograd name that is not the op's)."""
-        kinds = self.op_actions.get(path)
-        if not kinds:
-            return None
+        return self.decision_of(t, path, count=False)[0]
+
+    def decision_of(self, t: torch.Tensor, path: str, count: bool = True
+                    ) -> Tuple[Optional[str], Optional[int]]:
+        """(action, segment) of the decision on the op that made `t`:
+        refined() by its kind, and where the module's forward makes that
+        kind more than once with different decisions (a MoE layer's
+        index_select and mul per expert) the one on that op, by the order
+        the forward made them (`count`: a saved tensor's producer not
+        seen yet in this forward is the next one). Segment None: the
+        frame's."""
         base = t._base if t._base is not None else t
-        if base.grad_fn is None:
-            return None
-        return kinds.get(_grad_fn_kind(base.grad_fn))
+        node = base.grad_fn
+        if node is None:
+            return None, None
+        kind = _grad_fn_kind(node)
+        sequence = self.op_sequences.get((path, kind))
+        if sequence is not None:
+            seen = self.occurrences.setdefault((path, kind), {})
+            k = seen.get(id(node))
+            if k is None and count:
+                k = seen[id(node)] = len(seen)
+                self.occurrence_nodes.append(node)
+            if k is not None and k < len(sequence):
+                found = sequence[k].get(base.output_nr)
+                if found is not None:
+                    return found
+        kinds = self.op_actions.get(path)
+        return (kinds.get(kind) if kinds else None), None
+
+    def check_occurrences(self) -> None:
+        """End of a forward: a sequence whose ops this forward did not make
+        one for one (control flow, a module called more or less often, a
+        save where the hook was off) is not trusted again: the strongest
+        decision of its kind applies from the next forward."""
+        for key, seen in self.occurrences.items():
+            sequence = self.op_sequences.get(key)
+            if sequence is not None and len(seen) != len(sequence):
+                del self.op_sequences[key]
+                self.notes.append(
+                    f"{key[0] or '(model)'}'s forward made {len(seen)} "
+                    f"{key[1]} op(s) with saved outputs where the schedule "
+                    f"has decisions on {len(sequence)}: the strongest of "
+                    "them applies to all from the next forward")
+        self.occurrences = {}
+        self.occurrence_nodes = []
 
     def alive_anyway(self, t: torch.Tensor) -> bool:
         """Parameters, buffers and the forward's inputs, and views of them
@@ -1842,13 +1891,15 @@ class _Runtime:
             nbytes = _storage_bytes(t)
             record.note_saved(t, key, nbytes)
         path = self.producer_of(t, key)
-        refined = self.refined(t, path)
+        refined, own_segment = self.decision_of(t, path)
         if refined not in ("RETAIN", "SWAP"):
             for k in range(len(open_frames) - 1, -1, -1):
                 frame = open_frames[k]
                 found = frame.spec.dropping(path)
                 if found is not None:  # the innermost frame dropping it
                     segment, decision_path = found
+                    if own_segment is not None:
+                        segment = own_segment
                     index = indices[k]
                     frame.dropped[index] = segment
                     frame.last_needed = frame.calls
@@ -2545,6 +2596,31 @@ def _op_actions(schedule: Schedule,
     return out
 
 
+def _op_sequences(schedule: Schedule, canonical: Dict[str, str]
+                  ) -> Dict[Tuple[str, str], List[Dict[int, Tuple[str, int]]]]:
+    """Per (module path, op kind) whose decisions differ in action or
+    segment (a MoE layer's own forward: per expert an index_select and a
+    mul, one swapped, one retained, the others each its own segment), the
+    decisions per op in node order: output index -> (action, segment)."""
+    by_key: Dict[Tuple[str, str], List[Decision]] = {}
+    for d in schedule.decisions:
+        if d.op_kind in _CONTROL_FLOW or d.action not in _STRENGTH:
+            continue
+        by_key.setdefault((canonical.get(d.module_path, d.module_path),
+                           _normal_kind(d.op_kind)), []).append(d)
+    out: Dict[Tuple[str, str], List[Dict[int, Tuple[str, int]]]] = {}
+    for key, decisions in by_key.items():
+        if len({(d.action, d.segment if d.action == "RECOMPUTE" else 0)
+                for d in decisions}) < 2:
+            continue
+        nodes: Dict[int, Dict[int, Tuple[str, int]]] = {}
+        for d in sorted(decisions, key=lambda d: d.producer_node):
+            nodes.setdefault(d.producer_node, {})[max(d.output_index, 0)] = \
+                (d.action, d.segment)
+        out[key] = list(nodes.values())
+    return out
+
+
 def _refuse_infeasible(schedule: Schedule) -> None:
     figures = []
     if schedule.budget_bytes:
@@ -2710,6 +2786,8 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
     swap = {canonical[d.module_path] for d in schedule.swapped} - recomputed
     rt = _Runtime(model, specs, swap, prefetch_ahead)
     rt.op_actions = _op_actions(schedule, canonical)
+    rt.op_sequences = _op_sequences(schedule, canonical)
+    rt.notes = notes
     undo: List[Callable[[], None]] = []
 
     # Module stack and producers: every hooked module, while it runs. A

@@ -18,6 +18,7 @@ import torchvision
 from torch import nn
 
 import mutwo
+from mutwo.v1 import types_pb2
 from schedules import make_schedule
 from user_models import ConvNext, Mlp, Vit, VitBlock
 
@@ -2108,3 +2109,91 @@ def test_a_frame_whose_forward_needs_its_input_contiguous_replays_from_copies(
     assert_same_step(plain, model, (x,), loss_fn)
     assert_same_step(plain, model, (x,), loss_fn)
     assert applied.stats().replays == {f"3.layers.{i}": 2 for i in range(3)}
+
+
+class _Routed(nn.Module):
+    """A MoE layer's shape: per expert, functional ops in the layer's own
+    forward (a sigmoid of each expert's output, which it saves), added
+    up."""
+
+    def __init__(self, d: int, experts: int) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(d, d)
+                                      for _ in range(experts)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for expert in self.experts:
+            out = out + torch.sigmoid(expert(x))
+        return out
+
+
+def _routed_case(actions: List[str]) -> Tuple[nn.Module, nn.Module,
+                                               torch.Tensor, Any]:
+    """A linear layer, then _Routed with 4 experts; one decision per
+    action on the routed layer's sigmoids, in node order."""
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(8, 8), _Routed(8, 4))
+    plain = copy.deepcopy(model)
+    proto = make_schedule(model).proto
+    for k, action in enumerate(actions):
+        d = proto.decisions.add(
+            value_id=100 + k, producer_node=100 + k, size_bytes=16 * 8 * 4,
+            action=types_pb2.Decision.Action.Value(action),
+            module_path="1", op_kind="aten::sigmoid", output_index=0)
+        if action == "RECOMPUTE":
+            d.segment = k
+            d.recompute_nodes.append(100 + k)
+            d.recompute_module_paths.append("1")
+    return model, plain, torch.randn(16, 8), mutwo.Schedule.from_proto(proto)
+
+
+def test_each_op_of_a_kind_in_a_modules_forward_takes_its_own_decision(
+        ) -> None:
+    """The GPU zoo's MoE layer makes an index_select and a mul per expert
+    in its own forward; its schedule retains some, swaps one, and
+    recomputes the others each in a segment of its own. apply took the
+    strongest action of the kind for every one of them, all in the first
+    segment: every mul dropped (a retained and a swapped one too) and
+    re-made by one replay at once, where the worker re-makes each before
+    its use (MoE low +2.9-4.8% over its budget on an H200). The k-th op of
+    a kind a module's forward makes now takes the k-th decision on that
+    kind in node order: here the four sigmoids are retained, recomputed
+    (two segments) and swapped; the measured saving is the planned one, a
+    replay per segment, gradients equal."""
+    model, plain, x, schedule = _routed_case(
+        ["RETAIN", "RECOMPUTE", "RECOMPUTE", "SWAP"])
+    nbytes = 16 * 8 * 4
+    applied = mutwo.apply(model, schedule)
+    loss_fn: Callable[[Any], torch.Tensor] = lambda out: out.square().mean()
+    assert_same_step(plain, model, (x,), loss_fn)
+    m = applied.measurements()
+    assert m is not None
+    # Sigmoid saves its output: two dropped, one swapped (apply counts a
+    # swapped tensor's host copy as not held).
+    assert m.saving_bytes == m.planned_saving_bytes == 3 * nbytes
+    assert applied.stats().replays == {"1": 2}
+    assert applied.stats().swapped_out == 1
+    assert_same_step(plain, model, (x,), loss_fn)
+    assert applied.stats().replays == {"1": 4}
+    assert "strongest" not in applied.report()
+
+
+def test_ops_of_a_kind_that_do_not_match_the_decisions_take_the_strongest(
+        ) -> None:
+    """Five decisions on the routed layer's sigmoids where its forward
+    makes four (the schedule was planned for another forward): after the
+    first forward the report says so, and the strongest decision applies
+    to all four (one replay a step, for the first segment); gradients
+    equal throughout."""
+    model, plain, x, schedule = _routed_case(
+        ["RETAIN", "RECOMPUTE", "RECOMPUTE", "SWAP", "RETAIN"])
+    applied = mutwo.apply(model, schedule)
+    loss_fn: Callable[[Any], torch.Tensor] = lambda out: out.square().mean()
+    assert_same_step(plain, model, (x,), loss_fn)
+    assert "made 4 sigmoid op(s) with saved outputs where the schedule " \
+        "has decisions on 5" in applied.report()
+    applied.reset_stats()
+    assert_same_step(plain, model, (x,), loss_fn)
+    assert applied.stats().replays == {"1": 1}
+    assert applied.stats().dropped == 4
