@@ -1112,6 +1112,11 @@ class _Deferred:
         return d
 
 
+def _ran_already() -> Any:
+    raise RuntimeError("mutwo.apply: internal error: a deferred call ran "
+                       "twice")
+
+
 class _DeferredCall:
     """A module call a replay deferred (_ReplayContext._defer): run by
     the first op that reads its output."""
@@ -1124,7 +1129,10 @@ class _DeferredCall:
         self.module, self.run = module, run
 
     def get(self, consume: bool) -> torch.Tensor:
-        out = self.ctx.run_deferred(self.index, self.record, self.run)
+        # Run once (the stand-in keeps what it made); the call's inputs go
+        # with the closure.
+        run, self.run = self.run, _ran_already
+        out = self.ctx.run_deferred(self.index, self.record, run)
         if not isinstance(out, torch.Tensor):
             raise RuntimeError(
                 f"mutwo.apply: replaying {self.ctx.frame.spec.label()}: a "
