@@ -1747,9 +1747,11 @@ class _Runtime:
         kind = _grad_fn_kind(node)
         sequence = self.op_sequences.get((path, kind))
         if sequence is not None:
-            seen = self.occurrences.setdefault((path, kind), {})
-            k = seen.get(id(node))
+            seen = self.occurrences.get((path, kind))
+            k = seen.get(id(node)) if seen is not None else None
             if k is None and count:
+                if seen is None:
+                    seen = self.occurrences[(path, kind)] = {}
                 k = seen[id(node)] = len(seen)
                 self.occurrence_nodes.append(node)
             if k is not None and k < len(sequence):
