@@ -44,8 +44,8 @@ import re
 import time
 import warnings
 import weakref
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
-                    Set, Tuple, Union)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List,
+                    Optional, Sequence, Set, Tuple, Union)
 
 import torch
 from torch import nn
@@ -563,8 +563,8 @@ class _Frame:
         rt = self.rt
         previous = rt.mode
         depth = len(rt.stack)
-        ctx = _ReplayContext(self, counter, set(wanted), capture)
-        ctx.hooks = (pack, unpack)
+        ctx = _ReplayContext(self, counter, set(wanted), (pack, unpack),
+                             capture)
         if self.spec.children is None:
             # A module frame calls its module's forward, not the module:
             # no pre-hook sees it.
@@ -742,6 +742,7 @@ class _ReplayContext:
     and which saved-tensor indices it still wants."""
 
     def __init__(self, frame: _Frame, counter: List[int], wanted: Set[int],
+                 hooks: Tuple[Callable[..., Any], Callable[..., Any]],
                  capture: Optional[Tuple[int, int]] = None):
         self.frame, self.counter, self.wanted = frame, counter, wanted
         self.calls = 0
@@ -752,7 +753,7 @@ class _ReplayContext:
         self.restored: Dict[int, torch.Tensor] = {}
         # The replay's saved-tensor hooks (pack, unpack), for deferred
         # calls (run_deferred).
-        self.hooks: Optional[Tuple[Callable[..., Any], ...]] = None
+        self.hooks = hooks
 
     def started(self, module: nn.Module) -> None:
         self.buffers.enter(module)
@@ -844,7 +845,7 @@ class _ReplayContext:
         counted from its own, so its inner calls skip what is held), then
         the replay goes on where that op is."""
         rt = self.frame.rt
-        if self not in rt.replays or self.hooks is None:
+        if self not in rt.replays:
             raise RuntimeError(
                 f"mutwo.apply: internal error: a deferred call of "
                 f"{self.frame.spec.label()}'s replay was read after it")
@@ -2582,16 +2583,22 @@ def _frame_specs(model: nn.Module, schedule: Schedule,
 _STRENGTH = {"RETAIN": 0, "SWAP": 1, "RECOMPUTE": 2}
 
 
+def _op_decisions(schedule: Schedule, canonical: Dict[str, str]
+                  ) -> Iterator[Tuple[str, Decision]]:
+    """(canonical module path, decision) of the decisions on ops (not a
+    control-flow block's) with an action apply knows."""
+    for d in schedule.decisions:
+        if d.op_kind not in _CONTROL_FLOW and d.action in _STRENGTH:
+            yield canonical.get(d.module_path, d.module_path), d
+
+
 def _op_actions(schedule: Schedule,
                 canonical: Dict[str, str]) -> Dict[str, Dict[str, str]]:
     """Per module path whose decisions differ in action: op kind ->
     strongest action of the decisions on that kind."""
     by_path: Dict[str, List[Decision]] = {}
-    for d in schedule.decisions:
-        if d.op_kind in _CONTROL_FLOW or d.action not in _STRENGTH:
-            continue
-        by_path.setdefault(canonical.get(d.module_path, d.module_path),
-                           []).append(d)
+    for path, d in _op_decisions(schedule, canonical):
+        by_path.setdefault(path, []).append(d)
     out: Dict[str, Dict[str, str]] = {}
     for path, decisions in by_path.items():
         if len({d.action for d in decisions}) < 2:
@@ -2613,11 +2620,8 @@ def _op_sequences(schedule: Schedule, canonical: Dict[str, str]
     mul, one swapped, one retained, the others each its own segment), the
     decisions per op in node order: output index -> (action, segment)."""
     by_key: Dict[Tuple[str, str], List[Decision]] = {}
-    for d in schedule.decisions:
-        if d.op_kind in _CONTROL_FLOW or d.action not in _STRENGTH:
-            continue
-        by_key.setdefault((canonical.get(d.module_path, d.module_path),
-                           _normal_kind(d.op_kind)), []).append(d)
+    for path, d in _op_decisions(schedule, canonical):
+        by_key.setdefault((path, _normal_kind(d.op_kind)), []).append(d)
     out: Dict[Tuple[str, str], List[Dict[int, Tuple[str, int]]]] = {}
     for key, decisions in by_key.items():
         if len({(d.action, d.segment if d.action == "RECOMPUTE" else 0)
