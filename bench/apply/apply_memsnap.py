@@ -9,13 +9,14 @@ there, grouped by where it was allocated.
     apply_memsnap.py --model M [--schedule S.json] --out DIR
                      [--device cuda:0] [--batch N] [--loss-spec L]
                      [--variants eager,applied,applied_no_swaps]
-                     [--optimizer adam:foreach]
+                     [--optimizer adam:foreach] [--prefetch-ahead K]
 
 M is a model of apply_zoo_gpu.py's suite (its GPU-tier size and batch);
 S a schedule planned for it (apply_zoo_gpu.py writes them beside its
 points). Variants: `eager` (the unmodified model), `applied` (strict
 apply), `applied_no_swaps` (the schedule's SWAP decisions as RETAIN,
-strict=False). Per variant one JSON file DIR/memsnap_M_VARIANT.json and a
+strict=False); --prefetch-ahead goes to mutwo.apply (how many swapped
+tensors an unpack copies back ahead). Per variant one JSON file DIR/memsnap_M_VARIANT.json and a
 line on stdout:
   base_bytes        allocated when the recorded step began (parameters,
                     optimizer state, inputs)
@@ -158,7 +159,9 @@ def one(args, m, label, schedule):
     import torch
     dev = torch.device(args.device)
     model, inputs, loss_fn, applied = fresh_model(
-        m, dev, schedule, strict=label == "applied")
+        m, dev, schedule, strict=label == "applied",
+        **({} if schedule is None else
+           dict(prefetch_ahead=args.prefetch_ahead)))
     from mutwo._verify import make_optimizer
     opt = make_optimizer(args.optimizer, model.parameters())
 
@@ -217,6 +220,7 @@ def main():
                     help="as planned; torch.optim's as `mutwo verify` "
                     "makes it (adam:foreach: torch.optim.Adam's default "
                     "on CUDA)")
+    ap.add_argument("--prefetch-ahead", type=int, default=2)
     args = ap.parse_args()
     import torch
     import mutwo

@@ -189,11 +189,12 @@ def by_name(name, tier):
 # ---------------------------------------------------------------------------
 # Child: one schedule applied in a fresh process.
 
-def fresh_model(m, dev, schedule=None, strict=True):
+def fresh_model(m, dev, schedule=None, strict=True, **apply_kwargs):
     """(model, inputs, loss_fn, applied): a new model of `m` on `dev` (the
     last one's cached memory released first), its inputs and loss, and
-    `schedule` applied to it (None: not applied), apply's warnings
-    silenced (the callers measure, they do not train)."""
+    `schedule` applied to it (None: not applied; `apply_kwargs` go to
+    mutwo.apply), apply's warnings silenced (the callers measure, they do
+    not train)."""
     import torch
     import mutwo
     gc.collect()
@@ -205,7 +206,8 @@ def fresh_model(m, dev, schedule=None, strict=True):
     if schedule is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            applied = mutwo.apply(model, schedule, strict=strict)
+            applied = mutwo.apply(model, schedule, strict=strict,
+                                  **apply_kwargs)
     return model, inputs, loss_fn, applied
 
 
