@@ -1406,6 +1406,15 @@ class _Runtime:
                                 List[Dict[int, Tuple[str, int]]]] = {}
         self.occurrences: Dict[Tuple[str, str], Dict[int, int]] = {}
         self.occurrence_nodes: List[Any] = []
+        # The learning forward's: per sequence, the hooked calls open when
+        # each op was first seen saved; then (learned()) which of them a
+        # forward with the hook on only where needed sees (an op whose
+        # saves all lie where it is off, a RETAIN decision, is never
+        # counted: GPT's block output, saved by the next block's norm).
+        self.occurrence_stacks: Dict[Tuple[str, str],
+                                     List[Tuple[int, ...]]] = {}
+        self.occurrence_visible: Dict[Tuple[str, str], List[int]] = {}
+        self.occurrences_sparse = False
         self.notes: List[str] = []  # Applied's (report())
         self.prefetch_ahead = prefetch_ahead
         self.mode = "off"  # off | forward | replay
@@ -1796,7 +1805,18 @@ class _Runtime:
             if k is None and count:
                 if seen is None:
                     seen = self.occurrences[(path, kind)] = {}
-                k = seen[id(node)] = len(seen)
+                k = len(seen)
+                if self.learning:
+                    self.occurrence_stacks.setdefault(
+                        (path, kind), []).append(tuple(self.region_stack))
+                elif self.forward_kind == "sparse":
+                    # Where the hook is on only where needed, the k-th op
+                    # seen is the k-th the learning forward saw there.
+                    self.occurrences_sparse = True
+                    visible = self.occurrence_visible.get((path, kind))
+                    if visible is not None and k < len(visible):
+                        k = visible[k]
+                seen[id(node)] = k
                 self.occurrence_nodes.append(node)
             if k is not None and k < len(sequence):
                 found = sequence[k].get(base.output_nr)
@@ -1812,7 +1832,10 @@ class _Runtime:
         decision of its kind applies from the next forward."""
         for key, seen in self.occurrences.items():
             sequence = self.op_sequences.get(key)
-            if sequence is not None and len(seen) != len(sequence):
+            expected = len(sequence) if sequence is not None else 0
+            if self.occurrences_sparse and key in self.occurrence_visible:
+                expected = len(self.occurrence_visible[key])
+            if sequence is not None and len(seen) != expected:
                 del self.op_sequences[key]
                 self.notes.append(
                     f"{key[0] or '(model)'}'s forward made {len(seen)} "
@@ -1821,6 +1844,7 @@ class _Runtime:
                     "them applies to all from the next forward")
         self.occurrences = {}
         self.occurrence_nodes = []
+        self.occurrences_sparse = False
 
     def alive_anyway(self, t: torch.Tensor) -> bool:
         """Parameters, buffers and the forward's inputs, and views of them
@@ -1903,6 +1927,21 @@ class _Runtime:
         self.region_paths = []
         self.regions_training = training
         self.learning = True
+        self.occurrence_stacks = {}
+        self.occurrence_visible = {}
+
+    def learned(self) -> None:
+        """A learning forward ran to its end: which ops of each sequence a
+        forward with the hook on only where needed will see saved (one
+        saved inside a call whose hook region is on, or anywhere when the
+        model's own code turns it on)."""
+        self.learning = False
+        regions = self.regions or set()
+        everywhere = _MODEL_REGION in regions
+        self.occurrence_visible = {
+            key: [k for k, stack in enumerate(stacks)
+                  if everywhere or any(r in regions for r in stack)]
+            for key, stacks in self.occurrence_stacks.items()}
 
     def hooks_off(self) -> None:
         """End of a forward (or its exception): hooks this forward turned
@@ -3026,7 +3065,7 @@ def apply(model: nn.Module, schedule: Union[Schedule, str, Dict[str, Any]],
                     with torch.autograd.graph.saved_tensors_hooks(
                             rt.pack_learning, rt.unpack):
                         out = inner(*args, **kwargs)
-                    rt.learning = False  # learned: a whole forward ran
+                    rt.learned()  # a whole forward ran
                 else:
                     rt.forward_kind = "sparse"
                     if _MODEL_REGION in rt.regions:  # its own code saves

@@ -2219,6 +2219,53 @@ def test_each_op_of_a_kind_in_a_modules_forward_takes_its_own_decision(
     assert "strongest" not in applied.report()
 
 
+class _TwoResiduals(nn.Module):
+    """A GPT block's shape: two residual adds in its own forward; the
+    first one's output is saved inside it (by `b`), the second's, the
+    block's output, only by the module after it."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.a = nn.Linear(d, d)
+        self.b = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.a(x)
+        return h + self.b(h)
+
+
+def test_an_op_saved_only_where_the_hook_is_off_keeps_the_others_decisions(
+        ) -> None:
+    """The block's first add swapped, its second retained: the second's
+    output is saved only by the next Linear, where the saved-tensor hook is
+    off from the third step (nothing there needs it), so those steps see
+    one add where the schedule has two decisions. They are matched to the
+    adds the learning forward saw where the hook stays on (GPT at its floor
+    with a modeled link on the CPU: "blocks.0's forward made 1 add op(s)
+    ... decisions on 2", and the strongest, SWAP, for both from then on).
+    One swap a step, gradients equal, nothing in the report."""
+    torch.manual_seed(4)
+    model = nn.Sequential(_TwoResiduals(8), nn.Linear(8, 8))
+    plain = copy.deepcopy(model)
+    proto = make_schedule(model).proto
+    own = [d for d in proto.decisions if d.module_path == "0"]
+    for d in own:  # the block's one decision: replaced by one per add
+        proto.decisions.remove(d)
+    for k, action in enumerate(["SWAP", "RETAIN"]):
+        proto.decisions.add(
+            value_id=100 + k, producer_node=100 + k, size_bytes=16 * 8 * 4,
+            action=types_pb2.Decision.Action.Value(action),
+            module_path="0", op_kind="aten::add", output_index=0)
+    applied = mutwo.apply(model, mutwo.Schedule.from_proto(proto))
+    x = torch.randn(16, 8)
+    loss_fn: Callable[[Any], torch.Tensor] = lambda out: out.square().mean()
+    for k in range(4):  # learning forwards, then the hook where needed
+        applied.reset_stats()
+        assert_same_step(plain, model, (x,), loss_fn)
+        assert applied.stats().swapped_out == 1, k
+    assert "strongest" not in applied.report()
+
+
 def test_ops_of_a_kind_that_do_not_match_the_decisions_take_the_strongest(
         ) -> None:
     """Five decisions on the routed layer's sigmoids where its forward
