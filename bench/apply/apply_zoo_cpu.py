@@ -23,7 +23,11 @@ must match a tensor autograd saves) in a plain eager step. Bars per point:
   later     two more steps (where recompute frames stop counting saves
             past their last dropped one, then where apply's saved-tensor
             hook is on only where needed) drop, swap and replay as many
-            tensors as the first, with gradients equal as above.
+            tensors as the first, with gradients equal as above;
+  matched   after those steps `report()` has no note that a module's
+            forward made its ops of a kind other than one for one with
+            the decisions on them (apply would take the strongest
+            decision for all of them from the next forward).
 
 A budget below the floor gives an infeasible schedule (`mutwo plan` exit
 3): the bar is that apply refuses it (InfeasibleScheduleError) before any
@@ -273,6 +277,11 @@ def apply_point(m, schedule_path, point, time_steps=0):
                  first_step_counts=list(first_counts),
                  later_step_grad_max_abs_diff=later_diffs,
                  later_steps_ok=later_ok)
+    # A forward that did not match its per-op decisions one for one: the
+    # strongest decision applies to all of that kind from the next step.
+    fallbacks = [line.strip() for line in applied.report().splitlines()
+                 if "the strongest of them applies" in line]
+    point.update(fallback_notes=fallbacks)
     meas = applied.measurements()
     planned = meas.planned_saving_bytes
     saving = unmodified - meas.saved_bytes
@@ -291,7 +300,7 @@ def apply_point(m, schedule_path, point, time_steps=0):
         replays=sum(applied.stats().replays.values()),
         budget_warnings=[str(w.message)[:300] for w in caught
                          if issubclass(w.category, mutwo.BudgetWarning)],
-        ok=gradients_ok and saving_ok and later_ok)
+        ok=gradients_ok and saving_ok and later_ok and not fallbacks)
     if time_steps:
         # Median step (forward, loss, backward) of the unmodified model, the
         # applied one, and the applied one whose replays run every module
