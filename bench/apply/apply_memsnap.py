@@ -16,8 +16,8 @@ S a schedule planned for it (apply_zoo_gpu.py writes them beside its
 points). Variants: `eager` (the unmodified model), `applied` (strict
 apply), `applied_no_swaps` (the schedule's SWAP decisions as RETAIN,
 strict=False); --prefetch-ahead goes to mutwo.apply (how many swapped
-tensors an unpack copies back ahead). Per variant one JSON file DIR/memsnap_M_VARIANT.json and a
-line on stdout:
+tensors an unpack copies back ahead). Per variant one JSON file
+DIR/memsnap_M_VARIANT.json and a line on stdout:
   base_bytes        allocated when the recorded step began (parameters,
                     optimizer state, inputs)
   peak_bytes        base + the replayed maximum; torch_max_bytes is
@@ -160,8 +160,7 @@ def one(args, m, label, schedule):
     dev = torch.device(args.device)
     model, inputs, loss_fn, applied = fresh_model(
         m, dev, schedule, strict=label == "applied",
-        **({} if schedule is None else
-           dict(prefetch_ahead=args.prefetch_ahead)))
+        prefetch_ahead=args.prefetch_ahead)
     from mutwo._verify import make_optimizer
     opt = make_optimizer(args.optimizer, model.parameters())
 

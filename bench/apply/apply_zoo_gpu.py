@@ -192,8 +192,8 @@ def by_name(name, tier):
 def fresh_model(m, dev, schedule=None, strict=True, **apply_kwargs):
     """(model, inputs, loss_fn, applied): a new model of `m` on `dev` (the
     last one's cached memory released first), its inputs and loss, and
-    `schedule` applied to it (None: not applied; `apply_kwargs` go to
-    mutwo.apply), apply's warnings silenced (the callers measure, they do
+    `schedule` applied to it (None: not applied, `apply_kwargs` unused;
+    else they go to mutwo.apply), apply's warnings silenced (the callers measure, they do
     not train)."""
     import torch
     import mutwo

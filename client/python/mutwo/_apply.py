@@ -1040,11 +1040,12 @@ class _SwapEntry:
         take (prefetched now if it is not yet), so the replay and the
         unpack share one device copy. None where there is none to share
         (on the CPU, every reference read already, outside a backward):
-        the caller copies. A replay had its own copy before, beside the
-        unpack's: on the GPU zoo's mobilenet_v2 the input of
-        features.2.conv.0's replay, a 154 MB swapped conv output, was on
-        the device twice at the peak (on the CPU `.to` returned the host
-        tensor itself, so the CPU measured no difference)."""
+        the caller copies. A replay made a copy of its own before, beside
+        the unpack's: on the GPU zoo's mobilenet_v2 (low) the replay of
+        features.2.conv.0 reads a 154 MB swapped conv output that the
+        batch norm's unpack copies back right after, and that point
+        peaked about that much over its prediction (not rerun since). On
+        the CPU `.to` returns the host tensor itself: no copy to share."""
         if self.device.type != "cuda" or self.consumed or self.uses <= 0:
             return None
         rt = self.rt
@@ -1828,14 +1829,20 @@ class _Runtime:
     def check_occurrences(self) -> None:
         """End of a forward: a sequence whose ops this forward did not make
         one for one (control flow, a module called more or less often, a
-        save where the hook was off) is not trusted again: the strongest
-        decision of its kind applies from the next forward."""
+        save that moved to where the hook is off) is not trusted again:
+        the strongest decision of its kind applies from the next
+        forward."""
         for key, seen in self.occurrences.items():
             sequence = self.op_sequences.get(key)
-            expected = len(sequence) if sequence is not None else 0
-            if self.occurrences_sparse and key in self.occurrence_visible:
-                expected = len(self.occurrence_visible[key])
-            if sequence is not None and len(seen) != expected:
+            if sequence is None:
+                continue
+            # A forward with the hook on only where needed sees the ops
+            # the learning forward saw saved there.
+            visible = self.occurrence_visible.get(key)
+            expected = len(sequence)
+            if self.occurrences_sparse and visible is not None:
+                expected = len(visible)
+            if len(seen) != expected:
                 del self.op_sequences[key]
                 self.notes.append(
                     f"{key[0] or '(model)'}'s forward made {len(seen)} "
