@@ -211,15 +211,22 @@ def fresh_model(m, dev, schedule=None, strict=True, **apply_kwargs):
     return model, inputs, loss_fn, applied
 
 
+def swaps_as_retain(doc):
+    """A copy of the schedule document `doc` with its SWAP decisions made
+    RETAIN."""
+    doc = json.loads(json.dumps(doc))
+    for d in doc["decisions"]:
+        if d.get("action") == "SWAP":
+            d["action"] = "RETAIN"
+    return doc
+
+
 def without_swaps(path):
     """The schedule at `path` with its SWAP decisions made RETAIN."""
     import mutwo
     with open(path) as f:
         doc = json.JSONDecoder().raw_decode(f.read())[0]
-    for d in doc["decisions"]:
-        if d.get("action") == "SWAP":
-            d["action"] = "RETAIN"
-    return mutwo.Schedule.from_json(json.dumps(doc))
+    return mutwo.Schedule.from_json(json.dumps(swaps_as_retain(doc)))
 
 
 def grads_of(model, inputs, loss_fn, seed=7):

@@ -963,6 +963,20 @@ class _HostPool:
         self.free.clear()
 
 
+def _host_buffer(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor of `t`'s shape and dtype whose memory is outside
+    PyTorch's CPU allocator (a Python bytearray), so that on the CPU a
+    swapped tensor's host copy is not counted as the device's memory, as
+    the worker's HostStash keeps its host copies outside its counting
+    allocator: the CPU rehearses the GPU's swap (device memory freed at
+    offload, allocated again at the copy back)."""
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return torch.empty(t.shape, dtype=t.dtype, device="cpu")
+    buf = torch.frombuffer(bytearray(nbytes), dtype=torch.uint8)
+    return buf.view(t.dtype).view(t.shape)
+
+
 class _SwapEntry:
     """One saved tensor held in host memory between forward and backward."""
 
@@ -999,7 +1013,7 @@ class _SwapEntry:
                 self.host.copy_(t, non_blocking=True)
             t.record_stream(stream)
         else:
-            self.host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            self.host = _host_buffer(t)
             self.host.copy_(t)
         rt.stats.swapped_out += 1
         rt.stats.swapped_out_bytes += t.numel() * t.element_size()
@@ -1009,6 +1023,11 @@ class _SwapEntry:
                 self.consumed:
             return
         if self.device.type != "cuda":
+            # The CPU rehearses the GPU's copy back: a tensor of the
+            # device's allocator (the host copy is outside it).
+            self.restored = self.host.clone()
+            self.restored_version = self.restored._version
+            self.rt.stats.swapped_in += 1
             return
         # No wait for the compute stream: the host copy was written on this
         # same stream (in order), and the new tensor comes from this
@@ -1039,14 +1058,13 @@ class _SwapEntry:
         references have yet to read it: the copy back those unpacks will
         take (prefetched now if it is not yet), so the replay and the
         unpack share one device copy. None where there is none to share
-        (on the CPU, every reference read already, outside a backward):
-        the caller copies. A replay made a copy of its own before, beside
-        the unpack's: on the GPU zoo's mobilenet_v2 (low) the replay of
+        (every reference read already, outside a backward): the caller
+        copies. A replay made a copy of its own before, beside the
+        unpack's: on the GPU zoo's mobilenet_v2 (low) the replay of
         features.2.conv.0 reads a 154 MB swapped conv output that the
-        batch norm's unpack copies back right after, and that point
-        peaked about that much over its prediction (not rerun since). On
-        the CPU `.to` returns the host tensor itself: no copy to share."""
-        if self.device.type != "cuda" or self.consumed or self.uses <= 0:
+        batch norm's unpack copies back right after; that point peaked
+        about that much over its prediction."""
+        if self.consumed or self.uses <= 0:
             return None
         rt = self.rt
         if not rt.swap_backward_queued:
@@ -1067,10 +1085,6 @@ class _SwapEntry:
         if self.restored is None:
             self.consumed = False  # read again (a second backward)
             self.prefetch()
-        if self.restored is None:  # CPU: a copy back into a new tensor
-            self.restored = self.host.clone()
-            self.restored_version = self.restored._version
-            self.rt.stats.swapped_in += 1
         t = self._ready()
         self.uses -= 1
         if self.uses <= 0:
@@ -1123,7 +1137,9 @@ class _SwappedInput:
             torch.cuda.current_stream(e.device).wait_stream(
                 e.rt.side_stream(e.device))
         if self.layout is None:
-            t = e.host.to(e.device)
+            # copy: on the CPU `.to` would return the host copy itself,
+            # which an in-place op of the replay would then change.
+            t = e.host.to(e.device, copy=True)
         else:
             # The swapped view's elements into a storage of the input's
             # extent, then the input's own view of it.

@@ -1346,44 +1346,76 @@ def test_a_frame_does_not_hold_an_input_the_schedule_swaps() -> None:
     assert m is not None and m.saving_bytes >= m.planned_saving_bytes
 
 
-@CUDA
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_replay_reading_a_swapped_input_shares_the_unpacks_copy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two conv outputs swapped, the norm and ReLU between them recomputed:
     the unpack of the second swapped tensor prefetches the first, and the
     norm's replay then reads its input (the first) from that copy back
     instead of making its own beside it: one copy to the device per
     swapped tensor a backward (the GPU zoo's mobilenet_v2: a 154 MB
-    swapped input on the device twice at once). Gradients equal."""
+    swapped input on the device twice at once; on the CPU, the same
+    schedule peaks 154 MB higher without the sharing). Gradients equal."""
     torch.manual_seed(18)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8),
                           nn.ReLU(inplace=True), nn.Conv2d(8, 4, 3),
-                          nn.BatchNorm2d(4)).cuda()
+                          nn.BatchNorm2d(4)).to(device)
     plain = copy.deepcopy(model)
-    x = torch.randn(16, 3, 32, 32, device="cuda")
+    x = torch.randn(16, 3, 32, 32, device=device)
     applied = mutwo.apply(model, make_schedule(
         model, recompute=[(0, ["1"], ["2"])], swap=["0", "3"]))
     assert applied.frames == ["(model)[1:3]"]
     assert_same_step(plain, model, (x,), lambda o: o.pow(2).mean())
-    copies: List[Tuple[int, ...]] = []
-    real_to = torch.Tensor.to
-
-    def counted_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        out = real_to(self, *args, **kwargs)
-        if not self.is_cuda and isinstance(out, torch.Tensor) and \
-                out.is_cuda:
-            copies.append(tuple(self.shape))
-        return out
     model.zero_grad(set_to_none=True)
     loss = model(x).pow(2).mean()
+    hosts = {e.host.data_ptr() for e in applied._runtime.swap_order}
+    assert len(hosts) == 2
+    copies: List[Tuple[int, ...]] = []
+
+    def counted(real: Any) -> Any:
+        def copy_of(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            out = real(self, *args, **kwargs)
+            if self.data_ptr() in hosts and isinstance(out, torch.Tensor) \
+                    and out.data_ptr() != self.data_ptr():
+                copies.append(tuple(self.shape))
+            return out
+        return copy_of
     applied.reset_stats()
-    monkeypatch.setattr(torch.Tensor, "to", counted_to)
+    monkeypatch.setattr(torch.Tensor, "to", counted(torch.Tensor.to))
+    monkeypatch.setattr(torch.Tensor, "clone", counted(torch.Tensor.clone))
     loss.backward()
     monkeypatch.undo()
     s = applied.stats()
     assert s.replays == {"(model)[1:3]": 1}
     assert sorted(copies) == [(16, 4, 28, 28), (16, 8, 30, 30)]
     assert s.swapped_in == 2
+
+
+def test_on_the_cpu_a_swapped_tensor_leaves_the_devices_memory() -> None:
+    """The CPU rehearses the GPU's swap as the worker does: the host copy
+    lies outside PyTorch's allocator, so the step's measured peak falls by
+    the swapped tensor (here the first conv's output, read back only at
+    the end of backward, by its batch norm) against the same schedule
+    keeping it; it was counted before, and the peak did not fall."""
+    from mutwo._verify import cpu_step_peak_bytes
+    torch.manual_seed(19)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16),
+                          nn.Conv2d(16, 4, 3, padding=1), nn.BatchNorm2d(4))
+    x = torch.randn(8, 3, 64, 64)
+    swapped_bytes = 8 * 16 * 64 * 64 * 4
+
+    def peak(swap: List[str]) -> int:
+        m = copy.deepcopy(model)
+        mutwo.apply(m, make_schedule(m, swap=swap))
+        step = lambda: m(x).pow(2).mean().backward()  # noqa: E731
+        step()  # the first steps learn
+        step()
+        return cpu_step_peak_bytes(step, m, None, (x,))
+    kept, swapped = peak([]), peak(["0"])
+    assert swapped <= kept - swapped_bytes * 0.9, (kept, swapped)
 
 
 def count_runs(model: nn.Module, paths: List[str]) -> Dict[str, int]:
