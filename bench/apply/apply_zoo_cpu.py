@@ -27,7 +27,16 @@ must match a tensor autograd saves) in a plain eager step. Bars per point:
   matched   after those steps `report()` has no note that a module's
             forward made its ops of a kind other than one for one with
             the decisions on them (apply would take the strongest
-            decision for all of them from the next forward).
+            decision for all of them from the next forward);
+  peak      (--peaks 1, the default) the applied step's peak with the
+            planned optimizer, measured as `mutwo verify` measures a CPU
+            step, is at most 2% + 64 KiB over the peak `mutwo-worker
+            execute --device cpu` measures for the same schedule (a
+            swap's host copy is outside both counts): what apply holds
+            beyond the plan shows here, where the saving at the end of
+            forward does not (a replay's second copy of a swapped input,
+            an attention re-run for a result the frame held, a frame
+            kept alive by a reference cycle).
 
 A budget below the floor gives an infeasible schedule (`mutwo plan` exit
 3): the bar is that apply refuses it (InfeasibleScheduleError) before any
@@ -67,6 +76,11 @@ from user_models import ConvNext, Vit  # noqa: E402
 from run_zoo import emulate_link  # noqa: E402
 
 SAVING_BAR = 0.9
+# apply's step peak on the CPU against the worker's of the same schedule:
+# at most this much over it (the two count what a step holds the same way
+# to within the worker's own small allocations).
+PEAK_RTOL = 0.02
+PEAK_SLACK_BYTES = 64 << 10
 GRAD_RTOL = 1e-5
 
 
@@ -218,7 +232,44 @@ def median_step_ms(model, inputs, loss_fn, steps):
     return round(sorted(times[1:])[len(times[1:]) // 2], 2)
 
 
-def apply_point(m, schedule_path, point, time_steps=0):
+def worker_peak(bin_dir, model_path, schedule_path):
+    """The worker's scheduled-step peak of the schedule on the CPU
+    (`mutwo-worker execute --baseline=false`, one warm-up and one measured
+    step): (peak bytes or None, error)."""
+    rc, out, err = run([os.path.join(bin_dir, "mutwo-worker"), "execute",
+                        model_path, "--schedule", schedule_path, "--device",
+                        "cpu", "--warmup", "1", "--iterations", "1",
+                        "--baseline=false", "--output", "json"])
+    try:
+        return int(json.loads(out)["scheduled"]["peak_bytes"]), ""
+    except (ValueError, KeyError, TypeError):
+        return None, f"execute exit {rc}: " + err.strip()[-400:]
+
+
+def apply_peak(model, inputs, loss_fn, schedule):
+    """The applied step's peak on the CPU as `mutwo verify` measures it
+    (cpu_step_peak_bytes: what is held when the step starts plus the CPU
+    allocator's highest count over one step), with the optimizer the
+    schedule was planned with, after two steps that make its state."""
+    from mutwo._verify import _optimizer_text, cpu_step_peak_bytes
+    from mutwo._verify import make_optimizer
+    planned = schedule.proto
+    opt = make_optimizer(_optimizer_text(planned.optimizer)
+                         if planned.HasField("optimizer") else "sgd",
+                         model.parameters())
+
+    def full_step():
+        opt.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        loss_fn(model(*inputs)).backward()
+        opt.step()
+    for _ in range(2):
+        full_step()
+    return cpu_step_peak_bytes(full_step, model, opt, inputs)
+
+
+def apply_point(m, schedule_path, point, time_steps=0, model_path="",
+                bin_dir=""):
     torch.manual_seed(0)
     model = m["build"]().train()
     plain = copy.deepcopy(model)
@@ -283,6 +334,19 @@ def apply_point(m, schedule_path, point, time_steps=0):
                  if "the strongest of them applies" in line]
     point.update(fallback_notes=fallbacks)
     meas = applied.measurements()
+    peak_ok = True
+    if bin_dir:
+        # The step's peak against the worker's of the same schedule, both
+        # on the CPU (a swap's host copy is outside both counts).
+        wpeak, werr = worker_peak(bin_dir, model_path, schedule_path)
+        apeak = apply_peak(model, inputs, loss_fn, schedule)
+        limit = None if wpeak is None else \
+            wpeak * (1 + PEAK_RTOL) + PEAK_SLACK_BYTES
+        peak_ok = limit is not None and apeak <= limit
+        point.update(apply_peak_bytes=apeak, worker_peak_bytes=wpeak,
+                     peak_ratio=None if not wpeak else
+                     round(apeak / wpeak, 4), peak_ok=peak_ok,
+                     **({"worker_error": werr} if werr else {}))
     planned = meas.planned_saving_bytes
     saving = unmodified - meas.saved_bytes
     ratio = saving / planned if planned > 0 else None
@@ -300,7 +364,8 @@ def apply_point(m, schedule_path, point, time_steps=0):
         replays=sum(applied.stats().replays.values()),
         budget_warnings=[str(w.message)[:300] for w in caught
                          if issubclass(w.category, mutwo.BudgetWarning)],
-        ok=gradients_ok and saving_ok and later_ok and not fallbacks)
+        ok=gradients_ok and saving_ok and later_ok and peak_ok and
+        not fallbacks)
     if time_steps:
         # Median step (forward, loss, backward) of the unmodified model, the
         # applied one, and the applied one whose replays run every module
@@ -387,7 +452,8 @@ def run_model(m, args, work):
                      predicted_peak_bytes=int(s.get("predicted_peak_bytes",
                                                     0)))
         try:
-            apply_point(m, path, point, args.time_steps)
+            apply_point(m, path, point, args.time_steps, base + ".pt",
+                        args.bin if args.peaks else "")
         except Exception as e:  # a crash is a failed bar, with its reason
             point.update(ok=False, error="apply: " + "".join(
                 traceback.format_exception_only(type(e), e)).strip()[-800:])
@@ -409,6 +475,9 @@ def main():
     ap.add_argument("--time-steps", type=int, default=0,
                     help="also time this many steps: unmodified, applied, "
                     "applied without skipping held calls in replays")
+    ap.add_argument("--peaks", type=int, default=1,
+                    help="1: also the step's peak against the worker's "
+                    "(the peak bar); 0: not")
     args = ap.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     wanted = [n for n in args.models.split(",") if n]

@@ -309,6 +309,10 @@ class _Frame:
         # Concatenations saved (kept) inside the frame, with their version:
         # release_cat_inputs' candidates.
         self.kept_cats: List[Tuple[Any, int]] = []
+        # Tensors made by an op inside the frame and saved (kept) there,
+        # with their version: results a replay need not make again
+        # (_held_result).
+        self.kept_results: List[Tuple[Any, int]] = []
         # Inputs stashed as _Deferred, with what made them (the autograd
         # node and output number) and their version: also candidates.
         self.deferred_made: List[Tuple[Any, ...]] = []
@@ -350,11 +354,11 @@ class _Frame:
             deferred = None
             dropped = self.rt.dropped_output(value, consume=False)
             if dropped is not None:
-                deferred = _Deferred(dropped, value)
+                deferred = _Deferred(dropped, value, self)
             else:
                 inner = self.rt.inner_output(value)
                 if inner is not None:
-                    deferred = _Deferred(inner, value)
+                    deferred = _Deferred(inner, value, self)
             if deferred is not None:
                 if value.grad_fn is not None:
                     # Until the frame closes (release_cat_inputs).
@@ -459,7 +463,7 @@ class _Frame:
             if entry is not None and entry.ident.matches(value) and \
                     entry.version == value._version:
                 return _Deferred(_SwappedInput(entry, value.requires_grad),
-                                 value)
+                                 value, self)
             # A view of it was swapped that holds every element (a
             # LayerNorm2d saves its input permuted).
             for entry in self.rt.swapped_storages.get(
@@ -471,7 +475,7 @@ class _Frame:
                         entry.extent == _extent(value):
                     return _Deferred(_SwappedInput(entry,
                                                    value.requires_grad,
-                                                   value), value)
+                                                   value), value, self)
         return value
 
     def tensor(self, index: int, segment: int) -> torch.Tensor:
@@ -827,16 +831,31 @@ class _ReplayContext:
         conv1 output copied back, 205 MB, at the peak of backward).
         Frames that draw random numbers run every such call in order."""
         held = record.outputs
-        if not isinstance(held, _Held) or self.frame.drew or \
+        # One tensor, or a tuple of tensors and Nones
+        # (nn.MultiheadAttention's (output, None)).
+        parts = held if isinstance(held, tuple) and all(
+            isinstance(h, _Held) or h is None for h in held) else (held,)
+        if not all(isinstance(h, _Held) or h is None for h in parts) or \
+                not any(isinstance(h, _Held) for h in parts) or \
+                self.frame.drew or \
                 any(record.pack_start <= w < record.pack_end
                     for w in self.wanted) or \
                 (self.capture is not None and
                  index <= self.capture[0] < record.call_end):
             return _NOT_HELD
-        size, stride, dtype, device = held.like
-        return _LazyInput(_Deferred.of(
-            _DeferredCall(self, index, record, module, run), size, stride,
-            dtype, device, held.requires_grad))
+        call = _DeferredCall(self, index, record, module, run)
+        lazies = []
+        for k, h in enumerate(parts):
+            if h is None:
+                lazies.append(None)
+                continue
+            size, stride, dtype, device = h.like
+            lazies.append(_LazyInput(_Deferred.of(
+                _DeferredPart(call, k if held is parts else None), size,
+                stride, dtype, device, h.requires_grad,
+                None if h.node is None else (h.node, h.output_nr),
+                self.frame)))
+        return tuple(lazies) if held is parts else lazies[0]
 
     def run_deferred(self, index: int, record: "_CallRecord",
                      run: Callable[[], Any]) -> Any:
@@ -882,7 +901,8 @@ class _ReplayContext:
             t = _LazyInput(_Deferred.of(
                 _SwappedInput(entry, held.requires_grad), host.size(),
                 host.stride(), entry.dtype, entry.device,
-                held.requires_grad))
+                held.requires_grad, (held.node, held.output_nr),
+                self.frame))
             self.restored[id(entry)] = t
         return t
 
@@ -1156,20 +1176,35 @@ class _Deferred:
     replay re-makes it; swapped: its host copy), with its layout: a replay
     passes a _LazyInput in its place."""
     __slots__ = ("handle", "size", "stride", "dtype", "device",
-                 "requires_grad")
+                 "requires_grad", "origin", "frame")
 
-    def __init__(self, handle: Any, like: torch.Tensor):
+    def __init__(self, handle: Any, like: torch.Tensor,
+                 frame: Optional[_Frame] = None):
         self.handle = handle
         self.size, self.stride = like.size(), like.stride()
         self.dtype, self.device = like.dtype, like.device
         self.requires_grad = like.requires_grad
+        # What made the tensor it stands for in forward (autograd node,
+        # output number) and the frame whose replay reads it: an op of
+        # that replay whose result the frame still holds is not run
+        # (_held_result).
+        self.origin = None if like.grad_fn is None or like._base is not None \
+            else (like.grad_fn, like.output_nr)
+        # Weak: a frame's stashed inputs are _Deferred, and a reference
+        # back would be a cycle holding the frame and its inputs until
+        # the cyclic collector runs (_Frame._release).
+        self.frame = None if frame is None else weakref.ref(frame)
 
     @classmethod
     def of(cls, handle: Any, size: Any, stride: Any, dtype: torch.dtype,
-           device: torch.device, requires_grad: bool) -> "_Deferred":
+           device: torch.device, requires_grad: bool,
+           origin: Optional[Tuple[Any, int]] = None,
+           frame: Optional[_Frame] = None) -> "_Deferred":
         d = cls.__new__(cls)
         d.handle, d.size, d.stride = handle, size, stride
         d.dtype, d.device, d.requires_grad = dtype, device, requires_grad
+        d.origin = origin
+        d.frame = None if frame is None else weakref.ref(frame)
         return d
 
 
@@ -1180,20 +1215,25 @@ def _ran_already() -> Any:
 
 class _DeferredCall:
     """A module call a replay deferred (_ReplayContext._defer): run by
-    the first op that reads its output."""
-    __slots__ = ("ctx", "index", "record", "module", "run")
+    the first op that reads one of its outputs."""
+    __slots__ = ("ctx", "index", "record", "module", "run", "out")
 
     def __init__(self, ctx: "_ReplayContext", index: int,
                  record: "_CallRecord", module: nn.Module,
                  run: Callable[[], Any]):
         self.ctx, self.index, self.record = ctx, index, record
         self.module, self.run = module, run
+        self.out: Any = None
 
-    def get(self, consume: bool) -> torch.Tensor:
-        # Run once (the stand-in keeps what it made); the call's inputs go
-        # with the closure.
-        run, self.run = self.run, _ran_already
-        out = self.ctx.run_deferred(self.index, self.record, run)
+    def output(self, k: Optional[int]) -> torch.Tensor:
+        """Its output (k None) or its tuple's k-th, the call run once (its
+        inputs go with the closure; the stand-ins keep what it made)."""
+        if self.run is not _ran_already:
+            run, self.run = self.run, _ran_already
+            self.out = self.ctx.run_deferred(self.index, self.record, run)
+        out = self.out
+        if k is not None and isinstance(out, tuple) and k < len(out):
+            out = out[k]
         if not isinstance(out, torch.Tensor):
             raise RuntimeError(
                 f"mutwo.apply: replaying {self.ctx.frame.spec.label()}: a "
@@ -1201,6 +1241,18 @@ class _DeferredCall:
                 f"{type(out).__name__} where its forward returned a tensor "
                 "(data-dependent control flow?)")
         return out
+
+
+class _DeferredPart:
+    """One output of a deferred call (k: its tuple's k-th; None: the
+    call's one output)."""
+    __slots__ = ("call", "k")
+
+    def __init__(self, call: _DeferredCall, k: Optional[int]):
+        self.call, self.k = call, k
+
+    def get(self, consume: bool) -> torch.Tensor:
+        return self.call.output(self.k)
 
 
 def _tensor_attributes() -> Set[Any]:
@@ -1236,6 +1288,107 @@ def _materialize(value: Any) -> Any:
     return value
 
 
+# Reflected operators: `x + lazy` calls lazy.__radd__(x), args (lazy, x).
+_REFLECTED = {"__radd__": "add", "__rmul__": "mul", "__rsub__": "sub",
+              "__rtruediv__": "div", "__rdiv__": "div"}
+
+
+def _origin_of(t: torch.Tensor) -> Any:
+    """How autograd's node of an op that read `t` names it in its
+    next_functions: (node, output number), ("leaf", t) for a tensor that
+    requires a gradient and has no node (AccumulateGrad), (None, 0) for
+    one without a gradient; None if unknown (a stand-in for a tensor made
+    in the replay)."""
+    if isinstance(t, _LazyInput):
+        return t._mutwo_deferred.origin
+    if t.grad_fn is not None:
+        return (t.grad_fn, t.output_nr)
+    return ("leaf", t) if t.requires_grad else (None, 0)
+
+
+def _same_edge(edge: Tuple[Any, int], origin: Any) -> bool:
+    node, nr = edge
+    if origin[0] == "leaf":
+        return node is not None and getattr(node, "variable", None) is \
+            origin[1]
+    return node is origin[0] and (node is None or nr == origin[1])
+
+
+_SAVES: Dict[type, bool] = {}
+
+
+def _saves_tensors(node: Any) -> bool:
+    """Whether ops of `node`'s kind save tensors for backward (a replay
+    counts saves: one that skips such an op would miscount them)."""
+    kind = type(node)
+    saves = _SAVES.get(kind)
+    if saves is None:
+        saves = _SAVES[kind] = any(a.startswith("_raw_saved_")
+                                   for a in dir(node))
+    return saves
+
+
+def _held_result(func: Any, args: Tuple[Any, ...]) -> Optional[torch.Tensor]:
+    """The result of `func(*args)` in a replay, if the frame holds it from
+    forward: a tensor saved (kept) inside the frame, unmodified, that an
+    op of the same kind made from exactly these inputs (autograd's edges
+    of its node, in order, name them), one such tensor only. A replay
+    whose frame must re-make the second half of a block (the
+    planner's segment starts at the second LayerNorm) runs the block's
+    forward from its start, skipping the calls whose outputs are held;
+    the attention's output is gone (the residual add read it), so the
+    attention was deferred, and the add that reads it ran it: the whole
+    attention again, for an add whose result the second LayerNorm had
+    saved (the user's ViT on the CPU: 6% over its budget). Only ops that
+    save no tensor (the replay counts saves) and whose arguments are all
+    tensors (an `alpha`, a `dim` could differ unseen); None to run the
+    op."""
+    name = getattr(func, "__name__", "")
+    flat: List[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            flat.append(a)
+        elif isinstance(a, (list, tuple)) and a and \
+                all(isinstance(v, torch.Tensor) for v in a):
+            flat.extend(a)
+        else:
+            return None
+    if name in _REFLECTED:
+        flat, name = flat[::-1], _REFLECTED[name]
+    kind = _normal_kind(name.strip("_"))
+    frame = None
+    origins = []
+    for t in flat:
+        if isinstance(t, _LazyInput) and frame is None:
+            ref = t._mutwo_deferred.frame
+            frame = None if ref is None else ref()
+        origin = _origin_of(t)
+        if origin is None:
+            return None
+        origins.append(origin)
+    if frame is None or not frame.kept_results:
+        return None
+    found: Optional[torch.Tensor] = None
+    for ref, version in frame.kept_results:
+        t = ref()
+        if t is None or t._version != version:
+            continue
+        node = t.grad_fn
+        if node is None or _grad_fn_kind(node) != kind or \
+                _saves_tensors(node):
+            continue
+        edges = node.next_functions
+        if len(edges) != len(origins) or not all(
+                _same_edge(e, o) for e, o in zip(edges, origins)):
+            continue
+        if found is not None and found is not t:
+            return None  # two candidates: run the op
+        found = t
+    if found is not None:
+        frame.rt.stats.held_results += 1
+    return found
+
+
 class _LazyInput(torch.Tensor):
     """A replay's input that the frame does not hold, made only when an op
     reads it. The planner replays a segment from what is retained: a
@@ -1266,6 +1419,10 @@ class _LazyInput(torch.Tensor):
         if func in _TENSOR_ATTRIBUTES:
             with torch._C.DisableTorchFunction():
                 return func(*args, **kwargs)
+        if not kwargs:
+            held = _held_result(func, args)
+            if held is not None:
+                return held
         return func(*_materialize(args), **_materialize(kwargs))
 
     @classmethod
@@ -1296,6 +1453,8 @@ class ApplyStats:
     replays: Dict[str, int] = dataclasses.field(default_factory=dict)
     # Module calls replays skipped (outputs still held, nothing wanted).
     skipped: int = 0
+    # Ops of a replay not run because the frame held their result.
+    held_results: int = 0
     # Decisions' module paths whose saved tensors were dropped / swapped.
     dropped_paths: Set[str] = dataclasses.field(default_factory=set)
     swapped_paths: Set[str] = dataclasses.field(default_factory=set)
@@ -2054,8 +2213,14 @@ class _Runtime:
         self.stats.kept += 1
         if recording:
             record.kept[key] = nbytes
-        if open_frames and type(t.grad_fn) is _CAT_NODE:
-            open_frames[-1].kept_cats.append((weakref.ref(t), t._version))
+        if open_frames and t.grad_fn is not None:
+            if type(t.grad_fn) is _CAT_NODE:
+                open_frames[-1].kept_cats.append((weakref.ref(t),
+                                                  t._version))
+            if t._base is None:
+                kept = (weakref.ref(t), t._version)
+                for frame in open_frames:
+                    frame.kept_results.append(kept)
         return t
 
     def pack_plain(self, t: torch.Tensor) -> Any:
