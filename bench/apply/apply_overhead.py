@@ -45,7 +45,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 
 import apply_zoo_cpu as azc  # noqa: E402  (schedules, inputs, losses)
 import mutwo  # noqa: E402
