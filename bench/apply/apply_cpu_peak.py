@@ -42,6 +42,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from apply_zoo_cpu import same_threads_env  # noqa: E402
 from apply_zoo_gpu import (build_model, by_name, fresh_model,  # noqa: E402
                            swaps_as_retain)
 
@@ -91,7 +92,7 @@ def worker_peak(args, m, doc, label, model_path):
         [os.path.join(args.bin, "mutwo-worker"), "execute", model_path,
          "--schedule", path, "--device", "cpu", "--warmup", "1",
          "--iterations", "1", "--baseline=false", "--output", "json"],
-        capture_output=True, text=True)
+        capture_output=True, text=True, env=same_threads_env())
     try:
         v = json.loads(p.stdout)
     except ValueError:

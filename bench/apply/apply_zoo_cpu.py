@@ -117,6 +117,23 @@ def suite():
         # Not in the default run (--models resnet50): replay timing.
         dict(image_model("resnet50", tv("resnet50"), size=64, batch=4),
              default=False),
+        # More of the GPU apply zoo's torchvision models (64 px).
+        *[image_model(name, tv(name, **kw), size=64, batch=batch)
+          for name, batch, kw in [
+              ("densenet121", 4, {}), ("squeezenet1_1", 8, {}),
+              ("mnasnet1_0", 8, {}), ("shufflenet_v2_x1_0", 8, {}),
+              ("regnet_y_400mf", 8, {}), ("resnext50_32x4d", 4, {}),
+              ("swin_t", 4, {}),
+              ("googlenet", 8, {"aux_logits": False,
+                                "init_weights": True}),
+              ("mobilenet_v3_large", 8, {})]],
+        # Not in the default run: their floors miss the peak bar (apply
+        # 2.7% and 8.7% over the worker; docs/apply.md, "CPU apply
+        # tier"), and VGG-11's plans decide nothing at this size.
+        *[dict(image_model(name, tv(name), size=64, batch=batch),
+               default=False)
+          for name, batch in [("mobilenet_v2", 8), ("efficientnet_b1", 4),
+                              ("vgg11_bn", 4)]],
         # The worker passes every forward argument: the Optional mask is
         # an additive [T, T] float mask, no batch dimension.
         dict(image_model("user_vit", functools.partial(Vit, d=64), batch=8),
@@ -174,8 +191,21 @@ def load_apply_file(path, name="mutwo._apply_before"):
 
 
 def run(cmd, timeout=300):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    """A mutwo or mutwo-worker command, the worker with this process's
+    intra-op threads (same_threads_env): the profile it plans from and the
+    peak it executes at are those of the step apply runs here."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=same_threads_env())
     return p.returncode, p.stdout, p.stderr
+
+
+def same_threads_env():
+    """The environment for a worker whose CPU peak is compared with this
+    process's: as many intra-op threads as PyTorch uses here. CPU kernels
+    keep buffers per thread (batch norm's backward, depthwise
+    convolutions): ShuffleNetV2 at 64 px, batch 8 peaks 0.94 MB higher
+    with 2 threads than with 1, eager and in the worker alike."""
+    return dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
 
 
 def step(model, inputs, loss_fn, seed=7):
