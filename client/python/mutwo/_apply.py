@@ -545,7 +545,19 @@ class _Frame:
                     "modified in place after the module ran; its replay "
                     "would see other values. Leave that module's inputs "
                     "unmodified, or plan without recomputing it.")
-        wanted = set() if capture is not None else {
+        # A replay made for another replay's input (outputs, inside a
+        # replay) re-makes its segment's saved tensors too (kept until
+        # backward reads them) only if that segment is the next one
+        # backward reaches, the one before the running replay's in
+        # forward order; else that output only, and the segment replays
+        # again when backward reaches it, as the planner's replay of it
+        # runs then. (EfficientNet-B1's floor on the CPU: a replay of
+        # features.2[0:2] for an input re-made the stem's whole segment,
+        # needed only at the end of backward: 8.7% over the worker.)
+        running = self.rt.replays[-1] if self.rt.replays else None
+        early = bool(outputs) and running is not None and \
+            running.segment is not None and segment < running.segment - 1
+        wanted = set() if capture is not None or early else {
             i for i, s in self.dropped.items()
             if s == segment and i not in self.ready}
         counter = [0]
@@ -568,7 +580,7 @@ class _Frame:
         previous = rt.mode
         depth = len(rt.stack)
         ctx = _ReplayContext(self, counter, set(wanted), (pack, unpack),
-                             capture)
+                             capture, segment)
         if self.spec.children is None:
             # A module frame calls its module's forward, not the module:
             # no pre-hook sees it.
@@ -747,8 +759,12 @@ class _ReplayContext:
 
     def __init__(self, frame: _Frame, counter: List[int], wanted: Set[int],
                  hooks: Tuple[Callable[..., Any], Callable[..., Any]],
-                 capture: Optional[Tuple[int, int]] = None):
+                 capture: Optional[Tuple[int, int]] = None,
+                 segment: Optional[int] = None):
         self.frame, self.counter, self.wanted = frame, counter, wanted
+        # The segment this replay re-makes (the schedule's numbering,
+        # forward order).
+        self.segment = segment
         self.calls = 0
         self.current: Optional[int] = None
         self.open: List[int] = []  # indices of the calls running now
