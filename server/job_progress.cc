@@ -85,10 +85,14 @@ v1::JobEvent JobEventFor(const v1::Job& job,
   event.set_budgets_decided(decided);
 
   // A task is leased a moment before its job leaves QUEUED: a queued job
-  // runs nothing yet.
+  // runs nothing yet. The tasks are read before the job (job_watch.cc), so
+  // a task that reported in between is still LEASED here beside the job it
+  // finished: a final job runs nothing, and a VALIDATE whose budget is
+  // decided already reported (not a next round).
   std::vector<const v1::Task*> leased;
   for (const v1::Task& t : tasks) {
-    if (t.state() == v1::Task::LEASED && job.state() != v1::Job::QUEUED) {
+    if (t.state() == v1::Task::LEASED && job.state() != v1::Job::QUEUED &&
+        !IsFinal(job.state())) {
       leased.push_back(&t);
     }
   }
@@ -126,13 +130,17 @@ v1::JobEvent JobEventFor(const v1::Job& job,
       continue;
     }
     int round = 1;
+    bool reported = false;
     if (const v1::BatchResult* r = ResultFor(job, t->batch_size())) {
       for (const v1::BudgetOutcome& o : r->outcomes()) {
         if (o.budget_bytes() == t->schedule().budget_bytes()) {
           round = o.rounds() + 1;
+          reported = o.state() != v1::BudgetOutcome::VALIDATING &&
+                     o.state() != v1::BudgetOutcome::STATE_UNSPECIFIED;
         }
       }
     }
+    if (reported) continue;
     running.push_back(
         absl::StrCat("validate batch ", t->batch_size(), " budget ",
                      BudgetText(t->schedule().budget()),

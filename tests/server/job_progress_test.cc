@@ -115,6 +115,28 @@ TEST(JobProgress, APlanningJobIsNotProfilingItsReportedBatch) {
             "running plan batch 16");
 }
 
+// WatchJob reads the tasks, then the job: the last VALIDATE can report in
+// between, and CI read `SUCCEEDED ... running validate batch 8 budget 60%
+// (round 2)`, a round that never ran.
+TEST(JobProgress, AValidationThatReportedBetweenTheReadsIsNotRunning) {
+  v1::Job job = TwoBatchesTwoBudgets();
+  v1::BatchResult* r = job.add_results();
+  r->set_batch_size(8);
+  *r->add_outcomes() = Outcome(v1::BudgetOutcome::FITS, 1);
+  const std::vector<v1::Task> tasks = {
+      MakeTask(v1::Task::PROFILE, 8, v1::Task::DONE),
+      MakeTask(v1::Task::VALIDATE, 8, v1::Task::LEASED, "60%")};
+  for (v1::Job::State s : {v1::Job::VALIDATING, v1::Job::SUCCEEDED}) {
+    job.set_state(s);
+    EXPECT_EQ(JobEventFor(job, tasks).running(), "") << v1::Job::State_Name(s);
+  }
+  // Still validating (over budget, re-planned): the leased task is round 2.
+  *r->mutable_outcomes(0) = Outcome(v1::BudgetOutcome::VALIDATING, 1);
+  job.set_state(v1::Job::VALIDATING);
+  EXPECT_EQ(JobEventFor(job, tasks).running(),
+            "validate batch 8 budget 60% (round 2)");
+}
+
 TEST(JobProgress, AQueuedJobRunsNothingYet) {
   v1::Job job = TwoBatchesTwoBudgets();
   job.set_state(v1::Job::QUEUED);
