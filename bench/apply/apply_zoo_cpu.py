@@ -74,6 +74,7 @@ import mutwo  # noqa: E402
 import models as zoo  # noqa: E402  (bench/zoo/models.py)
 from user_models import ConvNext, Vit  # noqa: E402
 from run_zoo import emulate_link  # noqa: E402
+from byte_times import times_from_bytes  # noqa: E402
 
 SAVING_BAR = 0.9
 # apply's step peak on the CPU against the worker's of the same schedule:
@@ -434,6 +435,12 @@ def run_model(m, args, work):
     if rc != 0:
         return [dict(model=name, ok=False,
                      error="profile: " + err.strip()[-800:])]
+    if args.times != "measured":
+        # Plans from times computed from the profile's bytes: the same
+        # schedules on every machine (bench/zoo/byte_times.py).
+        seed = int(args.times[5:]) if args.times.startswith("seed:") \
+            else None
+        out = json.dumps(times_from_bytes(json.loads(out), seed))
     with open(base + ".profile.json", "w") as f:
         f.write(out)
     cli = os.path.join(args.bin, "mutwo")
@@ -503,10 +510,18 @@ def main():
     ap.add_argument("--time-steps", type=int, default=0,
                     help="also time this many steps: unmodified, applied, "
                     "applied without skipping held calls in replays")
+    ap.add_argument("--times", default="bytes",
+                    help="the times schedules are planned from: bytes "
+                    "(computed from the profile's memory figures: the same "
+                    "schedules on every machine), measured (the profile's "
+                    "own), or seed:N (bytes, each op scaled by a seeded "
+                    "random factor: other schedules, reproducibly)")
     ap.add_argument("--peaks", type=int, default=1,
                     help="1: also the step's peak against the worker's "
                     "(the peak bar); 0: not")
     args = ap.parse_args()
+    if not re.fullmatch(r"bytes|measured|seed:[0-9]+", args.times):
+        ap.error(f"--times {args.times!r}: bytes, measured or seed:N")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     wanted = [n for n in args.models.split(",") if n]
     models = [m for m in suite() if m["name"] in wanted or
@@ -514,17 +529,40 @@ def main():
     work = args.out or tempfile.mkdtemp(prefix="apply_zoo_cpu_")
     os.makedirs(work, exist_ok=True)
     t0 = time.time()
-    failed = 0
+    failed = []
     points = 0
     for m in models:
         for p in run_model(m, args, work):
             points += 1
-            failed += not p.get("ok", False)
+            if not p.get("ok", False):
+                failed.append(failure(p))
             print(json.dumps(p, separators=(",", ":")), flush=True)
-    print(json.dumps({"summary": True, "points": points, "failed": failed,
+    # The failures again last: a CI log keeps only the end of the output.
+    print(json.dumps({"summary": True, "points": points,
+                      "failed": len(failed), "failures": failed,
                       "seconds": round(time.time() - t0, 1),
-                      "torch": torch.__version__}), flush=True)
+                      "torch": torch.__version__,
+                      "threads": torch.get_num_threads()}), flush=True)
     return 1 if failed or not points else 0
+
+
+def failure(p):
+    """A failed point in a few words: which bars it missed, with figures."""
+    why = [f"{bar}" for bar in ("gradients_ok", "saving_ok",
+                                "later_steps_ok", "applied_all")
+           if p.get(bar) is False]
+    if p.get("peak_ok") is False:
+        why.append(f"peak {p.get('apply_peak_bytes')} B vs worker "
+                   f"{p.get('worker_peak_bytes')} B "
+                   f"(x{p.get('peak_ratio')})")
+    if p.get("saving_ok") is False:
+        why.append(f"saving ratio {p.get('saving_ratio')}")
+    if p.get("fallback_notes"):
+        why.append("fallbacks: " + "; ".join(p["fallback_notes"])[:300])
+    if p.get("error"):
+        why.append(str(p["error"])[:300])
+    return {"model": p.get("model"), "budget": p.get("budget"),
+            "why": why}
 
 
 if __name__ == "__main__":
