@@ -42,7 +42,7 @@ def times_from_bytes(profile, seed=None):
         before = after
         node_ms.append(ms)
         node["forward_ms"] = ms
-        node["backward_ms"] = 2 * ms if node.get("backward_ms") else 0.0
+        node["backward_ms"] = 0.0  # below: its backward steps' times
         node["host_ms"] = 0.0
     step_ms = []
     before = int(nodes[-1].get("allocated_bytes_after", 0)) if nodes else 0
@@ -51,6 +51,9 @@ def times_from_bytes(profile, seed=None):
         step["ms"] = cost(peak - before)
         before = int(step.get("allocated_bytes_after", 0))
         step_ms.append(step["ms"])
+        owner = int(step.get("forward_node", -1))
+        if 0 <= owner < len(nodes):
+            nodes[owner]["backward_ms"] += step["ms"]
     m = profile.setdefault("measured", {})
     fixed = profile.get("fixed", {})
     m["loss_ms"] = cost(int(m.get("loss_bytes", 0)))
