@@ -320,7 +320,7 @@ class _Frame:
         self.views: Set[int] = set()
         self.args = _map_nested(args, self._stash)
         self.kwargs = _map_nested(kwargs, self._stash)
-        self.cpu_rng = torch.get_rng_state()
+        self.cpu_rng = rt.cpu_rng()
         self.cuda_rng = [torch.cuda.get_rng_state(d)
                          for d in self.cuda_devices]
         # Module calls inside record the RNG state they leave unless the
@@ -340,7 +340,7 @@ class _Frame:
 
     def closed(self) -> None:
         """The frame's forward returned: did it draw random numbers?"""
-        self.drew = (not torch.equal(torch.get_rng_state(), self.cpu_rng) or
+        self.drew = (_cpu_rng() != self.cpu_rng or
                      any(not torch.equal(torch.cuda.get_rng_state(d), s)
                          for d, s in zip(self.cuda_devices, self.cuda_rng)))
         if self.drew:
@@ -595,7 +595,7 @@ class _Frame:
             with (torch.random.fork_rng(devices=self.cuda_devices)
                   if self.drew else _NO_CONTEXT):
                 if self.drew:
-                    torch.set_rng_state(self.cpu_rng)
+                    _set_cpu_rng(self.cpu_rng)
                     for d, state in zip(self.cuda_devices, self.cuda_rng):
                         torch.cuda.set_rng_state(state, d)
                 with torch.enable_grad(), \
@@ -700,6 +700,17 @@ def _held_outputs(value: Any,
 
 
 _NO_CONTEXT = contextlib.nullcontext()
+
+
+def _cpu_rng() -> bytes:
+    """The CPU generator's state as bytes: held outside PyTorch's
+    allocator, as the worker holds it (a std::string, worker/checkpoint.h),
+    and compared without a kernel."""
+    return torch.get_rng_state().numpy().tobytes()
+
+
+def _set_cpu_rng(state: bytes) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
 # Batch norms whose forward is known: in a replay their running statistics
 # are left as they are by momentum 0 (running * 1 + batch * 0, exact for
@@ -808,7 +819,7 @@ class _ReplayContext:
         self.calls = record.call_end
         if record.rng is not None:
             cpu, cuda = record.rng
-            torch.set_rng_state(cpu)
+            _set_cpu_rng(cpu)
             for d, state in zip(self.frame.cuda_devices, cuda):
                 torch.cuda.set_rng_state(state, d)
         self.frame.rt.stats.skipped += 1
@@ -1578,6 +1589,7 @@ class _Runtime:
         # `.to()` give new storages).
         self.modules = list(model.modules())
         self.frames = frames
+        self.last_cpu_rng = b""
         self.swap = swap
         # Any RECOMPUTE or SWAP decision applies: without one nothing is
         # attributed to modules, so no module hooks are installed and the
@@ -1701,8 +1713,19 @@ class _Runtime:
 
     def rng_states(self, frames: Iterable[_Frame]) -> Tuple[Any, List[Any]]:
         devices = sorted({d for f in frames for d in f.cuda_devices})
-        return (torch.get_rng_state(),
+        return (self.cpu_rng(),
                 [torch.cuda.get_rng_state(d) for d in devices])
+
+    def cpu_rng(self) -> bytes:
+        """The CPU generator's state, the same object as the last one taken
+        while no random number was drawn in between: frames and calls that
+        open one after another share one (5 KB each: GPT's CPU floor held
+        a dozen, 63 KB over the worker)."""
+        state = _cpu_rng()
+        if state == self.last_cpu_rng:
+            return self.last_cpu_rng
+        self.last_cpu_rng = state
+        return state
 
     def retire_point(self, spec: _FrameSpec) -> Optional[int]:
         """The call count at which a new frame of `spec` retires, None
@@ -1805,7 +1828,7 @@ class _Runtime:
         if cpu is not None:
             frames = [f for f, _, _ in marks]
             after = self.rng_states(frames)
-            changed = not torch.equal(after[0], cpu) or any(
+            changed = after[0] != cpu or any(
                 not torch.equal(a, b) for a, b in zip(after[1], cuda))
         outputs = _weak_outputs(out)
         for f, index, pack_start in marks:

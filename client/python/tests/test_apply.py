@@ -570,6 +570,43 @@ def test_dropout_masks_are_replayed_with_the_same_rng() -> None:
     assert torch.equal(torch.rand(1), after_plain)
 
 
+def test_frames_that_draw_nothing_between_them_share_one_rng_state(
+) -> None:
+    """Each frame keeps the CPU generator's state for its replay (5 KB on
+    the CPU); frames opened with no random draw between them keep one.
+    The CPU tier's GPT floor held a dozen, 63 KB over the worker's step,
+    which keeps its states outside the counted allocator (a string): here
+    eight recomputed blocks kept eight, and what the applied forward held
+    fell short of its saving by 44 KB."""
+    from mutwo._verify import cpu_step_peak_bytes
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh())
+                            for _ in range(16)]).train()
+    plain = copy.deepcopy(model)
+    applied = mutwo.apply(model, make_schedule(
+        model, recompute=[(i, [f"{i}.1"], [f"{i}.0"])
+                          for i in range(1, 16, 2)]))
+    x = torch.randn(64, 64)
+    assert_same_step(plain, model, (x,), lambda out: out.square().mean())
+    meas = applied.measurements()
+    saving = meas.unmodified_saved_bytes - meas.saved_bytes
+    # Seven outputs dropped (the last block's is the forward's output).
+    assert saving == 7 * 64 * 64 * 4
+    held: List[torch.Tensor] = []
+
+    def forward(m: nn.Module) -> Callable[[], None]:
+        return lambda: held.append(m(x))
+
+    plain_peak = cpu_step_peak_bytes(forward(plain), plain, None, (x,))
+    held.clear()
+    applied_peak = cpu_step_peak_bytes(forward(model), model, None, (x,))
+    held.clear()
+    # What the applied forward holds beyond its saved tensors: at most one
+    # generator state (5,056 B).
+    assert plain_peak - applied_peak >= saving - 8192, (
+        plain_peak, applied_peak, saving)
+
+
 def transformer() -> nn.Module:
     torch.manual_seed(4)
     layer = nn.TransformerEncoderLayer(d_model=32, nhead=4,
