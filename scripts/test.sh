@@ -8,10 +8,16 @@
 # is installed. Other arguments go to ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage's wall time on stderr ("test.sh: build 612 s"), so that a slow
+# CI says where its time went.
+t_stage=$SECONDS
+took() { echo "test.sh: $1 $((SECONDS - t_stage)) s" >&2; t_stage=$SECONDS; }
 scripts/bootstrap.sh
+took "bootstrap + build"
 scripts/check-format.sh
 BUILD_DIR=${BUILD_DIR:-build}
 BUILD_DIR=$BUILD_DIR scripts/clang-tidy.sh
+took "format + clang-tidy"
 
 excluded=()
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -39,4 +45,7 @@ if [ ${#excluded[@]} -gt 0 ]; then
   label_args=(-LE "^($(IFS='|'; echo "${excluded[*]}"))\$")
 fi
 cd "$BUILD_DIR"
-ctest --output-on-failure -j"${CTEST_JOBS:-2}" "${label_args[@]}" "$@"
+rc=0
+ctest --output-on-failure -j"${CTEST_JOBS:-2}" "${label_args[@]}" "$@" || rc=$?
+took "ctest"
+exit "$rc"
