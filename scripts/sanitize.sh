@@ -5,7 +5,8 @@
 #   scripts/sanitize.sh            # build-asan/ (CMakePresets.json "asan")
 #
 # What it builds and runs, and why only this:
-#   - planner_test (the whole planner, pure C++: seconds);
+#   - planner_test (the whole planner, pure C++; one repetitive case left
+#     out, below);
 #   - storage_test (the SQLite store, its schema migrations, durable files
 #     and cache keys: every byte the server keeps goes through it);
 #   - worker_test and executor_test, the graph/interpreter/profiler/executor
@@ -61,7 +62,12 @@ check() {  # check NAME COMMAND...
       "build-asan/$name.log" >&2 || tail -25 "build-asan/$name.log" >&2
   fi
 }
-check planner_test "$BIN/planner_test"
+# Without AutoBudgetIsStableUnderTimingNoise: 84 "auto" plans (each a
+# Pareto curve) of the code AutoIsTheBudgetOfItsRowOnTheParetoCurve runs
+# here too; 31 s in the Release suite, 336 s of this job's 376 s planner
+# run under ASan (2026-12-07, 2 cores).
+check planner_test "$BIN/planner_test" \
+  --gtest_filter='-PlanRequestTest.AutoBudgetIsStableUnderTimingNoise'
 check storage_test "$BIN/storage_test"
 check worker_test "$BIN/worker_test" \
   --gtest_filter='Graph*:Interpreter*:Profiler*:Alias*:Specialize*:SpecializedControlFlow*:MakeInputs*:ComputeLoss*:CountingCpuAllocator*:StorageBytes*:ModelLoader*'

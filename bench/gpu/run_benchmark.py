@@ -163,7 +163,6 @@ def main():
             do_execute = name not in execute_only or batch in execute_only[name]
             for policy, budget in plans:
                 sched_path = f"{base}_{policy}_{budget}.schedule.json"
-                t0 = time.time()
                 rc, out, err, t_plan = run(
                     [cli, "plan", base + "_profile.json", "--budget", budget,
                      "--policy", policy, "--output", "json"] +

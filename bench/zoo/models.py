@@ -39,7 +39,6 @@ import json
 import os
 import sys
 import time
-import traceback
 import warnings
 import zlib
 from typing import List
@@ -447,7 +446,7 @@ def smallest_input(builder, num_classes, batch):
     for extra in [{}] + CPU_FALLBACK_CONFIGS:
         try:
             model = build_tv(builder, num_classes, CPU_SIZES[0], extra)
-        except TypeError as e:  # the builder does not take this config
+        except TypeError:  # the builder does not take this config
             continue
         per_size = takes_image_size(builder)
         for s in CPU_SIZES:
@@ -633,7 +632,7 @@ def main():
                       f"config, else " + " or ".join(
                           ",".join(f"{k}={v}" for k, v in c.items())
                           for c in CPU_FALLBACK_CONFIGS) + "); the others are "
-                      f"excluded by size rule, covered on GPU")
+                      "excluded by size rule, covered on GPU")
                      if args.tier == "cpu" else None,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "models": entries,

@@ -20,7 +20,6 @@ the messages against the C++ tests' literal strings.
 from __future__ import annotations
 
 import dataclasses
-import struct
 import zlib
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 

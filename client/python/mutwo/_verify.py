@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import importlib.util
 import json
@@ -188,7 +187,6 @@ def make_batch(user: UserModel, inputs: Sequence[str], loss: str,
     loss of several terms with targets, a tuple of their targets."""
     import torch
     from mutwo._specs import parse_loss, parse_tensor_spec
-    from mutwo.v1 import types_pb2
     if inputs:
         generator = torch.Generator().manual_seed(seed)
         try:
