@@ -1436,7 +1436,16 @@ class _LazyInput(torch.Tensor):
 
     def tensor(self) -> torch.Tensor:
         if self._mutwo_made is None:
-            self._mutwo_made = self._mutwo_deferred.handle.get(consume=False)
+            made = self._mutwo_deferred.handle.get(consume=False)
+            # A deferred call run now may itself return a stand-in: its
+            # last inner call deferred in turn (its output held). Made
+            # here, while the replay that deferred it runs: read later,
+            # after that replay, it could no longer be made
+            # (efficientnet_b0 on an H100, torch 2.11: "a deferred call of
+            # features.5.2.block[0:2]'s replay was read after it").
+            while isinstance(made, _LazyInput):
+                made = made.tensor()
+            self._mutwo_made = made
         return self._mutwo_made
 
     @classmethod
