@@ -6,8 +6,8 @@
 # temp dir, removed; or $ZOO_RESULTS_DIR) receives zoo_results.json.
 # $ZOO_FLAGS: extra run_zoo.py flags (e.g. --no-fail). $ZOO_MODELS_DIR: the
 # models already scripted there (its manifest.json; ctest's zoo_cpu_models
-# scripts them once for zoo_cpu and zoo_cpu_swap) instead of the temp dir. The CPU tier trains
-# with SGD: at its sizes (batch 2, 32-128 px) Adam's two state tensors per
+# scripts them once for zoo_cpu and zoo_cpu_swap) instead of the temp dir.
+# The CPU tier trains with SGD: at its sizes (batch 2, 32-128 px) Adam's two state tensors per
 # parameter put the peak in the optimizer step for 25 of 30 models, whose
 # floor is then the baseline and whose schedules exercise nothing.
 set -euo pipefail
