@@ -26,12 +26,12 @@ import collections
 import json
 import os
 import sys
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from apply_zoo_gpu import build_model, by_name, inputs_of  # noqa: E402
+from apply_cpu_peak import schedule_doc  # noqa: E402
+from apply_zoo_gpu import by_name, fresh_model  # noqa: E402
 
 
 def count_ops(step):
@@ -63,25 +63,17 @@ def main():
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    import copy
     import torch
     import mutwo
     dev = torch.device(args.device)
     m = by_name(args.model, args.tier)
     m["loss_spec"] = m["loss"]
     m["batch"] = args.batch or m["batch"]
-    model = build_model(m).to(dev)
-    plain = copy.deepcopy(model)
-    inputs, loss_fn = inputs_of(m, dev)
-    if args.schedule.endswith(".gz"):  # as the results folders keep them
-        import gzip
-        with gzip.open(args.schedule, "rt") as f:
-            schedule = mutwo.Schedule.from_json(f.read())
-    else:
-        schedule = mutwo.Schedule.from_json(args.schedule)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        applied = mutwo.apply(model, schedule)
+    schedule = mutwo.Schedule.from_json(
+        json.dumps(schedule_doc(args.schedule)))
+    # The same weights twice (fresh_model seeds them from the name).
+    plain, inputs, loss_fn, _ = fresh_model(m, dev)
+    model, _, _, applied = fresh_model(m, dev, schedule)
 
     def step_of(mod):
         def step():
